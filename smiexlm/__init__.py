@@ -1,0 +1,34 @@
+"""smiexlm: a chemistry-first SMILES representation toolkit.
+
+Public names are imported lazily so that ``import smiexlm`` (and the CLI's ``--help``)
+stays fast: torch, RDKit and DeepChem load only when something that needs them is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "SmilesTokenizer": "smiexlm.tokenizer",
+    "ExLMConfig": "smiexlm.model.config",
+    "ExLMModel": "smiexlm.model.model",
+    "Featurizer": "smiexlm.featurizer",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smiexlm.featurizer import Featurizer
+    from smiexlm.model.config import ExLMConfig
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.tokenizer import SmilesTokenizer
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'smiexlm' has no attribute {name!r}")

@@ -1,0 +1,36 @@
+"""Entry point of the ``smiexlm`` command.
+
+Command modules must not import torch, RDKit, DeepChem or triton at module level: import
+them inside the command body, so that ``smiexlm --help`` answers in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="smiexlm",
+    help="SMILES language models: tokenize, preprocess, pretrain (MLM / ExLM / MAE-LM), "
+    "fine-tune on MoleculeNet, embed molecules.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Each module defines ``register(app)``; the order here is the order in ``--help``.
+COMMAND_MODULES = [
+    "smiexlm.cli.tokenize",
+]
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

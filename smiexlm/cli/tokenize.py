@@ -1,0 +1,3 @@
+"""placeholder to be replaced by the tokenizer commands"""
+def register(app):
+    pass

@@ -1,0 +1,34 @@
+"""Exceptions raised for bad user input. Each names the field, the value and what was expected."""
+
+from __future__ import annotations
+
+
+class SmiexlmError(Exception):
+    """Base class of every error smiexlm raises on purpose."""
+
+
+class InvalidSmilesError(SmiexlmError, ValueError):
+    """A SMILES string that cannot be tokenized (or parsed) without losing characters."""
+
+    def __init__(self, smiles: str, position: int | None = None, reason: str = ""):
+        self.smiles = smiles
+        self.position = position
+        where = f" at character {position} ({smiles[position]!r})" if position is not None else ""
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"invalid SMILES {smiles!r}{where}{detail}")
+
+
+class ConfigError(SmiexlmError, ValueError):
+    """A configuration field with a value outside what it accepts."""
+
+    def __init__(self, field: str, value: object, expected: str):
+        self.field, self.value, self.expected = field, value, expected
+        super().__init__(f"config field {field!r} = {value!r}: expected {expected}")
+
+
+class VocabularyMismatchError(SmiexlmError, ValueError):
+    """Two artefacts (dataset, checkpoint, config) were built with different vocabularies."""
+
+
+class DataError(SmiexlmError, ValueError):
+    """An input file or column that is missing, unreadable or malformed."""

@@ -1,0 +1,39 @@
+"""Shared fixtures.
+
+Tests that read the shared datasets take the ``shared_data`` fixture. When ``SMIEXLM_DATA``
+is set (as CI sets it), a missing folder or file is a test *failure*, never a skip: a CI run
+that silently skipped the data tests would prove nothing. When it is unset (a user's quick
+run), those tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    value = os.environ.get("SMIEXLM_DATA")
+    if not value:
+        pytest.skip("SMIEXLM_DATA is not set; data tests need the shared datasets")
+    path = Path(value)
+    if not path.is_dir():
+        pytest.fail(f"SMIEXLM_DATA={value!r} is set but is not a directory")
+    return path
+
+
+def require_file(root: Path, relative: str) -> Path:
+    """The file ``root/relative``, failing the test (not skipping) when it is missing."""
+    path = root / relative
+    if not path.is_file():
+        pytest.fail(f"shared data file missing: {relative} (under SMIEXLM_DATA)")
+    return path
+
+
+@pytest.fixture()
+def data_file(shared_data: Path):
+    """``data_file("moleculenet/bbbp.csv")`` -> Path, failing when the file is missing."""
+    return lambda relative: require_file(shared_data, relative)
