@@ -19,7 +19,7 @@ _LAZY = {
     "Featurizer": "smiexlm.featurizer",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["ExLMConfig", "ExLMModel", "Featurizer", "SmilesTokenizer", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.featurizer import Featurizer

@@ -13,6 +13,7 @@ class InvalidSmilesError(SmiexlmError, ValueError):
     def __init__(self, smiles: str, position: int | None = None, reason: str = ""):
         self.smiles = smiles
         self.position = position
+        self.reason = reason
         where = f" at character {position} ({smiles[position]!r})" if position is not None else ""
         detail = f": {reason}" if reason else ""
         super().__init__(f"invalid SMILES {smiles!r}{where}{detail}")

@@ -22,6 +22,10 @@ app = typer.Typer(
 # Each module defines ``register(app)``; the order here is the order in ``--help``.
 COMMAND_MODULES = [
     "smiexlm.cli.tokenize",
+    "smiexlm.cli.moleculenet",
+    "smiexlm.cli.glue",
+    "smiexlm.cli.preprocess",
+    "smiexlm.cli.pretrain",
 ]
 
 for _name in COMMAND_MODULES:
@@ -29,7 +33,13 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
-    app()
+    from smiexlm.errors import SmiexlmError
+
+    try:
+        app()
+    except SmiexlmError as err:  # bad input: one clear line, no traceback
+        typer.echo(f"error: {err}", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

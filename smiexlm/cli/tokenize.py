@@ -1,3 +1,68 @@
-"""placeholder to be replaced by the tokenizer commands"""
-def register(app):
-    pass
+"""``smiexlm tokenize`` and ``smiexlm vocab build``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+vocab_app = typer.Typer(help="Build and inspect SMILES vocabularies.", no_args_is_help=True)
+
+
+def tokenize(
+    smiles: Annotated[list[str] | None, typer.Argument(help="SMILES strings to tokenize.")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Read one SMILES per line from this file.")
+    ] = None,
+    ids: Annotated[bool, typer.Option("--ids", help="Print token ids (with BOS/EOS).")] = False,
+    vocab: Annotated[
+        Path | None, typer.Option(help="Vocabulary JSON (default: the shipped one).")
+    ] = None,
+) -> None:
+    """Split SMILES into regex tokens (space-separated) or vocabulary ids, one line each."""
+    from smiexlm.errors import InvalidSmilesError
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    tok = SmilesTokenizer.load(vocab) if vocab else SmilesTokenizer()
+    items = list(smiles or [])
+    if file is not None:
+        items += [line.split()[0] for line in file.read_text().splitlines() if line.strip()]
+    if not items:
+        raise typer.BadParameter("give SMILES as arguments or with --file")
+    for s in items:
+        try:
+            out = tok.encode(s) if ids else tok.tokenize(s)
+        except InvalidSmilesError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(code=1) from None
+        typer.echo(" ".join(map(str, out)))
+    if tok.n_unk:
+        typer.echo(f"{tok.n_unk} token(s) mapped to [UNK]", err=True)
+
+
+@vocab_app.command("build")
+def vocab_build(
+    inputs: Annotated[list[Path], typer.Argument(help=".smi/.txt/.csv/.tsv files, optionally .gz")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the vocabulary JSON.")],
+    smiles_col: Annotated[
+        str | None, typer.Option(help="SMILES column of CSV/TSV inputs (default: auto-detect).")
+    ] = None,
+    min_freq: Annotated[int, typer.Option(help="Keep tokens seen at least this often.")] = 1,
+    max_size: Annotated[int | None, typer.Option(help="Cap on the vocabulary size.")] = None,
+    with_canonical: Annotated[
+        bool, typer.Option(help="Also count tokens of each molecule's RDKit canonical SMILES.")
+    ] = False,
+) -> None:
+    """Build a vocabulary from a corpus and print its size and coverage."""
+    from smiexlm.vocab import build_vocabulary
+
+    tok, report = build_vocabulary(inputs, smiles_col, min_freq, max_size, with_canonical)
+    tok.save(out)
+    typer.echo(report)
+    typer.echo(f"wrote {out} ({tok.vocab_size} tokens, hash {tok.vocab_hash[:16]})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tokenize")(tokenize)
+    app.add_typer(vocab_app, name="vocab")

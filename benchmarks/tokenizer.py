@@ -1,0 +1,77 @@
+"""SMILES tokenizer throughput: smiexlm's batch encoding (ids + padding) against DeepChem.
+
+    SMIEXLM_DATA=../shared/data python benchmarks/tokenizer.py
+
+Reads every SMILES of Tox21, ToxCast, HIV and MUV (about 150k), then times, side by side in
+one run: DeepChem's ``BasicSmilesTokenizer.tokenize`` (strings only), smiexlm's
+``encode_batch`` to padded id tensors (batches of 1,024 and one call over everything), with the
+Rust pre-tokenizer on all cores and on one thread, and the exact pure-Python ``encode``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+
+FILES = ["tox21.csv", "toxcast.csv.gz", "hiv.csv.gz", "muv.csv.gz"]
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    from smiexlm.paths import data_dir
+    from smiexlm.tokenizer import SmilesTokenizer
+    from smiexlm.vocab import iter_corpus_smiles
+
+    root = data_dir() / "moleculenet"
+    smiles = [s for name in FILES for s in iter_corpus_smiles(root / name)]
+    n = len(smiles)
+
+    from deepchem.feat.smiles_tokenizer import BasicSmilesTokenizer
+
+    reference = BasicSmilesTokenizer()
+    tok = SmilesTokenizer()
+
+    def deepchem_tokenize():
+        for s in smiles:
+            reference.tokenize(s)
+
+    def ours_chunks(size=1024):
+        for i in range(0, n, size):
+            tok.encode_batch(smiles[i : i + size])
+
+    def ours_single_call():
+        tok.encode_batch(smiles)
+
+    def ours_python():
+        for s in smiles:
+            tok.encode(s)
+
+    rows = [("DeepChem BasicSmilesTokenizer.tokenize (strings)", *best_of(deepchem_tokenize))]
+    rows.append(("smiexlm encode_batch, batches of 1024 (ids+pad)", *best_of(ours_chunks)))
+    rows.append(("smiexlm encode_batch, one call (ids+pad)", *best_of(ours_single_call)))
+    rows.append(("smiexlm encode, pure Python, one at a time (ids)", *best_of(ours_python)))
+    base = rows[0][1]
+    print(f"{n:,} SMILES (Tox21, ToxCast, HIV, MUV); python {platform.python_version()}, "
+          f"{os.cpu_count()} CPU cores, {platform.machine()}, "
+          f"RAYON_NUM_THREADS={os.environ.get('SMIEXLM_BENCH_THREADS', 'all')}")
+    print(f"{'method':52s} {'best s':>8s} {'median s':>9s} {'SMILES/s':>11s} {'vs DeepChem':>11s}")
+    for name, best, median in rows:
+        print(f"{name:52s} {best:8.3f} {median:9.3f} {n / best:11,.0f} {base / best:10.2f}x")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--one-thread":
+        os.environ["RAYON_NUM_THREADS"] = "1"
+        os.environ["SMIEXLM_BENCH_THREADS"] = "1"
+    main()

@@ -1,0 +1,58 @@
+"""``smiexlm glue TASK --checkpoint PATH`` and ``smiexlm glue all --checkpoint PATH``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def glue(
+    task: Annotated[
+        str, typer.Argument(help="CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI or 'all'.")
+    ],
+    checkpoint: Annotated[
+        Path, typer.Option(help="Pre-trained folder (config.json, vocab.json, model.safetensors).")
+    ],
+    seeds: Annotated[str, typer.Option(help="Comma-separated seeds; the median is reported.")] = "1,2,3,4,5",
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-5,
+    batch_size: Annotated[int, typer.Option(help="Examples per update.")] = 16,
+    epochs: Annotated[int, typer.Option(help="Training epochs.")] = 10,
+    warmup_ratio: Annotated[float, typer.Option(help="Warm-up share of the updates.")] = 0.06,
+    max_length: Annotated[int, typer.Option(help="Tokens per example (pairs truncated).")] = 128,
+    max_steps: Annotated[int | None, typer.Option(help="Cap on updates per seed.")] = None,
+    max_train_rows: Annotated[int | None, typer.Option(help="Use the first N train rows.")] = None,
+    max_eval_rows: Annotated[int | None, typer.Option(help="Score the first N dev rows.")] = None,
+    grid: Annotated[bool, typer.Option(help="Search Table 11's grid (slow).")] = False,
+    out: Annotated[Path | None, typer.Option(help="Folder for one JSON result per task.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+) -> None:
+    """Fine-tune a checkpoint on GLUE and print dev scores (median over seeds) next to the
+    majority-class baseline. 'all' runs every task whose train and dev files are present."""
+    from smiexlm.glue.finetune import GlueConfig, grid_search, run_glue, save_result
+    from smiexlm.glue.tasks import TASKS, get_task, task_path
+
+    names = list(TASKS) if task.lower() == "all" else [get_task(task).name]
+    seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    for name in names:
+        t = get_task(name)
+        missing = [s for s in ("train", "dev") if not task_path(t, s).is_file()]
+        if task.lower() == "all" and missing:
+            typer.echo(f"{name}: skipped, no {', '.join(t.files[s] for s in missing)}", err=True)
+            continue
+        config = GlueConfig(
+            name, lr, batch_size, epochs, warmup_ratio, seed_list, max_length=max_length,
+            max_steps=max_steps, max_train_rows=max_train_rows, max_eval_rows=max_eval_rows,
+            threads=threads,
+        )  # fmt: skip
+        result = (grid_search if grid else run_glue)(checkpoint, config)
+        shown = "  ".join(f"{k} {100 * v:.1f}" for k, v in result.median.items())
+        base = "  ".join(f"{k} {100 * v:.1f}" for k, v in result.majority.items())
+        typer.echo(f"{name}: {shown}  (majority: {base}; {len(seed_list)} seeds, n_dev={result.n_eval})")
+        if out is not None:
+            save_result(result, out / f"{name}.json")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("glue")(glue)

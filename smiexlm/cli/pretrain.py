@@ -1,0 +1,58 @@
+"""``smiexlm pretrain`` and ``smiexlm plot-run``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("pretrain")(pretrain)
+    app.command("plot-run")(plot_run)
+
+
+def pretrain(
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="Config overrides as key=value, e.g. lr=3e-4 model.k=4", show_default=False),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(help="Config file (TOML/YAML) or a shipped config name, e.g. mol_tiny_exlm"),
+    ] = None,
+    data: Annotated[Path | None, typer.Option(help="Dataset folder built by the corpus pipeline")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder: metrics.jsonl, checkpoints/")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many updates")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --out")] = False,
+    list_configs: Annotated[bool, typer.Option(help="List the shipped configs and exit")] = False,
+) -> None:
+    """Pre-train an MLM / ExLM / MAE-LM model (one CPU, GPUs, or torchrun DDP)."""
+    from smiexlm.training.config import load_config, shipped_configs
+
+    if list_configs:
+        for name, path in sorted(shipped_configs().items()):
+            typer.echo(f"{name:18s} {path.read_text().splitlines()[1].lstrip('# ')}")
+        return
+    if config is None or data is None or out is None:
+        raise typer.BadParameter("--config, --data and --out are required (or --list-configs)")
+    from smiexlm.training.trainer import pretrain as run_pretraining
+
+    result = run_pretraining(load_config(config, overrides), data, out, max_steps, resume)
+    typer.echo(
+        f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "
+        f"{result.tokens_seen:,} tokens; checkpoint {result.last_checkpoint}"
+    )
+    if result.interrupted_by is not None:
+        raise typer.Exit(code=143 if result.interrupted_by == "SIGTERM" else 130)
+
+
+def plot_run(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder holding metrics.jsonl")],
+    output: Annotated[Path | None, typer.Option(help="PNG path (default RUN_DIR/loss.png)")] = None,
+) -> None:
+    """Draw the training and validation loss curves of a run to PNG."""
+    from smiexlm.training.plot import plot_run as draw
+
+    typer.echo(str(draw(run_dir, output)))

@@ -1,0 +1,157 @@
+"""ExLM's DAG alignment loss: log-likelihood, fused logits entry point and best alignment.
+
+Shapes (see ``docs/dag.md``):
+
+- ``emissions`` (B, M, L): ``log P_u(y_i)`` for target index i and state u.
+- ``log_links`` (B, L, L): ``log E[v, u]`` indexed by the absolute successor state u; only the
+  strict upper triangle inside the state length is read (−inf = no edge).
+- ``state_lengths`` (B,), ``target_lengths`` (B,): integer lengths S_b ≥ 1 and 1 ≤ M_b ≤ S_b.
+
+A path starts at state 0, ends at state ``S_b − 1`` and emits target i at its i-th state.
+
+Implementation choice: ``SMIEXLM_DAG_IMPL=reference|triton|auto`` (default ``auto``: the fused
+Triton kernels for CUDA tensors when triton is installed, the PyTorch reference otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+
+from smiexlm.dag.checks import check_inputs, check_targets
+from smiexlm.dag.reference import reference_log_likelihood
+from smiexlm.errors import ConfigError
+
+__all__ = [
+    "dag_log_likelihood",
+    "dag_logits_log_likelihood",
+    "dag_best_alignment",
+    "dag_loss",
+    "resolve_impl",
+]
+
+Impl = Literal["reference", "triton"]
+IMPL_ENV = "SMIEXLM_DAG_IMPL"
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_impl(device: torch.device) -> Impl:
+    """Which implementation runs for tensors on ``device`` (honours ``SMIEXLM_DAG_IMPL``)."""
+    choice = os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "reference", "triton"):
+        raise ConfigError(IMPL_ENV, choice, "one of 'auto', 'reference', 'triton'")
+    if choice == "reference":
+        return "reference"
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    runnable = _triton_available() and (device.type == "cuda" or interpret)
+    if choice == "triton":
+        if not runnable:
+            raise ConfigError(
+                IMPL_ENV,
+                choice,
+                "triton installed and CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)",
+            )
+        return "triton"
+    return "triton" if runnable and device.type == "cuda" else "reference"
+
+
+def _trim(emissions, log_links, state_lengths, target_lengths, m_max: int, s_max: int):
+    """Drop padding beyond the longest sequence; slicing keeps gradients flowing back."""
+    return emissions[:, :m_max, :s_max], log_links[:, :s_max, :s_max]
+
+
+def dag_log_likelihood(
+    emissions: torch.Tensor,
+    log_links: torch.Tensor,
+    state_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """(B,) float32 log-likelihood of the targets under the DAG (float64 in, float64 out).
+
+    −inf where a sequence has no valid path. Differentiable in ``emissions`` (B, M, L) and
+    ``log_links`` (B, L, L); bf16/fp16 inputs are accepted and accumulated in fp32.
+    """
+    m_max, s_max = check_inputs(emissions, log_links, state_lengths, target_lengths)
+    state_lengths = state_lengths.to(device=emissions.device, dtype=torch.long)
+    target_lengths = target_lengths.to(device=emissions.device, dtype=torch.long)
+    em, links = _trim(emissions, log_links, state_lengths, target_lengths, m_max, s_max)
+    if resolve_impl(emissions.device) == "triton":
+        from smiexlm.dag.triton_kernels import triton_log_likelihood
+
+        return triton_log_likelihood(em, links, state_lengths, target_lengths)
+    return reference_log_likelihood(em, links, state_lengths, target_lengths)
+
+
+def dag_logits_log_likelihood(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    log_links: torch.Tensor,
+    state_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """(B,) log-likelihood from raw logits (B, L, V) and target ids (B, M).
+
+    Equivalent to ``dag_log_likelihood(log_softmax(logits).gather(targets), ...)`` but never
+    materialises the log-softmax over V for every state: it gathers the target logits and
+    subtracts a per-state logsumexp. Gradients flow to ``logits`` and ``log_links``.
+    """
+    if logits.dim() != 3:
+        raise ConfigError("logits", tuple(logits.shape), "a (B, L, V) tensor")
+    if targets.dim() != 2 or targets.shape[0] != logits.shape[0]:
+        raise ConfigError(
+            "targets", tuple(targets.shape), f"a (B, M) tensor with B = {logits.shape[0]}"
+        )
+    check_targets(targets, target_lengths, logits.shape[2])
+    if resolve_impl(logits.device) == "triton":
+        from smiexlm.dag.triton_kernels import triton_logsoftmax_gather as gather
+    else:
+        from smiexlm.dag.gather import logsoftmax_gather as gather
+    emissions = gather(logits, targets)  # (B, M, L)
+    return dag_log_likelihood(emissions, log_links, state_lengths, target_lengths)
+
+
+def dag_best_alignment(
+    emissions: torch.Tensor,
+    log_links: torch.Tensor,
+    state_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """(B, L) long: the target index each state emits on the Viterbi path, −1 elsewhere.
+
+    Rows of sequences without a valid path are all −1.
+    """
+    from smiexlm.dag.viterbi import viterbi_alignment
+
+    check_inputs(emissions, log_links, state_lengths, target_lengths)
+    return viterbi_alignment(
+        emissions.detach(),
+        log_links.detach(),
+        state_lengths.to(device=emissions.device, dtype=torch.long),
+        target_lengths.to(device=emissions.device, dtype=torch.long),
+    )
+
+
+def dag_loss(
+    log_likelihood: torch.Tensor, target_lengths: torch.Tensor
+) -> tuple[torch.Tensor, int]:
+    """(loss, n_invalid): mean of −log_likelihood / M_b over sequences with a finite value.
+
+    Sequences whose log-likelihood is −inf or NaN (no valid path) are left out of the mean,
+    contribute zero gradient and are counted in ``n_invalid``. With no valid sequence the loss
+    is a zero that still belongs to the graph.
+    """
+    valid = torch.isfinite(log_likelihood)  # (B,)
+    m = target_lengths.to(device=log_likelihood.device, dtype=log_likelihood.dtype)
+    per_seq = torch.where(valid, -log_likelihood / m.clamp_min(1), 0.0)
+    n_valid = int(valid.sum())
+    loss = per_seq.sum() / max(n_valid, 1)
+    return loss, log_likelihood.shape[0] - n_valid

@@ -1,0 +1,30 @@
+"""Corpus pipeline: raw SMILES -> deduplicated, sharded uint16 token datasets, and readers.
+
+``preprocess`` builds a dataset folder; ``TokenDataset`` reads one split with random access;
+``TokenBudgetSampler`` batches by token budget; ``collate`` pads a batch. Names load lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "preprocess": "smiexlm.data.pipeline",
+    "PreprocessConfig": "smiexlm.data.pipeline",
+    "PreprocessResult": "smiexlm.data.pipeline",
+    "TokenDataset": "smiexlm.data.shards",
+    "TokenBudgetSampler": "smiexlm.data.sampler",
+    "HashSet64": "smiexlm.data.dedup",
+}
+
+# Eager: the submodule of the same name would otherwise shadow the function.
+from smiexlm.data.collate import collate  # noqa: E402
+
+__all__ = [*_LAZY, "collate"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'smiexlm.data' has no attribute {name!r}")

@@ -1,0 +1,175 @@
+"""Per-molecule normalisation and the chunk transform that worker processes run.
+
+A chunk goes through: UTF-8 decoding -> field extraction -> RDKit (parse, sanitize, optional
+largest-fragment choice, heavy-atom limit, canonical SMILES with stereo kept) -> token ids ->
+64-bit hash of the final SMILES. Every row either comes out as a candidate molecule or as a
+reject with a reason; deduplication happens later, in input order, in the main process.
+
+With ``canonicalize=False`` and no salt stripping or heavy-atom limit, RDKit is skipped
+entirely: the SMILES is kept as written and only the tokenizer validates it (the fast path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from smiexlm.data.encoding import ChunkEncoder
+
+REJECT_REASONS = (
+    "empty",
+    "non_utf8",
+    "invalid_smiles",
+    "untokenizable",
+    "too_many_heavy_atoms",
+    "too_many_tokens",
+)
+
+
+@dataclass(frozen=True)
+class NormalizeConfig:
+    canonicalize: bool = True
+    strip_salts: bool = False
+    max_heavy_atoms: int | None = None
+    max_tokens: int | None = 512  # counts BOS and EOS
+
+    @property
+    def needs_rdkit(self) -> bool:
+        return self.canonicalize or self.strip_salts or self.max_heavy_atoms is not None
+
+
+def normalize_smiles(smiles: str, config: NormalizeConfig) -> tuple[str | None, str | None]:
+    """``(smiles, None)`` after RDKit normalisation, or ``(None, reason)``."""
+    from rdkit import Chem
+
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        return None, "invalid_smiles"
+    if config.strip_salts and "." in smiles:
+        fragments = Chem.GetMolFrags(mol, asMols=True, sanitizeFrags=False)
+        # Largest by heavy atoms; the first one wins ties, so the choice is deterministic.
+        mol = max(fragments, key=lambda frag: frag.GetNumHeavyAtoms())
+    if config.max_heavy_atoms is not None and mol.GetNumHeavyAtoms() > config.max_heavy_atoms:
+        return None, "too_many_heavy_atoms"
+    if not config.canonicalize:
+        return (Chem.MolToSmiles(mol, canonical=False) if config.strip_salts else smiles), None
+    return Chem.MolToSmiles(mol, isomericSmiles=True), None
+
+
+def smiles_hashes(smiles: list[str]) -> np.ndarray:
+    """(n,) uint64: the first 8 bytes of blake2b of each UTF-8 SMILES (stable across runs)."""
+    digests = b"".join(hashlib.blake2b(s.encode(), digest_size=8).digest() for s in smiles)
+    return np.frombuffer(digests, dtype="<u8").copy()
+
+
+@dataclass
+class ChunkResult:
+    """One processed chunk. Arrays cover the candidate rows, in input order."""
+
+    n_rows: int
+    rows: np.ndarray  # (n,) int64 index of each candidate within the chunk
+    ids: np.ndarray  # (sum lengths,) uint16, BOS ... EOS per candidate
+    lengths: np.ndarray  # (n,) int64
+    hashes: np.ndarray  # (n,) uint64
+    rejects: list[tuple[int, str, str]]  # (row in chunk, input, reason)
+
+
+def _decode_rows(items: list) -> tuple[list[str | None], list[tuple[int, str, str]]]:
+    """Raw values -> SMILES strings (None where rejected)."""
+    rejects: list[tuple[int, str, str]] = []
+    out: list[str | None] = []
+    if items and isinstance(items[0], bytes):
+        blob = b"".join(items)
+        try:
+            text = blob.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and not any(c in text for c in " \t\r"):
+            fields = text.split("\n")
+            if blob.endswith(b"\n"):
+                fields.pop()
+            values: list = fields if len(fields) == len(items) else items
+        else:
+            values = items
+    else:
+        values = items
+    for i, raw in enumerate(values):
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                shown = raw.decode("utf-8", "backslashreplace").strip()
+                rejects.append((i, shown, "non_utf8"))
+                out.append(None)
+                continue
+            line = raw.rstrip("\r\n")
+            # The SMILES is the text before the first space or tab (a name may follow).
+            raw = line.replace("\t", " ", 1).split(" ", 1)[0] if line.strip() else ""
+            if not raw and line.strip():
+                rejects.append((i, line, "empty"))
+                out.append(None)
+                continue
+        elif raw is None:
+            raw = ""
+        else:
+            try:
+                raw.encode("utf-8")
+            except UnicodeEncodeError:  # lone surrogates from undecodable bytes
+                shown = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                rejects.append((i, shown.strip(), "non_utf8"))
+                out.append(None)
+                continue
+            raw = raw.strip()
+            if any(c.isspace() for c in raw):
+                rejects.append((i, raw, "invalid_smiles"))
+                out.append(None)
+                continue
+        if not raw:
+            rejects.append((i, raw, "empty"))
+            out.append(None)
+        else:
+            out.append(raw)
+    return out, rejects
+
+
+def process_chunk(items: list, config: NormalizeConfig, encoder: ChunkEncoder) -> ChunkResult:
+    """Decode, normalise, encode and hash one chunk of raw rows."""
+    values, rejects = _decode_rows(items)
+    rows: list[int] = []
+    smiles: list[str] = []
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        if config.needs_rdkit:
+            norm, reason = normalize_smiles(value, config)
+            if norm is None:
+                rejects.append((i, value, reason or "invalid_smiles"))
+                continue
+            value = norm
+        rows.append(i)
+        smiles.append(value)
+    encoded = encoder.encode(smiles)
+    ok = encoded.ok.copy()
+    lengths = encoded.lengths
+    ids = encoded.ids
+    for j in np.flatnonzero(~ok).tolist():
+        rejects.append((rows[j], _original(values, rows[j]), "untokenizable"))
+    if config.max_tokens is not None and len(lengths) and lengths.max() > config.max_tokens:
+        long = lengths > config.max_tokens
+        ok_rows = np.flatnonzero(ok)
+        for j in ok_rows[long].tolist():
+            rejects.append((rows[j], _original(values, rows[j]), "too_many_tokens"))
+        ids = ids[np.repeat(~long, lengths)]
+        lengths = lengths[~long]
+        ok[ok_rows[long]] = False
+    kept = np.flatnonzero(ok)
+    rows_arr = np.asarray(rows, dtype=np.int64)[kept]
+    hashes = smiles_hashes([smiles[j] for j in kept.tolist()])
+    rejects.sort()
+    return ChunkResult(len(items), rows_arr, ids, lengths, hashes, rejects)
+
+
+def _original(values: list[str | None], row: int) -> str:
+    return values[row] or ""

@@ -1,0 +1,322 @@
+"""GLUE fine-tuning of a pre-trained checkpoint with the model core's sequence head.
+
+One run = one (task, hyper-parameters, seed): the encoder is loaded fresh from the
+checkpoint, ``ExLMForSequencePrediction`` adds the head (classification, or regression with
+one output for STS-B), training follows RoBERTa's GLUE recipe (AdamW β = (0.9, 0.98), eps
+1e-6, weight decay 0.1, linear warmup then linear decay to 0, no clipping), and the dev split
+is scored after every epoch. A task result is the **median over seeds** (5 by default, as
+in the paper) of the end-of-training dev scores.
+
+Table 11 of the paper is :data:`TABLE11_GRID`; :func:`grid_search` runs every point of it
+(5 seeds each) and keeps the point with the best median primary metric. On CPU use
+``max_steps`` / ``max_train_rows`` to keep runs small.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from smiexlm.errors import ConfigError
+from smiexlm.glue.metrics import compute_metrics, majority_baseline
+from smiexlm.glue.tasks import GlueSplit, GlueTask, get_task, load_task
+
+#: Table 11: grid search space. Large tasks: MNLI, QNLI, QQP, SST-2; small: RTE, MRPC, CoLA,
+#: STS-B (WNLI, not in the paper's table, uses the small-task grid).
+TABLE11_GRID: dict[str, dict[str, tuple]] = {
+    "large": {
+        "lr": (1e-5, 2e-5, 3e-5, 4e-5),
+        "batch_size": (32,),
+        "epochs": (2, 3, 5),
+        "warmup_ratio": (0.06,),
+    },
+    "small": {
+        "lr": (2e-5, 3e-5, 4e-5, 5e-5),
+        "batch_size": (16, 32),
+        "epochs": (2, 3, 5, 10),
+        "warmup_ratio": (0.06, 0.10),
+    },
+}
+LARGE_TASKS = ("MNLI", "QNLI", "QQP", "SST-2")
+PAPER_SEEDS = (1, 2, 3, 4, 5)
+
+
+def grid_points(task: str | GlueTask) -> list[dict[str, Any]]:
+    """Every hyper-parameter combination of Table 11 for ``task``."""
+    task = task if isinstance(task, GlueTask) else get_task(task)
+    grid = TABLE11_GRID["large" if task.name in LARGE_TASKS else "small"]
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*grid.values())]
+
+
+@dataclass
+class GlueConfig:
+    """Hyper-parameters of GLUE fine-tuning (defaults: one point of Table 11's small grid)."""
+
+    task: str
+    lr: float = 2e-5
+    batch_size: int = 16
+    epochs: int = 10
+    warmup_ratio: float = 0.06
+    seeds: tuple[int, ...] = PAPER_SEEDS
+    weight_decay: float = 0.1
+    pooler_dropout: float = 0.0
+    max_length: int = 128  # tokens per example incl. specials; longer pairs are truncated
+    max_steps: int | None = None  # cap on updates per run (small CPU runs)
+    max_train_rows: int | None = None  # first N training rows only (small CPU runs)
+    max_eval_rows: int | None = None
+    eval_split: str = "dev"
+    threads: int | None = None  # torch.set_num_threads; None leaves it
+
+    def __post_init__(self) -> None:
+        self.task = get_task(self.task).name
+        self.seeds = tuple(int(s) for s in self.seeds)
+        if not self.seeds:
+            raise ConfigError("seeds", self.seeds, "at least one seed")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ConfigError("lr", self.lr, "a positive number")
+        for name in ("batch_size", "epochs", "max_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, value, "a positive integer")
+        if self.max_length < 8:
+            raise ConfigError("max_length", self.max_length, "at least 8")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError("warmup_ratio", self.warmup_ratio, "a fraction in [0, 1)")
+        for name in ("max_steps", "max_train_rows", "max_eval_rows"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(name, value, "a positive integer or None")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "seeds": list(self.seeds)}
+
+
+@dataclass
+class GlueRun:
+    """One seed: final dev scores and the per-epoch history."""
+
+    seed: int
+    metrics: dict[str, float]
+    history: list[dict[str, Any]]
+    steps: int
+    seconds: float
+
+
+@dataclass
+class GlueResult:
+    """All seeds of one task and hyper-parameter point, with medians."""
+
+    task: str
+    config: dict[str, Any]
+    runs: list[GlueRun]
+    median: dict[str, float]
+    majority: dict[str, float]
+    n_train: int
+    n_eval: int
+    checkpoint: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> float:
+        """Median of the task's primary metric (the paper's number, as a fraction)."""
+        return self.median[get_task(self.task).primary_metric]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _encode(tokenizer, split: GlueSplit, max_length: int) -> list[list[int]]:
+    if split.text_b is None:
+        return [tokenizer.encode(a, max_length=max_length, truncation="truncate") for a in split.text_a]
+    return [
+        tokenizer.encode_pair(a, b, max_length=max_length, truncation="truncate")
+        for a, b in zip(split.text_a, split.text_b)
+    ]
+
+
+def _batches(rows: list[list[int]], order: np.ndarray, batch_size: int):
+    from smiexlm.text.tokenizer import pad_rows
+
+    for start in range(0, len(order), batch_size):
+        index = order[start : start + batch_size]
+        enc = pad_rows([rows[i] for i in index], 0, 0)
+        yield index, enc.input_ids, enc.attention_mask  # (B, T) long, (B, T) bool
+
+
+def _optimizer(module: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    decay = [p for p in module.parameters() if p.requires_grad and p.ndim >= 2]
+    rest = [p for p in module.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6)
+
+
+@torch.no_grad()
+def predict(model, rows: list[list[int]], batch_size: int = 64) -> np.ndarray:
+    """Logits (N, C) of ``rows`` in order (eval mode)."""
+    model.eval()
+    out = []
+    for _, ids, mask in _batches(rows, np.arange(len(rows)), batch_size):
+        out.append(model(ids, mask).logits.float().cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, 1), dtype=np.float32)
+
+
+def finetune_seed(
+    base_state: dict[str, torch.Tensor],
+    model_config,
+    task: GlueTask,
+    config: GlueConfig,
+    seed: int,
+    train_rows: list[list[int]],
+    train_labels: list,
+    eval_rows: list[list[int]],
+    eval_labels: list,
+    progress: bool = True,
+) -> GlueRun:
+    """Fine-tune a fresh copy of the encoder for one seed and score it on the eval rows."""
+    from tqdm import tqdm
+
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.training.optim import PolynomialDecaySchedule
+
+    torch.manual_seed(seed)
+    encoder = ExLMModel(model_config)
+    encoder.load_state_dict(base_state)
+    task_type = "regression" if task.is_regression else "classification"
+    model = ExLMForSequencePrediction(
+        encoder, task.num_labels, task_type=task_type, pooler_dropout=config.pooler_dropout
+    )
+    steps_per_epoch = math.ceil(len(train_rows) / config.batch_size)
+    total = steps_per_epoch * config.epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    schedule = PolynomialDecaySchedule(
+        lr=config.lr, warmup_steps=int(config.warmup_ratio * total), total_steps=total
+    )
+    optimizer = _optimizer(model, config.lr, config.weight_decay)
+    dtype = torch.float32 if task.is_regression else torch.long
+    labels = torch.tensor(train_labels, dtype=dtype)
+    generator = np.random.default_rng(seed)
+    start, step, history = time.perf_counter(), 0, []
+    bar = tqdm(total=total, desc=f"{task.name} seed {seed}", disable=not progress, leave=False)
+    for epoch in range(config.epochs):
+        model.train()
+        losses = []
+        for index, ids, mask in _batches(
+            train_rows, generator.permutation(len(train_rows)), config.batch_size
+        ):
+            if step >= total:
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = schedule.lr_at(step)
+            target = labels[torch.from_numpy(index)]
+            if task.is_regression:
+                target = target[:, None]  # (B, 1)
+            loss = model(ids, mask, labels=target).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            step += 1
+            bar.update(1)
+        scores = compute_metrics(task, predict(model, eval_rows), eval_labels)
+        history.append({"epoch": epoch + 1, "step": step, "train_loss": float(np.mean(losses)) if losses else float("nan"), **scores})  # fmt: skip
+        if step >= total:
+            break
+    bar.close()
+    return GlueRun(seed, history[-1] | {}, history, step, time.perf_counter() - start)
+
+
+def _clean(scores: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in scores.items() if k not in ("epoch", "step", "train_loss")}
+
+
+def run_glue(
+    checkpoint: str | Path, config: GlueConfig, root: str | Path | None = None, progress: bool = True
+) -> GlueResult:
+    """Fine-tune ``checkpoint`` on ``config.task`` for every seed; medians over seeds."""
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.text.tokenizer import load_tokenizer
+
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    task = get_task(config.task)
+    base = ExLMModel.from_pretrained(checkpoint)
+    tokenizer = load_tokenizer(Path(checkpoint))
+    train = load_task(task.name, "train", root).subset(config.max_train_rows)
+    evaluation = load_task(task.name, config.eval_split, root).subset(config.max_eval_rows)
+    if evaluation.labels is None:
+        raise ConfigError("eval_split", config.eval_split, "a split with labels (dev)")
+    max_length = min(config.max_length, base.config.max_positions)
+    train_rows = _encode(tokenizer, train, max_length)
+    eval_rows = _encode(tokenizer, evaluation, max_length)
+    state = {k: v.clone() for k, v in base.state_dict().items()}
+    runs = []
+    for seed in config.seeds:
+        run = finetune_seed(
+            state, base.config, task, config, seed, train_rows, train.labels,
+            eval_rows, evaluation.labels, progress,
+        )  # fmt: skip
+        run.metrics = _clean(run.metrics)
+        runs.append(run)
+    median = {m: float(statistics.median(r.metrics[m] for r in runs)) for m in runs[0].metrics}
+    return GlueResult(
+        task=task.name,
+        config=config.to_dict(),
+        runs=runs,
+        median=median,
+        majority=majority_baseline(task, train.labels, evaluation.labels),
+        n_train=len(train),
+        n_eval=len(evaluation),
+        checkpoint=str(checkpoint),
+        extra={"vocab_hash": tokenizer.vocab_hash, "objective": base.config.objective},
+    )
+
+
+def grid_search(
+    checkpoint: str | Path, config: GlueConfig, root: str | Path | None = None, progress: bool = True
+) -> GlueResult:
+    """Every point of Table 11 (each with ``config.seeds``); the best median primary score
+    wins. The other points' medians are kept in ``extra["grid"]``."""
+    task = get_task(config.task)
+    best, table = None, []
+    for point in grid_points(task):
+        result = run_glue(checkpoint, dataclasses.replace(config, **point), root, progress)
+        table.append({**point, **result.median})
+        if best is None or _better(result.score, best.score):
+            best = result
+    best.extra["grid"] = table
+    return best
+
+
+def _better(a: float, b: float) -> bool:
+    return not math.isnan(a) and (math.isnan(b) or a > b)
+
+
+def save_result(result: GlueResult, path: str | Path) -> Path:
+    """Write the result as JSON (NaN written as null)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def fix(x):
+        if isinstance(x, float) and math.isnan(x):
+            return None
+        if isinstance(x, dict):
+            return {k: fix(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [fix(v) for v in x]
+        return x
+
+    path.write_text(json.dumps(fix(result.to_dict()), indent=1) + "\n", encoding="utf-8")
+    return path

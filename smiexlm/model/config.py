@@ -1,0 +1,177 @@
+"""``ExLMConfig``: one flat, validated configuration for the encoder and its three objectives.
+
+Named presets are classmethods that pass literals (``ExLMConfig.mol_base()``); any field can be
+overridden by keyword (``ExLMConfig.tiny(objective="exlm", k=4)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from smiexlm.errors import ConfigError
+
+Objective = Literal["mlm", "exlm", "maelm"]
+MaskPolicy = Literal["all_mask", "bert_80_10_10"]
+
+_OBJECTIVES = ("mlm", "exlm", "maelm")
+_POLICIES = ("all_mask", "bert_80_10_10")
+_TRANSITIONS = ("learned", "uniform")
+_DAGS = ("full", "sparse")
+N_SPECIAL_TOKENS = 5  # [PAD] [BOS] [EOS] [MASK] [UNK] occupy ids 0..4 (project contract)
+
+
+@dataclass
+class ExLMConfig:
+    """Architecture and pre-training objective of an :class:`~smiexlm.ExLMModel`."""
+
+    vocab_size: int = 369
+    n_layers: int = 4
+    n_heads: int = 4
+    d_model: int = 128
+    d_ff: int = 512
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    # Longest *unexpanded* input (tokens incl. BOS/EOS). RoPE needs no table; the limit sizes
+    # the transition head's state-position table (k * max_positions rows).
+    max_positions: int = 512
+    objective: Objective = "mlm"
+    # ExLM: states per expanded token ([MASK], BOS, EOS). k = 1 keeps one state per [MASK].
+    k: int = 2
+    rope_2d: bool = True  # False = ablation "w/o 2D RoPE": clones share position (i, 0)
+    transitions: Literal["learned", "uniform"] = "learned"  # "uniform" = "w/o Transitions"
+    dag: Literal["full", "sparse"] = "full"  # "sparse": no edges between clones of one token
+    # Multi-head gated transition head (method notes §2.3); 1 head = the paper's formula.
+    n_transition_heads: int = 4
+    # MAE-LM decoder depth; None resolves to max(1, n_layers // 3) and is stored resolved.
+    maelm_decoder_layers: int | None = None
+    mask_prob: float = 0.15
+    # ExLM's official run replaces every selected token by [MASK] (no 80/10/10).
+    mask_policy: MaskPolicy = "all_mask"
+    rope_theta: float = 10000.0
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    mask_id: int = 3
+    vocab_hash: str | None = None  # sha256 of the token list; checked on load when set
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(name, value, "a positive integer")
+
+        for name in ("vocab_size", "n_layers", "n_heads", "d_model", "d_ff", "max_positions"):
+            positive(name)
+        positive("k")
+        positive("n_transition_heads")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ConfigError(name, value, "a probability in [0, 1)")
+        if not isinstance(self.mask_prob, (int, float)) or not 0.0 < self.mask_prob < 1.0:
+            raise ConfigError("mask_prob", self.mask_prob, "a probability in (0, 1)")
+        if self.objective not in _OBJECTIVES:
+            raise ConfigError("objective", self.objective, f"one of {_OBJECTIVES}")
+        if self.mask_policy not in _POLICIES:
+            raise ConfigError("mask_policy", self.mask_policy, f"one of {_POLICIES}")
+        if self.transitions not in _TRANSITIONS:
+            raise ConfigError("transitions", self.transitions, f"one of {_TRANSITIONS}")
+        if self.dag not in _DAGS:
+            raise ConfigError("dag", self.dag, f"one of {_DAGS}")
+        if not isinstance(self.rope_2d, bool):
+            raise ConfigError("rope_2d", self.rope_2d, "True or False")
+        if self.d_model % self.n_heads:
+            raise ConfigError("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
+        if (self.d_model // self.n_heads) % 4:
+            # 2D RoPE rotates two halves of each head, each made of (even) rotation pairs.
+            raise ConfigError(
+                "d_model", self.d_model, "a head dimension (d_model / n_heads) divisible by 4"
+            )
+        if self.d_model % self.n_transition_heads:
+            raise ConfigError(
+                "n_transition_heads",
+                self.n_transition_heads,
+                f"a divisor of d_model={self.d_model}",
+            )
+        if self.maelm_decoder_layers is None:
+            self.maelm_decoder_layers = max(1, self.n_layers // 3)
+        positive("maelm_decoder_layers")
+        if self.rope_theta <= 0:
+            raise ConfigError("rope_theta", self.rope_theta, "a positive number")
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        ids["mask_id"] = self.mask_id
+        for name, value in ids.items():
+            if not isinstance(value, int) or not 0 <= value < self.vocab_size:
+                raise ConfigError(name, value, f"a token id in [0, vocab_size={self.vocab_size})")
+        if len(set(ids.values())) != len(ids):
+            raise ConfigError("pad_id/bos_id/eos_id/mask_id", ids, "four distinct ids")
+        if self.vocab_size <= N_SPECIAL_TOKENS:
+            raise ConfigError("vocab_size", self.vocab_size, f"more than {N_SPECIAL_TOKENS}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    # ---------------------------------------------------------------- presets
+    @classmethod
+    def tiny(cls, **overrides: Any) -> ExLMConfig:
+        """About 0.9M parameters: CI, overfit tests, quick experiments."""
+        return cls(**{"n_layers": 4, "n_heads": 4, "d_model": 128, "d_ff": 512, **overrides})
+
+    @classmethod
+    def small(cls, **overrides: Any) -> ExLMConfig:
+        """About 9.8M parameters: laptop-scale pre-training."""
+        return cls(**{"n_layers": 6, "n_heads": 6, "d_model": 384, "d_ff": 1280, **overrides})
+
+    @classmethod
+    def mol_base(cls, **overrides: Any) -> ExLMConfig:
+        """The paper's molecular model (Table 7): 50,503,281 parameters + transition head."""
+        preset = {"n_layers": 9, "n_heads": 12, "d_model": 768, "d_ff": 2048}
+        preset.update(vocab_size=369, objective="exlm", k=2)
+        return cls(**{**preset, **overrides})
+
+    @classmethod
+    def text_base(cls, **overrides: Any) -> ExLMConfig:
+        """Text base model (Table 10): 12 layers, 12 heads, d 768, FFN 3072, k = 4."""
+        preset = {"n_layers": 12, "n_heads": 12, "d_model": 768, "d_ff": 3072}
+        preset.update(vocab_size=32768, objective="exlm", k=4)
+        return cls(**{**preset, **overrides})
+
+    @classmethod
+    def text_large(cls, **overrides: Any) -> ExLMConfig:
+        """Text large model: 24 layers, 16 heads, d 1024, FFN 4096, k = 4."""
+        preset = {"n_layers": 24, "n_heads": 16, "d_model": 1024, "d_ff": 4096}
+        preset.update(vocab_size=32768, objective="exlm", k=4)
+        return cls(**{**preset, **overrides})
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ExLMConfig:
+        """A preset by name: ``tiny``, ``small``, ``mol_base``, ``text_base``, ``text_large``."""
+        names = ("tiny", "small", "mol_base", "text_base", "text_large")
+        if name not in names:
+            raise ConfigError("preset", name, f"one of {names}")
+        return getattr(cls, name)(**overrides)
+
+    # ----------------------------------------------------------- (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExLMConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], data[unknown[0]], f"one of the fields {sorted(known)}")
+        return cls(**data)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> ExLMConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,98 @@
+"""Pre-norm Transformer encoder: SDPA attention with rotary q/k, GELU feed-forward.
+
+Every block is ``x + drop(attn(LN(x)))`` then ``x + drop(ffn(LN(x)))``; the final LayerNorm
+lives in the model (it is shared by ``encode`` and every pre-training head). Padding is a key
+mask: padded keys get no attention, so real positions never see pads (padding invariance).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from smiexlm.model.config import ExLMConfig
+from smiexlm.model.rope import apply_rotary
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ExLMConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.out = nn.Linear(config.d_model, config.d_model)
+        self.attention_dropout = config.attention_dropout
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor) -> Tensor:
+        """``x`` (B, L, d); ``key_mask`` (B, 1, 1, L) bool, True = real token."""
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.n_heads, -1)).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, H, L, hd)
+        p = self.attention_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
+        return self.out(y.transpose(1, 2).flatten(2))  # (B, L, d)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ExLMConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(F.gelu(self.fc1(x))))
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, config: ExLMConfig):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.attn = SelfAttention(config)
+        self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor) -> Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin, key_mask))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class Encoder(nn.Module):
+    """A stack of ``n_layers`` pre-norm blocks (no final norm: the caller owns it)."""
+
+    def __init__(self, config: ExLMConfig, n_layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(n_layers))
+
+    def forward(
+        self,
+        x: Tensor,
+        rotary: tuple[Tensor, Tensor],
+        attention_mask: Tensor,
+        n_layers: int | None = None,
+    ) -> Tensor:
+        """``x`` (B, L, d), ``attention_mask`` (B, L) bool (True = real) -> (B, L, d).
+
+        ``n_layers`` stops after that many blocks (intermediate-layer features).
+        """
+        cos, sin = rotary
+        key_mask = attention_mask[:, None, None, :]  # (B, 1, 1, L)
+        for layer in self.layers[:n_layers]:
+            x = layer(x, cos, sin, key_mask)
+        return x
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of distinct parameters (tied tensors counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """BERT-style initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm."""
+    for sub in module.modules():
+        if isinstance(sub, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(sub.weight, mean=0.0, std=std)
+            if getattr(sub, "bias", None) is not None:
+                nn.init.zeros_(sub.bias)
+        elif isinstance(sub, nn.LayerNorm):
+            nn.init.ones_(sub.weight)
+            nn.init.zeros_(sub.bias)

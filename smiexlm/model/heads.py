@@ -1,0 +1,120 @@
+"""Heads on top of the encoder: the tied LM head and sequence prediction heads (§2.6).
+
+``SequenceHead``: features[:, 0] (for ExLM the first BOS state) → dense → tanh → dropout →
+out_proj. ``task_loss`` is the one place where missing labels (NaN) are masked out, for
+multi-label classification (BCE) and regression (MSE); single-label classification uses
+cross-entropy with −100 as "missing".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from smiexlm.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smiexlm.model.model import ExLMModel
+
+TaskType = Literal["classification", "multilabel", "regression"]
+_TASK_TYPES = ("classification", "multilabel", "regression")
+
+
+class LMHead(nn.Module):
+    """RoBERTa-style LM head: dense → GELU → LayerNorm → projection tied to the embeddings."""
+
+    def __init__(self, d_model: int, vocab_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, hidden: Tensor, embedding_weight: Tensor) -> Tensor:
+        """``hidden`` (..., d), ``embedding_weight`` (V, d) -> logits (..., V)."""
+        x = self.norm(F.gelu(self.dense(hidden)))
+        return F.linear(x, embedding_weight, self.bias)
+
+
+def task_loss(logits: Tensor, labels: Tensor, task_type: TaskType) -> Tensor:
+    """Mean loss over the *present* labels.
+
+    ``classification``: logits (B, C), labels (B,) long, −100 = missing.
+    ``multilabel``: logits (B, T), labels (B, T) float in {0, 1}, NaN = missing (BCE).
+    ``regression``: logits (B, T), labels (B, T) float, NaN = missing (MSE).
+    A batch without any present label gives a zero loss that still carries a gradient graph.
+    """
+    if task_type == "classification":
+        present = labels != -100
+        if not bool(present.any()):
+            return logits.sum() * 0.0
+        return F.cross_entropy(logits[present], labels[present].long())
+    if task_type not in _TASK_TYPES:
+        raise ConfigError("task_type", task_type, f"one of {_TASK_TYPES}")
+    labels = labels.to(logits.dtype).reshape(logits.shape)
+    present = ~torch.isnan(labels)
+    if not bool(present.any()):
+        return logits.sum() * 0.0
+    target = torch.where(present, labels, torch.zeros_like(labels))
+    if task_type == "multilabel":
+        per_entry = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+    else:
+        per_entry = F.mse_loss(logits, target, reduction="none")
+    return (per_entry * present).sum() / present.sum()
+
+
+class SequenceHead(nn.Module):
+    """features (B, d) → dense → tanh → dropout → out_proj -> (B, n_outputs)."""
+
+    def __init__(self, d_model: int, n_outputs: int, pooler_dropout: float = 0.1):
+        super().__init__()
+        if n_outputs < 1:
+            raise ConfigError("n_outputs", n_outputs, "a positive integer")
+        if not 0.0 <= pooler_dropout < 1.0:
+            raise ConfigError("pooler_dropout", pooler_dropout, "a probability in [0, 1)")
+        self.dense = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(pooler_dropout)
+        self.out_proj = nn.Linear(d_model, n_outputs)
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.out_proj(self.dropout(torch.tanh(self.dense(features))))
+
+
+@dataclass
+class SequencePredictionOutput:
+    loss: Tensor | None  # scalar when labels were given
+    logits: Tensor  # (B, n_outputs)
+    pooled: Tensor  # (B, d) the features the head saw
+
+
+class ExLMForSequencePrediction(nn.Module):
+    """A pre-trained ``ExLMModel`` encoder + a ``SequenceHead`` (classification, multi-label,
+    regression). For ``classification`` n_outputs is the number of classes; otherwise it is
+    the number of tasks."""
+
+    def __init__(
+        self,
+        model: ExLMModel,
+        n_outputs: int,
+        task_type: TaskType = "multilabel",
+        pooler_dropout: float = 0.1,
+        pooling: Literal["cls", "mean", "max"] = "cls",
+    ):
+        super().__init__()
+        if task_type not in _TASK_TYPES:
+            raise ConfigError("task_type", task_type, f"one of {_TASK_TYPES}")
+        self.model = model
+        self.task_type = task_type
+        self.pooling = pooling
+        self.head = SequenceHead(model.config.d_model, n_outputs, pooler_dropout)
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None
+    ) -> SequencePredictionOutput:
+        pooled = self.model.encode(input_ids, attention_mask, pooling=self.pooling).pooled
+        logits = self.head(pooled)  # (B, n_outputs)
+        loss = None if labels is None else task_loss(logits, labels, self.task_type)
+        return SequencePredictionOutput(loss=loss, logits=logits, pooled=pooled)

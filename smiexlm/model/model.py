@@ -1,0 +1,283 @@
+"""``ExLMModel``: one pre-norm Transformer encoder with three pre-training objectives.
+
+- ``mlm``: cross-entropy at the masked positions (only those rows reach the LM head).
+- ``exlm``: [MASK]/BOS/EOS expanded into k states with 2D RoPE; the states are gathered into a
+  compact tensor, which alone goes through the tied LM head (emissions) and the transition head
+  (DAG edges); the loss is the DAG alignment loss with targets [BOS, masked tokens…, EOS].
+- ``maelm``: the encoder sees the real tokens only (RoPE keeps their original positions); a
+  shallow decoder sees the encoder output plus [MASK] embeddings at the masked positions.
+
+``encode`` is the fine-tuning/embedding path: the encoder alone, on inputs of the same form
+as in pre-training (for exlm, BOS and EOS are still expanded into k states).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.config import ExLMConfig
+from smiexlm.model.encoder import Encoder, count_parameters, init_weights
+from smiexlm.model.expansion import (
+    IGNORE_INDEX,
+    ExpandedBatch,
+    compact_positions,
+    expand_states,
+    gather_states,
+)
+from smiexlm.model.heads import LMHead
+from smiexlm.model.rope import rope_angles, rope_angles_2d
+from smiexlm.model.transitions import TransitionHead, uniform_log_links, valid_successors
+
+logger = logging.getLogger(__name__)
+
+Pooling = Literal["cls", "mean", "max"]
+
+
+@dataclass
+class PretrainOutput:
+    """Result of ``ExLMModel.forward``.
+
+    ``logits``: mlm/maelm — (N, V) at the N labelled positions (row-major order) when labels
+    are given, else (B, T, V); exlm — (B, S, V) over the compact expanded states.
+    """
+
+    loss: Tensor | None
+    logits: Tensor
+    n_predictions: int  # masked tokens scored (exlm: target tokens incl. BOS/EOS)
+    n_invalid: int = 0  # exlm: sequences without any DAG path (left out of the loss)
+    log_links: Tensor | None = None  # exlm: (B, S, S) log transition probabilities
+    state_lengths: Tensor | None = None  # exlm: (B,)
+    target_lengths: Tensor | None = None  # exlm: (B,)
+    targets: Tensor | None = None  # exlm: (B, M) [BOS, masked tokens…, EOS]
+
+
+@dataclass
+class EncoderOutput:
+    hidden_states: Tensor  # (B, T', d); T' = expanded length for exlm
+    pooled: Tensor  # (B, d)
+    attention_mask: Tensor  # (B, T') bool, True = real position of hidden_states
+
+
+class ExLMModel(nn.Module):
+    def __init__(self, config: ExLMConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder = Encoder(config, config.n_layers)
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.lm_head = LMHead(config.d_model, config.vocab_size, config.layer_norm_eps)
+        self.decoder = self.decoder_norm = self.transitions = None
+        if config.objective == "maelm":
+            self.decoder = Encoder(config, config.maelm_decoder_layers)
+            self.decoder_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        if config.objective == "exlm" and config.transitions == "learned":
+            self.transitions = TransitionHead(config)
+        init_weights(self)
+
+    # ------------------------------------------------------------------ helpers
+    def num_parameters(self, include_transitions: bool = True) -> int:
+        total = count_parameters(self)
+        if not include_transitions and self.transitions is not None:
+            total -= count_parameters(self.transitions)
+        return total
+
+    def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+            raise DataError(
+                f"input_ids {tuple(input_ids.shape)} and attention_mask "
+                f"{tuple(attention_mask.shape)}: expected two (B, T) tensors of the same shape"
+            )
+        if input_ids.shape[1] > self.config.max_positions:
+            raise ConfigError(
+                "max_positions", self.config.max_positions, f">= input length {input_ids.shape[1]}"
+            )
+        return attention_mask.bool()
+
+    def _rotary_1d(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return rope_angles(positions, self.config.head_dim, self.config.rope_theta)
+
+    def _run_encoder(
+        self, ids: Tensor, mask: Tensor, rotary: tuple[Tensor, Tensor], n_layers: int | None = None
+    ) -> Tensor:
+        x = self.dropout(self.embed(ids))  # (B, L, d)
+        return self.final_norm(self.encoder(x, rotary, mask, n_layers))
+
+    def _expand(self, input_ids: Tensor, mask: Tensor, labels: Tensor | None) -> ExpandedBatch:
+        c = self.config
+        return expand_states(
+            input_ids,
+            mask,
+            c.k,
+            mask_id=c.mask_id,
+            bos_id=c.bos_id,
+            eos_id=c.eos_id,
+            pad_id=c.pad_id,
+            rope_2d=c.rope_2d,
+            labels=labels,
+        )
+
+    def _encode_expanded(self, ex: ExpandedBatch, n_layers: int | None = None) -> Tensor:
+        rotary = rope_angles_2d(
+            ex.seq_positions, ex.clone_positions, self.config.head_dim, self.config.rope_theta
+        )
+        return self._run_encoder(ex.input_ids, ex.attention_mask, rotary, n_layers)
+
+    def _encode_real_tokens(
+        self, input_ids: Tensor, mask: Tensor, n_layers: int | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """MAE-LM encoder: [MASK] positions removed, original positions kept via RoPE.
+        Returns hidden (B, Te, d), the original column of each row (B, Te), its mask."""
+        index, valid = compact_positions(mask & (input_ids != self.config.mask_id))
+        ids = input_ids.gather(1, index).masked_fill(~valid, self.config.pad_id)
+        hidden = self._run_encoder(ids, valid, self._rotary_1d(index), n_layers)
+        return hidden, index, valid
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None
+    ) -> PretrainOutput:
+        """``input_ids`` (B, T) already masked, ``attention_mask`` (B, T) (True = real token),
+        ``labels`` (B, T) original ids at masked positions and −100 elsewhere."""
+        mask = self._check_inputs(input_ids, attention_mask)
+        if labels is not None and labels.shape != input_ids.shape:
+            raise DataError(f"labels {tuple(labels.shape)}: expected {tuple(input_ids.shape)}")
+        objective = self.config.objective
+        if objective == "exlm":
+            return self._forward_exlm(input_ids, mask, labels)
+        if objective == "maelm":
+            hidden = self._forward_maelm_decoder(input_ids, mask)
+        else:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            rotary = self._rotary_1d(positions.expand_as(input_ids))
+            hidden = self._run_encoder(input_ids, mask, rotary)
+        if labels is None:
+            return PretrainOutput(None, self.lm_head(hidden, self.embed.weight), 0)
+        selected = (labels != IGNORE_INDEX) & mask  # (B, T)
+        logits = self.lm_head(hidden[selected], self.embed.weight)  # (N, V)
+        n = logits.shape[0]
+        loss = F.cross_entropy(logits.float(), labels[selected]) if n else logits.sum() * 0.0
+        return PretrainOutput(loss, logits, n)
+
+    def _forward_maelm_decoder(self, input_ids: Tensor, mask: Tensor) -> Tensor:
+        hidden, index, valid = self._encode_real_tokens(input_ids, mask)  # (B, Te, d)
+        b, t = input_ids.shape
+        mask_vec = self.embed.weight[self.config.mask_id].to(hidden.dtype)
+        x = mask_vec.expand(b, t + 1, -1).clone()  # (B, T+1, d); column T absorbs padding
+        dest = index.masked_fill(~valid, t)
+        x = x.scatter(1, dest[..., None].expand_as(hidden), hidden)[:, :t]  # (B, T, d)
+        positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        x = self.decoder(self.dropout(x), self._rotary_1d(positions), mask)
+        return self.decoder_norm(x)  # (B, T, d)
+
+    def _forward_exlm(
+        self, input_ids: Tensor, mask: Tensor, labels: Tensor | None
+    ) -> PretrainOutput:
+        from smiexlm.dag import dag_logits_log_likelihood, dag_loss
+
+        ex = self._expand(input_ids, mask, labels)
+        hidden = self._encode_expanded(ex)  # (B, Lx, d)
+        states = gather_states(hidden, ex.state_index)  # (B, S, d) compact
+        logits = self.lm_head(states, self.embed.weight)  # (B, S, V)
+        valid = valid_successors(ex.state_mask, ex.state_groups, self.config.dag == "sparse")
+        if self.transitions is None:
+            log_links = uniform_log_links(valid)
+        else:
+            log_links = self.transitions(states, valid)  # (B, S, S)
+        out = PretrainOutput(
+            None,
+            logits,
+            int(ex.target_lengths.sum()),
+            log_links=log_links,
+            state_lengths=ex.state_lengths,
+            target_lengths=ex.target_lengths,
+            targets=ex.targets,
+        )
+        if labels is None:
+            return out
+        rows = ex.target_lengths > 0  # sequences with something to align
+        if not bool(rows.any()):
+            out.loss = logits.sum() * 0.0
+            return out
+        if not bool(rows.all()):
+            logits, log_links = logits[rows], log_links[rows]
+        ll = dag_logits_log_likelihood(
+            logits.float(),
+            ex.targets[rows],
+            log_links,
+            ex.state_lengths[rows],
+            ex.target_lengths[rows],
+        )  # (B',)
+        out.loss, out.n_invalid = dag_loss(ll, ex.target_lengths[rows])
+        if out.n_invalid:
+            logger.warning("ExLM: %d of %d sequences have no DAG path", out.n_invalid, len(ll))
+        return out
+
+    # ------------------------------------------------------------------ encode
+    @torch.no_grad()
+    def embed_batch(self, input_ids: Tensor, attention_mask: Tensor, pooling: Pooling = "cls"):
+        """Pooled embeddings (B, d) without gradients (inference convenience)."""
+        return self.encode(input_ids, attention_mask, pooling=pooling).pooled
+
+    def encode(
+        self, input_ids: Tensor, attention_mask: Tensor, pooling: Pooling = "cls", layer: int = -1
+    ) -> EncoderOutput:
+        """Encoder features for fine-tuning and embedding.
+
+        ``layer`` picks the block whose output is returned (0-based, −1 = last), always passed
+        through the final LayerNorm. ``cls`` pools the first position (for exlm the first BOS
+        state); ``mean``/``max`` pool over the real positions of ``hidden_states``.
+        """
+        mask = self._check_inputs(input_ids, attention_mask)
+        n = self.config.n_layers
+        if not -n <= layer < n:
+            raise ConfigError("layer", layer, f"an index in [{-n}, {n - 1}]")
+        n_layers = layer % n + 1
+        if self.config.objective == "exlm":
+            ex = self._expand(input_ids, mask, None)
+            hidden, out_mask = self._encode_expanded(ex, n_layers), ex.attention_mask
+        elif self.config.objective == "maelm":
+            hidden, _, out_mask = self._encode_real_tokens(input_ids, mask, n_layers)
+        else:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            rotary = self._rotary_1d(positions.expand_as(input_ids))
+            hidden, out_mask = self._run_encoder(input_ids, mask, rotary, n_layers), mask
+        return EncoderOutput(hidden, pool(hidden, out_mask, pooling), out_mask)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_pretrained(
+        self, directory: Path | str, tokenizer: Any = None, dtype: torch.dtype | None = None
+    ) -> Path:
+        """Write ``config.json``, ``vocab.json`` and ``model.safetensors`` into ``directory``."""
+        from smiexlm.model.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, Path(directory), tokenizer=tokenizer, dtype=dtype)
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: Path | str, map_location: str | torch.device = "cpu"
+    ) -> ExLMModel:
+        """Load a folder written by ``save_pretrained`` (vocabulary and shapes are checked)."""
+        from smiexlm.model.checkpoint import load_checkpoint
+
+        return load_checkpoint(cls, Path(directory), map_location=map_location)
+
+
+def pool(hidden: Tensor, mask: Tensor, pooling: Pooling) -> Tensor:
+    """(B, L, d) features and (B, L) mask -> (B, d) by ``cls`` (first), ``mean`` or ``max``."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    m = mask[..., None]  # (B, L, 1)
+    if pooling == "mean":
+        return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
+    if pooling == "max":
+        return hidden.masked_fill(~m, float("-inf")).amax(1)
+    raise ConfigError("pooling", pooling, "'cls', 'mean' or 'max'")

@@ -1,0 +1,126 @@
+"""The classical reference: RandomForest on Morgan radius-2 (ECFP4) 2048-bit fingerprints.
+
+Same data, same splits and same seeds as fine-tuning. One forest per task, trained on the
+train rows whose label for that task is known; a task whose train labels hold one class only
+predicts that class's prior. No model selection: the valid score is reported, not used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from smiexlm.errors import ConfigError
+from smiexlm.moleculenet.metrics import check_scorable, score
+from smiexlm.moleculenet.report import RunResult
+from smiexlm.moleculenet.splits import SPLIT_KINDS, make_split
+
+
+@dataclass
+class BaselineConfig:
+    n_trees: int = 500
+    radius: int = 2
+    n_bits: int = 2048
+    split: str = "scaffold"
+    n_jobs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.n_trees < 1:
+            raise ConfigError("n_trees", self.n_trees, "a positive integer")
+        if self.radius < 0 or self.n_bits < 8:
+            raise ConfigError("radius/n_bits", (self.radius, self.n_bits), "radius >= 0, n_bits >= 8")
+        if self.split not in SPLIT_KINDS:
+            raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
+
+
+def morgan_fingerprints(smiles: Sequence[str], radius: int = 2, n_bits: int = 2048) -> np.ndarray:
+    """(N, n_bits) uint8 bit vectors; raises InvalidSmilesError for an unparsable SMILES."""
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import rdFingerprintGenerator
+
+    from smiexlm.errors import InvalidSmilesError
+
+    RDLogger.DisableLog("rdApp.*")
+    generator = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits)
+    out = np.zeros((len(smiles), n_bits), dtype=np.uint8)
+    for i, s in enumerate(smiles):
+        mol = Chem.MolFromSmiles(s)
+        if mol is None:
+            raise InvalidSmilesError(s, reason="RDKit cannot parse it")
+        out[i] = generator.GetFingerprintAsNumPy(mol)
+    return out
+
+
+def _fit_predict(
+    x_train: np.ndarray, y_train: np.ndarray, x_eval: np.ndarray, task_type: str, seed: int,
+    cfg: BaselineConfig,
+) -> np.ndarray:  # fmt: skip
+    """Scores (N_eval, T): P(class 1) for classification, predictions for regression."""
+    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+
+    out = np.zeros((len(x_eval), y_train.shape[1]))
+    for t in range(y_train.shape[1]):
+        known = ~np.isnan(y_train[:, t])
+        y = y_train[known, t]
+        if task_type == "classification" and len(np.unique(y)) < 2:
+            out[:, t] = y.mean() if len(y) else 0.5
+            continue
+        kind = RandomForestClassifier if task_type == "classification" else RandomForestRegressor
+        forest = kind(n_estimators=cfg.n_trees, n_jobs=cfg.n_jobs, random_state=seed)
+        forest.fit(x_train[known], y)
+        if task_type == "classification":
+            out[:, t] = forest.predict_proba(x_eval)[:, 1]
+        else:
+            out[:, t] = forest.predict(x_eval)
+    return out
+
+
+def run_baseline(
+    df: pd.DataFrame, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None
+) -> list[RunResult]:
+    """Train and score the RF baseline on ``df`` (from load_dataset/load_csv) for each seed."""
+    cfg = cfg or BaselineConfig()
+    name, task_type = df.attrs.get("name", "data"), df.attrs.get("task_type", "classification")
+    labels = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
+    y = df[labels].to_numpy(dtype=float)
+    start = time.perf_counter()
+    x = morgan_fingerprints(df["smiles"].tolist(), cfg.radius, cfg.n_bits)
+    fp_time = time.perf_counter() - start
+    results = []
+    split = None
+    for seed in tqdm(list(seeds), desc=f"RF {name}", leave=False):
+        t0 = time.perf_counter()
+        if split is None or split.seed is not None:  # deterministic splits are made once
+            split = make_split(df["smiles"].tolist(), cfg.split, seed)
+        if task_type == "classification":
+            check_scorable(y[split.test], labels, name, split.label)
+        x_eval = x[split.valid + split.test]
+        pred = _fit_predict(x[split.train], y[split.train], x_eval, task_type, seed, cfg)
+        n_valid = len(split.valid)
+        valid = score(task_type, y[split.valid], pred[:n_valid])
+        test = score(task_type, y[split.test], pred[n_valid:])
+        scale = 100.0 if task_type == "classification" else 1.0
+        results.append(
+            RunResult(
+                model=f"RF-ECFP4 ({cfg.n_trees} trees)",
+                dataset=name,
+                seed=seed,
+                split=split.label,
+                metric="roc_auc" if task_type == "classification" else "rmse",
+                test=test.mean * scale,
+                valid=valid.mean * scale,
+                sizes=split.sizes,
+                n_invalid=int(df.attrs.get("n_invalid", 0)),
+                n_tasks_scored=test.n_scored,
+                n_tasks=len(labels),
+                wall_s=time.perf_counter() - t0 + fp_time / len(seeds),
+                data_sha256=df.attrs.get("sha256"),
+                config=asdict(cfg),
+            )
+        )
+    return results

@@ -1,0 +1,99 @@
+"""Per-task fine-tuning configs (the paper's Table 8), shipped as TOML and overridable."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smiexlm.errors import ConfigError
+from smiexlm.moleculenet.splits import SPLIT_KINDS
+from smiexlm.paths import PACKAGE_DIR
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "moleculenet.toml"
+
+
+@dataclass
+class FinetuneConfig:
+    """Everything that decides a fine-tuning run besides the checkpoint, data and seed.
+
+    ``max_train_steps`` (None = no limit) stops each run early for quick CPU checks; the
+    report records it, so shortened runs are never mistaken for full ones.
+    """
+
+    epochs: int = 40
+    batch_size: int = 64
+    lr: float = 1e-4
+    warmup_ratio: float = 0.06
+    dropout: float = 0.1
+    pooler_dropout: float = 0.1
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-6
+    clip_norm: float = 1.0
+    pooling: str = "cls"
+    canonicalize: bool = True  # as the pretraining corpus; False keeps the SMILES as written
+    split: str = "scaffold"
+    max_length: int = 256
+    max_train_steps: int | None = None
+    eval_batch_size: int = 256
+    device: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.adam_betas = tuple(self.adam_betas)  # type: ignore[assignment]
+        for name in ("epochs", "batch_size", "max_length", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, value, "a positive integer")
+        if not self.lr > 0:
+            raise ConfigError("lr", self.lr, "a positive number")
+        for name in ("warmup_ratio", "dropout", "pooler_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(name, value, "a number in [0, 1)")
+        if self.max_train_steps is not None and self.max_train_steps < 1:
+            raise ConfigError("max_train_steps", self.max_train_steps, "a positive integer or None")
+        if self.pooling not in ("cls", "mean", "max"):
+            raise ConfigError("pooling", self.pooling, "'cls', 'mean' or 'max'")
+        if self.split not in SPLIT_KINDS:
+            raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_table(path: Path = CONFIG_PATH) -> dict[str, dict[str, Any]]:
+    """The raw TOML tables: ``defaults`` and one per task."""
+    with open(path, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def finetune_config(
+    task: str | None, path: Path = CONFIG_PATH, **overrides: Any
+) -> FinetuneConfig:
+    """Defaults, then the task's Table 8 row (if the task has one), then ``overrides``.
+
+    Overrides whose value is None are ignored, so CLI options can pass their defaults through.
+    """
+    table = load_table(path)
+    values = dict(table.get("defaults", {}))
+    if task is not None:
+        values.update(table.get(task.lower(), {}))
+    known = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    for key, value in overrides.items():
+        if key not in known:
+            raise ConfigError(key, value, f"a FinetuneConfig field ({', '.join(sorted(known))})")
+        if value is not None:
+            values[key] = value
+    unknown = set(values) - known
+    if unknown:
+        raise ConfigError(str(sorted(unknown)), path.name, "only FinetuneConfig fields")
+    return FinetuneConfig(**values)

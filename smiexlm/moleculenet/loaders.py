@@ -1,0 +1,204 @@
+"""Read MoleculeNet CSVs (and users' own CSVs) into a clean DataFrame.
+
+The result has a ``smiles`` column (stripped of surrounding whitespace) followed by the label
+columns as float (NaN = missing label). Molecules that RDKit cannot parse are dropped and
+counted, never silently: ``df.attrs`` holds ``n_invalid``, ``invalid`` (the first rows as
+``(row, smiles)``), ``n_raw``, ``name``, ``task_type``, ``label_cols``, ``source`` and
+``sha256``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from smiexlm.errors import DataError
+from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
+from smiexlm.paths import cache_dir, data_dir
+
+log = logging.getLogger(__name__)
+
+_MAX_LISTED_INVALID = 20
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(spec: DatasetSpec, force: bool = False) -> Path:
+    """Fetch ``spec.url`` into ``cache_dir()/moleculenet/`` and verify its sha256.
+
+    Entries without a pinned checksum get theirs recorded next to the file on first fetch
+    (``<file>.sha256``) and checked against it on every later use.
+    """
+    folder = cache_dir() / "moleculenet"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / (spec.filename if spec.sha256 else Path(spec.url).name)
+    if force or not target.is_file():
+        log.info("downloading %s from %s", spec.name, spec.url)
+        partial = target.with_suffix(target.suffix + ".part")
+        try:
+            with urllib.request.urlopen(spec.url, timeout=60) as response, open(partial, "wb") as out:
+                out.write(response.read())
+        except OSError as exc:
+            raise DataError(
+                f"dataset {spec.name!r}: not under SMIEXLM_DATA/moleculenet/ and the download "
+                f"from {spec.url} failed ({exc}); expected a reachable URL or a local copy"
+            ) from exc
+        partial.replace(target)
+    _verify(spec, target)
+    return target
+
+
+def _verify(spec: DatasetSpec, path: Path) -> str:
+    actual = file_sha256(path)
+    expected = spec.sha256
+    record = path.with_name(path.name + ".sha256")
+    if expected is None and path.parent == cache_dir() / "moleculenet":
+        if not record.is_file():
+            record.write_text(actual + "\n")
+        expected = record.read_text().strip()
+    if expected is not None and actual != expected:
+        raise DataError(
+            f"dataset {spec.name!r}: {path} has sha256 {actual}, expected {expected} "
+            "(delete the file to fetch it again)"
+        )
+    return actual
+
+
+def dataset_path(spec: DatasetSpec, allow_download: bool = True) -> Path:
+    """Where ``spec``'s file is: SMIEXLM_DATA/moleculenet/, then the cache, then the web."""
+    root = data_dir(required=False)
+    candidates = []
+    if root is not None:
+        candidates.append(root / "moleculenet" / spec.filename)
+    candidates.append(cache_dir() / "moleculenet" / spec.filename)
+    for path in candidates:
+        if path.is_file():
+            return path
+    if not allow_download or os.environ.get("SMIEXLM_OFFLINE"):
+        raise DataError(
+            f"dataset {spec.name!r}: file {spec.filename!r} not found in "
+            f"{', '.join(str(p.parent) for p in candidates)}; expected SMIEXLM_DATA to point at "
+            "a folder with moleculenet/, or network access to download it"
+        )
+    return download(spec)
+
+
+def load_dataset(name: str, allow_download: bool = True) -> pd.DataFrame:
+    """The MoleculeNet dataset ``name`` as a DataFrame: ``smiles`` + float label columns."""
+    spec = get_spec(name)
+    path = dataset_path(spec, allow_download)
+    raw = pd.read_csv(path, low_memory=False)
+    labels = list(spec.label_cols) or [c for c in raw.columns if c != spec.smiles_col]
+    df = clean_frame(raw, spec.smiles_col, labels, spec.task_type, name=spec.name, strict=False)
+    df.attrs.update(source=str(path), sha256=_verify(spec, path), spec=spec.name)
+    return df
+
+
+def load_csv(
+    path: Path | str,
+    smiles_col: str,
+    label_cols: Sequence[str],
+    task_type: TaskType = "classification",
+) -> pd.DataFrame:
+    """A user's CSV, checked as strictly as the built-in sets.
+
+    Raises DataError for a missing file or column, non-binary classification labels, a
+    classification task with no positives (or no negatives), or a regression label that is
+    not numeric.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"--data {str(path)!r}: file not found; expected a CSV file")
+    if task_type not in ("classification", "regression"):
+        raise DataError(
+            f"task_type {task_type!r}: expected 'classification' or 'regression'"
+        )
+    raw = pd.read_csv(path, low_memory=False)
+    if not label_cols:
+        raise DataError(f"label_cols of {path.name}: expected at least one label column")
+    df = clean_frame(raw, smiles_col, list(label_cols), task_type, name=path.stem, strict=True)
+    df.attrs.update(source=str(path), sha256=file_sha256(path), spec=None)
+    return df
+
+
+def clean_frame(
+    raw: pd.DataFrame,
+    smiles_col: str,
+    label_cols: list[str],
+    task_type: TaskType,
+    name: str,
+    strict: bool,
+) -> pd.DataFrame:
+    """Select, type-check and RDKit-filter the columns of a raw CSV (see module docstring)."""
+    missing = [c for c in [smiles_col, *label_cols] if c not in raw.columns]
+    if missing:
+        shown = ", ".join(map(repr, list(raw.columns)[:12]))
+        raise DataError(
+            f"{name}: column(s) {missing} not found; expected names among the CSV header "
+            f"({shown}{', ...' if raw.shape[1] > 12 else ''})"
+        )
+    smiles = raw[smiles_col].astype(str).str.strip()
+    columns: dict[str, pd.Series] = {}
+    for col in label_cols:
+        values = pd.to_numeric(raw[col], errors="coerce")
+        bad = values.isna() & raw[col].notna() & (raw[col].astype(str).str.strip() != "")
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise DataError(
+                f"{name}: label column {col!r} row {row} = {raw[col].iloc[row]!r}: expected a number"
+            )
+        columns[col] = values.astype(float)
+    labels = pd.DataFrame(columns, index=raw.index)
+    if task_type == "classification":
+        _check_binary(labels, name, strict)
+
+    from rdkit import Chem, RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    valid = np.array([Chem.MolFromSmiles(s) is not None for s in smiles], dtype=bool)
+    invalid_rows = np.flatnonzero(~valid)
+    if len(invalid_rows):
+        log.warning(
+            "%s: %d of %d SMILES rejected by RDKit and excluded", name, len(invalid_rows), len(raw)
+        )
+    df = pd.concat([smiles.rename("smiles"), labels], axis=1)[valid].reset_index(drop=True)
+    df.attrs = dict(
+        name=name,
+        task_type=task_type,
+        label_cols=list(label_cols),
+        n_raw=len(raw),
+        n_invalid=len(invalid_rows),
+        invalid=[(int(r), smiles.iloc[r]) for r in invalid_rows[:_MAX_LISTED_INVALID]],
+    )
+    return df
+
+
+def _check_binary(labels: pd.DataFrame, name: str, strict: bool) -> None:
+    for col in labels.columns:
+        values = labels[col].dropna()
+        odd = values[~values.isin([0.0, 1.0])]
+        if len(odd):
+            raise DataError(
+                f"{name}: label column {col!r} has value {odd.iloc[0]!r} (row {odd.index[0]}): "
+                "expected 0/1 for classification (blank = missing); use "
+                "--task-type regression for continuous targets"
+            )
+        if strict and (values.sum() == 0 or values.sum() == len(values)):
+            which = "positives" if values.sum() == 0 else "negatives"
+            raise DataError(
+                f"{name}: label column {col!r} has no {which} among {len(values)} labels; "
+                "expected both classes for a classification task"
+            )

@@ -1,0 +1,202 @@
+"""Benchmark results: one record per (model, dataset, seed), summaries, CSV/Markdown/PNG.
+
+Every record carries what is needed to reproduce it: the split name (and its seed, if it has
+one), the training seed, the resolved config, the data file's sha256, the number of molecules
+RDKit rejected, and the wall time. Reports put the paper's numbers (method-notes §4) beside
+the measured ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from smiexlm.moleculenet.registry import PAPER_RESULTS, PAPER_TASKS
+
+
+@dataclass
+class RunResult:
+    """One model trained with one seed on one dataset. Scores are ROC-AUC x 100 or RMSE."""
+
+    model: str
+    dataset: str
+    seed: int
+    split: str
+    metric: str
+    test: float
+    valid: float
+    sizes: tuple[int, int, int]
+    n_invalid: int
+    n_tasks_scored: int
+    n_tasks: int
+    wall_s: float
+    data_sha256: str | None
+    best_epoch: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["sizes"] = "/".join(map(str, self.sizes))
+        out["config"] = json.dumps(self.config, sort_keys=True)
+        return out
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return float("nan"), float("nan")
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return mean, math.sqrt(var)
+
+
+def summarize(results: list[RunResult]) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """model -> dataset -> (mean, sample std, n seeds) of the test score."""
+    table: dict[str, dict[str, list[float]]] = {}
+    for r in results:
+        table.setdefault(r.model, {}).setdefault(r.dataset, []).append(r.test)
+    return {
+        model: {ds: (*_mean_std(v), len(v)) for ds, v in per.items()}
+        for model, per in table.items()
+    }
+
+
+def _dataset_order(results: list[RunResult]) -> list[str]:
+    seen = list(dict.fromkeys(r.dataset for r in results))
+    return [d for d in PAPER_TASKS if d in seen] + [d for d in seen if d not in PAPER_TASKS]
+
+
+def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
+    """Mean ± std per dataset and the mean over datasets; paper rows below the measured ones."""
+    datasets = _dataset_order(results)
+    summary = summarize(results)
+    header = ["model", *datasets, "mean"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for model, per in summary.items():
+        cells, means = [model], []
+        for ds in datasets:
+            if ds in per:
+                mean, std, n = per[ds]
+                cells.append(f"{mean:.1f} ± {std:.1f}" + (f" (n={n})" if n != 3 else ""))
+                means.append(mean)
+            else:
+                cells.append("–")
+        cells.append(f"{sum(means) / len(means):.1f}" if len(means) == len(datasets) else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    if with_paper and any(d in PAPER_TASKS for d in datasets):
+        for model, scores in PAPER_RESULTS.items():
+            cells = [model] + [f"{scores[d]:.1f}" if d in scores else "–" for d in datasets]
+            vals = [scores[d] for d in datasets if d in scores]
+            full = len(vals) == len(datasets)
+            cells.append(f"{sum(vals) / len(vals):.1f}" if full else "–")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def details_markdown(results: list[RunResult]) -> str:
+    """Per-run table: split, seed, sizes, invalid molecules, scored tasks, wall time."""
+    lines = [
+        "| model | dataset | split | seed | train/valid/test | n_invalid | tasks scored "
+        "| valid | test | best epoch | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.model} | {r.dataset} | {r.split} | {r.seed} | {'/'.join(map(str, r.sizes))} "
+            f"| {r.n_invalid} | {r.n_tasks_scored}/{r.n_tasks} | {r.valid:.1f} | {r.test:.1f} "
+            f"| {r.best_epoch if r.best_epoch is not None else '–'} | {r.wall_s:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_report(
+    results: list[RunResult], out_dir: Path, title: str, command: str = ""
+) -> dict[str, Path]:
+    """Write ``results.csv``, ``report.md``, ``results.json`` and ``report.png`` into out_dir."""
+    import pandas as pd
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "csv": out_dir / "results.csv",
+        "md": out_dir / "report.md",
+        "json": out_dir / "results.json",
+        "png": out_dir / "report.png",
+    }
+    pd.DataFrame([r.row() for r in results]).to_csv(paths["csv"], index=False)
+    paths["json"].write_text(json.dumps([asdict(r) for r in results], indent=1))
+    configs = {f"{r.model} / {r.dataset}": r.config for r in results}
+    shas = {r.dataset: r.data_sha256 for r in results}
+    metric = results[0].metric if results else "roc_auc"
+    unit = "test ROC-AUC x 100" if metric == "roc_auc" else "test RMSE"
+    total = sum(r.wall_s for r in results)
+    text = [
+        f"# {title}",
+        "",
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} · "
+        f"total wall time {total:.0f} s" + (f" · `{command}`" if command else ""),
+        "",
+        f"## Summary ({unit}, mean ± sample std over seeds)",
+        "",
+        markdown_table(results),
+        "",
+        "Paper rows: ExLM paper Table 1 (scaffold split, 3 seeds).",
+        "",
+        "## Runs",
+        "",
+        details_markdown(results),
+        "",
+        "## Data checksums (sha256)",
+        "",
+        *[f"- {ds}: `{sha}`" for ds, sha in shas.items()],
+        "",
+        "## Configs",
+        "",
+        *[f"- {key}: `{json.dumps(cfg, sort_keys=True)}`" for key, cfg in configs.items()],
+        "",
+    ]
+    paths["md"].write_text("\n".join(text))
+    bar_chart(results, paths["png"], title)
+    return paths
+
+
+def bar_chart(results: list[RunResult], path: Path, title: str) -> Path:
+    """Grouped bars per dataset: each measured model (error bar = std) and the paper's rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    datasets = _dataset_order(results)
+    summary = summarize(results)
+    series: list[tuple[str, list[float], list[float]]] = []
+    for model, per in summary.items():
+        means = [per[d][0] if d in per else np.nan for d in datasets]
+        stds = [per[d][1] if d in per else 0.0 for d in datasets]
+        series.append((model, means, stds))
+    for model, scores in PAPER_RESULTS.items():
+        if any(d in scores for d in datasets):
+            series.append((model, [scores.get(d, np.nan) for d in datasets], [0.0] * len(datasets)))
+    width = 0.8 / max(len(series), 1)
+    x = np.arange(len(datasets))
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(datasets) + 2), 4))
+    for i, (model, means, stds) in enumerate(series):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, means, width, yerr=stds, label=model,
+               capsize=2)  # fmt: skip
+    ax.set_xticks(x, [d.upper() if len(d) <= 5 else d.capitalize() for d in datasets])
+    ax.set_ylabel("test ROC-AUC x 100" if results and results[0].metric == "roc_auc" else "RMSE")
+    finite = [v for _, m, _ in series for v in m if not np.isnan(v)]
+    if finite and results and results[0].metric == "roc_auc":
+        ax.set_ylim(max(0, min(finite) - 10), min(100, max(finite) + 5))
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,330 @@
+"""The SMILES tokenizer: the regular expression of Schwaller et al. (2018) and a saved vocabulary.
+
+Special tokens have fixed ids in every vocabulary smiexlm writes:
+
+====  ========  ==========================================
+ id   token     meaning
+====  ========  ==========================================
+ 0    [PAD]     padding (attention mask False)
+ 1    [BOS]     start of a sequence
+ 2    [EOS]     end of a sequence
+ 3    [MASK]    masked token (pretraining)
+ 4    [UNK]     a well-formed token missing from the vocabulary
+====  ========  ==========================================
+
+Nothing is dropped silently. ``re.findall`` skips characters that the pattern does not
+match; here a SMILES whose tokens do not join back to the input raises
+:class:`~smiexlm.errors.InvalidSmilesError` with the character position. A token that the
+pattern accepts but the vocabulary lacks becomes ``[UNK]`` and is counted. A token spelled
+like a special token (``[MASK]`` written inside a SMILES) is treated as unknown, never as
+the special token itself.
+
+Batches go through a Rust word-level tokenizer (the ``tokenizers`` library) with the same
+regular expression as its pre-tokenizer; rows that hold an unknown or unmatched piece are
+re-checked by the exact Python path, so both paths give identical ids or the same error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from smiexlm.errors import DataError, InvalidSmilesError
+from smiexlm.paths import ASSETS_DIR
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+#: The tokenizing pattern of Schwaller et al. (2018), as DeepChem's BasicSmilesTokenizer uses it.
+SMILES_REGEX = (
+    r"(\[[^\]]+]|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\(|\)|\.|=|#|-|\+|\\|\/|:|~|@|\?|>>?|\*|\$"
+    r"|\%[0-9]{2}|[0-9])"
+)
+_PATTERN = re.compile(SMILES_REGEX)
+
+PAD_ID, BOS_ID, EOS_ID, MASK_ID, UNK_ID = 0, 1, 2, 3, 4
+SPECIAL_TOKENS = ["[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]"]
+VOCAB_FORMAT = "smiexlm-vocab/1"
+DEFAULT_VOCAB_PATH = ASSETS_DIR / "vocab.json"
+
+Truncation = Literal["error", "truncate"]
+
+
+def split_smiles(smiles: str) -> list[str]:
+    """Split one SMILES into regex tokens; raise if any character would be lost."""
+    tokens = _PATTERN.findall(smiles)
+    if sum(map(len, tokens)) != len(smiles):
+        position = 0
+        for match in _PATTERN.finditer(smiles):
+            if match.start() != position:
+                break
+            position = match.end()
+        raise InvalidSmilesError(smiles, position, "character not matched by the SMILES token pattern")
+    return tokens
+
+
+def vocabulary_hash(tokens: Sequence[str]) -> str:
+    """sha256 of the token list (order matters: it fixes the ids)."""
+    payload = json.dumps({"format": VOCAB_FORMAT, "regex": SMILES_REGEX, "tokens": list(tokens)})
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class BatchEncoding:
+    """A padded batch. ``input_ids`` (B, T) long, PAD = 0; ``attention_mask`` (B, T) bool,
+    True = real token (BOS and EOS included)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    n_truncated: int = 0
+    n_unk: int = 0
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.attention_mask.sum(dim=1)
+
+
+class SmilesTokenizer:
+    """Regex SMILES tokenizer with a fixed vocabulary.
+
+    ``SmilesTokenizer()`` loads the vocabulary shipped with the package;
+    ``SmilesTokenizer.build(smiles)`` makes one from a corpus; ``save``/``load`` use JSON.
+    The counters ``n_unk`` and ``n_truncated`` accumulate over the tokenizer's lifetime.
+    """
+
+    pad_id, bos_id, eos_id, mask_id, unk_id = PAD_ID, BOS_ID, EOS_ID, MASK_ID, UNK_ID
+    special_tokens = tuple(SPECIAL_TOKENS)
+
+    def __init__(self, tokens: Sequence[str] | None = None, counts: dict[str, int] | None = None):
+        if tokens is None:
+            other = SmilesTokenizer.load(DEFAULT_VOCAB_PATH)
+            tokens, counts = other.tokens, other.counts
+        tokens = list(tokens)
+        if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+            raise DataError(
+                f"vocabulary tokens start with {tokens[:5]!r}: expected the special tokens "
+                f"{SPECIAL_TOKENS} at ids 0-4"
+            )
+        if len(set(tokens)) != len(tokens):
+            dupes = [t for t, c in Counter(tokens).items() if c > 1]
+            raise DataError(f"vocabulary has repeated tokens {dupes[:5]!r}: expected unique tokens")
+        if len(tokens) > 65535:
+            raise DataError(f"vocabulary size {len(tokens)}: expected at most 65,535 (uint16 ids)")
+        self.tokens = tokens
+        self.counts = dict(counts or {})
+        self.vocab = {tok: i for i, tok in enumerate(tokens)}
+        # Lookup table for text: special tokens spelled inside a SMILES are unknown.
+        self._lookup = {tok: i for tok, i in self.vocab.items() if i >= len(SPECIAL_TOKENS)}
+        self.vocab_hash = vocabulary_hash(tokens)
+        self.n_unk = 0
+        self.n_truncated = 0
+        self._fast = None
+
+    # ------------------------------------------------------------------ vocabulary
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def build(
+        cls, smiles: Iterable[str], min_freq: int = 1, max_size: int | None = None
+    ) -> SmilesTokenizer:
+        """A vocabulary of every token seen at least ``min_freq`` times, most frequent first
+        (ties broken alphabetically), capped at ``max_size`` tokens including the specials.
+        Invalid SMILES (unmatched characters) raise, naming the input."""
+        counts: Counter[str] = Counter()
+        for s in smiles:
+            counts.update(split_smiles(s))
+        return cls.from_counts(counts, min_freq, max_size)
+
+    @classmethod
+    def from_counts(
+        cls, counts: Counter[str], min_freq: int = 1, max_size: int | None = None
+    ) -> SmilesTokenizer:
+        """The vocabulary that ``build`` makes, from token counts already gathered."""
+        if min_freq < 1:
+            raise DataError(f"min_freq={min_freq!r}: expected an integer >= 1")
+        if max_size is not None and max_size <= len(SPECIAL_TOKENS):
+            raise DataError(f"max_size={max_size!r}: expected more than {len(SPECIAL_TOKENS)}")
+        counts = Counter({t: c for t, c in counts.items() if t not in SPECIAL_TOKENS})
+        kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            kept = kept[: max_size - len(SPECIAL_TOKENS)]
+        return cls(SPECIAL_TOKENS + kept, {t: counts[t] for t in kept})
+
+    def coverage(self, smiles: Iterable[str]) -> float:
+        """Fraction of tokens in ``smiles`` that the vocabulary knows."""
+        total = known = 0
+        for s in smiles:
+            for tok in split_smiles(s):
+                total += 1
+                known += tok in self._lookup
+        return known / total if total else 1.0
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "format": VOCAB_FORMAT,
+            "regex": SMILES_REGEX,
+            "hash": self.vocab_hash,
+            "special_tokens": {tok: i for i, tok in enumerate(SPECIAL_TOKENS)},
+            "tokens": self.tokens,
+            "counts": self.counts,
+        }
+        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> SmilesTokenizer:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "vocab.json"
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DataError(f"vocabulary file {str(path)!r} does not exist") from None
+        except json.JSONDecodeError as err:
+            raise DataError(f"vocabulary file {str(path)!r} is not valid JSON: {err}") from None
+        if doc.get("format") != VOCAB_FORMAT:
+            raise DataError(
+                f"vocabulary file {str(path)!r} has format {doc.get('format')!r}: "
+                f"expected {VOCAB_FORMAT!r}"
+            )
+        tok = cls(doc["tokens"], doc.get("counts"))
+        if doc.get("hash") not in (None, tok.vocab_hash):
+            raise DataError(
+                f"vocabulary file {str(path)!r} records hash {doc['hash']!r} but its tokens hash "
+                f"to {tok.vocab_hash!r}: the file was edited or corrupted"
+            )
+        return tok
+
+    # ------------------------------------------------------------------ one SMILES
+    def tokenize(self, smiles: str) -> list[str]:
+        """Regex tokens of ``smiles``; raises InvalidSmilesError rather than drop a character."""
+        if not isinstance(smiles, str):
+            raise InvalidSmilesError(repr(smiles), None, f"expected str, got {type(smiles).__name__}")
+        return split_smiles(smiles)
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        ids = [self._lookup.get(t, UNK_ID) for t in tokens]
+        self.n_unk += ids.count(UNK_ID)
+        return ids
+
+    def encode(
+        self,
+        smiles: str,
+        add_special_tokens: bool = True,
+        max_length: int | None = None,
+        truncation: Truncation = "error",
+    ) -> list[int]:
+        """Token ids of one SMILES, ``[BOS] ... [EOS]`` by default.
+
+        ``max_length`` counts BOS and EOS. Over-long input raises with ``truncation="error"``,
+        or keeps the first tokens (and EOS) with ``truncation="truncate"``, counted in
+        ``n_truncated``."""
+        ids = self.convert_tokens_to_ids(self.tokenize(smiles))
+        if add_special_tokens:
+            ids = [BOS_ID, *ids, EOS_ID]
+        if max_length is not None and len(ids) > max_length:
+            ids = self._truncate(smiles, ids, max_length, truncation, add_special_tokens)
+        return ids
+
+    def _truncate(
+        self, smiles: str, ids: list[int], max_length: int, truncation: str, specials: bool
+    ) -> list[int]:
+        if truncation == "error":
+            raise InvalidSmilesError(
+                smiles, None, f"{len(ids)} tokens exceed max_length={max_length} (truncation='error')"
+            )
+        if truncation != "truncate":
+            raise DataError(f"truncation={truncation!r}: expected 'error' or 'truncate'")
+        self.n_truncated += 1
+        return [*ids[: max_length - 1], EOS_ID] if specials else ids[:max_length]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """The SMILES spelled by ``ids``; special tokens are dropped unless asked for."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self.tokens):
+                raise DataError(f"token id {i}: expected 0 <= id < {len(self.tokens)}")
+            if i < len(SPECIAL_TOKENS) and skip_special_tokens:
+                continue
+            out.append(self.tokens[i])
+        return "".join(out)
+
+    # ------------------------------------------------------------------ batches
+    def _fast_tokenizer(self):
+        if self._fast is None:
+            from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+            fast = Tokenizer(models.WordLevel(vocab=self.vocab, unk_token="[UNK]"))
+            fast.pre_tokenizer = pre_tokenizers.Split(Regex(SMILES_REGEX), behavior="isolated")
+            self._fast = fast
+        return self._fast
+
+    def encode_many(self, smiles: Sequence[str]) -> list[list[int]]:
+        """Ids (with BOS/EOS) of many SMILES, unpadded; same ids and errors as ``encode``."""
+        if isinstance(smiles, str):
+            raise DataError("encode_many expects a sequence of SMILES, got one str")
+        smiles = list(smiles)
+        for i, s in enumerate(smiles):
+            if not isinstance(s, str):
+                raise InvalidSmilesError(repr(s), None, f"item {i}: expected str")
+        encodings = self._fast_tokenizer().encode_batch_fast(smiles, add_special_tokens=False)
+        out = []
+        for index, (s, enc) in enumerate(zip(smiles, encodings, strict=True)):
+            ids = enc.ids
+            # A special-range id means an unknown token, an unmatched piece, or a special token
+            # spelled in the text: the exact path decides which (and raises on unmatched).
+            if ids and min(ids) < len(SPECIAL_TOKENS):
+                try:
+                    ids = self.encode(s, add_special_tokens=False)
+                except InvalidSmilesError as err:
+                    raise InvalidSmilesError(s, err.position, f"batch item {index}: {err.reason}") from None
+            out.append([BOS_ID, *ids, EOS_ID])
+        return out
+
+    def encode_batch(
+        self,
+        smiles: Sequence[str],
+        max_length: int | None = None,
+        truncation: Truncation = "error",
+        return_tensors: Literal["pt", "np"] = "pt",
+    ) -> BatchEncoding:
+        """Pad a batch to its longest member: ``input_ids`` (B, T), ``attention_mask`` (B, T).
+
+        The first invalid SMILES raises InvalidSmilesError naming it and its index."""
+        import numpy as np
+
+        unk_before = self.n_unk
+        rows = self.encode_many(smiles)
+        n_truncated = 0
+        if max_length is not None:
+            for i, row in enumerate(rows):
+                if len(row) > max_length:
+                    rows[i] = self._truncate(smiles[i], row, max_length, truncation, True)
+                    n_truncated += 1
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        width = int(lengths.max()) if len(rows) else 0
+        flat = np.fromiter((i for row in rows for i in row), dtype=np.int64, count=int(lengths.sum()))
+        mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T) True = real token
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        ids[mask] = flat
+        n_unk = int((ids == UNK_ID).sum())
+        self.n_unk = unk_before + n_unk
+        if return_tensors == "np":
+            return BatchEncoding(ids, mask, n_truncated, n_unk)
+        import torch
+
+        return BatchEncoding(torch.from_numpy(ids), torch.from_numpy(mask), n_truncated, n_unk)

@@ -1,0 +1,209 @@
+"""Training checkpoints: a folder ``ExLMModel.from_pretrained`` loads, plus the training state.
+
+``RUN_DIR/checkpoints/step_000100/`` holds
+
+* ``config.json``, ``vocab.json``, ``model.safetensors`` — the model, as ``save_pretrained``
+  writes it (``from_pretrained`` needs nothing else);
+* ``optimizer.safetensors`` — Adam's moment and step tensors, keyed ``state.<i>.<name>``;
+* ``rng.safetensors`` — torch CPU (and CUDA) generator states as uint8 tensors;
+* ``trainer_state.json`` — step, data position, schedule, optimiser hyper-parameters, the
+  numpy / Python RNG states as lists, best validation loss, vocabulary hash;
+* ``train_config.json`` — the resolved :class:`TrainConfig`.
+
+No pickle anywhere. A folder is written under a temporary name and renamed into place, so a
+crash never leaves a half-written checkpoint under a real name. ``best/`` and ``last/`` are
+copies made of hard links (plain copies where links are unsupported); only the newest
+``keep_last`` ``step_*`` folders are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from smiexlm.errors import DataError
+
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+RNG_FILE = "rng.safetensors"
+CONFIG_FILE = "train_config.json"
+
+
+@dataclass
+class TrainerState:
+    """Where a run stands; everything besides tensors that resume needs."""
+
+    step: int = 0  # optimiser updates done
+    epoch: int = 0  # epoch of the next micro-batch
+    batch_in_epoch: int = 0  # index (in the epoch's global batch order) of the next micro-batch
+    tokens_seen: int = 0  # real (non-pad) tokens consumed, all processes
+    best_valid_loss: float | None = None
+    best_step: int | None = None
+    vocab_hash: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+
+
+@contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces ``final`` in one rename."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+# ------------------------------------------------------------------ optimiser state
+def optimizer_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict, list[dict]]:
+    """Split an optimiser state dict into safetensors-able tensors and JSON-able groups."""
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            if not torch.is_tensor(value):
+                value = torch.tensor(value)
+            tensors[f"state.{index}.{name}"] = value.detach().cpu().contiguous()
+    groups = [
+        {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()}
+        for group in state["param_groups"]
+    ]
+    return tensors, groups
+
+
+def optimizer_from_tensors(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], groups: list[dict]
+) -> None:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        _, index, name = key.split(".", 2)
+        state.setdefault(int(index), {})[name] = value
+    param_groups = [
+        {k: (tuple(v) if k == "betas" else v) for k, v in group.items()} for group in groups
+    ]
+    optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+
+
+# ------------------------------------------------------------------------ RNG state
+def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, py_state, gauss_next = random.getstate()
+    scalars = {
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "python": [version, list(py_state), gauss_next],
+    }
+    return tensors, scalars
+
+
+def set_rng_state(tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    kind, keys, pos, has_gauss, cached = scalars["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, py_state, gauss_next = scalars["python"]
+    random.setstate((version, tuple(py_state), gauss_next))
+
+
+# ------------------------------------------------------------------------ save/load
+def save_checkpoint(
+    folder: Path,
+    model,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    schedule: dict[str, Any],
+    train_config: dict[str, Any],
+    tokenizer: Any,
+) -> Path:
+    """Write one checkpoint folder atomically; returns its final path."""
+    with atomic_dir(folder) as tmp:
+        model.save_pretrained(tmp, tokenizer=tokenizer)
+        tensors, groups = optimizer_to_tensors(optimizer)
+        save_file(tensors, str(tmp / OPTIMIZER_FILE))
+        rng_tensors, rng_scalars = rng_state()
+        save_file({k: v.contiguous() for k, v in rng_tensors.items()}, str(tmp / RNG_FILE))
+        payload = {
+            "format": "smiexlm-trainer-state/1",
+            "state": asdict(state),
+            "schedule": schedule,
+            "optimizer_groups": groups,
+            "rng": rng_scalars,
+        }
+        (tmp / STATE_FILE).write_text(json.dumps(payload, indent=1))
+        (tmp / CONFIG_FILE).write_text(json.dumps(train_config, indent=2))
+    return Path(folder)
+
+
+def load_checkpoint(folder: Path, model, optimizer: torch.optim.Optimizer) -> TrainerState:
+    """Restore weights, optimiser and RNG state in place; returns the trainer state."""
+    folder = Path(folder)
+    for name in ("model.safetensors", OPTIMIZER_FILE, STATE_FILE):
+        if not (folder / name).is_file():
+            raise DataError(f"checkpoint {folder}: missing {name}; expected a training checkpoint")
+    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    payload = json.loads((folder / STATE_FILE).read_text())
+    optimizer_from_tensors(optimizer, load_file(str(folder / OPTIMIZER_FILE)), payload["optimizer_groups"])
+    if (folder / RNG_FILE).is_file():
+        set_rng_state(load_file(str(folder / RNG_FILE)), payload["rng"])
+    return TrainerState(**payload["state"])
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete ``step_*`` folder of a run, or None."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return None
+    steps = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+    return steps[-1] if steps else None
+
+
+def link_copy(source: Path, target: Path) -> Path:
+    """Replace ``target`` with a copy of ``source`` made of hard links, atomically."""
+    with atomic_dir(target) as tmp:
+        for item in Path(source).iterdir():
+            try:
+                os.link(item, tmp / item.name)
+            except OSError:
+                shutil.copy2(item, tmp / item.name)
+    return Path(target)
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` ``step_*`` folders; returns those deleted."""
+    root = Path(run_dir) / "checkpoints"
+    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
+    doomed = steps[:-keep_last] if keep_last > 0 else steps
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed

@@ -1,0 +1,278 @@
+"""``TrainConfig``: everything a pre-training run needs besides the data and the output folder.
+
+A config file is TOML (YAML too when PyYAML is installed). Training keys sit at the top
+level; the ``[model]`` table names an :class:`~smiexlm.ExLMConfig` preset plus any field
+overrides::
+
+    # Launch: smiexlm pretrain --config mol_tiny_exlm --data data/moses --out runs/tiny
+    lr = 1e-3
+    max_steps = 20000
+
+    [model]
+    preset = "tiny"
+    objective = "exlm"
+    k = 2
+
+Command-line overrides are ``key=value`` (``lr=3e-4``, ``model.k=4``); values are parsed as
+TOML literals and fall back to plain strings. Unknown keys raise :class:`ConfigError` naming
+the key and listing the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from smiexlm.errors import ConfigError
+from smiexlm.paths import PACKAGE_DIR
+
+SHIPPED_CONFIG_DIR = PACKAGE_DIR / "configs" / "pretrain"
+_PRESETS = ("tiny", "small", "mol_base", "text_base", "text_large")
+
+
+@dataclass
+class TrainConfig:
+    """A pre-training run: model preset and overrides, optimiser, schedule, batching, reporting."""
+
+    # ExLMConfig preset name under "preset" plus field overrides (objective, k, dropout, ...).
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    # --- batching
+    max_tokens: int = 8192  # token budget of one micro-batch on one process (padded B * T)
+    update_freq: int = 1  # gradient accumulation: micro-batches per optimiser step per process
+    # --- schedule (fairseq's polynomial_decay: linear warmup, then (1 - t)^power decay)
+    max_steps: int = 1000  # where the run stops; --max-steps overrides it
+    total_steps: int | None = None  # decay horizon; None = max_steps (stopping early keeps it)
+    warmup_steps: int = 100
+    lr: float = 5e-4
+    end_lr: float = 0.0
+    lr_power: float = 1.0
+    # --- optimiser (Adam with decoupled weight decay, as fairseq's "adam")
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-6
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0  # 0 disables clipping
+    # --- runtime
+    seed: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU
+    num_threads: int = 0  # torch intra-op threads per process; 0 = torch's default
+    num_workers: int = 0  # DataLoader workers that collate and mask batches
+    # --- reporting and checkpoints
+    log_every: int = 10
+    valid_every: int = 500
+    valid_batches: int = 50  # micro-batches of the validation split per evaluation; 0 = all
+    save_every: int = 1000
+    keep_last: int = 3
+    tensorboard: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, dict):
+            raise ConfigError("model", self.model, "a table of ExLMConfig fields with 'preset'")
+        preset = self.model.get("preset", "tiny")
+        if preset not in _PRESETS:
+            raise ConfigError("model.preset", preset, f"one of {_PRESETS}")
+        self.model = {"preset": preset, **{k: v for k, v in self.model.items() if k != "preset"}}
+        for name in ("max_tokens", "update_freq", "max_steps", "log_every", "valid_every"):
+            _require_int(name, getattr(self, name), minimum=1)
+        for name in ("save_every", "keep_last"):
+            _require_int(name, getattr(self, name), minimum=1)
+        for name in ("warmup_steps", "seed", "num_threads", "num_workers", "valid_batches"):
+            _require_int(name, getattr(self, name), minimum=0)
+        if self.total_steps is not None:
+            _require_int("total_steps", self.total_steps, minimum=1)
+        for name in ("lr", "adam_eps"):
+            _require_float(name, getattr(self, name), positive=True)
+        for name in ("end_lr", "lr_power", "weight_decay", "clip_norm"):
+            _require_float(name, getattr(self, name), positive=False)
+        if self.end_lr > self.lr:
+            raise ConfigError("end_lr", self.end_lr, f"at most lr={self.lr}")
+        betas = tuple(self.adam_betas) if isinstance(self.adam_betas, (list, tuple)) else ()
+        if len(betas) != 2 or not all(
+            isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas
+        ):
+            raise ConfigError("adam_betas", self.adam_betas, "two numbers in [0, 1)")
+        self.adam_betas = (float(betas[0]), float(betas[1]))
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("device", self.device, "one of ('auto', 'cpu', 'cuda')")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ConfigError("precision", self.precision, "one of ('auto', 'fp32', 'bf16')")
+        for name in ("tensorboard", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "true or false")
+
+    @property
+    def decay_steps(self) -> int:
+        return self.total_steps if self.total_steps is not None else self.max_steps
+
+    # ------------------------------------------------------------------ model
+    def model_config(self, **fixed: Any):
+        """The :class:`ExLMConfig` of this run; ``fixed`` fields (e.g. vocab_size) win."""
+        from smiexlm.model.config import ExLMConfig
+
+        overrides = {k: v for k, v in self.model.items() if k != "preset"}
+        _check_model_keys(overrides)
+        return ExLMConfig.preset(self.model["preset"], **{**overrides, **fixed})
+
+    # ------------------------------------------------------------ (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["adam_betas"] = list(self.adam_betas)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in known:
+                raise ConfigError(key, data[key], f"a known config key, one of {sorted(known)}")
+        config = cls(**data)
+        _check_model_keys({k: v for k, v in config.model.items() if k != "preset"})
+        return config
+
+    def save(self, path: Path) -> Path:
+        """Write the resolved config as TOML (``.toml``) or JSON (anything else)."""
+        path = Path(path)
+        data = self.to_dict()
+        path.write_text(to_toml(data) if path.suffix == ".toml" else json.dumps(data, indent=2))
+        return path
+
+
+def valid_keys() -> list[str]:
+    """Every key a config file or a ``key=value`` override accepts (model keys as model.*)."""
+    keys = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "model"]
+    return sorted(keys) + ["model.preset"] + [f"model.{k}" for k in _model_field_names()]
+
+
+def _model_field_names() -> list[str]:
+    try:
+        from smiexlm.model.config import ExLMConfig
+    except ImportError:  # the model package is optional at config-parse time
+        return []
+    return [f.name for f in dataclasses.fields(ExLMConfig)]
+
+
+def _check_model_keys(overrides: dict[str, Any]) -> None:
+    names = _model_field_names()
+    if not names:
+        return
+    for key, value in overrides.items():
+        if key not in names:
+            raise ConfigError(
+                f"model.{key}", value, f"a known model key, one of {['preset', *sorted(names)]}"
+            )
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(name, value, f"an integer >= {minimum}")
+
+
+def _require_float(name: str, value: Any, positive: bool) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= 0 if positive else value < 0):
+        raise ConfigError(name, value, "a positive number" if positive else "a number >= 0")
+
+
+# ------------------------------------------------------------------------ loading
+def shipped_configs() -> dict[str, Path]:
+    """Name -> path of every config shipped in ``smiexlm/configs/pretrain``."""
+    return {
+        p.stem: p
+        for p in sorted(SHIPPED_CONFIG_DIR.iterdir())
+        if p.suffix in (".toml", ".yaml", ".yml")
+    }
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """A config file path, or the path of a shipped config named without a path."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_configs()
+    if str(name_or_path) in shipped:
+        return shipped[str(name_or_path)]
+    raise ConfigError(
+        "config", str(name_or_path), f"an existing TOML/YAML file or one of {sorted(shipped)}"
+    )
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as error:
+            raise ConfigError("config", str(path), "a TOML file (PyYAML is not installed)") from error
+        data = yaml.safe_load(text) or {}
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError("config", str(path), f"valid TOML ({error})") from error
+    if not isinstance(data, dict):
+        raise ConfigError("config", str(path), "a table of key = value pairs")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"lr=3e-4"`` -> ("lr", 0.0003); ``"model.objective=mlm"`` -> ("model.objective", "mlm")."""
+    if "=" not in item:
+        raise ConfigError("override", item, "key=value, e.g. lr=3e-4 or model.k=4")
+    key, raw = (part.strip() for part in item.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    data = {**data, "model": dict(data.get("model", {}))}
+    for item in overrides:
+        key, value = parse_override(item)
+        if key.startswith("model."):
+            data["model"][key.removeprefix("model.")] = value
+        else:
+            data[key] = value
+    return data
+
+
+def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a config file (or a shipped config by name) and apply ``key=value`` overrides."""
+    data = read_config_file(resolve_config_path(name_or_path))
+    return TrainConfig.from_dict(apply_overrides(data, list(overrides or [])))
+
+
+# ---------------------------------------------------------------------- TOML writer
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError("value", value, "a string, number, boolean or list")
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """Flat keys first, then one table per nested dict; ``None`` values are left out."""
+    flat = [
+        f"{k} = {_toml_value(v)}"
+        for k, v in data.items()
+        if v is not None and not isinstance(v, dict)
+    ]
+    tables = []
+    for name, table in data.items():
+        if isinstance(table, dict):
+            body = [f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None]
+            tables.append(f"\n[{name}]\n" + "\n".join(body))
+    return "\n".join(flat) + "\n" + "\n".join(tables) + "\n"

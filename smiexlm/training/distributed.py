@@ -1,0 +1,126 @@
+"""Distributed data parallel training under ``torchrun``.
+
+``torchrun`` sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``; without them the run is a single process. The process group uses NCCL on
+GPUs and gloo on CPUs. Batches are sharded by global micro-batch index (see
+:func:`shard_batches`) so that N processes with ``update_freq = u`` consume exactly the
+micro-batches one process with ``update_freq = N·u`` would, in the same optimiser steps.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def detect() -> DistInfo:
+    """Rank and world size from the torchrun environment (a single process otherwise)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    return DistInfo(
+        rank=int(os.environ.get("RANK", "0")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        world_size=world,
+    )
+
+
+def select_device(requested: str, info: DistInfo) -> torch.device:
+    """``auto`` = this process's GPU (``cuda:LOCAL_RANK``) when CUDA is available, else CPU."""
+    use_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if not torch.cuda.is_available():
+            from smiexlm.errors import ConfigError
+
+            raise ConfigError("device", requested, "'cpu' or 'auto': CUDA is not available")
+        torch.cuda.set_device(info.local_rank)
+        return torch.device("cuda", info.local_rank)
+    return torch.device("cpu")
+
+
+def init(info: DistInfo, device: torch.device) -> None:
+    """Join the process group (NCCL on GPU, gloo on CPU) when running under torchrun."""
+    if info.enabled and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            dist.init_process_group(backend, device_id=device)
+        else:
+            dist.init_process_group(backend)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """DDP-wrap the model under torchrun; the bare model otherwise."""
+    if not info.enabled:
+        return model
+    ids = [device.index] if device.type == "cuda" else None
+    # Objectives leave some parameters without gradient in some batches (e.g. the
+    # transition head when a batch has no mask), so unused parameters are tolerated.
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=ids, find_unused_parameters=True
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def shard_batches(n_batches: int, world_size: int, update_freq: int) -> int:
+    """Micro-batches per epoch that fill whole optimiser steps (the remainder is dropped)."""
+    per_step = world_size * update_freq
+    return (n_batches // per_step) * per_step
+
+
+def micro_batch_index(step_start: int, rank: int, micro: int, world_size: int) -> int:
+    """Global index of micro-batch ``micro`` of ``rank`` in the step starting at ``step_start``.
+
+    Interleaving (``micro * world + rank``) gives the same set of micro-batches per step for
+    any split of a fixed global batch between processes and accumulation.
+    """
+    return step_start + micro * world_size + rank
+
+
+def all_reduce_sum(values: list[float], device: torch.device, info: DistInfo) -> list[float]:
+    """Sum a few scalars over all processes (identity in a single process)."""
+    if not info.enabled:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def broadcast_flag(flag: bool, device: torch.device, info: DistInfo) -> bool:
+    """True on every process when it is True on any (used for stop requests)."""
+    if not info.enabled:
+        return flag
+    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item() > 0)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()

@@ -1,0 +1,55 @@
+"""The real ``smiexlm`` entry point: help, start-up imports, tokenizer commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ["torch", "rdkit", "deepchem", "triton", "pandas", "matplotlib", "sklearn"]
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["smiexlm", *args], capture_output=True, text=True, check=check, timeout=300
+    )
+
+
+def test_help_lists_commands():
+    out = run_cli("--help").stdout
+    for command in ("tokenize", "vocab"):
+        assert command in out
+
+
+def test_startup_imports_no_heavy_module():
+    code = (
+        "import sys; sys.argv=['smiexlm','--help']\n"
+        "import smiexlm.cli.main as m\n"
+        f"print([name for name in {HEAVY!r} if name in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_tokenize_command_tokens_and_ids(tmp_path):
+    assert run_cli("tokenize", "c1ccccc1Br").stdout.split() == "c 1 c c c c c 1 Br".split()
+    ids = run_cli("tokenize", "--ids", "CCO").stdout.split()
+    assert ids[0] == "1" and ids[-1] == "2" and len(ids) == 5
+    smi = tmp_path / "in.smi"
+    smi.write_text("CCO name1\n\nc1ccccc1 name2\n")
+    assert len(run_cli("tokenize", "--file", str(smi)).stdout.splitlines()) == 2
+    bad = run_cli("tokenize", "C C", check=False)
+    assert bad.returncode == 1 and "at character 1" in bad.stderr
+
+
+def test_vocab_build_command(tmp_path):
+    csv = tmp_path / "mols.csv"
+    csv.write_text("id,smiles\n1,CCO\n2,c1ccccc1Cl\n3,C C\n")
+    out = tmp_path / "vocab.json"
+    result = run_cli("vocab", "build", str(csv), "--out", str(out))
+    assert "1 not tokenizable" in result.stdout and "coverage" in result.stdout
+    doc = json.loads(out.read_text())
+    assert doc["tokens"][:5] == ["[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]"]
+    assert set(doc["tokens"][5:]) == {"C", "O", "c", "1", "Cl"}
+    missing = run_cli("vocab", "build", str(csv), "--out", str(out), "--smiles-col", "S", check=False)
+    assert missing.returncode != 0 and "'S' not found" in (missing.stderr + missing.stdout)

@@ -1,0 +1,237 @@
+"""Corpus pipeline: formats, determinism, accounting, rejects, resume after SIGKILL, readers."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from smiexlm.data import (
+    HashSet64,
+    PreprocessConfig,
+    TokenBudgetSampler,
+    TokenDataset,
+    collate,
+    preprocess,
+)
+from smiexlm.data.encoding import ChunkEncoder
+from smiexlm.errors import DataError, VocabularyMismatchError
+from smiexlm.tokenizer import SmilesTokenizer
+
+BAD_LINES = ["", "C1CC", "c1ccccc1 benzene", "CC(C)(C)(C)(C)C", "CCO", "OCC"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shared_data):
+    """3,000 MOSES test SMILES, a vocabulary built from them, and a .smi with bad lines."""
+    root = tmp_path_factory.mktemp("corpus")
+    path = shared_data / "pretrain" / "moses_test.smi.gz"
+    if not path.is_file():
+        pytest.fail("shared data file missing: pretrain/moses_test.smi.gz")
+    with gzip.open(path, "rt") as handle:
+        smiles = [line.strip() for line in itertools.islice(handle, 3000)]
+    vocab = SmilesTokenizer.build(smiles).save(root / "vocab.json")
+    smi = root / "mols.smi"
+    with open(smi, "wb") as handle:
+        handle.write(("\n".join(smiles[:1500] + BAD_LINES + smiles[1500:]) + "\n").encode())
+        handle.write(b"C\xff\xfeC\n" + smiles[0].encode() + b"\n")  # non-UTF-8, duplicate
+    return {"root": root, "smiles": smiles, "vocab": vocab, "smi": smi}
+
+
+def _shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".bin", ".idx")}
+
+
+def _run(corpus, out, inputs=None, workers=1, **cfg):
+    config = PreprocessConfig(shard_size=cfg.pop("shard_size", 700), chunk_size=cfg.pop("chunk_size", 250),
+                              valid_fraction=0.1, **cfg)  # fmt: skip
+    return preprocess(inputs or [corpus["smi"]], out, config, vocab=corpus["vocab"],
+                      workers=workers, progress=False)  # fmt: skip
+
+
+def test_manifest_rejects_and_determinism(corpus, tmp_path):
+    one = _run(corpus, tmp_path / "w1", workers=1)
+    two = _run(corpus, tmp_path / "w2", workers=2)
+    m = one.manifest
+    assert m == two.manifest
+    assert _shard_bytes(tmp_path / "w1") == _shard_bytes(tmp_path / "w2")
+    assert m["molecules_in"] == 3000 + len(BAD_LINES) + 2
+    assert m["molecules_in"] == m["molecules_out"] + m["duplicates"] + sum(m["rejected"].values())
+    # "CCO"/"OCC" and the repeated first molecule are duplicates after canonicalisation.
+    assert m["duplicates"] == 2
+    assert m["rejected"]["empty"] == 1 and m["rejected"]["non_utf8"] == 1
+    assert m["rejected"]["invalid_smiles"] == 2  # unclosed ring, pentavalent carbon
+    with open(tmp_path / "w1" / "rejects.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["source", "line", "input", "reason"]
+    by_line = {int(r["line"]): (r["input"], r["reason"]) for r in rows}
+    assert by_line[1501] == ("", "empty")
+    assert by_line[1502] == ("C1CC", "invalid_smiles")
+    assert by_line[3000 + len(BAD_LINES) + 1] == ("C\\xff\\xfeC", "non_utf8")
+    assert m["splits"]["train"]["molecules"] + m["splits"]["valid"]["molecules"] == m["molecules_out"]
+    assert 0.05 < m["splits"]["valid"]["molecules"] / m["molecules_out"] < 0.15
+    assert len(m["sources"][0]["sha256"]) == 64 and (tmp_path / "w1" / "vocab.json").is_file()
+
+
+def test_dataset_random_access(corpus, tmp_path):
+    _run(corpus, tmp_path / "d", max_tokens=45)
+    from rdkit import Chem
+
+    tok = SmilesTokenizer.load(corpus["vocab"])
+    canon = {Chem.MolToSmiles(Chem.MolFromSmiles(s)) for s in corpus["smiles"]}
+    ds = TokenDataset(tmp_path / "d", "valid")
+    train = TokenDataset(tmp_path / "d", "train")
+    assert len(ds) + len(train) == json.loads((tmp_path / "d" / "manifest.json").read_text())["molecules_out"]
+    rng = random.Random(0)
+    for i in rng.sample(range(len(train)), 50) + [0, len(train) - 1, -1]:
+        item = train[i]
+        assert item.dtype == np.uint16 and item[0] == tok.bos_id and item[-1] == tok.eos_id
+        assert tok.decode(item) in canon
+        assert len(item) == train.lengths[i] <= 45
+    with pytest.raises(IndexError):
+        train[len(train)]
+    rejected = json.loads((tmp_path / "d" / "manifest.json").read_text())["rejected"]
+    assert rejected["too_many_tokens"] > 0
+
+
+def test_input_formats_agree(corpus, tmp_path):
+    smiles = corpus["smiles"][:600] + [""]
+    ref = tmp_path / "a.smi.gz"
+    with gzip.open(ref, "wt") as handle:
+        handle.write("\n".join(f"{s}\tid{i}" for i, s in enumerate(smiles)) + "\n")
+    with open(tmp_path / "a.csv", "w", newline="") as handle:
+        w = csv.writer(handle)
+        w.writerow(["id", "SMILES"])
+        w.writerows([i, s] for i, s in enumerate(smiles))
+    with open(tmp_path / "a.tsv", "w") as handle:
+        handle.write("smiles\tid\n" + "".join(f"{s}\t{i}\n" for i, s in enumerate(smiles)))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"smiles": smiles[:-1] + [None]}), tmp_path / "a.parquet")
+    results = {}
+    for name in ("a.smi.gz", "a.csv", "a.tsv", "a.parquet"):
+        res = _run(corpus, tmp_path / f"out-{name}", [tmp_path / name], canonicalize=False)
+        results[name] = _shard_bytes(tmp_path / f"out-{name}")
+        assert res.manifest["molecules_in"] == 601 and res.manifest["rejected"]["empty"] == 1
+    assert all(v == results["a.smi.gz"] for v in results.values())
+    with pytest.raises(DataError, match="no SMILES column 'smi_missing'"):
+        _run(corpus, tmp_path / "bad", [tmp_path / "a.csv"], smiles_col="smi_missing")
+    with pytest.raises(DataError, match="does not exist"):
+        _run(corpus, tmp_path / "bad2", [tmp_path / "nope.smi"])
+    with pytest.raises(DataError, match="already holds a dataset"):
+        _run(corpus, tmp_path / "out-a.csv", [tmp_path / "a.csv"])
+
+
+_KILL_SCRIPT = """
+import sys
+from smiexlm.data import PreprocessConfig, preprocess
+config = PreprocessConfig(shard_size=300, chunk_size=100, valid_fraction=0.1)
+preprocess([sys.argv[1]], sys.argv[2], config, vocab=sys.argv[3], workers=1, progress=False,
+           resume=len(sys.argv) > 4)
+"""
+
+
+def test_sigkill_then_resume_matches_uninterrupted(corpus, tmp_path):
+    out = tmp_path / "killed"
+    args = [sys.executable, "-c", _KILL_SCRIPT, str(corpus["smi"]), str(out), str(corpus["vocab"])]
+    proc = subprocess.Popen(args)
+    progress = out / "progress.json"
+    deadline = time.time() + 60
+    killed = False
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            state = json.loads(progress.read_text())
+        except (OSError, ValueError):
+            state = None
+        if state and len(state["state"]["shards"]["train"]) >= 2 and not state["complete"]:
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert killed, "the run finished before it could be killed"
+    before = json.loads(progress.read_text())["state"]["chunks_done"]
+    assert 0 < before < 31
+    with pytest.raises(VocabularyMismatchError):
+        other = SmilesTokenizer.build(corpus["smiles"][:100]).save(tmp_path / "other.json")
+        preprocess([corpus["smi"]], out, PreprocessConfig(shard_size=300, chunk_size=100,
+                   valid_fraction=0.1), vocab=other, resume=True, progress=False)  # fmt: skip
+    subprocess.run([*args, "resume"], check=True)
+    ref = _run(corpus, tmp_path / "ref", shard_size=300, chunk_size=100)
+    assert _shard_bytes(out) == _shard_bytes(tmp_path / "ref")
+    assert json.loads((out / "manifest.json").read_text()) == {
+        **ref.manifest, "sources": json.loads((out / "manifest.json").read_text())["sources"]
+    }
+    assert (out / "rejects.csv").read_text().splitlines()[1:] == [
+        line.replace(str(corpus["smi"]), str(corpus["smi"]))
+        for line in (tmp_path / "ref" / "rejects.csv").read_text().splitlines()[1:]
+    ]
+    assert not list(out.glob("*.tmp"))
+
+
+def test_encoder_matches_tokenizer_exactly(corpus):
+    tok = SmilesTokenizer.load(corpus["vocab"])
+    enc = ChunkEncoder(tok)
+    assert enc.fast
+    rng = random.Random(1)
+    chars = "CcNn()[]=#%12345Brl>H@+-.é"
+    texts = corpus["smiles"][:500] + ["C]", "[C", "[]", ">>>", "C%1", "[Xe]", "[MASK]C", "CH"]
+    texts += ["".join(rng.choice(chars) for _ in range(rng.randint(0, 12))) for _ in range(3000)]
+    got = enc.encode(texts)
+    pieces = iter(np.split(got.ids, np.cumsum(got.lengths)[:-1]))
+    for text, ok in zip(texts, got.ok.tolist()):
+        try:
+            want = tok.encode(text)
+        except Exception:
+            want = None
+        assert (next(pieces).tolist() if ok else None) == want, text
+
+
+def test_hashset_against_python_set():
+    rng = np.random.default_rng(0)
+    ref: set[int] = set()
+    hs = HashSet64()
+    for _ in range(40):
+        batch = rng.integers(0, 5000, size=300).astype(np.uint64)
+        new = hs.add_new(batch)
+        expect = []
+        for v in batch.tolist():
+            expect.append(v not in ref)
+            ref.add(v)
+        assert new.tolist() == expect
+    assert len(hs) == len(ref) and len(hs._runs) < 12
+
+
+def test_token_budget_sampler():
+    lengths = np.random.default_rng(0).integers(3, 80, size=5000)
+    sampler = TokenBudgetSampler(lengths, max_tokens=1024, seed=3, bucket_size=1000)
+    epoch0 = list(sampler)
+    assert sorted(i for b in epoch0 for i in b) == list(range(5000))
+    assert all(len(b) * lengths[b].max() <= 1024 for b in epoch0)
+    assert epoch0 == list(sampler)  # deterministic
+    sampler.set_epoch(1)
+    assert list(sampler) != epoch0 and len(sampler) == len(list(sampler))
+    ranks = [list(TokenBudgetSampler(lengths, 1024, seed=3, rank=r, world_size=3)) for r in range(3)]
+    assert len({len(r) for r in ranks}) == 1
+    assert {i for r in ranks for b in r for i in b} == set(range(5000))
+    with pytest.raises(Exception, match="max_tokens"):
+        TokenBudgetSampler(lengths, max_tokens=50)
+
+
+def test_collate_pads():
+    ids, mask = collate([np.array([1, 7, 2], np.uint16), np.array([1, 2], np.uint16)])
+    assert ids.dtype.is_floating_point is False and str(ids.dtype) == "torch.int64"
+    assert ids.tolist() == [[1, 7, 2], [1, 2, 0]]
+    assert mask.tolist() == [[True, True, True], [True, True, False]]

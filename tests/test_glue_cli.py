@@ -1,0 +1,54 @@
+"""``smiexlm glue RTE`` end to end: a random-init tiny text model, a few updates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from smiexlm.cli.main import app
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from smiexlm import ExLMConfig, ExLMModel
+    from smiexlm.text import TextTokenizer
+
+    words = "the a fox dog man woman sleeps runs is not entailment cancer died widow".split()
+    tok = TextTokenizer.build([" ".join(words[i:] + words[:i]) for i in range(len(words))] * 5, vocab_size=200, min_freq=1)
+    config = ExLMConfig.tiny(
+        vocab_size=tok.vocab_size, objective="exlm", k=2, n_layers=1, n_heads=2, d_model=32, d_ff=64
+    )
+    folder = tmp_path_factory.mktemp("tiny_text")
+    ExLMModel(config).save_pretrained(folder, tokenizer=tok)
+    return folder
+
+
+def test_glue_rte_cli_runs_and_writes_a_result(shared_data, tiny_checkpoint, tmp_path):
+    args = ["glue", "RTE", "--checkpoint", str(tiny_checkpoint), "--seeds", "1,2,3",
+            "--epochs", "2", "--max-steps", "3", "--max-train-rows", "24", "--max-eval-rows", "20",
+            "--max-length", "48", "--out", str(tmp_path), "--threads", "1"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "RTE: accuracy" in result.output and "majority" in result.output
+    report = json.loads((tmp_path / "RTE.json").read_text())
+    assert [r["seed"] for r in report["runs"]] == [1, 2, 3]
+    assert all(r["steps"] == 3 for r in report["runs"])  # capped by --max-steps
+    accs = sorted(r["metrics"]["accuracy"] for r in report["runs"])
+    assert report["median"]["accuracy"] == accs[1]
+    assert report["n_eval"] == 20 and report["extra"]["objective"] == "exlm"
+
+
+def test_glue_sts_b_regression(shared_data, tiny_checkpoint):
+    from smiexlm.glue.finetune import GlueConfig, run_glue
+
+    config = GlueConfig("sts-b", seeds=(1,), epochs=1, max_steps=2, max_train_rows=16, max_eval_rows=16, max_length=48)
+    result = run_glue(tiny_checkpoint, config, progress=False)
+    assert set(result.median) == {"spearman", "pearson"} and result.runs[0].steps == 1
+
+
+def test_glue_bad_task_is_a_clear_error(tiny_checkpoint):
+    result = CliRunner().invoke(app, ["glue", "SQuAD", "--checkpoint", str(tiny_checkpoint)])
+    assert result.exit_code != 0
+    assert "SQuAD" in str(result.exception) or "SQuAD" in result.output

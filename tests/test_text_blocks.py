@@ -1,0 +1,57 @@
+"""Fixed-length text blocks (sample-break-mode none)."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+
+import numpy as np
+import pytest
+
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.text import TextTokenizer
+from smiexlm.text.blocks import make_blocks, read_lines, text_blocks
+
+
+@pytest.mark.parametrize("tps", [3, 4, 7, 128])
+@pytest.mark.parametrize("frame", ["bos", "bos_eos"])
+def test_blocks_partition_the_stream(tps, frame):
+    rng = np.random.default_rng(tps)
+    docs = [list(rng.integers(5, 100, size=rng.integers(0, 40))) for _ in range(30)]
+    stream = list(itertools.chain.from_iterable([*d, 2] for d in docs))
+    blocks = list(make_blocks(docs, tps, frame))
+    body = tps - 1 if frame == "bos" else tps - 2
+    rebuilt = []
+    for i, block in enumerate(blocks):
+        assert block.dtype == np.uint16 and block[0] == 1 and len(block) <= tps
+        inner = block[1:-1] if frame == "bos_eos" else block[1:]
+        if frame == "bos_eos":
+            assert block[-1] == 2
+        if i < len(blocks) - 1:
+            assert len(inner) == body  # only the last block is short
+        rebuilt.extend(inner.tolist())
+    assert rebuilt == stream  # nothing lost, nothing reordered
+
+
+def test_bad_block_settings():
+    with pytest.raises(ConfigError, match="tokens_per_sample"):
+        list(make_blocks([[5]], 2))
+    with pytest.raises(ConfigError, match="frame"):
+        list(make_blocks([[5]], 8, "eos"))
+
+
+def test_text_blocks_from_files(tmp_path):
+    lines = ["first line here", "", "second line", "   ", "third"]
+    path = tmp_path / "doc.txt.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    assert list(read_lines(path)) == ["first line here", "second line", "third"]
+    tok = TextTokenizer.build(lines * 10, vocab_size=120, min_freq=1)
+    blocks = list(text_blocks([path], tok, tokens_per_sample=6, batch_lines=2))
+    ids = [i for b in blocks for i in b[1:].tolist()]
+    want = [i for text in read_lines(path) for i in [*tok.encode(text, False), 2]]
+    assert ids == want
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\n\xff\xfe\n")
+    with pytest.raises(DataError, match="line 2"):
+        list(read_lines(bad))
