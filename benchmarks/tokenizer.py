@@ -62,9 +62,11 @@ def main() -> None:
     rows.append(("smiexlm encode_batch, one call (ids+pad)", *best_of(ours_single_call)))
     rows.append(("smiexlm encode, pure Python, one at a time (ids)", *best_of(ours_python)))
     base = rows[0][1]
-    print(f"{n:,} SMILES (Tox21, ToxCast, HIV, MUV); python {platform.python_version()}, "
-          f"{os.cpu_count()} CPU cores, {platform.machine()}, "
-          f"RAYON_NUM_THREADS={os.environ.get('SMIEXLM_BENCH_THREADS', 'all')}")
+    print(
+        f"{n:,} SMILES (Tox21, ToxCast, HIV, MUV); python {platform.python_version()}, "
+        f"{os.cpu_count()} CPU cores, {platform.machine()}, "
+        f"RAYON_NUM_THREADS={os.environ.get('SMIEXLM_BENCH_THREADS', 'all')}"
+    )
     print(f"{'method':52s} {'best s':>8s} {'median s':>9s} {'SMILES/s':>11s} {'vs DeepChem':>11s}")
     for name, best, median in rows:
         print(f"{name:52s} {best:8.3f} {median:9.3f} {n / best:11,.0f} {base / best:10.2f}x")

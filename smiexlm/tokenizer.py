@@ -65,7 +65,9 @@ def split_smiles(smiles: str) -> list[str]:
             if match.start() != position:
                 break
             position = match.end()
-        raise InvalidSmilesError(smiles, position, "character not matched by the SMILES token pattern")
+        raise InvalidSmilesError(
+            smiles, position, "character not matched by the SMILES token pattern"
+        )
     return tokens
 
 
@@ -156,7 +158,9 @@ class SmilesTokenizer:
         if max_size is not None and max_size <= len(SPECIAL_TOKENS):
             raise DataError(f"max_size={max_size!r}: expected more than {len(SPECIAL_TOKENS)}")
         counts = Counter({t: c for t, c in counts.items() if t not in SPECIAL_TOKENS})
-        kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
+        kept = sorted(
+            (t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t)
+        )
         if max_size is not None:
             kept = kept[: max_size - len(SPECIAL_TOKENS)]
         return cls(SPECIAL_TOKENS + kept, {t: counts[t] for t in kept})
@@ -212,7 +216,9 @@ class SmilesTokenizer:
     def tokenize(self, smiles: str) -> list[str]:
         """Regex tokens of ``smiles``; raises InvalidSmilesError rather than drop a character."""
         if not isinstance(smiles, str):
-            raise InvalidSmilesError(repr(smiles), None, f"expected str, got {type(smiles).__name__}")
+            raise InvalidSmilesError(
+                repr(smiles), None, f"expected str, got {type(smiles).__name__}"
+            )
         return split_smiles(smiles)
 
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
@@ -244,7 +250,9 @@ class SmilesTokenizer:
     ) -> list[int]:
         if truncation == "error":
             raise InvalidSmilesError(
-                smiles, None, f"{len(ids)} tokens exceed max_length={max_length} (truncation='error')"
+                smiles,
+                None,
+                f"{len(ids)} tokens exceed max_length={max_length} (truncation='error')",
             )
         if truncation != "truncate":
             raise DataError(f"truncation={truncation!r}: expected 'error' or 'truncate'")
@@ -291,7 +299,9 @@ class SmilesTokenizer:
                 try:
                     ids = self.encode(s, add_special_tokens=False)
                 except InvalidSmilesError as err:
-                    raise InvalidSmilesError(s, err.position, f"batch item {index}: {err.reason}") from None
+                    raise InvalidSmilesError(
+                        s, err.position, f"batch item {index}: {err.reason}"
+                    ) from None
             out.append([BOS_ID, *ids, EOS_ID])
         return out
 
@@ -317,7 +327,9 @@ class SmilesTokenizer:
                     n_truncated += 1
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         width = int(lengths.max()) if len(rows) else 0
-        flat = np.fromiter((i for row in rows for i in row), dtype=np.int64, count=int(lengths.sum()))
+        flat = np.fromiter(
+            (i for row in rows for i in row), dtype=np.int64, count=int(lengths.sum())
+        )
         mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T) True = real token
         ids = np.zeros((len(rows), width), dtype=np.int64)
         ids[mask] = flat

@@ -79,7 +79,9 @@ def test_manifest_rejects_and_determinism(corpus, tmp_path):
     assert by_line[1501] == ("", "empty")
     assert by_line[1502] == ("C1CC", "invalid_smiles")
     assert by_line[3000 + len(BAD_LINES) + 1] == ("C\\xff\\xfeC", "non_utf8")
-    assert m["splits"]["train"]["molecules"] + m["splits"]["valid"]["molecules"] == m["molecules_out"]
+    assert (
+        m["splits"]["train"]["molecules"] + m["splits"]["valid"]["molecules"] == m["molecules_out"]
+    )
     assert 0.05 < m["splits"]["valid"]["molecules"] / m["molecules_out"] < 0.15
     assert len(m["sources"][0]["sha256"]) == 64 and (tmp_path / "w1" / "vocab.json").is_file()
 
@@ -92,7 +94,10 @@ def test_dataset_random_access(corpus, tmp_path):
     canon = {Chem.MolToSmiles(Chem.MolFromSmiles(s)) for s in corpus["smiles"]}
     ds = TokenDataset(tmp_path / "d", "valid")
     train = TokenDataset(tmp_path / "d", "train")
-    assert len(ds) + len(train) == json.loads((tmp_path / "d" / "manifest.json").read_text())["molecules_out"]
+    assert (
+        len(ds) + len(train)
+        == json.loads((tmp_path / "d" / "manifest.json").read_text())["molecules_out"]
+    )
     rng = random.Random(0)
     for i in rng.sample(range(len(train)), 50) + [0, len(train) - 1, -1]:
         item = train[i]
@@ -172,7 +177,8 @@ def test_sigkill_then_resume_matches_uninterrupted(corpus, tmp_path):
     ref = _run(corpus, tmp_path / "ref", shard_size=300, chunk_size=100)
     assert _shard_bytes(out) == _shard_bytes(tmp_path / "ref")
     assert json.loads((out / "manifest.json").read_text()) == {
-        **ref.manifest, "sources": json.loads((out / "manifest.json").read_text())["sources"]
+        **ref.manifest,
+        "sources": json.loads((out / "manifest.json").read_text())["sources"],
     }
     assert (out / "rejects.csv").read_text().splitlines()[1:] == [
         line.replace(str(corpus["smi"]), str(corpus["smi"]))
@@ -191,7 +197,7 @@ def test_encoder_matches_tokenizer_exactly(corpus):
     texts += ["".join(rng.choice(chars) for _ in range(rng.randint(0, 12))) for _ in range(3000)]
     got = enc.encode(texts)
     pieces = iter(np.split(got.ids, np.cumsum(got.lengths)[:-1]))
-    for text, ok in zip(texts, got.ok.tolist()):
+    for text, ok in zip(texts, got.ok.tolist(), strict=False):
         try:
             want = tok.encode(text)
         except Exception:
@@ -223,7 +229,9 @@ def test_token_budget_sampler():
     assert epoch0 == list(sampler)  # deterministic
     sampler.set_epoch(1)
     assert list(sampler) != epoch0 and len(sampler) == len(list(sampler))
-    ranks = [list(TokenBudgetSampler(lengths, 1024, seed=3, rank=r, world_size=3)) for r in range(3)]
+    ranks = [
+        list(TokenBudgetSampler(lengths, 1024, seed=3, rank=r, world_size=3)) for r in range(3)
+    ]
     assert len({len(r) for r in ranks}) == 1
     assert {i for r in ranks for b in r for i in b} == set(range(5000))
     with pytest.raises(Exception, match="max_tokens"):

@@ -15,8 +15,12 @@ def tiny_checkpoint(tmp_path_factory):
     from smiexlm import ExLMConfig, ExLMModel
     from smiexlm.text import TextTokenizer
 
-    words = "the a fox dog man woman sleeps runs is not entailment cancer died widow".split()
-    tok = TextTokenizer.build([" ".join(words[i:] + words[:i]) for i in range(len(words))] * 5, vocab_size=200, min_freq=1)
+    words = "the a fox dog man woman sleeps runs is not entailment cancer died widow"
+    tok = TextTokenizer.build(
+        [" ".join(words.split()[i:] + words.split()[:i]) for i in range(14)] * 5,
+        vocab_size=200,
+        min_freq=1,
+    )
     config = ExLMConfig.tiny(
         vocab_size=tok.vocab_size, objective="exlm", k=2, n_layers=1, n_heads=2, d_model=32, d_ff=64
     )
@@ -43,7 +47,15 @@ def test_glue_rte_cli_runs_and_writes_a_result(shared_data, tiny_checkpoint, tmp
 def test_glue_sts_b_regression(shared_data, tiny_checkpoint):
     from smiexlm.glue.finetune import GlueConfig, run_glue
 
-    config = GlueConfig("sts-b", seeds=(1,), epochs=1, max_steps=2, max_train_rows=16, max_eval_rows=16, max_length=48)
+    config = GlueConfig(
+        "sts-b",
+        seeds=(1,),
+        epochs=1,
+        max_steps=2,
+        max_train_rows=16,
+        max_eval_rows=16,
+        max_length=48,
+    )
     result = run_glue(tiny_checkpoint, config, progress=False)
     assert set(result.median) == {"spearman", "pearson"} and result.runs[0].steps == 1
 

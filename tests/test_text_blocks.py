@@ -55,3 +55,27 @@ def test_text_blocks_from_files(tmp_path):
     bad.write_bytes(b"ok\n\xff\xfe\n")
     with pytest.raises(DataError, match="line 2"):
         list(read_lines(bad))
+
+
+def test_dataset_in_the_corpus_shard_format(tmp_path):
+    from smiexlm.data.shards import TokenDataset
+    from smiexlm.text import load_tokenizer
+    from smiexlm.text.blocks import build_text_dataset
+
+    train, valid = tmp_path / "train.txt", tmp_path / "valid.txt"
+    train.write_text("\n".join(f"sentence number {i} is here ." for i in range(60)) + "\n")
+    valid.write_text("a held out line .\nand another one .\n")
+    tok = TextTokenizer.build(read_lines(train), vocab_size=150, min_freq=1)
+    manifest = build_text_dataset(
+        [train], [valid], tmp_path / "ds", tok, 16, shard_size=10, progress=False
+    )
+    ds = TokenDataset(tmp_path / "ds", "train")
+    assert len(ds) == manifest["splits"]["train"]["molecules"] > 10  # several shards
+    assert len(manifest["splits"]["train"]["shards"]) == -(-len(ds) // 10)
+    assert ds.vocab_hash == tok.vocab_hash
+    want = list(text_blocks([train], tok, 16))
+    assert all(np.array_equal(ds[i], want[i]) for i in range(len(ds)))
+    assert load_tokenizer(tmp_path / "ds").vocab_hash == tok.vocab_hash
+    assert len(TokenDataset(tmp_path / "ds", "valid")) == len(list(text_blocks([valid], tok, 16)))
+    with pytest.raises(DataError, match="already holds"):
+        build_text_dataset([train], [], tmp_path / "ds", tok, 16, progress=False)

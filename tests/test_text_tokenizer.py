@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from smiexlm.errors import DataError
-from smiexlm.tokenizer import SPECIAL_TOKENS, SmilesTokenizer
 from smiexlm.text import TextTokenizer, load_tokenizer
+from smiexlm.tokenizer import SPECIAL_TOKENS, SmilesTokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -82,7 +82,9 @@ def test_pair_encoding_roberta_layout(bpe):
     assert len(ids) == 16 and ids[-len(b) - 1 :] == [*b, 2]  # the longer segment was cut
     with pytest.raises(DataError, match="max_length=16"):
         bpe.encode_pair(long_a, "The dog.", max_length=16)
-    batch = bpe.encode_pair_batch(["The fox.", long_a], ["The dog.", "x"], max_length=12, truncation="truncate")
+    batch = bpe.encode_pair_batch(
+        ["The fox.", long_a], ["The dog.", "x"], max_length=12, truncation="truncate"
+    )
     assert batch.input_ids.shape == (2, 12) and batch.n_truncated == 1
     assert batch.attention_mask[0].sum() == len(a) + len(b) + 4
 
@@ -91,7 +93,7 @@ def test_encode_batch_matches_encode(bpe):
     texts = ["The fox.", "A journey of a thousand miles", "x"]
     batch = bpe.encode_batch(texts)
     assert batch.input_ids.dtype == torch.long and batch.attention_mask.dtype == torch.bool
-    for row, mask, text in zip(batch.input_ids, batch.attention_mask, texts):
+    for row, mask, text in zip(batch.input_ids, batch.attention_mask, texts, strict=True):
         assert row[mask].tolist() == bpe.encode(text)
         assert (row[~mask] == 0).all()
     cut = bpe.encode_batch(texts, max_length=4, truncation="truncate")

@@ -15,7 +15,9 @@ def glue(
     checkpoint: Annotated[
         Path, typer.Option(help="Pre-trained folder (config.json, vocab.json, model.safetensors).")
     ],
-    seeds: Annotated[str, typer.Option(help="Comma-separated seeds; the median is reported.")] = "1,2,3,4,5",
+    seeds: Annotated[
+        str, typer.Option(help="Comma-separated seeds; the median is reported.")
+    ] = "1,2,3,4,5",
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-5,
     batch_size: Annotated[int, typer.Option(help="Examples per update.")] = 16,
     epochs: Annotated[int, typer.Option(help="Training epochs.")] = 10,
@@ -49,7 +51,9 @@ def glue(
         result = (grid_search if grid else run_glue)(checkpoint, config)
         shown = "  ".join(f"{k} {100 * v:.1f}" for k, v in result.median.items())
         base = "  ".join(f"{k} {100 * v:.1f}" for k, v in result.majority.items())
-        typer.echo(f"{name}: {shown}  (majority: {base}; {len(seed_list)} seeds, n_dev={result.n_eval})")
+        typer.echo(
+            f"{name}: {shown}  (majority: {base}; {len(seed_list)} seeds, n_dev={result.n_eval})"
+        )
         if out is not None:
             save_result(result, out / f"{name}.json")
 

@@ -23,9 +23,12 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "smiexlm.cli.tokenize",
     "smiexlm.cli.moleculenet",
+    "smiexlm.cli.text",
     "smiexlm.cli.glue",
     "smiexlm.cli.preprocess",
     "smiexlm.cli.pretrain",
+    "smiexlm.cli.embed",
+    "smiexlm.cli.analyze",
 ]
 
 for _name in COMMAND_MODULES:

@@ -6,11 +6,32 @@ Heavy imports (torch, RDKit, pandas) happen inside the command bodies.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-Seeds = Annotated[list[int], typer.Option("--seeds", help="Training seeds (one run each).")]
+Seeds = Annotated[
+    list[int] | None, typer.Option("--seeds", help="Training seeds, one run each (default: 0 1 2).")
+]
+Tasks = Annotated[
+    list[str] | None,
+    typer.Option("--tasks", help="Dataset names (repeat or comma-separate), or 'all' (the paper's "
+                 "seven; default: all)."),
+]  # fmt: skip
+SaveDir = Annotated[
+    Path | None, typer.Option("--save-dir", help="Keep each seed's best model here (for predict).")
+]
+WithBaseline = Annotated[
+    bool, typer.Option("--with-baseline", help="Also run the RF-ECFP4 baseline (500 trees).")
+]
+TaskArg = Annotated[
+    str, typer.Argument(help="Dataset name (bbbp, tox21, ...); any name with --data.")
+]
+FinetunedDir = Annotated[
+    Path, typer.Option("--checkpoint", help="A fine-tuned folder (from finetune --save-dir).")
+]
+InputCsv = Annotated[Path, typer.Option("--input", help="CSV with a SMILES column.")]
+OutputCsv = Annotated[Path, typer.Option("--output", help="Predictions CSV.")]
 Split = Annotated[
     str,
     typer.Option(help="scaffold (DeepChem-equal, no seed) | scaffold_chiral | balanced_scaffold "
@@ -18,25 +39,32 @@ Split = Annotated[
 ]  # fmt: skip
 Out = Annotated[Path, typer.Option("--out", help="Folder for results.csv, report.md, report.png.")]
 DataCsv = Annotated[
-    Optional[Path], typer.Option("--data", help="Your own CSV instead of a MoleculeNet set.")
+    Path | None, typer.Option("--data", help="Your own CSV instead of a MoleculeNet set.")
 ]
 SmilesCol = Annotated[str, typer.Option("--smiles-col", help="SMILES column of --data.")]
 LabelCols = Annotated[
-    Optional[list[str]], typer.Option("--label-cols", help="Label column(s) of --data.")
+    list[str] | None, typer.Option("--label-cols", help="Label column(s) of --data.")
 ]
 TaskTypeOpt = Annotated[
     str, typer.Option("--task-type", help="classification (0/1, blank = missing) | regression.")
 ]
 
 
-def _tasks(tasks: list[str]) -> list[str]:
+def _seeds(seeds: list[int] | None) -> list[int]:
+    return list(seeds) if seeds else [0, 1, 2]
+
+
+def _tasks(tasks: list[str] | None) -> list[str]:
     from smiexlm.moleculenet.registry import PAPER_TASKS
 
+    tasks = tasks or ["all"]
     names = [t.strip().lower() for item in tasks for t in item.split(",") if t.strip()]
     return list(PAPER_TASKS) if names == ["all"] else names
 
 
-def _frames(tasks: list[str], data: Path | None, smiles_col: str, label_cols, task_type: str):
+def _frames(
+    tasks: list[str] | None, data: Path | None, smiles_col: str, label_cols, task_type: str
+):
     from smiexlm.moleculenet import load_csv, load_dataset
 
     if data is not None:
@@ -55,8 +83,8 @@ def _print_report(results, out: Path, title: str) -> None:
 
 
 def baseline(
-    tasks: Annotated[list[str], typer.Option("--tasks", help="Dataset names, or 'all' (the paper's seven).")] = ["all"],  # noqa: E501
-    seeds: Seeds = [0, 1, 2],
+    tasks: Tasks = None,
+    seeds: Seeds = None,
     n_trees: Annotated[int, typer.Option("--n-trees", help="Trees per forest.")] = 500,
     split: Split = "scaffold",
     data: DataCsv = None,
@@ -71,23 +99,23 @@ def baseline(
     cfg = BaselineConfig(n_trees=n_trees, split=split)
     results = []
     for df in _frames(tasks, data, smiles_col, label_cols, task_type):
-        results += run_baseline(df, seeds, cfg)
+        results += run_baseline(df, _seeds(seeds), cfg)
     _print_report(results, out, "RF-ECFP4 baseline")
 
 
 Checkpoint = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--checkpoint", help="Pretrained folder (config.json, vocab.json, "
                  "model.safetensors). Omit for a random init of --preset."),
 ]  # fmt: skip
 Preset = Annotated[str, typer.Option(help="Preset for random init when no --checkpoint.")]
 Objective = Annotated[str, typer.Option(help="Objective of the random init (mlm, exlm, maelm).")]
-Epochs = Annotated[Optional[int], typer.Option(help="Override the Table 8 epochs.")]
+Epochs = Annotated[int | None, typer.Option(help="Override the Table 8 epochs.")]
 MaxSteps = Annotated[
-    Optional[int], typer.Option("--max-train-steps", help="Stop each run after N steps.")
+    int | None, typer.Option("--max-train-steps", help="Stop each run after N steps.")
 ]
-BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Override batch size.")]
-Lr = Annotated[Optional[float], typer.Option("--lr", help="Override the learning rate.")]
+BatchSize = Annotated[int | None, typer.Option("--batch-size", help="Override batch size.")]
+Lr = Annotated[float | None, typer.Option("--lr", help="Override the learning rate.")]
 NoCanon = Annotated[
     bool, typer.Option("--no-canonicalize", help="Keep SMILES as written (default: canonical).")
 ]
@@ -105,9 +133,9 @@ def _config(task, split, epochs, max_train_steps, batch_size, lr, no_canonicaliz
 
 
 def finetune(
-    task: Annotated[str, typer.Argument(help="Dataset name (bbbp, tox21, ...), or 'csv' with --data.")],  # noqa: E501
+    task: TaskArg,
     checkpoint: Checkpoint = None,
-    seeds: Seeds = [0, 1, 2],
+    seeds: Seeds = None,
     preset: Preset = "tiny",
     objective: Objective = "mlm",
     split: Split = "scaffold",
@@ -121,7 +149,7 @@ def finetune(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = "classification",
-    save_dir: Annotated[Optional[Path], typer.Option("--save-dir", help="Keep each seed's best model here (for predict).")] = None,  # noqa: E501
+    save_dir: SaveDir = None,
     out: Out = Path("runs/finetune"),
 ) -> None:
     """Fine-tune on one dataset with the paper's per-task config; test ROC-AUC per seed."""
@@ -130,21 +158,22 @@ def finetune(
     cfg = _config(None if data else task, split, epochs, max_train_steps, batch_size, lr,
                   no_canonicalize, device)  # fmt: skip
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
-    results = run_finetune(df, cfg, Backbone(checkpoint, preset, objective), seeds, save_dir)
+    backbone = Backbone(checkpoint, preset, objective)
+    results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir)
     _print_report(results, out, f"Fine-tuning {df.attrs['name']}")
 
 
 def benchmark(
-    tasks: Annotated[list[str], typer.Option("--tasks", help="Dataset names, or 'all' (the paper's seven).")] = ["all"],  # noqa: E501
+    tasks: Tasks = None,
     checkpoint: Checkpoint = None,
-    seeds: Seeds = [0, 1, 2],
+    seeds: Seeds = None,
     preset: Preset = "tiny",
     objective: Objective = "mlm",
     split: Split = "scaffold",
     epochs: Epochs = None,
     max_train_steps: MaxSteps = None,
     device: Device = "auto",
-    with_baseline: Annotated[bool, typer.Option("--with-baseline", help="Also run the RF-ECFP4 baseline (500 trees).")] = False,  # noqa: E501
+    with_baseline: WithBaseline = False,
     out: Out = Path("runs/benchmark"),
 ) -> None:
     """Fine-tune on several datasets x seeds and write one report next to the paper's numbers."""
@@ -154,17 +183,17 @@ def benchmark(
     backbone, results = Backbone(checkpoint, preset, objective), []
     for df in _frames(tasks, None, "smiles", None, "classification"):
         cfg = _config(df.attrs["name"], split, epochs, max_train_steps, None, None, False, device)
-        results += run_finetune(df, cfg, backbone, seeds)
+        results += run_finetune(df, cfg, backbone, _seeds(seeds))
         if with_baseline:
-            results += run_baseline(df, seeds, BaselineConfig(split=split))
+            results += run_baseline(df, _seeds(seeds), BaselineConfig(split=split))
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
 
 
 def predict(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A fine-tuned folder (from finetune --save-dir).")],  # noqa: E501
-    input: Annotated[Path, typer.Option("--input", help="CSV with a SMILES column.")],
+    checkpoint: FinetunedDir,
+    input: InputCsv,
     smiles_col: SmilesCol = "smiles",
-    output: Annotated[Path, typer.Option("--output", help="Predictions CSV.")] = Path("predictions.csv"),  # noqa: E501
+    output: OutputCsv = Path("predictions.csv"),
 ) -> None:
     """Predict with a fine-tuned model: one row per input, NaN for unparsable SMILES."""
     import pandas as pd
@@ -174,7 +203,8 @@ def predict(
 
     frame = pd.read_csv(input)
     if smiles_col not in frame.columns:
-        raise DataError(f"--smiles-col {smiles_col!r} not in {input.name} columns {list(frame.columns)[:10]}")
+        columns = list(frame.columns)[:10]
+        raise DataError(f"--smiles-col {smiles_col!r}: not among {input.name}'s columns {columns}")
     preds = run_predict(checkpoint, frame[smiles_col].astype(str).str.strip().tolist())
     preds.to_csv(output, index=False)
     typer.echo(f"wrote {len(preds)} rows ({int((~preds['valid']).sum())} unparsable) to {output}")

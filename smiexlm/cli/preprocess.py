@@ -9,20 +9,50 @@ import typer
 
 
 def preprocess(
-    inputs: Annotated[list[Path], typer.Argument(help="SMILES files: .smi/.txt/.csv/.tsv (.gz), .parquet, LMDB.")],
+    inputs: Annotated[
+        list[Path], typer.Argument(help="SMILES files: .smi/.txt/.csv/.tsv (.gz), .parquet, LMDB.")
+    ],
     out: Annotated[Path, typer.Option("--out", help="Output dataset folder.")],
-    workers: Annotated[int, typer.Option(help="Worker processes (output is identical for any N).")] = 1,
-    canonicalize: Annotated[bool, typer.Option("--canonicalize/--no-canonicalize", help="RDKit canonical SMILES, stereo kept.")] = True,
-    resume: Annotated[bool, typer.Option("--resume", help="Finish an interrupted run in --out.")] = False,
-    valid_input: Annotated[list[Path] | None, typer.Option("--valid-input", help="File whose molecules all go to the valid split (repeatable).")] = None,
-    valid_fraction: Annotated[float, typer.Option(help="Fraction of the other inputs sent to valid, by hash.")] = 0.01,
-    smiles_col: Annotated[str | None, typer.Option(help="SMILES column of CSV/TSV/Parquet (default: guess 'smiles').")] = None,
-    vocab: Annotated[Path | None, typer.Option(help="Vocabulary JSON (default: the shipped one).")] = None,
-    max_heavy_atoms: Annotated[int | None, typer.Option(help="Reject molecules with more heavy atoms.")] = None,
-    max_tokens: Annotated[int, typer.Option(help="Reject molecules with more tokens (BOS/EOS included).")] = 512,
-    strip_salts: Annotated[bool, typer.Option("--strip-salts", help="Keep only the largest fragment.")] = False,
+    workers: Annotated[
+        int, typer.Option(help="Worker processes (output is identical for any N).")
+    ] = 1,
+    canonicalize: Annotated[
+        bool,
+        typer.Option(
+            "--canonicalize/--no-canonicalize", help="RDKit canonical SMILES, stereo kept."
+        ),
+    ] = True,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Finish an interrupted run in --out.")
+    ] = False,
+    valid_input: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--valid-input", help="File whose molecules all go to the valid split (repeatable)."
+        ),
+    ] = None,
+    valid_fraction: Annotated[
+        float, typer.Option(help="Fraction of the other inputs sent to valid, by hash.")
+    ] = 0.01,
+    smiles_col: Annotated[
+        str | None, typer.Option(help="SMILES column of CSV/TSV/Parquet (default: guess 'smiles').")
+    ] = None,
+    vocab: Annotated[
+        Path | None, typer.Option(help="Vocabulary JSON (default: the shipped one).")
+    ] = None,
+    max_heavy_atoms: Annotated[
+        int | None, typer.Option(help="Reject molecules with more heavy atoms.")
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option(help="Reject molecules with more tokens (BOS/EOS included).")
+    ] = 512,
+    strip_salts: Annotated[
+        bool, typer.Option("--strip-salts", help="Keep only the largest fragment.")
+    ] = False,
     shard_size: Annotated[int, typer.Option(help="Molecules per shard.")] = 1_000_000,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
+    ] = True,
 ) -> None:
     """Normalise, deduplicate, tokenize and shard SMILES into DIR (manifest.json, rejects.csv)."""
     from smiexlm.data.pipeline import PreprocessConfig

@@ -16,16 +16,24 @@ def register(app: typer.Typer) -> None:
 def pretrain(
     overrides: Annotated[
         list[str] | None,
-        typer.Argument(help="Config overrides as key=value, e.g. lr=3e-4 model.k=4", show_default=False),
+        typer.Argument(
+            help="Config overrides as key=value, e.g. lr=3e-4 model.k=4", show_default=False
+        ),
     ] = None,
     config: Annotated[
         str | None,
         typer.Option(help="Config file (TOML/YAML) or a shipped config name, e.g. mol_tiny_exlm"),
     ] = None,
-    data: Annotated[Path | None, typer.Option(help="Dataset folder built by the corpus pipeline")] = None,
-    out: Annotated[Path | None, typer.Option(help="Run folder: metrics.jsonl, checkpoints/")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Dataset folder built by the corpus pipeline")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run folder: metrics.jsonl, checkpoints/")
+    ] = None,
     max_steps: Annotated[int | None, typer.Option(help="Stop after this many updates")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --out")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the newest checkpoint in --out")
+    ] = False,
     list_configs: Annotated[bool, typer.Option(help="List the shipped configs and exit")] = False,
 ) -> None:
     """Pre-train an MLM / ExLM / MAE-LM model (one CPU, GPUs, or torchrun DDP)."""

@@ -188,7 +188,10 @@ class ChunkEncoder:
             starts_b = tokpos[is_br]
             ends = closes[group[starts_b]]
             get, unk = self._bytes_vocab.get, self.unk
-            tid[is_br] = [get(data[s : e + 1], unk) for s, e in zip(starts_b.tolist(), ends.tolist())]
+            tid[is_br] = [
+                get(data[s : e + 1], unk)
+                for s, e in zip(starts_b.tolist(), ends.tolist(), strict=False)
+            ]
         tok_sid = sid[tokpos]
         firsts = np.flatnonzero(np.r_[True, tok_sid[1:] != tok_sid[:-1]]) if len(tok_sid) else []
         ids = np.insert(tid, firsts, self.bos).astype(np.uint16)
@@ -214,12 +217,12 @@ class ChunkEncoder:
     ) -> EncodedChunk:
         """Rows in ``slow`` via the tokenizer, the others from ``fast`` (computed if None)."""
         if fast is None:
-            rest = [s for s, m in zip(smiles, slow.tolist()) if not m]
+            rest = [s for s, m in zip(smiles, slow.tolist(), strict=False) if not m]
             sub = self.encode(rest)
             fast = EncodedChunk(np.zeros(len(smiles), bool), sub.ids, sub.lengths)
             fast.ok[np.flatnonzero(~slow)[sub.ok]] = True
         pieces = np.split(fast.ids, np.cumsum(fast.lengths)[:-1]) if len(fast.lengths) else []
-        by_row = dict(zip(np.flatnonzero(fast.ok).tolist(), pieces))
+        by_row = dict(zip(np.flatnonzero(fast.ok).tolist(), pieces, strict=False))
         ok = np.zeros(len(smiles), dtype=bool)
         out = []
         for i in range(len(smiles)):

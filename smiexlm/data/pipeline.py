@@ -246,9 +246,7 @@ def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_do
             valid = (hashes >> np.uint64(11)) < threshold
         for split, mask in (("train", ~valid), ("valid", valid)):
             if mask.any():
-                buffers[split].append(
-                    (ids[np.repeat(mask, lengths)], lengths[mask], hashes[mask])
-                )
+                buffers[split].append((ids[np.repeat(mask, lengths)], lengths[mask], hashes[mask]))
                 pending[split] += int(mask.sum())
         state.chunks_done += 1
         bar.update(result.n_rows)
@@ -259,7 +257,9 @@ def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_do
         for split in SPLITS:
             if not buffers[split]:
                 continue
-            ids, lengths, hashes = (np.concatenate(parts) for parts in zip(*buffers[split]))
+            ids, lengths, hashes = (
+                np.concatenate(parts) for parts in zip(*buffers[split], strict=False)
+            )
             name = f"{split}-{len(state.shards[split]):05d}"
             state.shards[split].append(write_shard(out, name, ids, lengths, hashes).to_dict())
             buffers[split].clear()

@@ -56,7 +56,7 @@ def grid_points(task: str | GlueTask) -> list[dict[str, Any]]:
     task = task if isinstance(task, GlueTask) else get_task(task)
     grid = TABLE11_GRID["large" if task.name in LARGE_TASKS else "small"]
     keys = list(grid)
-    return [dict(zip(keys, values)) for values in itertools.product(*grid.values())]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
 @dataclass
@@ -138,10 +138,12 @@ class GlueResult:
 
 def _encode(tokenizer, split: GlueSplit, max_length: int) -> list[list[int]]:
     if split.text_b is None:
-        return [tokenizer.encode(a, max_length=max_length, truncation="truncate") for a in split.text_a]
+        return [
+            tokenizer.encode(a, max_length=max_length, truncation="truncate") for a in split.text_a
+        ]
     return [
         tokenizer.encode_pair(a, b, max_length=max_length, truncation="truncate")
-        for a, b in zip(split.text_a, split.text_b)
+        for a, b in zip(split.text_a, split.text_b, strict=True)
     ]
 
 
@@ -157,7 +159,10 @@ def _batches(rows: list[list[int]], order: np.ndarray, batch_size: int):
 def _optimizer(module: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     decay = [p for p in module.parameters() if p.requires_grad and p.ndim >= 2]
     rest = [p for p in module.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6)
 
 
@@ -243,7 +248,10 @@ def _clean(scores: dict[str, Any]) -> dict[str, float]:
 
 
 def run_glue(
-    checkpoint: str | Path, config: GlueConfig, root: str | Path | None = None, progress: bool = True
+    checkpoint: str | Path,
+    config: GlueConfig,
+    root: str | Path | None = None,
+    progress: bool = True,
 ) -> GlueResult:
     """Fine-tune ``checkpoint`` on ``config.task`` for every seed; medians over seeds."""
     from smiexlm.model.model import ExLMModel
@@ -285,7 +293,10 @@ def run_glue(
 
 
 def grid_search(
-    checkpoint: str | Path, config: GlueConfig, root: str | Path | None = None, progress: bool = True
+    checkpoint: str | Path,
+    config: GlueConfig,
+    root: str | Path | None = None,
+    progress: bool = True,
 ) -> GlueResult:
     """Every point of Table 11 (each with ``config.seeds``); the best median primary score
     wins. The other points' medians are kept in ``extra["grid"]``."""

@@ -33,7 +33,9 @@ class BaselineConfig:
         if self.n_trees < 1:
             raise ConfigError("n_trees", self.n_trees, "a positive integer")
         if self.radius < 0 or self.n_bits < 8:
-            raise ConfigError("radius/n_bits", (self.radius, self.n_bits), "radius >= 0, n_bits >= 8")
+            raise ConfigError(
+                "radius/n_bits", (self.radius, self.n_bits), "radius >= 0, n_bits >= 8"
+            )
         if self.split not in SPLIT_KINDS:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
 

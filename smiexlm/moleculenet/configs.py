@@ -76,9 +76,7 @@ def load_table(path: Path = CONFIG_PATH) -> dict[str, dict[str, Any]]:
         return tomllib.load(handle)
 
 
-def finetune_config(
-    task: str | None, path: Path = CONFIG_PATH, **overrides: Any
-) -> FinetuneConfig:
+def finetune_config(task: str | None, path: Path = CONFIG_PATH, **overrides: Any) -> FinetuneConfig:
     """Defaults, then the task's Table 8 row (if the task has one), then ``overrides``.
 
     Overrides whose value is None are ignored, so CLI options can pass their defaults through.

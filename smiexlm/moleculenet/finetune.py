@@ -185,7 +185,11 @@ def finetune_once(
     encoder = backbone.build(tokenizer, cfg.dropout)
     head_type = "multilabel" if task_type == "classification" else "regression"
     model = ExLMForSequencePrediction(
-        encoder, len(label_cols), head_type, cfg.pooler_dropout, cfg.pooling  # type: ignore[arg-type]
+        encoder,
+        len(label_cols),
+        head_type,
+        cfg.pooler_dropout,
+        cfg.pooling,  # type: ignore[arg-type]
     ).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
@@ -224,16 +228,22 @@ def finetune_once(
             bar.set_postfix(loss=f"{out.loss.item():.3f}", epoch=epoch)
             if step >= total:
                 break
-        pred = _to_scores(predict_rows(model, valid_rows, cfg.eval_batch_size, device), task_type, mean, std)
+        pred = _to_scores(
+            predict_rows(model, valid_rows, cfg.eval_batch_size, device), task_type, mean, std
+        )
         valid = score(task_type, y[split.valid], pred).mean
-        if best_state is None or (not math.isnan(valid) and (math.isnan(best_valid) or better(valid, best_valid))):
+        if best_state is None or (
+            not math.isnan(valid) and (math.isnan(best_valid) or better(valid, best_valid))
+        ):
             best_valid, best_epoch = valid, epoch
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         bar.set_postfix(valid=f"{valid:.3f}", best=f"{best_valid:.3f}@{best_epoch}")
     bar.close()
     model.load_state_dict(best_state)
     test_rows = [rows[i] for i in split.test]
-    test_pred = _to_scores(predict_rows(model, test_rows, cfg.eval_batch_size, device), task_type, mean, std)
+    test_pred = _to_scores(
+        predict_rows(model, test_rows, cfg.eval_batch_size, device), task_type, mean, std
+    )
     test = score(task_type, y[split.test], test_pred)
     if save_dir is not None:
         save_finetuned(model, tokenizer, save_dir, dict(
@@ -314,7 +324,11 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
         ExLMModel.from_pretrained(directory), meta["n_outputs"], head_type, 0.0, meta["pooling"]
     )
     model.head.load_state_dict(load_file(str(directory / HEAD_NAME)))
-    return model.to(resolve_device(device)).eval(), SmilesTokenizer.load(directory / "vocab.json"), meta
+    return (
+        model.to(resolve_device(device)).eval(),
+        SmilesTokenizer.load(directory / "vocab.json"),
+        meta,
+    )
 
 
 def predict(checkpoint: Path | str, smiles: Sequence[str], batch_size: int = 256) -> pd.DataFrame:

@@ -49,7 +49,10 @@ def download(spec: DatasetSpec, force: bool = False) -> Path:
         log.info("downloading %s from %s", spec.name, spec.url)
         partial = target.with_suffix(target.suffix + ".part")
         try:
-            with urllib.request.urlopen(spec.url, timeout=60) as response, open(partial, "wb") as out:
+            with (
+                urllib.request.urlopen(spec.url, timeout=60) as response,
+                open(partial, "wb") as out,
+            ):
                 out.write(response.read())
         except OSError as exc:
             raise DataError(
@@ -123,9 +126,7 @@ def load_csv(
     if not path.is_file():
         raise DataError(f"--data {str(path)!r}: file not found; expected a CSV file")
     if task_type not in ("classification", "regression"):
-        raise DataError(
-            f"task_type {task_type!r}: expected 'classification' or 'regression'"
-        )
+        raise DataError(f"task_type {task_type!r}: expected 'classification' or 'regression'")
     raw = pd.read_csv(path, low_memory=False)
     if not label_cols:
         raise DataError(f"label_cols of {path.name}: expected at least one label column")

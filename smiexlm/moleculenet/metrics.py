@@ -73,7 +73,9 @@ def multitask_rmse(y_true: np.ndarray, y_pred: np.ndarray) -> TaskScores:
         per_task.append(float(np.sqrt(np.mean(diff**2))) if known.any() else float("nan"))
     scored = [s for s in per_task if not np.isnan(s)]
     skipped = [t for t, s in enumerate(per_task) if np.isnan(s)]
-    return TaskScores(float(np.mean(scored)) if scored else float("nan"), per_task, len(scored), skipped)
+    return TaskScores(
+        float(np.mean(scored)) if scored else float("nan"), per_task, len(scored), skipped
+    )
 
 
 def check_scorable(y_test: np.ndarray, label_cols: list[str], name: str, split: str) -> None:

@@ -146,6 +146,7 @@ def build_text_dataset(
         raise DataError(f"{str(out)!r} already holds a dataset (manifest.json): use a new folder")
     splits: dict[str, dict] = {}
     sources = []
+    unk_before = tokenizer.n_unk
     for split, inputs in (("train", train_inputs), ("valid", valid_inputs)):
         shards, pending = [], []
 
@@ -155,7 +156,9 @@ def build_text_dataset(
             lengths = np.array([len(b) for b in pending], dtype=np.int64)
             ids = np.concatenate(pending).astype(np.uint16)
             name = f"{split}-{len(shards):05d}"
-            shards.append(write_shard(out, name, ids, lengths, _block_hashes(ids, lengths)).to_dict())
+            shards.append(
+                write_shard(out, name, ids, lengths, _block_hashes(ids, lengths)).to_dict()
+            )
             pending.clear()
 
         bar = tqdm(desc=f"{split} blocks", unit=" blocks", disable=not progress)
@@ -171,15 +174,14 @@ def build_text_dataset(
             "tokens": sum(s["tokens"] for s in shards),
             "shards": shards,
         }
-        sources += [
-            {"path": str(p), "role": split, "sha256": file_sha256(Path(p))} for p in inputs
-        ]
+        sources += [{"path": str(p), "role": split, "sha256": file_sha256(Path(p))} for p in inputs]
     tokenizer.save(out / "vocab.json")
     manifest = {
         "format": FORMAT,
         "dtype": "uint16",
         "kind": "text-blocks",
         "molecules_out": splits["train"]["molecules"] + splits["valid"]["molecules"],
+        "unk_tokens": tokenizer.n_unk - unk_before,
         "vocab_hash": tokenizer.vocab_hash,
         "vocab_size": tokenizer.vocab_size,
         "splits": splits,

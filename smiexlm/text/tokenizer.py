@@ -189,7 +189,9 @@ class TextTokenizer:
                 continue
             parts = line.split(" ")
             if len(parts) != 2:
-                raise DataError(f"{str(merges_txt)!r} line {number}: expected 'left right', got {line!r}")
+                raise DataError(
+                    f"{str(merges_txt)!r} line {number}: expected 'left right', got {line!r}"
+                )
             merges.append((parts[0], parts[1]))
         model = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
         backend = Tokenizer(model)
@@ -385,7 +387,7 @@ class TextTokenizer:
         unk_before, trunc_before = self.n_unk, self.n_truncated
         rows = [
             self.encode_pair(a, b, max_length=max_length, truncation=truncation)
-            for a, b in zip(texts_a, texts_b)
+            for a, b in zip(texts_a, texts_b, strict=True)
         ]
         return pad_rows(
             rows, self.n_truncated - trunc_before, self.n_unk - unk_before, return_tensors
@@ -402,7 +404,9 @@ def pad_rows(
     width = int(lengths.max()) if len(rows) else 0
     mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T) True = real token
     ids = np.full((len(rows), width), PAD_ID, dtype=np.int64)
-    ids[mask] = np.fromiter((i for row in rows for i in row), dtype=np.int64, count=int(lengths.sum()))
+    ids[mask] = np.fromiter(
+        (i for row in rows for i in row), dtype=np.int64, count=int(lengths.sum())
+    )
     if return_tensors == "np":
         return BatchEncoding(ids, mask, n_truncated, n_unk)
     import torch

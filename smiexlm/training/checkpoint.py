@@ -173,7 +173,9 @@ def load_checkpoint(folder: Path, model, optimizer: torch.optim.Optimizer) -> Tr
             raise DataError(f"checkpoint {folder}: missing {name}; expected a training checkpoint")
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     payload = json.loads((folder / STATE_FILE).read_text())
-    optimizer_from_tensors(optimizer, load_file(str(folder / OPTIMIZER_FILE)), payload["optimizer_groups"])
+    optimizer_from_tensors(
+        optimizer, load_file(str(folder / OPTIMIZER_FILE)), payload["optimizer_groups"]
+    )
     if (folder / RNG_FILE).is_file():
         set_rng_state(load_file(str(folder / RNG_FILE)), payload["rng"])
     return TrainerState(**payload["state"])

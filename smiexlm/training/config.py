@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import tomllib
 
 from smiexlm.errors import ConfigError
 from smiexlm.paths import PACKAGE_DIR
@@ -209,7 +210,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
         try:
             import yaml
         except ImportError as error:
-            raise ConfigError("config", str(path), "a TOML file (PyYAML is not installed)") from error
+            raise ConfigError(
+                "config", str(path), "a TOML file (PyYAML is not installed)"
+            ) from error
         data = yaml.safe_load(text) or {}
     else:
         try:

@@ -79,9 +79,7 @@ def wrap(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
     ids = [device.index] if device.type == "cuda" else None
     # Objectives leave some parameters without gradient in some batches (e.g. the
     # transition head when a batch has no mask), so unused parameters are tolerated.
-    return nn.parallel.DistributedDataParallel(
-        model, device_ids=ids, find_unused_parameters=True
-    )
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

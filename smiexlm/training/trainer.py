@@ -1,7 +1,7 @@
 """The pre-training loop: :func:`pretrain` runs one :class:`TrainConfig` on a token dataset.
 
 Batches. The pipeline's ``TokenBudgetSampler`` orders each epoch into micro-batches of at most
-``max_tokens`` padded tokens (seeded by ``seed + epoch``). An optimiser step consumes
+``max_tokens`` padded tokens (seeded by ``seed`` and the epoch). An optimiser step consumes
 ``world_size × update_freq`` consecutive micro-batches of that order; the global index of a
 micro-batch fixes which process gets it and the seed of its masking, so a run split over N
 processes sees the same batches, masks and (without dropout) gradients as one process with
@@ -17,6 +17,7 @@ Precision. bf16 autocast on GPU, fp32 on CPU (``precision`` overrides); losses s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -33,6 +34,14 @@ import torch
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
 from smiexlm.training import checkpoint as ckpt
 from smiexlm.training import distributed as dist_utils
+from smiexlm.training.batches import (
+    MaskingCollator,
+    check_vocabulary,
+    epoch_batches,
+    make_loader,
+    mix_seed,
+    open_dataset,
+)
 from smiexlm.training.config import TrainConfig
 from smiexlm.training.optim import build_optimizer, build_schedule, clip_gradients, set_lr
 
@@ -59,150 +68,6 @@ class TrainResult:
     model: Any = field(default=None, repr=False)  # the trained ExLMModel (this process's copy)
 
 
-def _mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (stable across runs and platforms)."""
-    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
-
-
-# ----------------------------------------------------------------------- data
-@dataclass
-class _Data:
-    train: Any
-    valid: Any | None
-    train_lengths: np.ndarray
-    valid_lengths: np.ndarray | None
-    tokenizer: Any
-    vocab_hash: str
-
-
-def _lengths(dataset) -> np.ndarray:
-    lengths = getattr(dataset, "lengths", None)
-    if lengths is None:
-        lengths = [len(dataset[i]) for i in range(len(dataset))]
-    return np.asarray(lengths, dtype=np.int64)
-
-
-def open_dataset(data_dir: Path) -> _Data:
-    """Open a dataset folder written by the corpus pipeline, with clear errors when absent."""
-    from smiexlm.data.shards import TokenDataset
-    from smiexlm.tokenizer import SmilesTokenizer
-
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataError(
-            f"dataset folder {str(data_dir)!r} does not exist: expected a folder built by the "
-            "corpus pipeline (manifest.json, vocab.json, train/valid shards)"
-        )
-    manifest_path = data_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise DataError(
-            f"dataset folder {str(data_dir)!r} has no manifest.json: expected a folder built by "
-            "the corpus pipeline"
-        )
-    if not (data_dir / "vocab.json").is_file():
-        raise DataError(f"dataset folder {str(data_dir)!r} has no vocab.json")
-    manifest = json.loads(manifest_path.read_text())
-    tokenizer = SmilesTokenizer.load(data_dir / "vocab.json")
-    vocab_hash = manifest.get("vocab_hash") or tokenizer.vocab_hash
-    if vocab_hash != tokenizer.vocab_hash:
-        raise VocabularyMismatchError(
-            f"dataset {str(data_dir)!r}: manifest.json vocab_hash {vocab_hash} differs from the "
-            f"hash of its vocab.json ({tokenizer.vocab_hash})"
-        )
-    train = TokenDataset(data_dir, split="train")
-    try:
-        valid = TokenDataset(data_dir, split="valid")
-        valid = valid if len(valid) > 0 else None
-    except (DataError, FileNotFoundError):
-        valid = None
-    return _Data(
-        train=train,
-        valid=valid,
-        train_lengths=_lengths(train),
-        valid_lengths=_lengths(valid) if valid is not None else None,
-        tokenizer=tokenizer,
-        vocab_hash=vocab_hash,
-    )
-
-
-def check_vocabulary(config: TrainConfig, data: _Data) -> None:
-    """The config may pin the vocabulary (``model.vocab_size`` / ``model.vocab_hash``)."""
-    size = config.model.get("vocab_size")
-    if size is not None and size != data.tokenizer.vocab_size:
-        raise VocabularyMismatchError(
-            f"config model.vocab_size = {size} but the dataset's vocabulary has "
-            f"{data.tokenizer.vocab_size} tokens (hash {data.vocab_hash}): rebuild the dataset "
-            "with the model's vocabulary or drop model.vocab_size from the config"
-        )
-    pinned = config.model.get("vocab_hash")
-    if pinned is not None and pinned != data.vocab_hash:
-        raise VocabularyMismatchError(
-            f"config model.vocab_hash = {pinned} but the dataset's vocabulary hash is "
-            f"{data.vocab_hash}"
-        )
-
-
-class _Keyed(torch.utils.data.Dataset):
-    """Dataset whose keys are ``(global_index, row)``; rows come back with their batch key."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: tuple[int, int]):
-        return key[0], self.dataset[key[1]]
-
-
-class _Collator:
-    """Pad a micro-batch and mask it with a generator seeded by its global index."""
-
-    def __init__(self, model_config, seed: int, epoch: int):
-        self.model_config, self.seed, self.epoch = model_config, seed, epoch
-
-    def __call__(self, items):
-        from smiexlm.data.collate import collate
-        from smiexlm.model.masking import mask_tokens
-
-        index = items[0][0]
-        input_ids, attention_mask = collate([np.asarray(a) for _, a in items])  # (B, T)
-        generator = torch.Generator().manual_seed(_mix_seed(self.seed, self.epoch, index, 7))
-        c = self.model_config
-        masked, labels = mask_tokens(
-            input_ids.long(),
-            attention_mask.bool(),
-            mask_prob=c.mask_prob,
-            policy=c.mask_policy,
-            vocab_size=c.vocab_size,
-            generator=generator,
-            mask_id=c.mask_id,
-        )
-        return masked, attention_mask.bool(), labels
-
-
-def _epoch_batches(
-    lengths: np.ndarray, max_tokens: int, seed: int, epoch: int, shuffle: bool
-) -> list[list[int]]:
-    """The epoch's global micro-batch order (every process computes the same list)."""
-    from smiexlm.data.sampler import TokenBudgetSampler
-
-    sampler = TokenBudgetSampler(lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed)
-    sampler.set_epoch(epoch)
-    return [b for b in sampler if b]
-
-
-def _loader(dataset, batches: list[tuple[int, list[int]]], collator, num_workers: int):
-    keyed = [[(g, i) for i in rows] for g, rows in batches]
-    return torch.utils.data.DataLoader(
-        _Keyed(dataset),
-        batch_sampler=keyed,
-        collate_fn=collator,
-        num_workers=num_workers,
-        persistent_workers=False,
-    )
-
-
 # ----------------------------------------------------------------------- helpers
 class _StopRequest:
     """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and leaves at the step's end."""
@@ -213,10 +78,8 @@ class _StopRequest:
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            with contextlib.suppress(ValueError):  # signals only reach the main thread
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -296,6 +159,8 @@ def pretrain(
         schedule = build_schedule(config)
         state = ckpt.TrainerState(vocab_hash=data.vocab_hash)
         start = ckpt.latest_checkpoint(out_dir) if resume else None
+        if resume and start is None and info.is_main:
+            logger.warning("--resume: no checkpoint in %s, starting from scratch", out_dir)
         if start is not None:
             state = ckpt.load_checkpoint(start, model, optimizer)
             if state.vocab_hash not in (None, data.vocab_hash):
@@ -345,7 +210,9 @@ class _Loop:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:
             raise ConfigError(
-                "tensorboard", True, "false, or install the extra: pip install 'smiexlm[tensorboard]'"
+                "tensorboard",
+                True,
+                "false, or install the extra: pip install 'smiexlm[tensorboard]'",
             ) from error
         return SummaryWriter(str(self.out_dir / "tensorboard"))
 
@@ -361,12 +228,15 @@ class _Loop:
 
     # -------------------------------------------------------------- batches
     def _epoch_plan(self, epoch: int) -> list[list[int]]:
-        batches = _epoch_batches(
+        batches = epoch_batches(
             self.train_lengths, self.config.max_tokens, self.config.seed, epoch, shuffle=True
         )
-        batches = [[i for i in b if self.train_lengths[i] > 0] for b in batches]
-        batches = [b for b in batches if b]
-        usable = dist_utils.shard_batches(len(batches), self.info.world_size, self.config.update_freq)
+        if self.too_long:  # sequences over max_positions have length 0 here: leave them out
+            batches = [[i for i in b if self.train_lengths[i] > 0] for b in batches]
+            batches = [b for b in batches if b]
+        usable = dist_utils.shard_batches(
+            len(batches), self.info.world_size, self.config.update_freq
+        )
         if usable == 0:
             raise DataError(
                 f"the training split yields {len(batches)} micro-batches per epoch at "
@@ -389,8 +259,8 @@ class _Loop:
                 for g in range(position, len(plan))
                 if (g % self.per_step) % self.info.world_size == self.info.rank
             ]
-            collator = _Collator(collator_model, self.config.seed, epoch)
-            loader = _loader(self.data.train, mine, collator, self.config.num_workers)
+            collator = MaskingCollator(collator_model, self.config.seed, epoch)
+            loader = make_loader(self.data.train, mine, collator, self.config.num_workers)
             for n, batch in enumerate(loader, start=1):
                 done = position + (n // self.config.update_freq) * self.per_step
                 yield epoch, done, batch
@@ -403,20 +273,24 @@ class _Loop:
             return None
         limit = self.raw_model.config.max_positions
         lengths = np.where(self.data.valid_lengths > limit, 0, self.data.valid_lengths)
+        # A fixed random sample of batches (shuffled once with the run's seed): every
+        # evaluation scores the same molecules, of all lengths.
         plan = [
             [i for i in b if lengths[i] > 0]
-            for b in _epoch_batches(lengths, self.config.max_tokens, self.config.seed, 0, False)
+            for b in epoch_batches(lengths, self.config.max_tokens, self.config.seed, 0, True)
         ]
         plan = [b for b in plan if b]
         if self.config.valid_batches:
             plan = plan[: self.config.valid_batches]
         mine = [(g, b) for g, b in enumerate(plan) if g % self.info.world_size == self.info.rank]
-        collator = _Collator(self.raw_model.config, self.config.seed, -1)
+        collator = MaskingCollator(self.raw_model.config, self.config.seed, -1)
         self.raw_model.eval()
         total, weight = 0.0, 0.0
-        for masked, mask, labels in _loader(self.data.valid, mine, collator, 0):
+        for masked, mask, labels in make_loader(self.data.valid, mine, collator, 0):
             with _autocast(self.device, self.config):
-                out = self.raw_model(masked.to(self.device), mask.to(self.device), labels.to(self.device))
+                out = self.raw_model(
+                    masked.to(self.device), mask.to(self.device), labels.to(self.device)
+                )
             total += float(out.loss) * out.n_predictions
             weight += out.n_predictions
         self.raw_model.train()
@@ -448,11 +322,15 @@ class _Loop:
     def _step(self, batches) -> tuple[float, int, int, int, float]:
         """Forward/backward over this process's micro-batches, then one update."""
         config, state = self.config, self.state
-        torch.manual_seed(_mix_seed(config.seed, state.step, self.info.rank, 11))  # dropout
+        torch.manual_seed(mix_seed(config.seed, state.step, self.info.rank, 11))  # dropout
         loss_sum, n_invalid, tokens, n_pred = 0.0, 0, 0, 0
         for micro, (masked, mask, labels) in enumerate(batches):
             last = micro == len(batches) - 1
-            sync = self.model.no_sync() if (self.info.enabled and not last) else _nullcontext()
+            sync = (
+                self.model.no_sync()
+                if (self.info.enabled and not last)
+                else contextlib.nullcontext()
+            )
             try:
                 with sync:
                     with _autocast(self.device, config):
@@ -510,7 +388,13 @@ class _Loop:
                 loss_sum, n_invalid, tokens, _, grad_norm = self._step(batches)
                 state.step += 1
                 state.epoch, state.batch_in_epoch = epoch, position
-                stats = [loss_sum, len(batches), tokens, n_invalid, 1.0 if stop.signal_name else 0.0]
+                stats = [
+                    loss_sum,
+                    len(batches),
+                    tokens,
+                    n_invalid,
+                    1.0 if stop.signal_name else 0.0,
+                ]
                 loss_sum, n_micro, tokens, n_invalid, stopping = dist_utils.all_reduce_sum(
                     stats, self.device, info
                 )
@@ -522,7 +406,9 @@ class _Loop:
                 window["micro"] += n_micro
                 window["tokens"] += tokens
                 window["invalid"] += n_invalid
-                validate_now = state.step % config.valid_every == 0 or state.step == config.max_steps
+                validate_now = (
+                    state.step % config.valid_every == 0 or state.step == config.max_steps
+                )
                 if state.step % config.log_every == 0 or validate_now or stopping:
                     now = time.perf_counter()
                     record = {
@@ -578,11 +464,3 @@ class _Loop:
             elapsed_s=time.perf_counter() - started,
             model=self.raw_model,
         )
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -1,0 +1,166 @@
+"""Benchmark the DAG alignment loss: forward+backward time and peak memory.
+
+    python benchmarks/dag_loss.py                 # CPU reference (+ GPU reference and kernels if CUDA)
+    python benchmarks/dag_loss.py --text-gather-batch 64   # full text-shape fused gather on CPU
+
+Shapes: SMILES (B=256, L=40, M=10) and text (paper Appendix I: B=64, L=308, M=77, V=30k for
+the fused log-softmax-gather). CPU peak memory is the growth of the process's peak RSS during
+one forward+backward, measured in a fresh child process per row; GPU peak memory is
+``torch.cuda.max_memory_allocated`` above the inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SHAPES = {"smiles": (256, 40, 10, 369), "text": (64, 308, 77, 30000)}
+
+
+def make_inputs(kind: str, batch: int, device: str, gather: bool):
+    import torch
+
+    B, L, M, V = SHAPES[kind]
+    B = batch or B
+    g = torch.Generator().manual_seed(0)
+    links = torch.log_softmax(torch.randn(B, L, L, generator=g), dim=2).to(device)
+    s = torch.randint(L - L // 4, L + 1, (B,), generator=g).to(device)
+    m = torch.randint(M - M // 4, M + 1, (B,), generator=g).to(device)
+    links.requires_grad_(True)
+    if gather:
+        logits = torch.randn(B, L, V, generator=g).to(device).requires_grad_(True)
+        targets = torch.randint(5, V, (B, M), generator=g).to(device)
+        return (logits, targets, links, s, m)
+    em = torch.log_softmax(torch.randn(B, M, L, generator=g), dim=2).to(device).requires_grad_(True)
+    return (em, links, s, m)
+
+
+def fwd_bwd(args, gather: bool):
+    from smiexlm.dag import dag_log_likelihood, dag_logits_log_likelihood
+
+    fn = dag_logits_log_likelihood if gather else dag_log_likelihood
+    for t in args:
+        if getattr(t, "grad", None) is not None:
+            t.grad = None
+    ll = fn(*args)
+    (-ll.sum()).backward()
+    return ll
+
+
+def measure_cpu(kind: str, threads: int, repeats: int, batch: int, gather: bool) -> dict:
+    """Child process body: time and peak-RSS growth of the CPU reference."""
+    import torch
+
+    torch.set_num_threads(threads)
+    os.environ["SMIEXLM_DAG_IMPL"] = "reference"
+    args = make_inputs(kind, batch, "cpu", gather)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fwd_bwd(args, gather)  # warm-up, also the peak-memory sample
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fwd_bwd(args, gather)
+        times.append(time.perf_counter() - t0)
+    return {"ms": 1e3 * statistics.median(times), "peak_mib": (peak - base) / 1024}
+
+
+def run_child(kind: str, threads: int, repeats: int, batch: int, gather: bool) -> dict:
+    cmd = [sys.executable, __file__, "--child", json.dumps([kind, threads, repeats, batch, gather])]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def measure_gpu(kind: str, impl: str, repeats: int, gather: bool) -> dict:
+    import torch
+
+    os.environ["SMIEXLM_DAG_IMPL"] = impl
+    args = make_inputs(kind, 0, "cuda", gather)
+    fwd_bwd(args, gather)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fwd_bwd(args, gather)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fwd_bwd(args, gather)
+    end.record()
+    torch.cuda.synchronize()
+    return {"ms": start.elapsed_time(end) / repeats, "peak_mib": peak / 2**20}
+
+
+def state_mib(kind: str) -> float:
+    """α + β + links in fp32, the issue's memory yardstick."""
+    B, L, M, _ = SHAPES[kind]
+    return (2 * B * M * L + B * L * L) * 4 / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--text-gather-batch", type=int, default=8, help="B for the CPU text gather (64 = full)"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.child:
+        print(json.dumps(measure_cpu(*json.loads(a.child))))
+        return
+    import torch
+
+    cpu = f"{os.cpu_count()}-core {platform.machine()} CPU ({platform.processor() or 'unknown'})"
+    print(f"hardware: {cpu}; torch {torch.__version__}")
+    print(f"{'shape':<28} {'impl':<22} {'fwd+bwd ms':>11} {'peak MiB':>9}  ratio")
+    rows = [
+        ("smiles B256 L40 M10", "smiles", 1, 0, False),
+        ("smiles B256 L40 M10", "smiles", 2, 0, False),
+        ("text B64 L308 M77", "text", 2, 0, False),
+        (f"text+gather B{a.text_gather_batch} V30k", "text", 2, a.text_gather_batch, True),
+    ]
+    first = None
+    for label, kind, threads, batch, gather in rows:
+        r = run_child(kind, threads, a.repeats, batch, gather)
+        if kind == "smiles":
+            first = first or r["ms"]
+        ratio = f"{r['ms'] / first:.2f}x vs 1 thread" if kind == "smiles" else ""
+        print(
+            f"{label:<28} {'reference cpu ' + str(threads) + 'thr':<22} {r['ms']:>11.1f} {r['peak_mib']:>9.1f}  {ratio}"
+        )
+    print(
+        f"alpha+beta+links fp32: smiles {state_mib('smiles'):.1f} MiB, text {state_mib('text'):.1f} MiB"
+    )
+    if not torch.cuda.is_available():
+        print("GPU: no GPU (CUDA unavailable); reference-GPU and kernel rows skipped")
+        return
+    try:
+        import triton  # noqa: F401
+
+        impls = ["reference", "triton"]
+    except ImportError:
+        impls = ["reference"]
+    print(f"GPU: {torch.cuda.get_device_name()}")
+    for kind in ("smiles", "text"):
+        for gather in (False, True):
+            res = {impl: measure_gpu(kind, impl, a.repeats * 5, gather) for impl in impls}
+            for impl, r in res.items():
+                speed = res["reference"]["ms"] / r["ms"]
+                mem = r["peak_mib"] / state_mib(kind)
+                label = f"{kind}{'+gather' if gather else ''}"
+                print(
+                    f"{label:<28} {impl + ' gpu':<22} {r['ms']:>11.2f} {r['peak_mib']:>9.1f}  "
+                    f"{speed:.1f}x vs reference, {mem:.2f}x (alpha+beta+links)"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Inputs shared by the analyses: a checkpoint with its vocabulary, SMILES files, batches.
+
+Held-out SMILES default to ``$SMIEXLM_DATA/pretrain/moses_test.smi.gz`` (the analyses are
+run on data the model did not train on, as in ExLM Appendix E.2 and MAE-LM §2.2).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from smiexlm.errors import DataError
+
+DEFAULT_SMILES = Path("pretrain") / "moses_test.smi.gz"
+
+
+def default_smiles_file() -> Path:
+    from smiexlm.paths import data_dir
+
+    return data_dir() / DEFAULT_SMILES
+
+
+def load_checkpoint(directory: Path):
+    """``(model, tokenizer)`` of a ``save_pretrained`` folder, the model in eval mode."""
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise DataError(
+            f"checkpoint {str(directory)!r}: no config.json; expected a folder written by "
+            "save_pretrained (config.json, vocab.json, model.safetensors)"
+        )
+    model = ExLMModel.from_pretrained(directory).eval()
+    return model, SmilesTokenizer.load(directory / "vocab.json")
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_smiles(path: Path, max_molecules: int | None = None) -> list[str]:
+    """The first ``max_molecules`` SMILES of a file: one per line (first field; ``.smi``,
+    ``.txt``, optionally gzipped) or a CSV with a ``smiles`` column."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"--smiles-file {str(path)!r}: file not found; expected SMILES text/CSV")
+    out: list[str] = []
+    with _open_text(path) as handle:
+        if ".csv" in path.suffixes:
+            reader = csv.DictReader(handle)
+            column = next((c for c in reader.fieldnames or [] if c.lower() == "smiles"), None)
+            if column is None:
+                raise DataError(f"{path.name}: columns {reader.fieldnames}; expected 'smiles'")
+            rows = (row[column] for row in reader)
+        else:
+            rows = (line.split()[0] if line.split() else "" for line in handle)
+        for smiles in rows:
+            if smiles.strip():
+                out.append(smiles.strip())
+            if max_molecules is not None and len(out) >= max_molecules:
+                break
+    if not out:
+        raise DataError(f"{path.name}: no SMILES found; expected one per line or a smiles column")
+    return out
+
+
+def encode(tokenizer, smiles: list[str], max_length: int) -> tuple[Tensor, Tensor]:
+    """(B, T) ids (BOS ... EOS, PAD = 0) and (B, T) bool mask (True = real token)."""
+    batch = tokenizer.encode_batch(smiles, max_length=max_length, truncation="truncate")
+    return batch.input_ids.long(), batch.attention_mask.bool()
+
+
+def batches(ids: Tensor, mask: Tensor, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Consecutive (b, T') slices, each trimmed to its longest row."""
+    for start in range(0, ids.shape[0], batch_size):
+        m = mask[start : start + batch_size]
+        width = int(m.sum(1).max())
+        yield ids[start : start + batch_size, :width], m[:, :width]
+
+
+def masking_generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)

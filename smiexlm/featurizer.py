@@ -1,0 +1,427 @@
+"""``Featurizer``: SMILES in, fixed-size embeddings out.
+
+>>> from smiexlm import Featurizer
+>>> feat = Featurizer.from_pretrained()          # the default model shipped in the package
+>>> X = feat.featurize(["CCO", "c1ccccc1O"])     # np.ndarray (2, d) float32
+
+How a call runs, in chunks of ``chunk_size`` molecules so that memory stays bounded however
+long the input is:
+
+1. each SMILES is normalised as the checkpoint's corpus was (RDKit canonical SMILES by
+   default; see :class:`Normalization`) and tokenized;
+2. the chunk is sorted by token length (stable) and cut into batches whose padded size stays
+   within ``max_tokens`` (and within ``batch_size`` molecules when given);
+3. each batch goes through ``ExLMModel.encode`` under ``torch.inference_mode`` with the model
+   in eval mode, so the same input always gives the same output;
+4. the pooled rows are written back at their input positions.
+
+Bad input is never dropped silently: ``errors="raise"`` raises on the first bad SMILES with its
+index; ``errors="nan"`` fills its row with NaN, logs a warning listing the offenders, and
+records them in :attr:`Featurizer.last_report`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
+from smiexlm.paths import ASSETS_DIR
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.tokenizer import SmilesTokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"
+NORMALIZATION_FILE = "normalization.json"
+CARD_FILE = "MODEL_CARD.md"
+
+Pooling = Literal["cls", "mean", "max"]
+Errors = Literal["raise", "nan"]
+Device = Literal["auto", "cpu", "cuda"]
+
+_POOLINGS = ("cls", "mean", "max")
+_ERRORS = ("raise", "nan")
+# A fenced block in the model card: ```json normalization\n{...}\n```
+_CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """How the pretraining corpus was normalised; the featurizer applies the same steps.
+
+    Read from ``normalization.json`` in the checkpoint folder, or from a fenced
+    ````` ```json normalization ````` block in its ``MODEL_CARD.md``; without either, the
+    preprocessing defaults apply (RDKit canonical SMILES, stereo kept, salts kept).
+    """
+
+    canonicalize: bool = True
+    strip_salts: bool = False
+    source: str = "default"
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path) -> Normalization:
+        path = directory / NORMALIZATION_FILE
+        if path.is_file():
+            return cls._from_json(path.read_text(encoding="utf-8"), str(path))
+        card = directory / CARD_FILE
+        if card.is_file():
+            match = _CARD_BLOCK.search(card.read_text(encoding="utf-8"))
+            if match:
+                return cls._from_json(match.group(1), f"{card} (normalization block)")
+        return cls()
+
+    @classmethod
+    def _from_json(cls, text: str, source: str) -> Normalization:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"normalisation record {source!r} is not valid JSON: {err}") from None
+        if not isinstance(doc, dict):
+            raise DataError(f"normalisation record {source!r}: expected a JSON object")
+        values = {}
+        for key in ("canonicalize", "strip_salts"):
+            value = doc.get(key, getattr(cls, key))
+            if not isinstance(value, bool):
+                raise ConfigError(key, value, f"true or false (in {source})")
+            values[key] = value
+        return cls(**values, source=source)
+
+
+@dataclass
+class FeaturizeReport:
+    """What the last ``featurize`` call did. ``failed`` lists (index, input, reason)."""
+
+    n_inputs: int = 0
+    n_failed: int = 0
+    n_unk_tokens: int = 0
+    n_changed_by_normalization: int = 0
+    failed: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (
+            f"{self.n_inputs:,} SMILES, {self.n_failed:,} failed, "
+            f"{self.n_unk_tokens:,} [UNK] tokens, "
+            f"{self.n_changed_by_normalization:,} rewritten by normalisation"
+        )
+
+
+def resolve_device(device: str) -> torch.device:
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", device, "'cpu' or 'auto': no CUDA device is available")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ConfigError("device", device, "'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+
+
+def token_budget_batches(
+    lengths: Sequence[int], max_tokens: int, batch_size: int | None = None
+) -> list[list[int]]:
+    """Cut positions 0..n-1 (already sorted by ``lengths``, ascending) into consecutive
+    batches whose padded size ``len(batch) * max(length)`` stays within ``max_tokens`` and
+    whose size stays within ``batch_size``. A single sequence longer than the budget gets a
+    batch of its own."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        width = max(longest, n)
+        full = batch_size is not None and len(current) >= batch_size
+        if current and (full or width * (len(current) + 1) > max_tokens):
+            batches.append(current)
+            current, width = [], n
+        current.append(i)
+        longest = width
+    if current:
+        batches.append(current)
+    return batches
+
+
+class Featurizer:
+    """A pretrained encoder plus its tokenizer and normalisation, in eval mode."""
+
+    def __init__(
+        self,
+        model: ExLMModel,
+        tokenizer: SmilesTokenizer,
+        normalization: Normalization | None = None,
+        device: str = "auto",
+        source: Path | None = None,
+    ):
+        if tokenizer.vocab_size != model.config.vocab_size:
+            from smiexlm.errors import VocabularyMismatchError
+
+            raise VocabularyMismatchError(
+                f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+                f"{model.config.vocab_size}"
+            )
+        self.device = resolve_device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.normalization = normalization or Normalization()
+        self.source = source
+        self.last_report = FeaturizeReport()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: str | Path | None = None, device: str = "auto") -> Featurizer:
+        """Load a checkpoint folder (``config.json``, ``vocab.json``, ``model.safetensors``).
+
+        ``path=None`` loads the default model shipped inside the package; no network is used.
+        """
+        from smiexlm.model.model import ExLMModel
+        from smiexlm.tokenizer import SmilesTokenizer
+
+        if path is None:
+            directory = DEFAULT_MODEL_DIR
+            if not (directory / "model.safetensors").is_file():
+                raise DataError(
+                    "the default model is not installed: expected config.json, vocab.json and "
+                    "model.safetensors in smiexlm/assets/default_model/ inside the package; "
+                    "pass a checkpoint folder instead, Featurizer.from_pretrained('path/to/ckpt')"
+                )
+        else:
+            directory = Path(path).expanduser()
+        model = ExLMModel.from_pretrained(directory)
+        tokenizer = SmilesTokenizer.load(directory / "vocab.json")
+        normalization = Normalization.from_checkpoint(directory)
+        return cls(model, tokenizer, normalization, device=device, source=directory)
+
+    @property
+    def dim(self) -> int:
+        """Embedding width d."""
+        return self.model.config.d_model
+
+    def __repr__(self) -> str:
+        c = self.model.config
+        return (
+            f"Featurizer(source={str(self.source)!r}, objective={c.objective!r}, "
+            f"d={c.d_model}, layers={c.n_layers}, device={str(self.device)!r})"
+        )
+
+    # ------------------------------------------------------------------ featurize
+    def featurize(
+        self,
+        smiles: Sequence[str] | Iterable[str],
+        pooling: Pooling = "cls",
+        layer: int = -1,
+        errors: Errors = "raise",
+        max_tokens: int = 16384,
+        batch_size: int | None = None,
+        canonicalize: bool = True,
+        chunk_size: int = 8192,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Embeddings (n, d) float32 of ``smiles`` (a list, tuple, pandas Series or iterable),
+        in input order.
+
+        ``pooling``: ``cls`` (first position), ``mean`` or ``max`` over real positions.
+        ``layer``: encoder block whose output is pooled (−1 = last).
+        ``errors``: ``raise`` on the first bad SMILES, or ``nan`` to fill its row with NaN.
+        ``max_tokens``: padded tokens per batch; ``batch_size``: molecules per batch cap.
+        ``canonicalize=False`` skips the checkpoint's normalisation (SMILES used as written).
+        """
+        if pooling not in _POOLINGS:
+            raise ConfigError("pooling", pooling, f"one of {_POOLINGS}")
+        if errors not in _ERRORS:
+            raise ConfigError("errors", errors, f"one of {_ERRORS}")
+        n_layers = self.model.config.n_layers
+        if not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+            raise ConfigError("layer", layer, f"an integer in [{-n_layers}, {n_layers - 1}]")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError("max_tokens", max_tokens, "a positive integer")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ConfigError("batch_size", batch_size, "a positive integer or None")
+        items = _as_list(smiles)
+        self.model.eval()  # dropout off, whatever the caller did to the model since loading
+        out = np.empty((len(items), self.dim), dtype=np.float32)
+        report = FeaturizeReport(n_inputs=len(items))
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(items), unit="mol", desc="featurize")
+        for start in range(0, len(items), chunk_size):
+            chunk = items[start : start + chunk_size]
+            rows = self._featurize_chunk(
+                chunk,
+                start,
+                pooling,
+                layer,
+                errors,
+                max_tokens,
+                batch_size,
+                canonicalize,
+                report,
+                bar,
+            )
+            out[start : start + len(chunk)] = rows
+        if bar is not None:
+            bar.close()
+        self.last_report = report
+        if report.n_failed:
+            shown = ", ".join(f"#{i} {s!r} ({why})" for i, s, why in report.failed[:10])
+            more = f" and {report.n_failed - 10} more" if report.n_failed > 10 else ""
+            logger.warning(
+                "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",
+                report.n_failed,
+                len(items),
+                shown,
+                more,
+            )
+        return out
+
+    __call__ = featurize
+
+    # ------------------------------------------------------------------ internals
+    def prepare(
+        self, smiles: Sequence[Any], canonicalize: bool = True
+    ) -> tuple[list[list[int] | None], list[str | None], int]:
+        """Normalise and tokenize: ids (with BOS/EOS) or None per input, the reason of each
+        failure (None where it worked), and how many inputs normalisation rewrote."""
+        norm = self.normalization
+        checked = [_check_text(s) for s in smiles]
+        texts = [text for text, _ in checked]
+        reasons = [reason for _, reason in checked]
+        changed = 0
+        if canonicalize and (norm.canonicalize or norm.strip_salts):
+            for i, new in enumerate(_normalize_all(texts, norm)):
+                if texts[i] is None:
+                    continue
+                if new is None:
+                    texts[i], reasons[i] = None, "RDKit cannot parse it"
+                else:
+                    changed += new != texts[i]
+                    texts[i] = new
+        ids: list[list[int] | None] = [None] * len(texts)
+        good = [i for i, t in enumerate(texts) if t is not None]
+        try:
+            encoded = self.tokenizer.encode_many([texts[i] for i in good])
+            for i, row in zip(good, encoded, strict=True):
+                ids[i] = row
+        except InvalidSmilesError:  # rare: find the culprits one by one
+            for i in good:
+                try:
+                    ids[i] = self.tokenizer.encode(texts[i])
+                except InvalidSmilesError as err:
+                    reasons[i] = f"untokenizable: {err.reason}"
+        limit = self.model.config.max_positions
+        for i, row in enumerate(ids):
+            if row is not None and len(row) > limit:
+                ids[i], reasons[i] = None, f"{len(row)} tokens exceed the model's {limit}"
+        return ids, reasons, changed
+
+    def _featurize_chunk(
+        self,
+        chunk: list[Any],
+        offset: int,
+        pooling: str,
+        layer: int,
+        errors: str,
+        max_tokens: int,
+        batch_size: int | None,
+        canonicalize: bool,
+        report: FeaturizeReport,
+        bar: Any = None,
+    ) -> np.ndarray:
+        ids, reasons, changed = self.prepare(chunk, canonicalize)
+        report.n_changed_by_normalization += changed
+        out = np.full((len(chunk), self.dim), np.nan, dtype=np.float32)
+        for i, reason in enumerate(reasons):
+            if reason is not None:
+                if errors == "raise":
+                    raise InvalidSmilesError(
+                        str(chunk[i]), None, f"input index {offset + i}: {reason}"
+                    )
+                report.n_failed += 1
+                report.failed.append((offset + i, str(chunk[i]), reason))
+        good = [i for i, row in enumerate(ids) if row is not None]
+        good.sort(key=lambda i: len(ids[i]))  # stable: ties keep input order
+        seqs = [ids[i] for i in good]
+        report.n_unk_tokens += sum(row.count(self.tokenizer.unk_id) for row in seqs)
+        width = self._expanded_extra()
+        lengths = [len(row) + width for row in seqs]
+        for batch in token_budget_batches(lengths, max_tokens, batch_size):
+            pooled = self.encode_ids([seqs[j] for j in batch], pooling, layer)
+            out[[good[j] for j in batch]] = pooled
+            if bar is not None:
+                bar.update(len(batch))
+        if bar is not None:
+            bar.update(len(chunk) - len(good))  # the failed rows
+        return out
+
+    def _expanded_extra(self) -> int:
+        """Extra positions per sequence in the encoder (ExLM expands BOS and EOS k-fold)."""
+        c = self.model.config
+        return 2 * (c.k - 1) if c.objective == "exlm" else 0
+
+    def encode_ids(
+        self, rows: list[list[int]], pooling: str = "cls", layer: int = -1
+    ) -> np.ndarray:
+        """Pooled embeddings (B, d) float32 of token-id rows (BOS ... EOS each)."""
+        import torch
+
+        width = max(map(len, rows))
+        ids = np.zeros((len(rows), width), dtype=np.int64)  # (B, T), PAD = 0
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = row
+        input_ids = torch.from_numpy(ids).to(self.device)
+        mask = input_ids != self.tokenizer.pad_id  # (B, T) True = real token
+        with torch.inference_mode():
+            pooled = self.model.encode(input_ids, mask, pooling=pooling, layer=layer).pooled
+        return pooled.float().cpu().numpy()
+
+
+def _as_list(smiles: Any) -> list[Any]:
+    if isinstance(smiles, str):
+        raise DataError(
+            f"featurize expects a sequence of SMILES, got one str {smiles[:40]!r}: "
+            "wrap it in a list"
+        )
+    if hasattr(smiles, "tolist") and hasattr(smiles, "dtype"):  # pandas Series, numpy array
+        return list(smiles.tolist())
+    return list(smiles)
+
+
+def _check_text(value: Any) -> tuple[str | None, str | None]:
+    if not isinstance(value, str):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return None, "missing value"
+        return None, f"expected str, got {type(value).__name__}"
+    text = value.strip()
+    if not text:
+        return None, "empty string"
+    if any(c.isspace() for c in text):
+        return None, "whitespace inside the SMILES"
+    return text, None
+
+
+def _normalize_all(texts: list[str | None], norm: Normalization) -> list[str | None]:
+    """The corpus normalisation of each SMILES (the same code path as preprocessing), None
+    where RDKit cannot parse it or the input was already rejected."""
+    from rdkit import rdBase
+
+    from smiexlm.data.normalize import NormalizeConfig, normalize_smiles
+
+    config = NormalizeConfig(
+        canonicalize=norm.canonicalize, strip_salts=norm.strip_salts, max_tokens=None
+    )
+    with rdBase.BlockLogs():  # RDKit's parse errors become our report, not stderr noise
+        return [None if t is None else normalize_smiles(t, config)[0] for t in texts]

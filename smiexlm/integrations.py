@@ -1,0 +1,200 @@
+"""smiexlm embeddings inside DeepChem and scikit-learn.
+
+- :class:`ExLMTransformer`: a scikit-learn transformer (SMILES column -> embeddings) for
+  ``Pipeline``\\ s, ``cross_val_score`` and grid searches. It stores only its parameters (the
+  checkpoint *path*); the model is loaded on first use and is left out when pickled, so a
+  pickled pipeline holds no weights and reloads them from the path.
+- ``ExLMFeaturizer``: a DeepChem ``MolecularFeaturizer`` for ``dc.data`` loaders and
+  ``dc.molnet`` pipelines. It embeds a whole list at once (batched by token budget) instead of
+  one molecule at a time; molecules that fail give DeepChem's empty array, which DeepChem's
+  loaders then drop. DeepChem is imported only when ``ExLMFeaturizer`` is first used (it takes
+  seconds to import).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+
+__all__ = ["ExLMFeaturizer", "ExLMTransformer"]  # noqa: F822 (ExLMFeaturizer is built lazily)
+
+_LOADED: dict[tuple[str, str], Any] = {}  # (path, device) -> Featurizer, shared per process
+
+
+def load_featurizer(path: str | Path | None, device: str = "auto") -> Any:
+    """A cached :class:`~smiexlm.featurizer.Featurizer` for ``path`` (None = default model)."""
+    from smiexlm.featurizer import Featurizer
+
+    key = (str(path) if path is not None else "", device)
+    if key not in _LOADED:
+        _LOADED[key] = Featurizer.from_pretrained(path, device=device)
+    return _LOADED[key]
+
+
+def _to_smiles_list(X: Any) -> list[Any]:
+    """SMILES from a list, a 1-D array, a Series, or a one-column 2-D array / DataFrame."""
+    if hasattr(X, "iloc") and getattr(X, "ndim", 1) == 2:  # DataFrame
+        if X.shape[1] != 1:
+            from smiexlm.errors import DataError
+
+            raise DataError(
+                f"ExLMTransformer got a table with {X.shape[1]} columns: expected one SMILES "
+                "column (select it, or use a ColumnTransformer)"
+            )
+        X = X.iloc[:, 0]
+    if isinstance(X, np.ndarray) and X.ndim == 2:
+        X = X[:, 0] if X.shape[1] == 1 else X.ravel()
+    if isinstance(X, str):
+        X = [X]
+    return list(X.tolist() if hasattr(X, "tolist") else X)
+
+
+class ExLMTransformer(TransformerMixin, BaseEstimator):
+    """SMILES -> (n, d) embeddings, for scikit-learn pipelines.
+
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.linear_model import LogisticRegression
+    >>> model = make_pipeline(ExLMTransformer("path/to/ckpt"), LogisticRegression())
+    >>> model.fit(smiles_train, y_train).predict_proba(smiles_test)
+
+    ``errors="nan"`` leaves NaN rows for invalid SMILES (follow with an imputer);
+    ``errors="raise"`` (default) stops at the first one.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | Path | None = None,
+        pooling: Literal["cls", "mean", "max"] = "cls",
+        layer: int = -1,
+        errors: Literal["raise", "nan"] = "raise",
+        canonicalize: bool = True,
+        max_tokens: int = 16384,
+        device: str = "auto",
+    ):
+        self.checkpoint = checkpoint
+        self.pooling = pooling
+        self.layer = layer
+        self.errors = errors
+        self.canonicalize = canonicalize
+        self.max_tokens = max_tokens
+        self.device = device
+
+    @property
+    def featurizer_(self) -> Any:
+        featurizer = self.__dict__.get("_featurizer")
+        if featurizer is None:
+            featurizer = load_featurizer(self.checkpoint, self.device)
+            self.__dict__["_featurizer"] = featurizer
+        return featurizer
+
+    def fit(self, X: Any, y: Any = None) -> ExLMTransformer:
+        """Nothing to learn: loads the model and records the embedding width."""
+        self.n_features_out_ = self.featurizer_.dim
+        return self
+
+    def transform(self, X: Any) -> np.ndarray:
+        return self.featurizer_.featurize(
+            _to_smiles_list(X),
+            pooling=self.pooling,
+            layer=self.layer,
+            errors=self.errors,
+            canonicalize=self.canonicalize,
+            max_tokens=self.max_tokens,
+        )
+
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        return np.asarray([f"exlm{i}" for i in range(self.featurizer_.dim)], dtype=object)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state.pop("_featurizer", None)  # pickles by path: the weights stay on disk
+        return state
+
+    def __sklearn_tags__(self):  # scikit-learn >= 1.6
+        tags = super().__sklearn_tags__()
+        tags.input_tags.string = True
+        tags.input_tags.two_d_array = False
+        tags.requires_fit = False
+        return tags
+
+
+_FEATURIZER_CLASS: type | None = None
+
+
+def _featurizer_class() -> type:
+    """Build ``ExLMFeaturizer`` on first use, so that importing this module stays light."""
+    global _FEATURIZER_CLASS
+    if _FEATURIZER_CLASS is not None:
+        return _FEATURIZER_CLASS
+    from deepchem.feat import MolecularFeaturizer
+
+    class ExLMFeaturizer(MolecularFeaturizer):
+        """DeepChem featurizer: each molecule -> its smiexlm embedding (d floats).
+
+        Accepts SMILES or RDKit ``Mol`` objects (written out as SMILES). Failed molecules
+        become empty arrays, DeepChem's convention, so ``dc.data`` loaders drop them.
+        """
+
+        def __init__(
+            self,
+            checkpoint: str | Path | None = None,
+            pooling: Literal["cls", "mean", "max"] = "cls",
+            layer: int = -1,
+            canonicalize: bool = True,
+            device: str = "auto",
+        ):
+            super().__init__()
+            self.checkpoint = checkpoint
+            self.pooling = pooling
+            self.layer = layer
+            self.canonicalize = canonicalize
+            self.device = device
+
+        @property
+        def featurizer(self) -> Any:
+            return load_featurizer(self.checkpoint, self.device)
+
+        def featurize(self, datapoints: Any, log_every_n: int = 1000, **kwargs: Any) -> np.ndarray:
+            from rdkit import Chem
+
+            if isinstance(datapoints, (str, Chem.Mol)):
+                datapoints = [datapoints]
+            smiles = [
+                Chem.MolToSmiles(m) if isinstance(m, Chem.Mol) else m for m in list(datapoints)
+            ]
+            emb = self.featurizer.featurize(
+                smiles,
+                pooling=self.pooling,
+                layer=self.layer,
+                errors="nan",
+                canonicalize=self.canonicalize,
+            )
+            failed = np.isnan(emb).any(axis=1)
+            if not failed.any():
+                return emb
+            out = np.empty(len(smiles), dtype=object)
+            for i, row in enumerate(emb):
+                out[i] = np.array([]) if failed[i] else row
+            return out
+
+        def _featurize(self, datapoint: Any, **kwargs: Any) -> np.ndarray:
+            row = self.featurize([datapoint])[0]
+            if row.size == 0:
+                from smiexlm.errors import InvalidSmilesError
+
+                raise InvalidSmilesError(str(datapoint), None, "could not be embedded")
+            return row
+
+    ExLMFeaturizer.__module__ = __name__
+    ExLMFeaturizer.__qualname__ = "ExLMFeaturizer"
+    _FEATURIZER_CLASS = ExLMFeaturizer
+    return ExLMFeaturizer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ExLMFeaturizer":
+        return _featurizer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

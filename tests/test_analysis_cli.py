@@ -1,0 +1,181 @@
+"""Every ``smiexlm analyze`` command through the real CLI on tiny models and data subsets."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from smiexlm.cli.main import app
+
+PNG = b"\x89PNG\r\n\x1a\n"
+MICRO = dict(n_layers=2, n_heads=2, d_model=32, d_ff=64, n_transition_heads=2)
+MICRO_SET = [f"model.{k}={v}" for k, v in MICRO.items()] + [
+    "model.dropout=0.0", "model.attention_dropout=0.0", "max_tokens=512", "warmup_steps=1",
+    "log_every=1", "valid_every=1000", "valid_batches=1", "save_every=1000", "num_threads=1",
+    "progress=false",
+]  # fmt: skip
+
+
+def _run(*args: str):
+    result = CliRunner().invoke(app, ["analyze", *args], catch_exceptions=True)
+    return result
+
+
+def _rows(path):
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def setup(shared_data, tmp_path_factory):
+    from smiexlm import ExLMConfig, ExLMModel
+    from smiexlm.data.pipeline import PreprocessConfig, preprocess
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("analysis")
+    source = shared_data / "pretrain" / "moses_test.smi.gz"
+    if not source.is_file():
+        pytest.fail("shared data file missing: pretrain/moses_test.smi.gz")
+    with gzip.open(source, "rt") as handle:
+        smiles = [next(handle).strip() for _ in range(240)]
+    raw = root / "mols.smi"
+    raw.write_text("\n".join(smiles) + "\n")
+    held_out = root / "held_out.smi"
+    held_out.write_text("\n".join(smiles[-40:]) + "\n")
+    tokenizer = SmilesTokenizer.build(smiles)
+    tokenizer.save(root / "vocab.json")
+    preprocess([raw], root / "ds", PreprocessConfig(valid_fraction=0.1), vocab=root / "vocab.json",
+               progress=False)  # fmt: skip
+    checkpoints = {}
+    for objective in ("mlm", "exlm"):
+        torch.manual_seed(0)
+        cfg = ExLMConfig.tiny(vocab_size=tokenizer.vocab_size, objective=objective, k=2,
+                              vocab_hash=tokenizer.vocab_hash, **MICRO)  # fmt: skip
+        checkpoints[objective] = ExLMModel(cfg).save_pretrained(
+            root / objective, tokenizer=tokenizer
+        )
+    return {"root": root, "data": root / "ds", "smiles": held_out, "ckpt": checkpoints,
+            "first": smiles[0], "tokenizer": tokenizer}  # fmt: skip
+
+
+def test_entropy_command(setup, tmp_path):
+    ck = setup["ckpt"]
+    out = tmp_path / "entropy"
+    result = _run("entropy", str(ck["mlm"]), str(ck["exlm"]), "--smiles-file", str(setup["smiles"]),
+                  "--mask-ratios", "0.15", "0.5", "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = _rows(out / "entropy.csv")
+    assert [(r["objective"], float(r["mask_ratio"])) for r in rows] == [
+        ("mlm", 0.15), ("mlm", 0.5), ("exlm", 0.15), ("exlm", 0.5)
+    ]  # fmt: skip
+    for r in rows:  # random init: near-uniform predictions, never above log2 V
+        assert 0.0 < float(r["entropy_bits"]) <= float(r["max_bits"]) + 1e-9
+        assert int(r["n_tokens"]) > 0
+    n = {float(r["mask_ratio"]): int(r["n_tokens"]) for r in rows if r["objective"] == "mlm"}
+    assert n[0.5] > 2 * n[0.15]
+    doc = json.loads((out / "entropy.json").read_text())
+    assert set(doc["table"]) == {"mlm", "exlm"}
+    assert (out / "entropy.png").read_bytes()[:8] == PNG
+
+
+def test_rank_command(setup, tmp_path):
+    ck = setup["ckpt"]
+    out = tmp_path / "rank"
+    result = _run("rank", str(ck["mlm"]), str(ck["exlm"]), "--smiles-file", str(setup["smiles"]),
+                  "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = _rows(out / "rank.csv")
+    assert [(r["objective"], int(r["layer"])) for r in rows] == [
+        ("mlm", 1), ("mlm", 2), ("exlm", 1), ("exlm", 2)
+    ]  # fmt: skip
+    for r in rows:
+        for col in ("with_mask", "without_mask", "mask_only"):
+            assert 1 <= int(r[col]) <= 32
+        assert int(r["n_mask_rows"]) > 0
+    assert (out / "rank.png").read_bytes()[:8] == PNG
+
+
+def test_rank_matches_a_direct_computation(setup):
+    from smiexlm.analysis import inputs
+    from smiexlm.analysis.measures import effective_rank
+    from smiexlm.analysis.rank import rank_by_layer
+
+    smiles = inputs.read_smiles(setup["smiles"], 20)
+    result = rank_by_layer([setup["ckpt"]["mlm"]], smiles, progress=False)
+    model, tok = inputs.load_checkpoint(setup["ckpt"]["mlm"])
+    ids, mask = inputs.encode(tok, smiles, 256)
+    with torch.no_grad():
+        h = model.encode(ids, mask, layer=1).hidden_states[mask]
+    assert result.rows[1]["without_mask"] == effective_rank(h, 0.9)
+
+
+def test_dag_command(setup, tmp_path):
+    ck = setup["ckpt"]
+    out = tmp_path / "dag"
+    tokens = setup["tokenizer"].tokenize(setup["first"])
+    result = _run("dag", str(ck["exlm"]), "--smiles", setup["first"], "--mask", "2", "5",
+                  "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "dag.json").read_text())
+    s = len(doc["states"])
+    assert s == 2 * 4  # k = 2 states for BOS, two masks, EOS
+    assert doc["viterbi_path"][0] == 0 and doc["viterbi_path"][-1] == s - 1
+    assert doc["viterbi_tokens"] == ["[BOS]", tokens[2], tokens[5], "[EOS]"]
+    trans = torch.tensor(doc["transitions"])
+    assert torch.allclose(trans[:-1].sum(1), torch.ones(s - 1), atol=1e-5)  # rows are distributions
+    assert torch.all(trans.tril() == 0)  # edges only go forward
+    assert math.isfinite(doc["log_likelihood"]) and doc["log_likelihood"] < 0
+    assert len(_rows(out / "dag_states.csv")) == s
+    assert (out / "dag.png").read_bytes()[:8] == PNG
+    bad = _run("dag", str(ck["mlm"]), "--smiles", setup["first"], "--mask", "1", "--out", str(out))
+    assert bad.exit_code != 0 and "exlm" in str(bad.exception)
+
+
+@pytest.mark.slow
+def test_repeated_mlm_command(setup, tmp_path):
+    out = tmp_path / "rmlm"
+    args = ["repeated-mlm", "--data", str(setup["data"]), "--out", str(out),
+            "--k", "1", "2", "--p", "0.15,0.5", "--min-ratio", "0.05", "--steps", "3", "--eval-molecules", "24",
+            "--bbbp-rows", "160", "--bbbp-epochs", "1", "--bbbp-max-steps", "2", "--device", "cpu",
+            "--set", *MICRO_SET]  # fmt: skip
+    result = _run(*args)
+    assert result.exit_code == 0, result.output
+    rows = _rows(out / "repeated_mlm.csv")
+    # (k=2, p=0.15) has p^k = 0.0225 < --min-ratio: a blank cell, as in the paper's grid.
+    assert [(int(r["k"]), float(r["p"])) for r in rows] == [(1, 0.15), (1, 0.5), (2, 0.5)]
+    for r in rows:
+        k, p = int(r["k"]), float(r["p"])
+        assert float(r["expected_corrupted"]) == pytest.approx(p**k)
+        if k == 1:  # every masked token is fully masked
+            assert 0 < float(r["measured_corrupted"]) <= 1
+        n = int(r["n_tokens"])
+        sigma = math.sqrt(p**k * (1 - p**k) / n)
+        assert abs(float(r["measured_corrupted"]) - p**k) <= 5 * sigma + 2 / 24
+        assert float(r["entropy_bits"]) > 0
+        assert 0 <= float(r["bbbp_test_auc"]) <= 100
+    doc = json.loads((out / "repeated_mlm.json").read_text())
+    assert set(doc["figure5_entropy_bits"]) == {"1", "2"}
+    assert "0.15" not in doc["figure5_entropy_bits"]["2"]
+    assert set(doc["findings"]["entropy_bits"]) == {
+        "spread_at_equal_corruption", "spread_at_equal_mask_ratio"
+    }  # fmt: skip
+    assert (out / "repeated_mlm.png").read_bytes()[:8] == PNG
+    assert not (out / "cells" / "k2_p0.5" / "data").exists()  # repeated data removed
+    assert (out / "cells" / "k2_p0.5" / "run" / "checkpoints" / "last" / "config.json").is_file()
+
+
+def test_list_options_accept_spaces_commas_and_repeats():
+    from smiexlm.cli.analyze import _spread
+
+    names = ("--k", "--p")
+    assert _spread(["--k", "1", "2", "--p", "0.1,0.2", "--out", "x"], names) == [
+        "--k", "1", "--k", "2", "--p", "0.1", "--p", "0.2", "--out", "x"
+    ]  # fmt: skip
+    assert _spread(["--k", "1", "--k", "4"], names) == ["--k", "1", "--k", "4"]

@@ -1,0 +1,242 @@
+"""Featurizer: input handling, ordering, batching, normalisation, error policy."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smiexlm import ExLMConfig, ExLMModel, Featurizer
+from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
+from smiexlm.featurizer import token_budget_batches
+from smiexlm.tokenizer import SmilesTokenizer
+
+PANEL = [
+    "CC(=O)Oc1ccccc1C(=O)O",
+    "CN1C=NC2=C1C(=O)N(C(=O)N2C)C",
+    "CC(C)Cc1ccc(cc1)C(C)C(=O)O",
+    "CC(=O)Nc1ccc(O)cc1",
+    "CCO",
+    "c1ccccc1",
+    "C[C@H](N)C(=O)O",
+    "OC[C@H]1OC(O)[C@H](O)[C@@H](O)[C@@H]1O",
+    "Clc1ccc(Br)cc1",
+    "CCN(CC)CC",
+    "O=C([O-])c1ccccc1.[Na+]",
+    "N#Cc1ccncc1",
+]
+
+
+def make_checkpoint(directory, objective="mlm", seed=0, **overrides):
+    tokenizer = SmilesTokenizer.build(PANEL)
+    torch.manual_seed(seed)
+    config = ExLMConfig.tiny(
+        objective=objective, vocab_size=tokenizer.vocab_size, n_layers=2, **overrides
+    )
+    ExLMModel(config).save_pretrained(directory, tokenizer=tokenizer)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(scope="module")
+def feat(checkpoint):
+    torch.set_num_threads(1)
+    return Featurizer.from_pretrained(checkpoint, device="cpu")
+
+
+def reference(feat, smiles, pooling="cls", layer=-1):
+    """One padded batch straight through the tokenizer and ``model.encode``."""
+    batch = feat.tokenizer.encode_batch(smiles)
+    with torch.no_grad():
+        out = feat.model.encode(batch.input_ids, batch.attention_mask, pooling, layer)
+    return out.pooled.numpy()
+
+
+def test_shape_dtype_and_input_types(feat):
+    x = feat.featurize(PANEL)
+    assert x.shape == (len(PANEL), feat.dim) and x.dtype == np.float32
+    assert np.isfinite(x).all()
+    np.testing.assert_array_equal(feat.featurize(tuple(PANEL)), x)
+    np.testing.assert_array_equal(feat.featurize(pd.Series(PANEL, index=range(5, 17))), x)
+    np.testing.assert_array_equal(feat.featurize(iter(PANEL)), x)
+
+
+def test_empty_input(feat):
+    assert feat.featurize([]).shape == (0, feat.dim)
+    assert feat.featurize(pd.Series([], dtype=object)).shape == (0, feat.dim)
+
+
+def test_single_string_is_rejected(feat):
+    with pytest.raises(DataError, match="wrap it in a list"):
+        feat.featurize("CCO")
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean", "max"])
+@pytest.mark.parametrize("layer", [0, -1])
+def test_matches_direct_model_encode(feat, pooling, layer):
+    canonical = feat.prepare(PANEL)  # normalised ids, to feed the reference the same text
+    texts = [feat.tokenizer.decode(ids) for ids in canonical[0]]
+    got = feat.featurize(PANEL, pooling=pooling, layer=layer)
+    np.testing.assert_allclose(got, reference(feat, texts, pooling, layer), atol=2e-5)
+
+
+def test_input_order_is_kept(feat):
+    x = feat.featurize(PANEL)
+    rev = feat.featurize(PANEL[::-1])
+    np.testing.assert_allclose(rev[::-1], x, atol=2e-5)
+    alone = np.stack([feat.featurize([s])[0] for s in PANEL])
+    np.testing.assert_allclose(alone, x, atol=2e-5)
+
+
+def test_batching_and_chunking_do_not_change_results(feat):
+    x = feat.featurize(PANEL)
+    np.testing.assert_allclose(feat.featurize(PANEL, max_tokens=1), x, atol=2e-5)
+    np.testing.assert_allclose(feat.featurize(PANEL, batch_size=3), x, atol=2e-5)
+    np.testing.assert_allclose(feat.featurize(PANEL, chunk_size=5), x, atol=2e-5)
+
+
+def test_deterministic(feat):
+    a = feat.featurize(PANEL * 3)
+    feat.model.train()  # dropout on: featurize must switch it off again
+    b = feat.featurize(PANEL * 3)
+    assert not feat.model.training
+    np.testing.assert_array_equal(a, b)
+
+
+def test_canonicalization_default_and_opt_out(feat):
+    x = feat.featurize(["CCO", "OCC", "C(O)C"])
+    np.testing.assert_allclose(x[1], x[0], atol=2e-5)
+    np.testing.assert_allclose(x[2], x[0], atol=2e-5)
+    raw = feat.featurize(["CCO", "OCC"], canonicalize=False)
+    assert not np.allclose(raw[0], raw[1])
+    assert feat.last_report.n_changed_by_normalization == 0
+
+
+def test_normalization_record_is_applied(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "salts")
+    plain = Featurizer.from_pretrained(ckpt, device="cpu")
+    (ckpt / "normalization.json").write_text(json.dumps({"strip_salts": True}))
+    stripped = Featurizer.from_pretrained(ckpt, device="cpu")
+    assert stripped.normalization.strip_salts and stripped.normalization.canonicalize
+    salt, acid = "O=C([O-])c1ccccc1.[Na+]", "O=C([O-])c1ccccc1"
+    x = stripped.featurize([salt, acid])
+    np.testing.assert_allclose(x[0], x[1], atol=2e-5)
+    y = plain.featurize([salt, acid])
+    assert not np.allclose(y[0], y[1])
+    (ckpt / "normalization.json").unlink()
+    card = "# Card\n\n```json normalization\n" + json.dumps({"canonicalize": False}) + "\n```\n"
+    (ckpt / "MODEL_CARD.md").write_text(card)
+    as_written = Featurizer.from_pretrained(ckpt, device="cpu")
+    assert as_written.normalization.canonicalize is False
+    z = as_written.featurize(["CCO", "OCC"])
+    assert not np.allclose(z[0], z[1])
+    (ckpt / "normalization.json").write_text(json.dumps({"canonicalize": "yes"}))
+    with pytest.raises(ConfigError, match="canonicalize"):
+        Featurizer.from_pretrained(ckpt, device="cpu")
+
+
+def test_errors_raise_names_first_bad_input_and_index(feat):
+    with pytest.raises(InvalidSmilesError, match=r"C1CC.*input index 2"):
+        feat.featurize(["CCO", "c1ccccc1", "C1CC", "xyz"])
+    with pytest.raises(InvalidSmilesError, match="input index 1"):
+        feat.featurize(["CCO", "C C"], canonicalize=False)
+    with pytest.raises(InvalidSmilesError, match=r"input index 0.*untokenizable"):
+        feat.featurize(["C&C"], canonicalize=False)
+
+
+def test_errors_nan_fills_rows_and_reports(feat, caplog):
+    bad = ["CCO", "C1CC", None, "", "c1ccccc1", float("nan"), "C&C"]
+    with caplog.at_level(logging.WARNING, logger="smiexlm.featurizer"):
+        x = feat.featurize(bad, errors="nan")
+    assert x.shape == (7, feat.dim)
+    nan_rows = np.isnan(x).all(axis=1)
+    assert nan_rows.tolist() == [False, True, True, True, False, True, True]
+    assert np.isfinite(x[~nan_rows]).all()
+    report = feat.last_report
+    assert report.n_failed == 5 and report.n_inputs == 7
+    assert [i for i, _, _ in report.failed] == [1, 2, 3, 5, 6]
+    assert "5 of 7 SMILES" in caplog.text and "'C1CC'" in caplog.text
+    np.testing.assert_allclose(x[[0, 4]], feat.featurize(["CCO", "c1ccccc1"]), atol=2e-5)
+
+
+def test_too_long_for_the_model(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "short", max_positions=8)
+    feat = Featurizer.from_pretrained(ckpt, device="cpu")
+    x = feat.featurize(["CCO", "CCCCCCCCCCCC"], errors="nan")
+    assert np.isnan(x[1]).all() and "exceed" in feat.last_report.failed[0][2]
+
+
+def test_unknown_tokens_are_counted(feat):
+    feat.featurize(["CC[Se]C"], canonicalize=False)
+    assert feat.last_report.n_unk_tokens == 1
+
+
+def test_bad_options(feat):
+    with pytest.raises(ConfigError, match="pooling"):
+        feat.featurize(["CCO"], pooling="sum")
+    with pytest.raises(ConfigError, match="errors"):
+        feat.featurize(["CCO"], errors="ignore")
+    with pytest.raises(ConfigError, match="layer"):
+        feat.featurize(["CCO"], layer=5)
+    with pytest.raises(ConfigError, match="max_tokens"):
+        feat.featurize(["CCO"], max_tokens=0)
+    with pytest.raises(ConfigError, match="device"):
+        Featurizer(feat.model, feat.tokenizer, device="tpu")
+
+
+def test_default_model_missing_is_a_clear_error(monkeypatch, tmp_path):
+    import smiexlm.featurizer as module
+
+    monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", tmp_path / "default_model")
+    with pytest.raises(DataError, match="default model is not installed"):
+        Featurizer.from_pretrained()
+
+
+def test_default_model_loads_when_installed(monkeypatch, checkpoint):
+    import smiexlm.featurizer as module
+
+    monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", checkpoint)
+    assert Featurizer.from_pretrained(device="cpu").featurize(["CCO"]).shape == (1, 128)
+
+
+@pytest.mark.parametrize("objective", ["exlm", "maelm"])
+def test_other_objectives_and_fp16_weights(tmp_path, objective):
+    ckpt = make_checkpoint(tmp_path / objective, objective=objective)
+    model = ExLMModel.from_pretrained(ckpt)
+    model.save_pretrained(tmp_path / "fp16", tokenizer=SmilesTokenizer.load(ckpt), dtype=torch.half)
+    feat = Featurizer.from_pretrained(tmp_path / "fp16", device="cpu")
+    x = feat.featurize(PANEL)
+    assert x.shape == (len(PANEL), 128) and np.isfinite(x).all()
+    np.testing.assert_allclose(feat.featurize(PANEL[::-1])[::-1], x, atol=2e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), max_size=80).map(sorted),
+    budget=st.integers(1, 500),
+    cap=st.one_of(st.none(), st.integers(1, 10)),
+)
+def test_token_budget_batches(lengths, budget, cap):
+    batches = token_budget_batches(lengths, budget, cap)
+    assert [i for b in batches for i in b] == list(range(len(lengths)))
+    for b in batches:
+        assert b
+        if len(b) > 1:
+            assert len(b) * max(lengths[i] for i in b) <= budget
+        if cap is not None:
+            assert len(b) <= cap
+    # greedy: the next molecule would not have fit into the previous batch
+    for prev, nxt in zip(batches, batches[1:], strict=False):
+        grown = [*prev, nxt[0]]
+        width = max(lengths[i] for i in grown)
+        assert width * len(grown) > budget or (cap is not None and len(prev) >= cap)

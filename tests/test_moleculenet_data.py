@@ -1,0 +1,183 @@
+"""MoleculeNet loaders, registry and splits against known counts and DeepChem's splitter."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.moleculenet import (
+    balanced_scaffold_split,
+    load_csv,
+    load_dataset,
+    random_split,
+    scaffold_split,
+)
+from smiexlm.moleculenet.loaders import download, file_sha256
+from smiexlm.moleculenet.registry import DATASETS, get_spec
+from smiexlm.moleculenet.splits import make_split, murcko_scaffolds
+
+# (rows kept, RDKit-rejected) per the shared data README
+KNOWN_COUNTS = {
+    "bace": (1513, 0),
+    "bbbp": (2039, 0),
+    "clintox": (1478, 0),
+    "tox21": (7823, 8),
+    "sider": (1427, 0),
+    "toxcast": (8576, 0),
+    "esol": (1128, 0),
+    "freesolv": (642, 0),
+    "lipophilicity": (4200, 0),
+}
+
+
+@functools.cache
+def _load(name: str) -> pd.DataFrame:
+    """Each set is read once per test session (the tests never modify the frame)."""
+    return load_dataset(name)
+
+
+SLOW_DATA = bool(os.environ.get("SMIEXLM_SLOW_DATA_TESTS"))
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_COUNTS))
+def test_loader_row_counts_and_columns(shared_data, name):
+    df = _load(name)
+    spec = get_spec(name)
+    rows, invalid = KNOWN_COUNTS[name]
+    assert len(df) == rows and df.attrs["n_invalid"] == invalid
+    assert df.attrs["n_raw"] == spec.n_rows
+    assert df.columns[0] == "smiles"
+    n_labels = {"sider": 27, "toxcast": 617, "tox21": 12, "clintox": 2}.get(name, 1)
+    assert df.shape[1] == 1 + n_labels
+    assert df.iloc[:, 1:].dtypes.map(lambda d: d.kind == "f").all()
+    assert not df["smiles"].str.contains(r"\s").any()  # esol's trailing spaces stripped
+    assert df.attrs["sha256"] == spec.sha256  # provenance of the shared copy
+
+
+def test_tox21_invalid_rows_are_listed(shared_data):
+    df = _load("tox21")
+    assert len(df.attrs["invalid"]) == 8
+    assert any("[AlH3]" in smiles for _, smiles in df.attrs["invalid"])
+    assert df.attrs["label_cols"][0] == "NR-AR"
+
+
+@pytest.mark.skipif(not SLOW_DATA, reason="MUV/HIV take ~40 s; set SMIEXLM_SLOW_DATA_TESTS=1")
+def test_large_sets_counts_and_muv_table9(shared_data):
+    hiv = load_dataset("hiv")
+    assert (len(hiv), hiv.attrs["n_invalid"]) == (41120, 7)
+    muv = load_dataset("muv")
+    assert len(muv) == 93087
+    sizes = tuple(map(len, scaffold_split(muv["smiles"].tolist())))
+    assert sizes == (74469, 9309, 9309)
+
+
+def test_registry_names_and_errors():
+    assert get_spec("LIPO").name == "lipophilicity"
+    assert get_spec("BBBP").smiles_col == "smiles" and get_spec("bace").smiles_col == "mol"
+    with pytest.raises(ConfigError, match="dataset"):
+        get_spec("qm9")
+    assert {s.task_type for s in DATASETS.values()} == {"classification", "regression"}
+
+
+def test_download_verifies_checksum(shared_data, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setenv("SMIEXLM_CACHE", str(tmp_path))
+    source = shared_data / "moleculenet" / "freesolv.csv"
+    spec = replace(get_spec("freesolv"), url=source.as_uri())
+    path = download(spec)
+    assert path.parent == tmp_path / "moleculenet" and file_sha256(path) == spec.sha256
+    with pytest.raises(DataError, match="sha256"):
+        download(replace(spec, sha256="0" * 64), force=True)
+
+
+def _deepchem_split(smiles):
+    dc = pytest.importorskip("deepchem")
+    dataset = dc.data.NumpyDataset(X=np.zeros(len(smiles)), ids=np.array(smiles, dtype=object))
+    return dc.splits.ScaffoldSplitter().split(dataset, 0.8, 0.1, 0.1)
+
+
+@pytest.mark.parametrize("name", ["bbbp", "clintox", "sider", "bace", "tox21"])
+def test_scaffold_split_equals_deepchem(data_file, name):
+    spec = get_spec(name)
+    raw = pd.read_csv(data_file(f"moleculenet/{spec.filename}"))
+    # raw SMILES, unparsable ones included: both sides must skip them the same way
+    smiles = raw[spec.smiles_col].astype(str).str.strip().tolist()
+    ours = scaffold_split(smiles)
+    theirs = _deepchem_split(smiles)
+    for mine, ref in zip(ours, theirs, strict=True):
+        assert sorted(mine) == sorted(ref)
+    assert sum(map(len, ours)) == len(smiles) - {"tox21": 8}.get(name, 0)
+
+
+@pytest.mark.parametrize("name", ["bbbp", "clintox", "sider", "toxcast"])
+def test_table9_sizes(shared_data, name):
+    df = _load(name)
+    assert tuple(map(len, scaffold_split(df["smiles"].tolist()))) == get_spec(name).paper_sizes
+
+
+def test_scaffold_split_groups_whole_scaffolds():
+    smiles = ["c1ccccc1C", "c1ccccc1CC", "c1ccccc1O", "C1CCCCC1N", "C1CCCCC1", "CCO", "CCN",
+              "c1ccncc1", "c1ccncc1C", "C1CC1"]  # fmt: skip
+    train, valid, test = scaffold_split(smiles, 0.6, 0.2)
+    assert sorted(train + valid + test) == list(range(len(smiles)))
+    scaffolds = murcko_scaffolds(smiles)
+    for part in (train, valid, test):
+        others = set(range(len(smiles))) - set(part)
+        assert not {scaffolds[i] for i in part} & {scaffolds[i] for i in others}
+    # benzene group (3) is the largest: it goes to train first
+    assert {0, 1, 2} <= set(train)
+
+
+def test_chiral_option_changes_scaffolds():
+    smiles = ["C1CC[C@H]2CCCC[C@@H]2C1", "C1CC[C@H]2CCCC[C@H]2C1"]  # cis/trans decalin
+    assert len(set(murcko_scaffolds(smiles, chiral=True))) == 2
+    assert len(set(murcko_scaffolds(smiles, chiral=False))) == 1
+    train, valid, test = scaffold_split(smiles * 5, chiral=True)
+    assert sorted(train + valid + test) == list(range(10))
+
+
+def test_seeded_splits_are_partitions_and_seeded(shared_data):
+    smiles = _load("bbbp")["smiles"].tolist()
+    a = balanced_scaffold_split(smiles, seed=0)
+    assert a == balanced_scaffold_split(smiles, seed=0)
+    assert a != balanced_scaffold_split(smiles, seed=1)
+    assert sorted(sum(a, [])) == list(range(len(smiles)))
+    assert abs(len(a[0]) - 0.8 * len(smiles)) < 0.02 * len(smiles)
+    r = random_split(len(smiles), seed=3)
+    assert sorted(sum(r, [])) == list(range(len(smiles))) and len(r[0]) == 1631
+    assert make_split(smiles, "scaffold", seed=7).seed is None  # no seed to pretend with
+    assert make_split(smiles, "random", seed=7).label == "random(seed=7)"
+    with pytest.raises(ConfigError, match="split"):
+        make_split(smiles, "stratified")
+
+
+def _write(tmp_path, frame):
+    path = tmp_path / "my.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_user_csv_loads_and_rejects_bad_input(tmp_path):
+    good = pd.DataFrame({"S": ["CCO", "c1ccccc1", "not_a_smiles", "CCN"], "A": [1, 0, 1, None],
+                         "B": [0, 1, 0, 1]})  # fmt: skip
+    df = load_csv(_write(tmp_path, good), "S", ["A", "B"], "classification")
+    assert list(df.columns) == ["smiles", "A", "B"] and df.attrs["n_invalid"] == 1
+    assert np.isnan(df["A"].iloc[2])
+    with pytest.raises(DataError, match="expected 0/1"):
+        load_csv(_write(tmp_path, good.assign(A=[0.5, 1, 0, 1])), "S", ["A"], "classification")
+    with pytest.raises(DataError, match="not found"):
+        load_csv(_write(tmp_path, good), "smiles", ["A"], "classification")
+    with pytest.raises(DataError, match="'C'"):
+        load_csv(_write(tmp_path, good), "S", ["C"], "classification")
+    with pytest.raises(DataError, match="no positives"):
+        load_csv(_write(tmp_path, good.assign(B=0)), "S", ["B"], "classification")
+    with pytest.raises(DataError, match="expected a number"):
+        load_csv(_write(tmp_path, good.assign(A=["x", 1, 0, 1])), "S", ["A"], "regression")
+    reg = load_csv(_write(tmp_path, good.assign(A=[0.5, 1.5, 2, 3])), "S", ["A"], "regression")
+    assert reg["A"].tolist() == [0.5, 1.5, 3.0]

@@ -1,0 +1,90 @@
+"""Fine-tuning: masked loss by hand, schedule, and the real CLI end to end on BBBP."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from smiexlm.moleculenet.finetune import encode_rows, linear_warmup_decay, pad_batch
+
+
+def test_multilabel_loss_masks_missing_labels_by_hand():
+    from smiexlm.model.heads import task_loss
+
+    logits = torch.tensor([[0.0, 2.0], [1.0, -1.0]])
+    labels = torch.tensor([[1.0, float("nan")], [0.0, 1.0]])
+    # present entries: (0,0) y=1 z=0; (1,0) y=0 z=1; (1,1) y=1 z=-1
+    by_hand = (math.log(2) + math.log(1 + math.e) + math.log(1 + math.e)) / 3
+    assert task_loss(logits, labels, "multilabel").item() == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_warmup_then_linear_decay():
+    values = [linear_warmup_decay(s, 2, 10) for s in range(10)]
+    assert values[:2] == [0.5, 1.0]
+    assert values[2] == 1.0 and values[-1] == pytest.approx(0.125)
+    assert all(a >= b for a, b in zip(values[1:], values[2:], strict=False))
+
+
+def test_encode_rows_truncates_keeping_eos():
+    from smiexlm.tokenizer import EOS_ID, SmilesTokenizer
+
+    tok = SmilesTokenizer.build(["CCO", "c1ccccc1CCCCCCCC"])
+    rows, n_cut = encode_rows(tok, ["CCO", "c1ccccc1CCCCCCCC"], max_length=6)
+    assert n_cut == 1 and len(rows[1]) == 6 and rows[1][-1] == EOS_ID
+    ids, mask = pad_batch(rows)
+    assert ids.shape == (2, 6) and mask.sum().item() == len(rows[0]) + 6
+
+
+@pytest.mark.slow
+def test_cli_finetune_then_predict_on_bbbp(shared_data, tmp_path):
+    from smiexlm.cli.main import app
+
+    torch.set_num_threads(1)
+    runner = CliRunner()
+    out, models = tmp_path / "report", tmp_path / "models"
+    result = runner.invoke(app, [
+        "finetune", "bbbp", "--preset", "tiny", "--seeds", "0", "--max-train-steps", "3",
+        "--batch-size", "16", "--device", "cpu", "--out", str(out), "--save-dir", str(models),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(out / "results.csv")
+    assert len(rows) == 1 and rows["split"][0] == "scaffold" and rows["sizes"][0] == "1631/204/204"
+    assert 0.0 <= rows["test"][0] <= 100.0 and json.loads(rows["config"][0])["steps"] == 3
+    assert (out / "report.png").is_file() and "ExLM (paper)" in (out / "report.md").read_text()
+
+    inputs = tmp_path / "x.csv"
+    pd.DataFrame({"smiles": ["CCO", "not a smiles", "c1ccccc1O"]}).to_csv(inputs, index=False)
+    preds_path = tmp_path / "preds.csv"
+    result = runner.invoke(app, [
+        "predict", "--checkpoint", str(models / "seed0"), "--input", str(inputs),
+        "--output", str(preds_path),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    preds = pd.read_csv(preds_path)
+    assert preds["valid"].tolist() == [True, False, True]
+    assert preds["p_np"].isna().tolist() == [False, True, False]
+    assert preds["p_np"].dropna().between(0, 1).all()
+
+
+def test_cli_user_csv_single_class_test_is_a_clear_error(tmp_path):
+    from smiexlm.cli.main import app
+    from smiexlm.moleculenet import scaffold_split
+
+    smiles = [f"C1{'C' * n}1{tail}" for n in range(2, 12) for tail in ("", "O")]
+    train, valid, test = scaffold_split(smiles)
+    labels = [0] * len(smiles)
+    labels[train[0]] = 1  # both classes overall, a single class in test
+    frame = pd.DataFrame({"S": smiles, "Y": labels})
+    path = tmp_path / "my.csv"
+    frame.to_csv(path, index=False)
+    result = CliRunner().invoke(app, [
+        "baseline", "--data", str(path), "--smiles-col", "S", "--label-cols", "Y",
+        "--seeds", "0", "--n-trees", "5", "--out", str(tmp_path / "o"),
+    ])  # fmt: skip
+    assert result.exit_code != 0
+    assert "single class" in str(result.exception) or "single class" in result.output

@@ -1,0 +1,128 @@
+"""Metrics against scikit-learn and by hand; configs (Table 8); reports; the RF baseline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import mean_squared_error, roc_auc_score
+
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.moleculenet.configs import finetune_config, load_table
+from smiexlm.moleculenet.metrics import (
+    binary_roc_auc,
+    check_scorable,
+    multitask_rmse,
+    multitask_roc_auc,
+)
+from smiexlm.moleculenet.report import RunResult, markdown_table, summarize, write_report
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 6)), min_size=2, max_size=40),
+)
+def test_binary_roc_auc_equals_sklearn_with_ties(pairs):
+    y = np.array([p[0] for p in pairs])
+    s = np.array([p[1] for p in pairs], dtype=float) / 3  # few distinct values: many ties
+    ours = binary_roc_auc(y, s)
+    if len(set(y)) < 2:
+        assert math.isnan(ours)
+    else:
+        assert ours == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+
+
+def test_multitask_roc_auc_masks_missing_labels_by_hand():
+    nan = np.nan
+    y = np.array([[1, nan, 0], [0, 1, 0], [1, 0, 0], [nan, 1, 0], [0, nan, 0]])
+    s = np.array([[0.9, 0.8, 0.1], [0.2, 0.3, 0.2], [0.4, 0.6, 0.3], [0.5, 0.2, 0.4],
+                  [0.5, 0.9, 0.5]])  # fmt: skip
+    out = multitask_roc_auc(y, s)
+    # task 0, known rows 0,1,2,4: positives {0.9, 0.4}, negatives {0.2, 0.5}
+    # pairs won: (0.9>0.2) (0.9>0.5) (0.4>0.2) -> 3 of 4
+    assert out.per_task[0] == pytest.approx(0.75)
+    # task 1, known rows 1,2,3: positives {0.3, 0.2}, negative {0.6} -> 0 of 2
+    assert out.per_task[1] == pytest.approx(0.0)
+    # task 2 has one class only: excluded, not counted as 0.5
+    assert math.isnan(out.per_task[2]) and out.skipped == [2] and out.n_scored == 2
+    assert out.mean == pytest.approx(0.375)
+    # the same numbers via scikit-learn on the masked columns
+    ref0 = roc_auc_score([1, 0, 1, 0], [0.9, 0.2, 0.4, 0.5])
+    ref1 = roc_auc_score([1, 0, 1], [0.3, 0.6, 0.2])
+    assert out.mean == pytest.approx((ref0 + ref1) / 2)
+
+
+def test_rmse_equals_sklearn_and_masks():
+    rng = np.random.default_rng(0)
+    y, p = rng.normal(size=(30, 2)), rng.normal(size=(30, 2))
+    y[3, 1] = np.nan
+    out = multitask_rmse(y, p)
+    known = ~np.isnan(y[:, 1])
+    assert out.per_task[0] == pytest.approx(math.sqrt(mean_squared_error(y[:, 0], p[:, 0])))
+    assert out.per_task[1] == pytest.approx(math.sqrt(mean_squared_error(y[known, 1], p[known, 1])))
+
+
+def test_single_class_test_split_is_an_error():
+    with pytest.raises(DataError, match="single class"):
+        check_scorable(np.array([[0.0], [0.0], [np.nan]]), ["A"], "my", "scaffold")
+    check_scorable(np.array([[0.0, 0.0], [1.0, 0.0]]), ["A", "B"], "my", "scaffold")
+
+
+def test_table8_ships_and_overrides():
+    table = load_table()
+    expected = {  # task: (epochs, batch, lr, warmup, dropout, pooler dropout)
+        "bace": (60, 64, 1e-4, 0.06, 0.1, 0.2), "bbbp": (40, 128, 4e-4, 0.06, 0.1, 0.1),
+        "tox21": (80, 128, 1e-4, 0.06, 0.1, 0.1), "sider": (100, 32, 5e-4, 0.4, 0.1, 0.0),
+        "muv": (40, 128, 2e-5, 0.2, 0.1, 0.1), "clintox": (100, 256, 5e-5, 0.1, 0.1, 0.5),
+        "toxcast": (80, 64, 1e-4, 0.06, 0.1, 0.1),
+    }  # fmt: skip
+    for task, row in expected.items():
+        cfg = finetune_config(task)
+        got = (cfg.epochs, cfg.batch_size, cfg.lr, cfg.warmup_ratio, cfg.dropout,
+               cfg.pooler_dropout)  # fmt: skip
+        assert got == row, task
+        assert task in table
+    cfg = finetune_config("bbbp", epochs=3, lr=None)
+    assert cfg.epochs == 3 and cfg.lr == 4e-4 and cfg.split == "scaffold" and cfg.canonicalize
+    with pytest.raises(ConfigError, match="epochs"):
+        finetune_config("bbbp", epochs=0)
+    with pytest.raises(ConfigError, match="learning_rate"):
+        finetune_config("bbbp", learning_rate=1.0)
+
+
+def _result(model, dataset, seed, test):
+    return RunResult(model, dataset, seed, "scaffold", "roc_auc", test, test, (8, 1, 1), 0, 1, 1,
+                     1.0, "abc")  # fmt: skip
+
+
+def test_report_mean_std_and_files(tmp_path):
+    results = [_result("m", "bbbp", s, v) for s, v in enumerate([70.0, 72.0, 74.0])]
+    results += [_result("m", "bace", s, v) for s, v in enumerate([80.0, 80.0, 80.0])]
+    summary = summarize(results)
+    assert summary["m"]["bbbp"] == pytest.approx((72.0, 2.0, 3))  # sample std
+    table = markdown_table(results)
+    assert "| m | 80.0 ± 0.0 | 72.0 ± 2.0 | 76.0 |" in table  # paper column order: BACE first
+    assert "ExLM (paper) | 79.6 | 72.8 | 76.2 |" in table
+    paths = write_report(results, tmp_path, "test")
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+    text = paths["md"].read_text()
+    assert "scaffold" in text and "abc" in text
+
+
+def test_rf_baseline_runs_and_is_seeded(shared_data):
+    from smiexlm.moleculenet import load_dataset
+    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+
+    df = load_dataset("bbbp")
+    cfg = BaselineConfig(n_trees=20)
+    first = run_baseline(df, [0], cfg)[0]
+    again = run_baseline(df, [0], cfg)[0]
+    assert first.test == again.test and first.sizes == (1631, 204, 204)
+    assert 55.0 < first.test < 85.0  # a working forest; chance is 50
+    assert first.split == "scaffold" and first.n_tasks_scored == 1
+    with pytest.raises(ConfigError):
+        BaselineConfig(n_trees=0)
