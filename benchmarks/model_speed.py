@@ -21,7 +21,7 @@ from smiexlm import ExLMConfig, ExLMModel
 from smiexlm.model.masking import mask_tokens
 
 VARIANTS = [("mlm", {}), ("exlm k=2", {"k": 2}), ("exlm k=4", {"k": 4}), ("maelm", {})]
-BATCH = {"tiny": 64, "small": 32, "mol_base": 64}
+BATCH = {"tiny": 32, "small": 16, "mol_base": 64}
 H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100/H200 SXM
 
 
@@ -100,7 +100,7 @@ def run_gpu(steps: int, max_len: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--max-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gpu", action="store_true", help="also time mol_base on CUDA")

@@ -19,9 +19,9 @@ pattern accepts but the vocabulary lacks becomes ``[UNK]`` and is counted. A tok
 like a special token (``[MASK]`` written inside a SMILES) is treated as unknown, never as
 the special token itself.
 
-Batches go through a Rust word-level tokenizer (the ``tokenizers`` library) with the same
-regular expression as its pre-tokenizer; rows that hold an unknown or unmatched piece are
-re-checked by the exact Python path, so both paths give identical ids or the same error.
+Batches go through a vectorised encoder (:mod:`smiexlm.tokenizer_fast`) that splits a whole
+chunk of SMILES with numpy and hands every row it does not fully understand to the exact
+Python path, so both paths give identical ids or the same error.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 from smiexlm.errors import DataError, InvalidSmilesError
 from smiexlm.paths import ASSETS_DIR
@@ -126,7 +128,7 @@ class SmilesTokenizer:
         self.vocab_hash = vocabulary_hash(tokens)
         self.n_unk = 0
         self.n_truncated = 0
-        self._fast = None
+        self._chunk_encoder = None
 
     # ------------------------------------------------------------------ vocabulary
     @property
@@ -272,38 +274,41 @@ class SmilesTokenizer:
         return "".join(out)
 
     # ------------------------------------------------------------------ batches
-    def _fast_tokenizer(self):
-        if self._fast is None:
-            from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    def _encode_flat(self, smiles: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of many SMILES, concatenated: (sum of lengths,) uint16 and (n,) int64 lengths.
 
-            fast = Tokenizer(models.WordLevel(vocab=self.vocab, unk_token="[UNK]"))
-            fast.pre_tokenizer = pre_tokenizers.Split(Regex(SMILES_REGEX), behavior="isolated")
-            self._fast = fast
-        return self._fast
-
-    def encode_many(self, smiles: Sequence[str]) -> list[list[int]]:
-        """Ids (with BOS/EOS) of many SMILES, unpadded; same ids and errors as ``encode``."""
+        Runs the vectorised encoder of :mod:`smiexlm.tokenizer_fast`, which hands every row it
+        does not fully understand to :meth:`encode`; the first bad row raises, with its index."""
         if isinstance(smiles, str):
-            raise DataError("encode_many expects a sequence of SMILES, got one str")
+            raise DataError("expected a sequence of SMILES, got one str")
         smiles = list(smiles)
         for i, s in enumerate(smiles):
             if not isinstance(s, str):
-                raise InvalidSmilesError(repr(s), None, f"item {i}: expected str")
-        encodings = self._fast_tokenizer().encode_batch_fast(smiles, add_special_tokens=False)
-        out = []
-        for index, (s, enc) in enumerate(zip(smiles, encodings, strict=True)):
-            ids = enc.ids
-            # A special-range id means an unknown token, an unmatched piece, or a special token
-            # spelled in the text: the exact path decides which (and raises on unmatched).
-            if ids and min(ids) < len(SPECIAL_TOKENS):
-                try:
-                    ids = self.encode(s, add_special_tokens=False)
-                except InvalidSmilesError as err:
-                    raise InvalidSmilesError(
-                        s, err.position, f"batch item {index}: {err.reason}"
-                    ) from None
-            out.append([BOS_ID, *ids, EOS_ID])
-        return out
+                raise InvalidSmilesError(repr(s), None, f"batch item {i}: expected str")
+        unk_before = self.n_unk  # the exact path's own counting is replaced below
+        if self._chunk_encoder is None:
+            from smiexlm.tokenizer_fast import ChunkEncoder
+
+            self._chunk_encoder = ChunkEncoder(self)
+        chunk = self._chunk_encoder.encode(smiles)
+        if not chunk.ok.all():
+            index = int(np.flatnonzero(~chunk.ok)[0])
+            try:
+                self.encode(smiles[index])
+            except InvalidSmilesError as err:
+                raise InvalidSmilesError(
+                    smiles[index], err.position, f"batch item {index}: {err.reason}"
+                ) from None
+            raise InvalidSmilesError(smiles[index], None, f"batch item {index}")  # pragma: no cover
+        self.n_unk = unk_before + int(np.count_nonzero(chunk.ids == UNK_ID))
+        return chunk.ids, chunk.lengths
+
+    def encode_many(self, smiles: Sequence[str]) -> list[list[int]]:
+        """Ids (with BOS/EOS) of many SMILES, unpadded; same ids and errors as ``encode``."""
+        ids, lengths = self._encode_flat(smiles)
+        return (
+            [row.tolist() for row in np.split(ids, np.cumsum(lengths)[:-1])] if len(lengths) else []
+        )
 
     def encode_batch(
         self,
@@ -315,26 +320,29 @@ class SmilesTokenizer:
         """Pad a batch to its longest member: ``input_ids`` (B, T), ``attention_mask`` (B, T).
 
         The first invalid SMILES raises InvalidSmilesError naming it and its index."""
-        import numpy as np
-
-        unk_before = self.n_unk
-        rows = self.encode_many(smiles)
-        n_truncated = 0
-        if max_length is not None:
-            for i, row in enumerate(rows):
-                if len(row) > max_length:
-                    rows[i] = self._truncate(smiles[i], row, max_length, truncation, True)
-                    n_truncated += 1
-        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        width = int(lengths.max()) if len(rows) else 0
-        flat = np.fromiter(
-            (i for row in rows for i in row), dtype=np.int64, count=int(lengths.sum())
-        )
+        if truncation not in ("error", "truncate"):
+            raise DataError(f"truncation={truncation!r}: expected 'error' or 'truncate'")
+        flat, lengths = self._encode_flat(smiles)
+        width = int(lengths.max()) if len(lengths) else 0
         mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T) True = real token
-        ids = np.zeros((len(rows), width), dtype=np.int64)
+        ids = np.zeros((len(lengths), width), dtype=np.int64)
         ids[mask] = flat
-        n_unk = int((ids == UNK_ID).sum())
-        self.n_unk = unk_before + n_unk
+        n_truncated = 0
+        if max_length is not None and width > max_length:
+            long_rows = np.flatnonzero(lengths > max_length)
+            if truncation == "error":
+                i = int(long_rows[0])
+                raise InvalidSmilesError(
+                    smiles[i],
+                    None,
+                    f"batch item {i}: {lengths[i]} tokens exceed max_length={max_length} "
+                    "(truncation='error')",
+                )
+            ids, mask = ids[:, :max_length], mask[:, :max_length]
+            ids[long_rows, max_length - 1] = EOS_ID
+            n_truncated = len(long_rows)
+            self.n_truncated += n_truncated
+        n_unk = int(np.count_nonzero(ids == UNK_ID))
         if return_tensors == "np":
             return BatchEncoding(ids, mask, n_truncated, n_unk)
         import torch

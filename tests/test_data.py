@@ -25,7 +25,7 @@ from smiexlm.data import (
     collate,
     preprocess,
 )
-from smiexlm.data.encoding import ChunkEncoder
+from smiexlm.tokenizer_fast import ChunkEncoder
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.tokenizer import SmilesTokenizer
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from smiexlm.data.encoding import ChunkEncoder
+from smiexlm.tokenizer_fast import ChunkEncoder
 
 REJECT_REASONS = (
     "empty",

@@ -114,7 +114,7 @@ _WORKER: tuple | None = None
 
 def _init_worker(tokens: list[str], config: NormalizeConfig) -> None:
     global _WORKER
-    from smiexlm.data.encoding import ChunkEncoder
+    from smiexlm.tokenizer_fast import ChunkEncoder
     from smiexlm.tokenizer import SmilesTokenizer
 
     try:

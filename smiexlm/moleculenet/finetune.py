@@ -159,8 +159,12 @@ def finetune_once(
     seed: int,
     backbone: Backbone,
     save_dir: Path | None = None,
+    inputs: list[str] | None = None,
 ) -> RunResult:
-    """One seed: train on ``split.train``, select on valid per epoch, score test."""
+    """One seed: train on ``split.train``, select on valid per epoch, score test.
+
+    ``inputs`` are the model-side SMILES when already prepared (canonical or as written).
+    """
     from smiexlm.model.heads import ExLMForSequencePrediction
 
     t0 = time.perf_counter()
@@ -169,7 +173,8 @@ def finetune_once(
     name, task_type = df.attrs.get("name", "data"), df.attrs.get("task_type", "classification")
     label_cols = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
     smiles = df["smiles"].tolist()
-    inputs = canonical_smiles(smiles) if cfg.canonicalize else smiles
+    if inputs is None:
+        inputs = canonical_smiles(smiles) if cfg.canonicalize else smiles
     tokenizer = backbone.tokenizer(inputs)
     rows, n_cut = encode_rows(tokenizer, inputs, cfg.max_length)
     y = df[label_cols].to_numpy(dtype=np.float32)  # (N, T), NaN = missing
@@ -282,11 +287,13 @@ def run_finetune(
     """``finetune_once`` per seed on one split (deterministic kinds are computed once)."""
     results = []
     split = None
+    smiles = df["smiles"].tolist()
+    inputs = canonical_smiles(smiles) if cfg.canonicalize else smiles
     for seed in seeds:
         if split is None or split.seed is not None:
-            split = make_split(df["smiles"].tolist(), cfg.split, seed)
+            split = make_split(smiles, cfg.split, seed)
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
-        results.append(finetune_once(df, split, cfg, seed, backbone, target))
+        results.append(finetune_once(df, split, cfg, seed, backbone, target, inputs))
         r = results[-1]
         log.info("%s seed %d: valid %.2f test %.2f", r.dataset, seed, r.valid, r.test)
     return results
