@@ -69,7 +69,7 @@ def _frames(
 
     if data is not None:
         return [load_csv(data, smiles_col, label_cols or [], task_type)]  # type: ignore[arg-type]
-    return [load_dataset(name) for name in _tasks(tasks)]
+    return (load_dataset(name) for name in _tasks(tasks))  # one set in memory at a time
 
 
 def _print_report(results, out: Path, title: str) -> None:
@@ -95,11 +95,13 @@ def baseline(
 ) -> None:
     """RandomForest on Morgan radius-2 2048-bit fingerprints (ECFP4), same splits and seeds."""
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.moleculenet.report import write_report
 
     cfg = BaselineConfig(n_trees=n_trees, split=split)
     results = []
     for df in _frames(tasks, data, smiles_col, label_cols, task_type):
         results += run_baseline(df, _seeds(seeds), cfg)
+        write_report(results, out, "RF-ECFP4 baseline")  # partial results survive an interrupt
     _print_report(results, out, "RF-ECFP4 baseline")
 
 
@@ -179,6 +181,7 @@ def benchmark(
     """Fine-tune on several datasets x seeds and write one report next to the paper's numbers."""
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
+    from smiexlm.moleculenet.report import write_report
 
     backbone, results = Backbone(checkpoint, preset, objective), []
     for df in _frames(tasks, None, "smiles", None, "classification"):
@@ -186,6 +189,7 @@ def benchmark(
         results += run_finetune(df, cfg, backbone, _seeds(seeds))
         if with_baseline:
             results += run_baseline(df, _seeds(seeds), BaselineConfig(split=split))
+        write_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
 
 

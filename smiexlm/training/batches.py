@@ -48,7 +48,7 @@ def _lengths(dataset) -> np.ndarray:
 def open_dataset(data_dir: Path) -> TrainingData:
     """Open a dataset folder written by the corpus pipeline, with clear errors when absent."""
     from smiexlm.data.shards import TokenDataset
-    from smiexlm.tokenizer import SmilesTokenizer
+    from smiexlm.text.tokenizer import load_tokenizer
 
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -65,7 +65,7 @@ def open_dataset(data_dir: Path) -> TrainingData:
     if not (data_dir / "vocab.json").is_file():
         raise DataError(f"dataset folder {str(data_dir)!r} has no vocab.json")
     manifest = json.loads(manifest_path.read_text())
-    tokenizer = SmilesTokenizer.load(data_dir / "vocab.json")
+    tokenizer = load_tokenizer(data_dir / "vocab.json")  # SMILES or text vocabulary
     vocab_hash = manifest.get("vocab_hash") or tokenizer.vocab_hash
     if vocab_hash != tokenizer.vocab_hash:
         raise VocabularyMismatchError(
