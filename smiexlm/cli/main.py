@@ -22,13 +22,13 @@ app = typer.Typer(
 # Each module defines ``register(app)``; the order here is the order in ``--help``.
 COMMAND_MODULES = [
     "smiexlm.cli.tokenize",
-    "smiexlm.cli.moleculenet",
-    "smiexlm.cli.text",
-    "smiexlm.cli.glue",
     "smiexlm.cli.preprocess",
     "smiexlm.cli.pretrain",
+    "smiexlm.cli.moleculenet",
     "smiexlm.cli.embed",
     "smiexlm.cli.analyze",
+    "smiexlm.cli.text",
+    "smiexlm.cli.glue",
 ]
 
 for _name in COMMAND_MODULES:
