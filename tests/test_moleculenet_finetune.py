@@ -88,3 +88,11 @@ def test_cli_user_csv_single_class_test_is_a_clear_error(tmp_path):
     ])  # fmt: skip
     assert result.exit_code != 0
     assert "single class" in str(result.exception) or "single class" in result.output
+
+
+def test_predict_rejects_a_folder_that_is_not_fine_tuned(tmp_path):
+    from smiexlm.errors import DataError
+    from smiexlm.moleculenet.finetune import predict
+
+    with pytest.raises(DataError, match="finetune.json"):
+        predict(tmp_path, ["CCO"])

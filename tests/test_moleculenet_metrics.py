@@ -18,7 +18,13 @@ from smiexlm.moleculenet.metrics import (
     multitask_rmse,
     multitask_roc_auc,
 )
-from smiexlm.moleculenet.report import RunResult, markdown_table, summarize, write_report
+from smiexlm.moleculenet.report import (
+    RunResult,
+    markdown_table,
+    read_results,
+    summarize,
+    write_report,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -109,6 +115,7 @@ def test_report_mean_std_and_files(tmp_path):
     paths = write_report(results, tmp_path, "test")
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+    assert read_results(paths["json"]) == results
     text = paths["md"].read_text()
     assert "scaffold" in text and "abc" in text
 
@@ -126,3 +133,5 @@ def test_rf_baseline_runs_and_is_seeded(shared_data):
     assert first.split == "scaffold" and first.n_tasks_scored == 1
     with pytest.raises(ConfigError):
         BaselineConfig(n_trees=0)
+    with pytest.raises(ConfigError, match="class_weight"):
+        BaselineConfig(class_weight="auto")

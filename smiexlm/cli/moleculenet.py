@@ -86,6 +86,9 @@ def baseline(
     tasks: Tasks = None,
     seeds: Seeds = None,
     n_trees: Annotated[int, typer.Option("--n-trees", help="Trees per forest.")] = 500,
+    class_weight: Annotated[
+        str, typer.Option("--class-weight", help="balanced (default) | none.")
+    ] = "balanced",
     split: Split = "scaffold",
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
@@ -97,7 +100,7 @@ def baseline(
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.report import write_report
 
-    cfg = BaselineConfig(n_trees=n_trees, split=split)
+    cfg = BaselineConfig(n_trees=n_trees, split=split, class_weight=class_weight)
     results = []
     for df in _frames(tasks, data, smiles_col, label_cols, task_type):
         results += run_baseline(df, _seeds(seeds), cfg)

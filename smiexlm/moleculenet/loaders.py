@@ -87,6 +87,7 @@ def dataset_path(spec: DatasetSpec, allow_download: bool = True) -> Path:
     if root is not None:
         candidates.append(root / "moleculenet" / spec.filename)
     candidates.append(cache_dir() / "moleculenet" / spec.filename)
+    candidates.append(cache_dir() / "moleculenet" / Path(spec.url).name)  # unpinned downloads
     for path in candidates:
         if path.is_file():
             return path

@@ -200,3 +200,9 @@ def bar_chart(results: list[RunResult], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def read_results(path: Path) -> list[RunResult]:
+    """The records of a ``results.json`` written by ``write_report`` (to merge runs)."""
+    records = json.loads(Path(path).read_text())
+    return [RunResult(**(r | {"sizes": tuple(r["sizes"])})) for r in records]
