@@ -245,6 +245,30 @@ def test_plot_run_draws_a_png(dataset, tmp_path):
         plot_run(tmp_path)
 
 
+def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
+    from smiexlm import ExLMModel, Featurizer
+    from smiexlm.training.export import export_run
+    from smiexlm.training.trainer import pretrain
+
+    out = tmp_path / "run"
+    result = pretrain(_config(), dataset, out, max_steps=4)
+    card = export_run(out, tmp_path / "model", dataset=dataset, command="smiexlm pretrain ...")
+    folder = card.parent
+    text = card.read_text()
+    assert "| updates | 4 |" in text and "smiexlm pretrain ..." in text
+    assert f"| tokens seen | {result.tokens_seen:,} |" in text
+    assert json.loads((folder / "normalization.json").read_text()) == {
+        "canonicalize": True,
+        "strip_salts": False,
+    }
+    model = ExLMModel.from_pretrained(folder)  # fp16 on disk, loads as the trained weights
+    for key, value in model.state_dict().items():
+        assert torch.allclose(value.float(), result.model.state_dict()[key], atol=2e-3), key
+    assert Featurizer.from_pretrained(folder).featurize(["CCO"]).shape == (1, 32)
+    with pytest.raises(DataError, match="does not exist"):
+        export_run(out, tmp_path / "x", checkpoint="step_999")
+
+
 def test_out_of_memory_batch_suggests_a_smaller_max_tokens(dataset, tmp_path, monkeypatch):
     from smiexlm.model.model import ExLMModel
     from smiexlm.training.trainer import pretrain

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +13,7 @@ import typer
 def register(app: typer.Typer) -> None:
     app.command("pretrain")(pretrain)
     app.command("plot-run")(plot_run)
+    app.command("export")(export)
 
 
 def pretrain(
@@ -48,6 +51,8 @@ def pretrain(
     from smiexlm.training.trainer import pretrain as run_pretraining
 
     result = run_pretraining(load_config(config, overrides), data, out, max_steps, resume)
+    with open(out / "command.txt", "a") as handle:  # the export's model card quotes it
+        handle.write(shlex.join(["smiexlm", *sys.argv[1:]]) + "\n")
     typer.echo(
         f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "
         f"{result.tokens_seen:,} tokens; checkpoint {result.last_checkpoint}"
@@ -64,3 +69,20 @@ def plot_run(
     from smiexlm.training.plot import plot_run as draw
 
     typer.echo(str(draw(run_dir, output)))
+
+
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder of `smiexlm pretrain`")],
+    out: Annotated[Path, typer.Option(help="Model folder to write")],
+    checkpoint: Annotated[str, typer.Option(help="Checkpoint name: last, best or step_N")] = "last",
+    data: Annotated[
+        Path | None, typer.Option(help="The run's dataset folder (for the card's data section)")
+    ] = None,
+    fp16: Annotated[bool, typer.Option(help="Store the weights in fp16")] = True,
+) -> None:
+    """Package a run's checkpoint as a model folder with normalization.json and MODEL_CARD.md."""
+    from smiexlm.training.export import export_run
+
+    commands = run_dir / "command.txt"
+    command = commands.read_text().strip() if commands.is_file() else None
+    typer.echo(str(export_run(run_dir, out, checkpoint, data, fp16, command)))

@@ -1,0 +1,140 @@
+"""Package a pretraining run as a self-describing model folder with a model card.
+
+The folder holds what ``ExLMModel.from_pretrained`` and ``Featurizer.from_pretrained`` read
+(``config.json``, ``vocab.json``, ``model.safetensors``), plus ``normalization.json`` (how the
+corpus SMILES were normalised, so the featurizer applies the same) and ``MODEL_CARD.md``: the
+training data, steps, tokens seen, final train/valid losses and the exact command.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from smiexlm.errors import DataError
+
+CARD_NAME = "MODEL_CARD.md"
+NORMALIZATION_NAME = "normalization.json"
+
+
+@dataclass
+class RunSummary:
+    """What a run's metrics and trainer state say about it."""
+
+    step: int
+    tokens_seen: int
+    train_loss: float  # mean of the last logged training losses
+    valid_loss: float | None  # at the exported checkpoint's last evaluation
+    best_valid_loss: float | None
+    wall_s: float
+
+
+def summarise_run(run_dir: Path, checkpoint: Path, last_n: int = 5) -> RunSummary:
+    """Read ``metrics.jsonl`` and the checkpoint's trainer state."""
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise DataError(f"run folder {str(run_dir)!r} has no metrics.jsonl")
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    state = json.loads((checkpoint / "trainer_state.json").read_text())["state"]
+    step = int(state["step"])
+    upto = [r for r in records if r["step"] <= step]
+    if not upto:
+        raise DataError(f"metrics.jsonl of {str(run_dir)!r} has no record up to step {step}")
+    train = [r["loss"] for r in upto if "loss" in r][-last_n:]
+    valid = [r["valid_loss"] for r in upto if r.get("valid_loss") is not None]
+    return RunSummary(
+        step=step,
+        tokens_seen=int(state["tokens_seen"]),
+        train_loss=sum(train) / len(train),
+        valid_loss=valid[-1] if valid else None,
+        best_valid_loss=state.get("best_valid_loss"),
+        wall_s=float(upto[-1].get("elapsed_s", 0.0)),
+    )
+
+
+def export_run(
+    run_dir: Path,
+    out_dir: Path,
+    checkpoint: str = "last",
+    dataset: Path | None = None,
+    fp16: bool = True,
+    command: str | None = None,
+) -> Path:
+    """Write ``out_dir`` from ``run_dir/checkpoints/<checkpoint>``; returns the card's path."""
+    import torch
+
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.text.tokenizer import load_tokenizer
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    source = run_dir / "checkpoints" / checkpoint
+    if not (source / "model.safetensors").is_file():
+        raise DataError(
+            f"checkpoint {str(source)!r} does not exist: expected a run folder of "
+            "`smiexlm pretrain` and a checkpoint name such as 'last' or 'best'"
+        )
+    model = ExLMModel.from_pretrained(source)
+    tokenizer = load_tokenizer(source / "vocab.json")
+    model.save_pretrained(out_dir, tokenizer=tokenizer, dtype=torch.float16 if fp16 else None)
+
+    manifest = _read_manifest(dataset)
+    normalization = {
+        "canonicalize": bool(manifest.get("config", {}).get("canonicalize", True)),
+        "strip_salts": bool(manifest.get("config", {}).get("strip_salts", False)),
+    }
+    (out_dir / NORMALIZATION_NAME).write_text(json.dumps(normalization, indent=1) + "\n")
+    summary = summarise_run(run_dir, source)
+    train_config = json.loads((source / "train_config.json").read_text())
+    card = _card(model, summary, manifest, normalization, train_config, command, fp16)
+    (out_dir / CARD_NAME).write_text(card)
+    return out_dir / CARD_NAME
+
+
+def _read_manifest(dataset: Path | None) -> dict:
+    if dataset is None:
+        return {}
+    path = Path(dataset) / "manifest.json"
+    if not path.is_file():
+        raise DataError(f"dataset {str(dataset)!r} has no manifest.json")
+    return json.loads(path.read_text())
+
+
+def _card(model, s: RunSummary, manifest, normalization, train_config, command, fp16) -> str:
+    c = model.config
+    n_params = model.num_parameters()
+    splits = manifest.get("splits", {})
+    sources = "\n".join(
+        f"  - `{Path(src['path']).name}` ({src.get('role', '?')}), sha256 `{src['sha256'][:16]}…`"
+        for src in manifest.get("sources", [])
+    )
+    valid = f"{s.valid_loss:.4f}" if s.valid_loss is not None else "not evaluated"
+    best = f"{s.best_valid_loss:.4f}" if s.best_valid_loss is not None else "–"
+    return f"""# Model card: {c.objective} ({c.n_layers} layers, d {c.d_model}, {n_params / 1e6:.2f}M parameters)
+
+| field | value |
+|---|---|
+| objective | `{c.objective}`{f" (k = {c.k}, 2D RoPE {c.rope_2d}, transitions {c.transitions}, DAG {c.dag})" if c.objective == "exlm" else ""} |
+| architecture | {c.n_layers} layers, {c.n_heads} heads, d_model {c.d_model}, FFN {c.d_ff}, pre-norm, RoPE |
+| parameters | {n_params:,} (weights stored in {"fp16" if fp16 else "fp32"}) |
+| vocabulary | {c.vocab_size} tokens, hash `{c.vocab_hash}` |
+| updates | {s.step:,} |
+| tokens seen | {s.tokens_seen:,} |
+| final train loss | {s.train_loss:.4f} (mean of the last logged values) |
+| final valid loss | {valid} (best {best}) |
+| wall time | {s.wall_s / 60:.1f} min |
+| optimiser | Adam β {tuple(train_config.get("adam_betas", ()))}, lr {train_config.get("lr")}, warmup {train_config.get("warmup_steps")}, polynomial decay to {train_config.get("end_lr")} over {train_config.get("total_steps") or train_config.get("max_steps")} updates, clip {train_config.get("clip_norm")}, {train_config.get("max_tokens")} tokens per batch |
+
+## Training data
+
+- molecules: {splits.get("train", {}).get("molecules", "?"):,} train / {splits.get("valid", {}).get("molecules", "?"):,} valid, {splits.get("train", {}).get("tokens", 0):,} train tokens
+- sources:
+{sources or "  - (dataset manifest not given)"}
+- normalisation: RDKit canonical SMILES {"on" if normalization["canonicalize"] else "off"} (stereo kept), salt stripping {"on" if normalization["strip_salts"] else "off"}. The featurizer applies the same (`{NORMALIZATION_NAME}`).
+
+## Command
+
+```bash
+{command or "(not recorded)"}
+```
+"""
