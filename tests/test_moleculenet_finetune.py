@@ -96,3 +96,29 @@ def test_predict_rejects_a_folder_that_is_not_fine_tuned(tmp_path):
 
     with pytest.raises(DataError, match="finetune.json"):
         predict(tmp_path, ["CCO"])
+
+
+def test_cli_seeds_accept_space_separated_values(shared_data, monkeypatch):
+    import smiexlm.moleculenet.baseline as baseline
+    from smiexlm.cli.main import app
+
+    seen = []
+
+    def fake_run(df, seeds, cfg):
+        seen.append(list(seeds))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(baseline, "run_baseline", fake_run)
+    runner = CliRunner()
+    assert (
+        runner.invoke(app, ["baseline", "--tasks", "bace", "--seeds", "0", "1", "2"]).exit_code == 0
+    )
+    assert (
+        runner.invoke(
+            app, ["baseline", "--tasks", "bace", "--seeds", "4", "--seeds", "5"]
+        ).exit_code
+        == 0
+    )
+    assert runner.invoke(app, ["baseline", "--tasks", "bace"]).exit_code == 0
+    assert seen == [[0, 1, 2], [4, 5], [0, 1, 2]]
+    assert runner.invoke(app, ["baseline", "--tasks", "bace", "--seeds", "0", "x"]).exit_code == 2

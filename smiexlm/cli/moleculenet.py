@@ -50,8 +50,15 @@ TaskTypeOpt = Annotated[
 ]
 
 
-def _seeds(seeds: list[int] | None) -> list[int]:
-    return list(seeds) if seeds else [0, 1, 2]
+def _seeds(seeds: list[int] | None, ctx: typer.Context | None = None) -> list[int]:
+    """``--seeds 0 1 2`` (the values after the first arrive as extra args) or repeated
+    ``--seeds``; default 0 1 2."""
+    values = list(seeds or [])
+    for extra in ctx.args if ctx is not None else []:
+        if not extra.lstrip("-").isdigit():
+            raise typer.BadParameter(f"{extra!r}: expected an integer seed", param_hint="--seeds")
+        values.append(int(extra))
+    return values or [0, 1, 2]
 
 
 def _tasks(tasks: list[str] | None) -> list[str]:
@@ -83,6 +90,7 @@ def _print_report(results, out: Path, title: str) -> None:
 
 
 def baseline(
+    ctx: typer.Context,
     tasks: Tasks = None,
     seeds: Seeds = None,
     n_trees: Annotated[int, typer.Option("--n-trees", help="Trees per forest.")] = 500,
@@ -103,7 +111,7 @@ def baseline(
     cfg = BaselineConfig(n_trees=n_trees, split=split, class_weight=class_weight)
     results = []
     for df in _frames(tasks, data, smiles_col, label_cols, task_type):
-        results += run_baseline(df, _seeds(seeds), cfg)
+        results += run_baseline(df, _seeds(seeds, ctx), cfg)
         write_report(results, out, "RF-ECFP4 baseline")  # partial results survive an interrupt
     _print_report(results, out, "RF-ECFP4 baseline")
 
@@ -138,6 +146,7 @@ def _config(task, split, epochs, max_train_steps, batch_size, lr, no_canonicaliz
 
 
 def finetune(
+    ctx: typer.Context,
     task: TaskArg,
     checkpoint: Checkpoint = None,
     seeds: Seeds = None,
@@ -164,11 +173,12 @@ def finetune(
                   no_canonicalize, device)  # fmt: skip
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective)
-    results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir)
+    results = run_finetune(df, cfg, backbone, _seeds(seeds, ctx), save_dir)
     _print_report(results, out, f"Fine-tuning {df.attrs['name']}")
 
 
 def benchmark(
+    ctx: typer.Context,
     tasks: Tasks = None,
     checkpoint: Checkpoint = None,
     seeds: Seeds = None,
@@ -189,9 +199,9 @@ def benchmark(
     backbone, results = Backbone(checkpoint, preset, objective), []
     for df in _frames(tasks, None, "smiles", None, "classification"):
         cfg = _config(df.attrs["name"], split, epochs, max_train_steps, None, None, False, device)
-        results += run_finetune(df, cfg, backbone, _seeds(seeds))
+        results += run_finetune(df, cfg, backbone, _seeds(seeds, ctx))
         if with_baseline:
-            results += run_baseline(df, _seeds(seeds), BaselineConfig(split=split))
+            results += run_baseline(df, _seeds(seeds, ctx), BaselineConfig(split=split))
         write_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
 
@@ -217,8 +227,12 @@ def predict(
     typer.echo(f"wrote {len(preds)} rows ({int((~preds['valid']).sum())} unparsable) to {output}")
 
 
+# lets ``--seeds 0 1 2`` work as well as ``--seeds 0 --seeds 1 --seeds 2``
+_EXTRA = {"allow_extra_args": True}
+
+
 def register(app: typer.Typer) -> None:
-    app.command()(finetune)
-    app.command()(benchmark)
-    app.command()(baseline)
+    app.command(context_settings=_EXTRA)(finetune)
+    app.command(context_settings=_EXTRA)(benchmark)
+    app.command(context_settings=_EXTRA)(baseline)
     app.command()(predict)
