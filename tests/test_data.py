@@ -25,9 +25,9 @@ from smiexlm.data import (
     collate,
     preprocess,
 )
-from smiexlm.tokenizer_fast import ChunkEncoder
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.tokenizer import SmilesTokenizer
+from smiexlm.tokenizer_fast import ChunkEncoder
 
 BAD_LINES = ["", "C1CC", "c1ccccc1 benzene", "CC(C)(C)(C)(C)C", "CCO", "OCC"]
 

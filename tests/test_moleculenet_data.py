@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import pandas as pd
@@ -41,9 +40,6 @@ def _load(name: str) -> pd.DataFrame:
     return load_dataset(name)
 
 
-SLOW_DATA = bool(os.environ.get("SMIEXLM_SLOW_DATA_TESTS"))
-
-
 @pytest.mark.parametrize("name", sorted(KNOWN_COUNTS))
 def test_loader_row_counts_and_columns(shared_data, name):
     df = _load(name)
@@ -66,7 +62,7 @@ def test_tox21_invalid_rows_are_listed(shared_data):
     assert df.attrs["label_cols"][0] == "NR-AR"
 
 
-@pytest.mark.skipif(not SLOW_DATA, reason="MUV/HIV take ~40 s; set SMIEXLM_SLOW_DATA_TESTS=1")
+@pytest.mark.slow  # MUV scaffolds and HIV parsing take ~40 s
 def test_large_sets_counts_and_muv_table9(shared_data):
     hiv = load_dataset("hiv")
     assert (len(hiv), hiv.attrs["n_invalid"]) == (41120, 7)
