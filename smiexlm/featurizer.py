@@ -211,8 +211,10 @@ class Featurizer:
 
     def __repr__(self) -> str:
         c = self.model.config
+        shipped = self.source is not None and Path(self.source).resolve() == DEFAULT_MODEL_DIR
+        source = "shipped default model" if shipped else str(self.source)
         return (
-            f"Featurizer(source={str(self.source)!r}, objective={c.objective!r}, "
+            f"Featurizer(source={source!r}, objective={c.objective!r}, "
             f"d={c.d_model}, layers={c.n_layers}, device={str(self.device)!r})"
         )
 
