@@ -62,7 +62,7 @@ def test_identical_to_deepchem_on_all_moleculenet(moleculenet_smiles, tok):
 
     reference = BasicSmilesTokenizer()
     mismatches = [s for s in moleculenet_smiles if tok.tokenize(s) != reference.tokenize(s)]
-    assert len(moleculenet_smiles) > 160_000  # every SMILES of the 11 CSVs was compared
+    assert len(moleculenet_smiles) == 163_048  # every SMILES of the 11 CSVs was compared
     assert mismatches == []
 
 
