@@ -9,6 +9,8 @@ run), those tests are skipped with the reason.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,9 @@ def require_file(root: Path, relative: str) -> Path:
 def data_file(shared_data: Path):
     """``data_file("moleculenet/bbbp.csv")`` -> Path, failing when the file is missing."""
     return lambda relative: require_file(shared_data, relative)
+
+
+def smiexlm_command() -> str:
+    """The installed ``smiexlm`` console script of the running interpreter's environment."""
+    beside = Path(sys.executable).with_name("smiexlm")
+    return str(beside) if beside.is_file() else (shutil.which("smiexlm") or "smiexlm")

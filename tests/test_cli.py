@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 
+from tests.conftest import smiexlm_command
+
 HEAVY = ["torch", "rdkit", "deepchem", "triton", "pandas", "matplotlib", "sklearn"]
 
 
 def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["smiexlm", *args], capture_output=True, text=True, check=check, timeout=300
+        [smiexlm_command(), *args], capture_output=True, text=True, check=check, timeout=300
     )
 
 

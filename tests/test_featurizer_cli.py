@@ -11,11 +11,12 @@ import pytest
 from smiexlm import Featurizer
 from smiexlm.embed import DRUG_PANEL, cosine_matrix, embed_file, run_demo
 from smiexlm.errors import DataError, InvalidSmilesError
+from tests.conftest import smiexlm_command
 from tests.test_featurizer import make_checkpoint
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["smiexlm", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([smiexlm_command(), *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
