@@ -3,9 +3,9 @@
     SMIEXLM_DATA=../shared/data python benchmarks/tokenizer.py
 
 Reads every SMILES of Tox21, ToxCast, HIV and MUV (about 150k), then times, side by side in
-one run: DeepChem's ``BasicSmilesTokenizer.tokenize`` (strings only), smiexlm's
-``encode_batch`` to padded id tensors (batches of 1,024 and one call over everything), with the
-Rust pre-tokenizer on all cores and on one thread, and the exact pure-Python ``encode``.
+one run and on one thread: DeepChem's ``BasicSmilesTokenizer.tokenize`` (strings only),
+smiexlm's ``encode_batch`` to padded id tensors (batches of 1,024, and one call over
+everything), and the exact pure-Python ``encode``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import sys
 import time
 
 FILES = ["tox21.csv", "toxcast.csv.gz", "hiv.csv.gz", "muv.csv.gz"]
@@ -73,7 +72,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--one-thread":
-        os.environ["RAYON_NUM_THREADS"] = "1"
-        os.environ["SMIEXLM_BENCH_THREADS"] = "1"
     main()

@@ -53,6 +53,7 @@ _PATTERN = re.compile(SMILES_REGEX)
 PAD_ID, BOS_ID, EOS_ID, MASK_ID, UNK_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = ["[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]"]
 VOCAB_FORMAT = "smiexlm-vocab/1"
+_CHUNK = 2048  # SMILES per call of the vectorised encoder
 DEFAULT_VOCAB_PATH = ASSETS_DIR / "vocab.json"
 
 Truncation = Literal["error", "truncate"]
@@ -290,7 +291,12 @@ class SmilesTokenizer:
             from smiexlm.tokenizer_fast import ChunkEncoder
 
             self._chunk_encoder = ChunkEncoder(self)
-        chunk = self._chunk_encoder.encode(smiles)
+        # Chunks of a few thousand SMILES keep the encoder's byte arrays in cache.
+        parts = [
+            self._chunk_encoder.encode(smiles[i : i + _CHUNK])
+            for i in range(0, len(smiles), _CHUNK)
+        ]
+        chunk = _concatenate(parts) if len(parts) != 1 else parts[0]
         if not chunk.ok.all():
             index = int(np.flatnonzero(~chunk.ok)[0])
             try:
@@ -348,3 +354,16 @@ class SmilesTokenizer:
         import torch
 
         return BatchEncoding(torch.from_numpy(ids), torch.from_numpy(mask), n_truncated, n_unk)
+
+
+def _concatenate(parts: list):
+    """One EncodedChunk from several, in order (also for zero parts)."""
+    from smiexlm.tokenizer_fast import EncodedChunk
+
+    if not parts:
+        return EncodedChunk(np.zeros(0, bool), np.zeros(0, np.uint16), np.zeros(0, np.int64))
+    return EncodedChunk(
+        np.concatenate([p.ok for p in parts]),
+        np.concatenate([p.ids for p in parts]),
+        np.concatenate([p.lengths for p in parts]),
+    )
