@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from smiexlm.errors import DataError
 
@@ -36,3 +38,28 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("SMIEXLM_CACHE", Path.home() / ".cache" / "smiexlm")).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def read_json_file(
+    path: str | Path, what: str, expected_format: str | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """``(path, document)`` of a JSON file; a folder means its ``vocab.json``.
+
+    ``what`` names the file in errors ("vocabulary file"); a missing or malformed file, or a
+    ``format`` other than ``expected_format``, raises DataError."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "vocab.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{what} {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{what} {str(path)!r} is not valid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise DataError(f"{what} {str(path)!r}: expected a JSON object")
+    if expected_format is not None and doc.get("format") != expected_format:
+        raise DataError(
+            f"{what} {str(path)!r} has format {doc.get('format')!r}: expected {expected_format!r}"
+        )
+    return path, doc

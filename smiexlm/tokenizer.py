@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from smiexlm.errors import DataError, InvalidSmilesError
-from smiexlm.paths import ASSETS_DIR
+from smiexlm.paths import ASSETS_DIR, read_json_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -193,20 +193,7 @@ class SmilesTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> SmilesTokenizer:
-        path = Path(path)
-        if path.is_dir():
-            path = path / "vocab.json"
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DataError(f"vocabulary file {str(path)!r} does not exist") from None
-        except json.JSONDecodeError as err:
-            raise DataError(f"vocabulary file {str(path)!r} is not valid JSON: {err}") from None
-        if doc.get("format") != VOCAB_FORMAT:
-            raise DataError(
-                f"vocabulary file {str(path)!r} has format {doc.get('format')!r}: "
-                f"expected {VOCAB_FORMAT!r}"
-            )
+        path, doc = read_json_file(path, "vocabulary file", VOCAB_FORMAT)
         tok = cls(doc["tokens"], doc.get("counts"))
         if doc.get("hash") not in (None, tok.vocab_hash):
             raise DataError(

@@ -7,7 +7,6 @@ fails with an error that names the mismatch.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,7 @@ import torch
 
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.config import ExLMConfig
+from smiexlm.paths import read_json_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
@@ -80,13 +80,8 @@ def save_checkpoint(
 
 def read_vocabulary(path: Path) -> tuple[int, str | None]:
     """(size, hash) of a vocabulary JSON holding a ``tokens`` list (and maybe a ``hash``)."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"checkpoint vocabulary {str(path)!r} does not exist") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"checkpoint vocabulary {str(path)!r} is not valid JSON: {err}") from None
-    tokens = doc.get("tokens") if isinstance(doc, dict) else None
+    path, doc = read_json_file(path, "checkpoint vocabulary")
+    tokens = doc.get("tokens")
     if not isinstance(tokens, list):
         raise DataError(f"checkpoint vocabulary {str(path)!r}: expected a 'tokens' list")
     return len(tokens), doc.get("hash")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.paths import read_json_file
 from smiexlm.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -226,20 +227,7 @@ class TextTokenizer:
         """Read a file written by :meth:`save`; both hashes are checked."""
         from tokenizers import Tokenizer
 
-        path = Path(path)
-        if path.is_dir():
-            path = path / "vocab.json"
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DataError(f"tokenizer file {str(path)!r} does not exist") from None
-        except json.JSONDecodeError as err:
-            raise DataError(f"tokenizer file {str(path)!r} is not valid JSON: {err}") from None
-        if doc.get("format") != TEXT_VOCAB_FORMAT:
-            raise DataError(
-                f"tokenizer file {str(path)!r} has format {doc.get('format')!r}: "
-                f"expected {TEXT_VOCAB_FORMAT!r}"
-            )
+        path, doc = read_json_file(path, "tokenizer file", TEXT_VOCAB_FORMAT)
         spec = doc["tokenizer"]
         if _content_hash(spec) != doc.get("content_hash"):
             raise DataError(
@@ -418,12 +406,6 @@ def load_tokenizer(path: str | Path):
     """A SMILES or text tokenizer, whichever format the JSON file (or folder) holds."""
     from smiexlm.tokenizer import SmilesTokenizer
 
-    path = Path(path)
-    file = path / "vocab.json" if path.is_dir() else path
-    try:
-        fmt = json.loads(file.read_text(encoding="utf-8")).get("format")
-    except FileNotFoundError:
-        raise DataError(f"tokenizer file {str(file)!r} does not exist") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"tokenizer file {str(file)!r} is not valid JSON: {err}") from None
+    file, doc = read_json_file(path, "tokenizer file")
+    fmt = doc.get("format")
     return TextTokenizer.load(file) if fmt == TEXT_VOCAB_FORMAT else SmilesTokenizer.load(file)
