@@ -63,8 +63,7 @@ def main() -> None:
     base = rows[0][1]
     print(
         f"{n:,} SMILES (Tox21, ToxCast, HIV, MUV); python {platform.python_version()}, "
-        f"{os.cpu_count()} CPU cores, {platform.machine()}, "
-        f"RAYON_NUM_THREADS={os.environ.get('SMIEXLM_BENCH_THREADS', 'all')}"
+        f"{os.cpu_count()}-core {platform.machine()} CPU, one thread"
     )
     print(f"{'method':52s} {'best s':>8s} {'median s':>9s} {'SMILES/s':>11s} {'vs DeepChem':>11s}")
     for name, best, median in rows:

@@ -270,19 +270,20 @@ class SmilesTokenizer:
         if isinstance(smiles, str):
             raise DataError("expected a sequence of SMILES, got one str")
         smiles = list(smiles)
-        for i, s in enumerate(smiles):
-            if not isinstance(s, str):
-                raise InvalidSmilesError(repr(s), None, f"batch item {i}: expected str")
         unk_before = self.n_unk  # the exact path's own counting is replaced below
         if self._chunk_encoder is None:
             from smiexlm.tokenizer_fast import ChunkEncoder
 
             self._chunk_encoder = ChunkEncoder(self)
         # Chunks of a few thousand SMILES keep the encoder's byte arrays in cache.
-        parts = [
-            self._chunk_encoder.encode(smiles[i : i + _CHUNK])
-            for i in range(0, len(smiles), _CHUNK)
-        ]
+        try:
+            parts = [
+                self._chunk_encoder.encode(smiles[i : i + _CHUNK])
+                for i in range(0, len(smiles), _CHUNK)
+            ]
+        except TypeError:  # joining the chunk met something other than a str
+            i, bad = next((i, s) for i, s in enumerate(smiles) if not isinstance(s, str))
+            raise InvalidSmilesError(repr(bad), None, f"batch item {i}: expected str") from None
         chunk = _concatenate(parts) if len(parts) != 1 else parts[0]
         if not chunk.ok.all():
             index = int(np.flatnonzero(~chunk.ok)[0])
@@ -315,6 +316,7 @@ class SmilesTokenizer:
         The first invalid SMILES raises InvalidSmilesError naming it and its index."""
         if truncation not in ("error", "truncate"):
             raise DataError(f"truncation={truncation!r}: expected 'error' or 'truncate'")
+        unk_before = self.n_unk
         flat, lengths = self._encode_flat(smiles)
         width = int(lengths.max()) if len(lengths) else 0
         mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T) True = real token
@@ -335,7 +337,7 @@ class SmilesTokenizer:
             ids[long_rows, max_length - 1] = EOS_ID
             n_truncated = len(long_rows)
             self.n_truncated += n_truncated
-        n_unk = int(np.count_nonzero(ids == UNK_ID))
+        n_unk = self.n_unk - unk_before
         if return_tensors == "np":
             return BatchEncoding(ids, mask, n_truncated, n_unk)
         import torch

@@ -67,7 +67,7 @@ class ChunkEncoder:
         # Special tokens spelled in a SMILES are unknown, as in the tokenizer.
         lookup = {t: i for t, i in tokenizer.vocab.items() if i >= n_special}
         self._bytes_vocab = {t.encode("utf-8"): i for t, i in lookup.items()}
-        self._lut = np.full(256, -1, dtype=np.int64)  # -1 = not a token start on its own
+        self._lut = np.full(256, -1, dtype=np.int32)  # -1 = not a token start on its own
         for ch in _SINGLE:
             self._lut[ord(ch)] = lookup.get(ch, self.unk)
         self._lut[ord("%")] = 0  # resolved below from the two digits
@@ -118,14 +118,14 @@ class ChunkEncoder:
         n = len(smiles)
         b = np.frombuffer(data, dtype=np.uint8)
         size = len(b)
-        pos = np.arange(size)
+        pos = np.arange(size, dtype=np.int32)
         nl = b == 10
-        sid = np.cumsum(nl) - nl  # (N,) row of each byte; the newline belongs to its row
+        sid = np.cumsum(nl, dtype=np.int32) - nl  # (N,) row of each byte; the newline belongs to its row
         is_open, is_close = b == 91, b == 93
         # Bracket atom = first "[" after the previous "]" up to the next "]" (the regex rule).
-        group = np.cumsum(is_close) - is_close
+        group = np.cumsum(is_close, dtype=np.int32) - is_close
         opens = np.flatnonzero(is_open)
-        first_open = np.full(int(group[-1]) + 2, size + 1, dtype=np.int64)
+        first_open = np.full(int(group[-1]) + 2, size + 1, dtype=np.int32)
         if len(opens):
             g_open = group[opens]
             keep = np.r_[True, g_open[1:] != g_open[:-1]]
