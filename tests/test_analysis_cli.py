@@ -169,13 +169,3 @@ def test_repeated_mlm_command(setup, tmp_path):
     assert (out / "repeated_mlm.png").read_bytes()[:8] == PNG
     assert not (out / "cells" / "k2_p0.5" / "data").exists()  # repeated data removed
     assert (out / "cells" / "k2_p0.5" / "run" / "checkpoints" / "last" / "config.json").is_file()
-
-
-def test_list_options_accept_spaces_commas_and_repeats():
-    from smiexlm.cli.analyze import _spread
-
-    names = ("--k", "--p")
-    assert _spread(["--k", "1", "2", "--p", "0.1,0.2", "--out", "x"], names) == [
-        "--k", "1", "--k", "2", "--p", "0.1", "--p", "0.2", "--out", "x"
-    ]  # fmt: skip
-    assert _spread(["--k", "1", "--k", "4"], names) == ["--k", "1", "--k", "4"]

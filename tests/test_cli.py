@@ -67,3 +67,13 @@ def test_vocab_build_command(tmp_path):
         "vocab", "build", str(csv), "--out", str(out), "--smiles-col", "S", check=False
     )
     assert missing.returncode != 0 and "'S' not found" in (missing.stderr + missing.stdout)
+
+
+def test_list_options_accept_spaces_commas_and_repeats():
+    from smiexlm.cli.options import spread
+
+    names = ("--k", "--p")
+    assert spread(["--k", "1", "2", "--p", "0.1,0.2", "--out", "x"], names) == [
+        "--k", "1", "--k", "2", "--p", "0.1", "--p", "0.2", "--out", "x"
+    ]  # fmt: skip
+    assert spread(["--k", "1", "--k", "4"], names) == ["--k", "1", "--k", "4"]

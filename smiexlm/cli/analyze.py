@@ -11,37 +11,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperCommand
+
+from smiexlm.cli.options import multi_value
 
 analyze_app = typer.Typer(
     name="analyze",
     help="The papers' analyses: Repeated MLM, prediction entropy, effective rank, DAG case.",
     no_args_is_help=True,
 )
-
-
-def _spread(args: list[str], names: tuple[str, ...]) -> list[str]:
-    """``--k 1 2 4`` / ``--k 1,2,4`` -> ``--k 1 --k 2 --k 4`` for the list options ``names``."""
-    out, current = [], None
-    for arg in args:
-        if arg in names:
-            current = arg
-            continue
-        if current is not None and not arg.startswith("--"):
-            out += [x for v in arg.split(",") if v for x in (current, v)]
-            continue
-        if current is not None and arg.startswith("--"):
-            current = None
-        out.append(arg)
-    return out
-
-
-def _multi(*names: str) -> type[TyperCommand]:
-    class MultiValueCommand(TyperCommand):
-        def parse_args(self, ctx, args):
-            return super().parse_args(ctx, _spread(list(args), names))
-
-    return MultiValueCommand
 
 
 Out = Annotated[Path, typer.Option("--out", help="Folder for the CSV, JSON and PNG.")]
@@ -69,7 +46,7 @@ def _report(files) -> None:
     typer.echo("wrote " + ", ".join(str(f) for f in files))
 
 
-@analyze_app.command("repeated-mlm", cls=_multi("--k", "--p", "--set"))
+@analyze_app.command("repeated-mlm", cls=multi_value("--k", "--p", "--set"))
 def repeated_mlm(
     data: Annotated[Path, typer.Option("--data", help="Dataset folder from `smiexlm preprocess`.")],
     out: Out,
@@ -114,7 +91,7 @@ def repeated_mlm(
     _report(result.files)
 
 
-@analyze_app.command("entropy", cls=_multi("--mask-ratios"))
+@analyze_app.command("entropy", cls=multi_value("--mask-ratios"))
 def entropy(
     checkpoints: Checkpoints,
     out: Out,
@@ -168,7 +145,7 @@ def rank(
     _report(write_rank(result, out))
 
 
-@analyze_app.command("dag", cls=_multi("--mask"))
+@analyze_app.command("dag", cls=multi_value("--mask"))
 def dag(
     checkpoint: Annotated[Path, typer.Argument(help="An ExLM checkpoint folder.")],
     smiles: Annotated[str, typer.Option("--smiles", help="The input SMILES.")],

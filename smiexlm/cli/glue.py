@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from smiexlm.cli.options import multi_value
+
 
 def glue(
     task: Annotated[
@@ -16,8 +18,9 @@ def glue(
         Path, typer.Option(help="Pre-trained folder (config.json, vocab.json, model.safetensors).")
     ],
     seeds: Annotated[
-        str, typer.Option(help="Comma-separated seeds; the median is reported.")
-    ] = "1,2,3,4,5",
+        list[int] | None,
+        typer.Option(help="Seeds, one run each; the median is reported (default: 1 2 3 4 5)."),
+    ] = None,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-5,
     batch_size: Annotated[int, typer.Option(help="Examples per update.")] = 16,
     epochs: Annotated[int, typer.Option(help="Training epochs.")] = 10,
@@ -32,11 +35,17 @@ def glue(
 ) -> None:
     """Fine-tune a checkpoint on GLUE and print dev scores (median over seeds) next to the
     majority-class baseline. 'all' runs every task whose train and dev files are present."""
-    from smiexlm.glue.finetune import GlueConfig, grid_search, run_glue, save_result
+    from smiexlm.glue.finetune import (
+        PAPER_SEEDS,
+        GlueConfig,
+        grid_search,
+        run_glue,
+        save_result,
+    )
     from smiexlm.glue.tasks import TASKS, get_task, task_path
 
     names = list(TASKS) if task.lower() == "all" else [get_task(task).name]
-    seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    seed_list = tuple(seeds or PAPER_SEEDS)
     for name in names:
         t = get_task(name)
         missing = [s for s in ("train", "dev") if not task_path(t, s).is_file()]
@@ -59,4 +68,4 @@ def glue(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("glue")(glue)
+    app.command("glue", cls=multi_value("--seeds"))(glue)

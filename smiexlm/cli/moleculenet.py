@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from smiexlm.cli.options import multi_value
+
 Seeds = Annotated[
     list[int] | None, typer.Option("--seeds", help="Training seeds, one run each (default: 0 1 2).")
 ]
@@ -50,22 +52,15 @@ TaskTypeOpt = Annotated[
 ]
 
 
-def _seeds(seeds: list[int] | None, ctx: typer.Context | None = None) -> list[int]:
-    """``--seeds 0 1 2`` (the values after the first arrive as extra args) or repeated
-    ``--seeds``; default 0 1 2."""
-    values = list(seeds or [])
-    for extra in ctx.args if ctx is not None else []:
-        if not extra.lstrip("-").isdigit():
-            raise typer.BadParameter(f"{extra!r}: expected an integer seed", param_hint="--seeds")
-        values.append(int(extra))
-    return values or [0, 1, 2]
+def _seeds(seeds: list[int] | None) -> list[int]:
+    return seeds or [0, 1, 2]
 
 
 def _tasks(tasks: list[str] | None) -> list[str]:
     from smiexlm.moleculenet.registry import PAPER_TASKS
 
     tasks = tasks or ["all"]
-    names = [t.strip().lower() for item in tasks for t in item.split(",") if t.strip()]
+    names = [t.strip().lower() for t in tasks if t.strip()]
     return list(PAPER_TASKS) if names == ["all"] else names
 
 
@@ -90,7 +85,6 @@ def _print_report(results, out: Path, title: str) -> None:
 
 
 def baseline(
-    ctx: typer.Context,
     tasks: Tasks = None,
     seeds: Seeds = None,
     n_trees: Annotated[int, typer.Option("--n-trees", help="Trees per forest.")] = 500,
@@ -111,7 +105,7 @@ def baseline(
     cfg = BaselineConfig(n_trees=n_trees, split=split, class_weight=class_weight)
     results = []
     for df in _frames(tasks, data, smiles_col, label_cols, task_type):
-        results += run_baseline(df, _seeds(seeds, ctx), cfg)
+        results += run_baseline(df, _seeds(seeds), cfg)
         write_report(results, out, "RF-ECFP4 baseline")  # partial results survive an interrupt
     _print_report(results, out, "RF-ECFP4 baseline")
 
@@ -146,7 +140,6 @@ def _config(task, split, epochs, max_train_steps, batch_size, lr, no_canonicaliz
 
 
 def finetune(
-    ctx: typer.Context,
     task: TaskArg,
     checkpoint: Checkpoint = None,
     seeds: Seeds = None,
@@ -173,12 +166,11 @@ def finetune(
                   no_canonicalize, device)  # fmt: skip
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective)
-    results = run_finetune(df, cfg, backbone, _seeds(seeds, ctx), save_dir)
+    results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir)
     _print_report(results, out, f"Fine-tuning {df.attrs['name']}")
 
 
 def benchmark(
-    ctx: typer.Context,
     tasks: Tasks = None,
     checkpoint: Checkpoint = None,
     seeds: Seeds = None,
@@ -199,9 +191,9 @@ def benchmark(
     backbone, results = Backbone(checkpoint, preset, objective), []
     for df in _frames(tasks, None, "smiles", None, "classification"):
         cfg = _config(df.attrs["name"], split, epochs, max_train_steps, None, None, False, device)
-        results += run_finetune(df, cfg, backbone, _seeds(seeds, ctx))
+        results += run_finetune(df, cfg, backbone, _seeds(seeds))
         if with_baseline:
-            results += run_baseline(df, _seeds(seeds, ctx), BaselineConfig(split=split))
+            results += run_baseline(df, _seeds(seeds), BaselineConfig(split=split))
         write_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
 
@@ -227,12 +219,9 @@ def predict(
     typer.echo(f"wrote {len(preds)} rows ({int((~preds['valid']).sum())} unparsable) to {output}")
 
 
-# lets ``--seeds 0 1 2`` work as well as ``--seeds 0 --seeds 1 --seeds 2``
-_EXTRA = {"allow_extra_args": True}
-
-
 def register(app: typer.Typer) -> None:
-    app.command(context_settings=_EXTRA)(finetune)
-    app.command(context_settings=_EXTRA)(benchmark)
-    app.command(context_settings=_EXTRA)(baseline)
+    lists = multi_value("--seeds", "--tasks", "--label-cols")
+    app.command(cls=lists)(finetune)
+    app.command(cls=lists)(benchmark)
+    app.command(cls=lists)(baseline)
     app.command()(predict)
