@@ -120,7 +120,8 @@ class ChunkEncoder:
         size = len(b)
         pos = np.arange(size, dtype=np.int32)
         nl = b == 10
-        sid = np.cumsum(nl, dtype=np.int32) - nl  # (N,) row of each byte; the newline belongs to its row
+        # (N,) row of each byte; the newline belongs to its row
+        sid = np.cumsum(nl, dtype=np.int32) - nl
         is_open, is_close = b == 91, b == 93
         # Bracket atom = first "[" after the previous "]" up to the next "]" (the regex rule).
         group = np.cumsum(is_close, dtype=np.int32) - is_close

@@ -64,3 +64,23 @@ def test_glue_bad_task_is_a_clear_error(tiny_checkpoint):
     result = CliRunner().invoke(app, ["glue", "SQuAD", "--checkpoint", str(tiny_checkpoint)])
     assert result.exit_code != 0
     assert "SQuAD" in str(result.exception) or "SQuAD" in result.output
+
+
+def test_table11_grid_ships_as_the_papers_config():
+    from smiexlm.glue.finetune import CONFIG_PATH, GlueConfig, grid_points
+
+    assert CONFIG_PATH.name == "glue.toml" and CONFIG_PATH.is_file()
+    # Table 11 of the ExLM paper, read off the paper
+    large = {"lr": {1e-5, 2e-5, 3e-5, 4e-5}, "batch_size": {32}, "epochs": {2, 3, 5},
+             "warmup_ratio": {0.06}}  # fmt: skip
+    small = {"lr": {2e-5, 3e-5, 4e-5, 5e-5}, "batch_size": {16, 32}, "epochs": {2, 3, 5, 10},
+             "warmup_ratio": {0.06, 0.10}}  # fmt: skip
+    for tasks, grid, n in ((("MNLI", "QNLI", "QQP", "SST-2"), large, 12),
+                           (("RTE", "MRPC", "CoLA", "STS-B"), small, 64)):  # fmt: skip
+        for task in tasks:
+            points = grid_points(task)
+            assert len(points) == n
+            assert {k: {p[k] for p in points} for k in grid} == grid
+    config = GlueConfig("rte")
+    assert config.seeds == (1, 2, 3, 4, 5) and config.weight_decay == 0.1
+    assert config.adam_betas == (0.9, 0.98) and config.adam_eps == 1e-6

@@ -20,6 +20,7 @@ import json
 import math
 import statistics
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,25 +31,26 @@ import torch
 from smiexlm.errors import ConfigError
 from smiexlm.glue.metrics import compute_metrics, majority_baseline
 from smiexlm.glue.tasks import GlueSplit, GlueTask, get_task, load_task
+from smiexlm.paths import PACKAGE_DIR
 
-#: Table 11: grid search space. Large tasks: MNLI, QNLI, QQP, SST-2; small: RTE, MRPC, CoLA,
-#: STS-B (WNLI, not in the paper's table, uses the small-task grid).
+CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "glue.toml"
+
+
+def _load_config(path: Path = CONFIG_PATH) -> dict[str, Any]:
+    with open(path, "rb") as handle:
+        return tomllib.load(handle)
+
+
+_CONFIG = _load_config()
+_DEFAULTS = _CONFIG["defaults"]
+#: Table 11: grid search space, read from ``configs/finetune/glue.toml``. ``large``: MNLI,
+#: QNLI, QQP, SST-2; ``small``: RTE, MRPC, CoLA, STS-B (and WNLI, not in the paper's table).
 TABLE11_GRID: dict[str, dict[str, tuple]] = {
-    "large": {
-        "lr": (1e-5, 2e-5, 3e-5, 4e-5),
-        "batch_size": (32,),
-        "epochs": (2, 3, 5),
-        "warmup_ratio": (0.06,),
-    },
-    "small": {
-        "lr": (2e-5, 3e-5, 4e-5, 5e-5),
-        "batch_size": (16, 32),
-        "epochs": (2, 3, 5, 10),
-        "warmup_ratio": (0.06, 0.10),
-    },
+    size: {key: tuple(values) for key, values in grid.items() if key != "tasks"}
+    for size, grid in _CONFIG["grid"].items()
 }
-LARGE_TASKS = ("MNLI", "QNLI", "QQP", "SST-2")
-PAPER_SEEDS = (1, 2, 3, 4, 5)
+LARGE_TASKS = tuple(_CONFIG["grid"]["large"]["tasks"])
+PAPER_SEEDS = tuple(_DEFAULTS["seeds"])
 
 
 def grid_points(task: str | GlueTask) -> list[dict[str, Any]]:
@@ -61,7 +63,8 @@ def grid_points(task: str | GlueTask) -> list[dict[str, Any]]:
 
 @dataclass
 class GlueConfig:
-    """Hyper-parameters of GLUE fine-tuning (defaults: one point of Table 11's small grid)."""
+    """Hyper-parameters of GLUE fine-tuning (defaults: one point of Table 11's small grid;
+    the shared settings come from ``configs/finetune/glue.toml``)."""
 
     task: str
     lr: float = 2e-5
@@ -69,9 +72,11 @@ class GlueConfig:
     epochs: int = 10
     warmup_ratio: float = 0.06
     seeds: tuple[int, ...] = PAPER_SEEDS
-    weight_decay: float = 0.1
-    pooler_dropout: float = 0.0
-    max_length: int = 128  # tokens per example incl. specials; longer pairs are truncated
+    weight_decay: float = _DEFAULTS["weight_decay"]
+    adam_betas: tuple[float, float] = tuple(_DEFAULTS["adam_betas"])
+    adam_eps: float = _DEFAULTS["adam_eps"]
+    pooler_dropout: float = _DEFAULTS["pooler_dropout"]
+    max_length: int = _DEFAULTS["max_length"]  # tokens incl. specials; longer pairs truncated
     max_steps: int | None = None  # cap on updates per run (small CPU runs)
     max_train_rows: int | None = None  # first N training rows only (small CPU runs)
     max_eval_rows: int | None = None
@@ -81,6 +86,7 @@ class GlueConfig:
     def __post_init__(self) -> None:
         self.task = get_task(self.task).name
         self.seeds = tuple(int(s) for s in self.seeds)
+        self.adam_betas = tuple(float(b) for b in self.adam_betas)
         if not self.seeds:
             raise ConfigError("seeds", self.seeds, "at least one seed")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
@@ -156,14 +162,14 @@ def _batches(rows: list[list[int]], order: np.ndarray, batch_size: int):
         yield index, enc.input_ids, enc.attention_mask  # (B, T) long, (B, T) bool
 
 
-def _optimizer(module: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def _optimizer(module: torch.nn.Module, config: GlueConfig) -> torch.optim.AdamW:
     decay = [p for p in module.parameters() if p.requires_grad and p.ndim >= 2]
     rest = [p for p in module.parameters() if p.requires_grad and p.ndim < 2]
     groups = [
-        {"params": decay, "weight_decay": weight_decay},
+        {"params": decay, "weight_decay": config.weight_decay},
         {"params": rest, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.adam_betas, eps=config.adam_eps)
 
 
 @torch.no_grad()
@@ -209,7 +215,7 @@ def finetune_seed(
     schedule = PolynomialDecaySchedule(
         lr=config.lr, warmup_steps=int(config.warmup_ratio * total), total_steps=total
     )
-    optimizer = _optimizer(model, config.lr, config.weight_decay)
+    optimizer = _optimizer(model, config)
     dtype = torch.float32 if task.is_regression else torch.long
     labels = torch.tensor(train_labels, dtype=dtype)
     generator = np.random.default_rng(seed)

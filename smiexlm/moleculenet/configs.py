@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,11 +11,6 @@ from typing import Any
 from smiexlm.errors import ConfigError
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.paths import PACKAGE_DIR
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "moleculenet.toml"
 

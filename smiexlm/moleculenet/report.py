@@ -12,7 +12,7 @@ import json
 import math
 import platform
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,7 @@ def write_report(
     text = [
         f"# {title}",
         "",
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} · "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · {platform.machine()} · "
         f"total wall time {total:.0f} s" + (f" · `{command}`" if command else ""),
         "",
         f"## Summary ({unit}, mean ± sample std over seeds)",

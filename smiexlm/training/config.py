@@ -23,11 +23,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-import tomllib
 
 from smiexlm.errors import ConfigError
 from smiexlm.paths import PACKAGE_DIR
