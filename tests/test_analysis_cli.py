@@ -77,12 +77,39 @@ def test_entropy_command(setup, tmp_path):
     ]  # fmt: skip
     for r in rows:  # random init: near-uniform predictions, never above log2 V
         assert 0.0 < float(r["entropy_bits"]) <= float(r["max_bits"]) + 1e-9
+        assert 0.0 < float(r["entropy_bits_path"]) <= float(r["max_bits"]) + 1e-9
         assert int(r["n_tokens"]) > 0
+        if r["objective"] == "mlm":  # every [MASK] emits: the path weights are all 1
+            assert float(r["entropy_bits_path"]) == pytest.approx(float(r["entropy_bits"]))
     n = {float(r["mask_ratio"]): int(r["n_tokens"]) for r in rows if r["objective"] == "mlm"}
     assert n[0.5] > 2 * n[0.15]
     doc = json.loads((out / "entropy.json").read_text())
     assert set(doc["table"]) == {"mlm", "exlm"}
     assert (out / "entropy.png").read_bytes()[:8] == PNG
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_exlm_path_weights_are_state_probabilities(k):
+    from smiexlm import ExLMConfig, ExLMModel
+    from smiexlm.analysis.entropy import masked_entropies
+    from smiexlm.model.masking import mask_tokens
+
+    torch.manual_seed(0)
+    model = ExLMModel(ExLMConfig.tiny(vocab_size=40, objective="exlm", k=k, **MICRO)).eval()
+    lengths = torch.tensor([12, 9, 15])
+    mask = torch.arange(15)[None, :] < lengths[:, None]
+    ids = torch.where(mask, torch.randint(5, 40, mask.shape), 0)
+    ids[:, 0], ids[torch.arange(3), lengths - 1] = 1, 2
+    masked, labels = mask_tokens(ids, mask, 0.3, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        h, on_path = masked_entropies(model, masked, mask, labels)
+    n = int((masked == 3).sum())
+    assert h.shape == on_path.shape == (n, k)
+    if k == 1:  # one state per token: the path visits every state
+        torch.testing.assert_close(on_path, torch.ones_like(on_path), rtol=0, atol=1e-5)
+    else:  # probabilities; the path takes about one state per masked token
+        assert bool(((on_path >= 0) & (on_path <= 1 + 1e-9)).all())
+        assert 0.5 * n < float(on_path.sum()) < 1.5 * n
 
 
 def test_rank_command(setup, tmp_path):

@@ -288,3 +288,26 @@ def test_matmul_recursions_match_log_space_and_fall_back(dtype):
     assert not torch.equal(alpha[0].isinf(), forward_alpha(e, lk)[0].isinf())
     torch.testing.assert_close(alpha_recursion(e, lk), forward_alpha(e, lk), **tol)
     torch.testing.assert_close(beta_recursion(e, lk, s, m), backward_beta(e, lk, s, m), **tol)
+
+
+def test_state_posterior_matches_brute_force():
+    from smiexlm.dag import dag_state_posterior
+
+    em, links, s, m = random_batch(B=5, M=4, L=7, seed=11)
+    s[0], m[0] = 7, 4
+    links[1] = -math.inf  # no path at all when M > 1
+    s[1], m[1] = 5, 3
+    post = dag_state_posterior(em, links, s, m)
+    assert post.shape == em.shape
+    for b in range(5):
+        up = torch.triu(links[b], 1)
+        scored = [(path_score(em[b], up, p), p) for p in paths(int(s[b]), int(m[b]))]
+        scored = [(v, p) for v, p in scored if v > -math.inf]
+        expected = torch.zeros(4, 7, dtype=torch.float64)
+        if scored:
+            log_z = math.log(sum(math.exp(v) for v, _ in scored))
+            for v, p in scored:
+                for i, u in enumerate(p):
+                    expected[i, u] += math.exp(v - log_z)
+            torch.testing.assert_close(post[b].sum(1)[: int(m[b])], torch.ones(int(m[b])).double())
+        torch.testing.assert_close(post[b], expected, rtol=1e-9, atol=1e-12)

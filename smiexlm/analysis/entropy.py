@@ -8,6 +8,12 @@ distribution is averaged over the masked tokens:
 - ``mlm`` / ``maelm``: the LM head's distribution at each [MASK] position;
 - ``exlm``: each [MASK] is k states; a masked token's entropy is the mean of its k states'
   emission entropies (the same per-token averaging as Appendix E.1 uses for k copies).
+
+The state mean counts states that the alignment skips as much as states that emit. A second
+figure, ``entropy_bits_path``, weights each [MASK] state by its probability of lying on the
+DAG path for the true tokens (``smiexlm.dag.dag_state_posterior``): the entropy of the states
+that actually carry the prediction. For MLM and MAE-LM every [MASK] emits, so both figures
+are equal.
 """
 
 from __future__ import annotations
@@ -42,20 +48,30 @@ class EntropyResult:
         return out
 
 
-def masked_entropies(model, masked: Tensor, mask: Tensor) -> Tensor:
-    """1-D entropies (bits), one per [MASK] token of ``masked`` (B, T)."""
+def masked_entropies(model, masked: Tensor, mask: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Per [MASK] token of ``masked`` (B, T): the entropies (bits) of its predictions and the
+    probability that each of them is on the DAG path for ``labels``, both (N, k) (k = 1 and
+    probability 1 for MLM and MAE-LM)."""
     c = model.config
-    out = model(masked, mask)  # labels=None: no loss, logits only
     if c.objective != "exlm":
-        return prediction_entropy_bits(out.logits[(masked == c.mask_id) & mask])  # (N,)
+        out = model(masked, mask)  # labels=None: no loss, logits only
+        h = prediction_entropy_bits(out.logits[(masked == c.mask_id) & mask])[:, None]  # (N, 1)
+        return h, torch.ones_like(h)
+    from smiexlm.dag import dag_state_posterior
+    from smiexlm.dag.gather import logsoftmax_gather
     from smiexlm.model.expansion import expand_states
 
+    out = model(masked, mask, labels)
+    emissions = logsoftmax_gather(out.logits.float(), out.targets)  # (B, M, S)
+    on_path = dag_state_posterior(
+        emissions, out.log_links, out.state_lengths, out.target_lengths
+    ).sum(1)  # (B, S)
     ex = expand_states(
         masked, mask, c.k, mask_id=c.mask_id, bos_id=c.bos_id, eos_id=c.eos_id, pad_id=c.pad_id
     )
     is_mask = (masked.gather(1, ex.state_groups) == c.mask_id) & ex.state_mask  # (B, S)
-    per_state = prediction_entropy_bits(out.logits[is_mask])  # (N·k,) states in group order
-    return per_state.view(-1, c.k).mean(1)  # (N,)
+    h = prediction_entropy_bits(out.logits[is_mask]).view(-1, c.k)  # (N, k) in group order
+    return h, on_path[is_mask].double().view(-1, c.k)
 
 
 @torch.no_grad()
@@ -68,7 +84,8 @@ def entropy_by_mask_ratio(
     max_length: int = 256,
     progress: bool = True,
 ) -> EntropyResult:
-    """Rows (checkpoint, objective, k, mask ratio, mean entropy in bits, its std, n tokens)."""
+    """Rows (checkpoint, objective, k, mask ratio, mean entropy in bits, its std, the
+    path-weighted entropy, n tokens)."""
     from smiexlm.model.masking import mask_tokens
 
     if not checkpoints:
@@ -83,12 +100,17 @@ def entropy_by_mask_ratio(
         ids, mask = inputs.encode(tokenizer, smiles, max_length)
         c = model.config
         for ratio in mask_ratios:
-            values = []
+            states, weights = [], []
             for b, (x, m) in enumerate(inputs.batches(ids, mask, batch_size)):
                 gen = inputs.masking_generator(seed * 1_000_003 + b)
-                masked, _ = mask_tokens(x, m, mask_prob=ratio, generator=gen, mask_id=c.mask_id)
-                values.append(masked_entropies(model, masked, m))
-            h = torch.cat(values).double()
+                masked, labels = mask_tokens(
+                    x, m, mask_prob=ratio, generator=gen, mask_id=c.mask_id
+                )
+                h_states, on_path = masked_entropies(model, masked, m, labels)
+                states.append(h_states)
+                weights.append(on_path)
+            h_states, on_path = torch.cat(states).double(), torch.cat(weights)
+            h = h_states.mean(1)  # (N,) per masked token
             rows.append(
                 {
                     "checkpoint": Path(path).name,
@@ -98,6 +120,7 @@ def entropy_by_mask_ratio(
                     "mask_ratio": float(ratio),
                     "entropy_bits": float(h.mean()) if len(h) else math.nan,
                     "entropy_std": float(h.std()) if len(h) > 1 else math.nan,
+                    "entropy_bits_path": _weighted_mean(h_states, on_path),
                     "n_tokens": len(h),
                     "max_bits": math.log2(c.vocab_size),
                 }
@@ -112,6 +135,11 @@ def entropy_by_mask_ratio(
         "masking": "mask_tokens(policy='all_mask')",
     }
     return EntropyResult(rows, settings)
+
+
+def _weighted_mean(values: Tensor, weights: Tensor) -> float:
+    total = float(weights.sum())
+    return float((values * weights).sum()) / total if total > 0 else math.nan
 
 
 def write_entropy(result: EntropyResult, out_dir: Path) -> list[Path]:

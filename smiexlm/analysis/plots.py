@@ -78,13 +78,15 @@ def plot_entropy(rows: list[dict[str, Any]], path: Path) -> Path:
     """Entropy (bits) against mask ratio, one line per checkpoint (Figure 12)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in dict.fromkeys(r["checkpoint"] for r in rows):
+    for i, name in enumerate(dict.fromkeys(r["checkpoint"] for r in rows)):
         own = sorted((r for r in rows if r["checkpoint"] == name), key=lambda r: r["mask_ratio"])
-        label = f"{name} ({own[0]['objective']}" + (
-            f", k={own[0]['k']})" if own[0]["objective"] == "exlm" else ")"
-        )
-        ax.plot([r["mask_ratio"] for r in own], [r["entropy_bits"] for r in own], "o-",
-                label=label)  # fmt: skip
+        exlm = own[0]["objective"] == "exlm"
+        label = f"{name} ({own[0]['objective']}" + (f", k={own[0]['k']})" if exlm else ")")
+        ratios = [r["mask_ratio"] for r in own]
+        ax.plot(ratios, [r["entropy_bits"] for r in own], "o-", color=f"C{i}", label=label)
+        if exlm:  # the states on the DAG path; for MLM it is the same line
+            ax.plot(ratios, [r["entropy_bits_path"] for r in own], "s--", color=f"C{i}",
+                    label=f"{label}, path-weighted")  # fmt: skip
     ax.set_xlabel("mask ratio")
     ax.set_ylabel("prediction entropy (bits)")
     ax.set_title("Prediction entropy over masked tokens")

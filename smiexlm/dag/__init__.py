@@ -28,6 +28,7 @@ __all__ = [
     "dag_log_likelihood",
     "dag_logits_log_likelihood",
     "dag_best_alignment",
+    "dag_state_posterior",
     "dag_loss",
     "resolve_impl",
 ]
@@ -138,6 +139,43 @@ def dag_best_alignment(
         state_lengths.to(device=emissions.device, dtype=torch.long),
         target_lengths.to(device=emissions.device, dtype=torch.long),
     )
+
+
+@torch.no_grad()
+def dag_state_posterior(
+    emissions: torch.Tensor,
+    log_links: torch.Tensor,
+    state_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """(B, M, L) float: P(state u emits target i), over all paths weighted by their probability.
+
+    Each valid target row sums to 1 over the states and each sequence to M_b; summing over i
+    gives the probability that a state is on the path. Rows of sequences without a valid path
+    are all 0. Computed by the reference forward-backward recursions, without gradients.
+    """
+    from smiexlm.dag.reference import (
+        alpha_recursion,
+        beta_recursion,
+        emission_posterior,
+        log_partition,
+        prepare,
+    )
+
+    m_max, s_max = check_inputs(emissions, log_links, state_lengths, target_lengths)
+    state_lengths = state_lengths.to(device=emissions.device, dtype=torch.long)
+    target_lengths = target_lengths.to(device=emissions.device, dtype=torch.long)
+    em, links = prepare(
+        *_trim(emissions, log_links, state_lengths, target_lengths, m_max, s_max),
+        state_lengths,
+        target_lengths,
+    )
+    alpha = alpha_recursion(em, links)
+    beta = beta_recursion(em, links, state_lengths, target_lengths)
+    post = emission_posterior(alpha, beta, log_partition(alpha, state_lengths, target_lengths))
+    out = post.new_zeros(emissions.shape)
+    out[:, :m_max, :s_max] = post
+    return out
 
 
 def dag_loss(
