@@ -37,8 +37,6 @@ from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from smiexlm.paths import ASSETS_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
     from smiexlm.model.model import ExLMModel
     from smiexlm.tokenizer import SmilesTokenizer
 
@@ -118,19 +116,6 @@ class FeaturizeReport:
         )
 
 
-def resolve_device(device: str) -> torch.device:
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", device, "'cpu' or 'auto': no CUDA device is available")
-    try:
-        return torch.device(device)
-    except RuntimeError:
-        raise ConfigError("device", device, "'auto', 'cpu', 'cuda' or 'cuda:N'") from None
-
-
 def token_budget_batches(
     lengths: Sequence[int], max_tokens: int, batch_size: int | None = None
 ) -> list[list[int]]:
@@ -172,6 +157,8 @@ class Featurizer:
                 f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                 f"{model.config.vocab_size}"
             )
+        from smiexlm.device import resolve_device
+
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer

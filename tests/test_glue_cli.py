@@ -84,3 +84,21 @@ def test_table11_grid_ships_as_the_papers_config():
     config = GlueConfig("rte")
     assert config.seeds == (1, 2, 3, 4, 5) and config.weight_decay == 0.1
     assert config.adam_betas == (0.9, 0.98) and config.adam_eps == 1e-6
+
+
+def test_device_values_are_checked_early():
+    import torch
+
+    from smiexlm.device import resolve_device
+    from smiexlm.errors import ConfigError
+    from smiexlm.glue.finetune import GlueConfig
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ConfigError, match="device"):
+        resolve_device("tpu")
+    with pytest.raises(ConfigError, match="device"):
+        GlueConfig("rte", device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            GlueConfig("rte", device="cuda")

@@ -32,6 +32,9 @@ def glue(
     grid: Annotated[bool, typer.Option(help="Search Table 11's grid (slow).")] = False,
     out: Annotated[Path | None, typer.Option(help="Folder for one JSON result per task.")] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
+    device: Annotated[
+        str, typer.Option(help="auto (CUDA when available) | cpu | cuda[:N].")
+    ] = "auto",
 ) -> None:
     """Fine-tune a checkpoint on GLUE and print dev scores (median over seeds) next to the
     majority-class baseline. 'all' runs every task whose train and dev files are present."""
@@ -55,7 +58,7 @@ def glue(
         config = GlueConfig(
             name, lr, batch_size, epochs, warmup_ratio, seed_list, max_length=max_length,
             max_steps=max_steps, max_train_rows=max_train_rows, max_eval_rows=max_eval_rows,
-            threads=threads,
+            threads=threads, device=device,
         )  # fmt: skip
         result = (grid_search if grid else run_glue)(checkpoint, config)
         shown = "  ".join(f"{k} {100 * v:.1f}" for k, v in result.median.items())

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError
 from smiexlm.glue.metrics import compute_metrics, majority_baseline
 from smiexlm.glue.tasks import GlueSplit, GlueTask, get_task, load_task
@@ -82,6 +83,7 @@ class GlueConfig:
     max_eval_rows: int | None = None
     eval_split: str = "dev"
     threads: int | None = None  # torch.set_num_threads; None leaves it
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda[:N]; bf16 autocast on CUDA
 
     def __post_init__(self) -> None:
         self.task = get_task(self.task).name
@@ -89,6 +91,7 @@ class GlueConfig:
         self.adam_betas = tuple(float(b) for b in self.adam_betas)
         if not self.seeds:
             raise ConfigError("seeds", self.seeds, "at least one seed")
+        resolve_device(self.device)  # an unknown device or missing CUDA fails here, early
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError("lr", self.lr, "a positive number")
         for name in ("batch_size", "epochs", "max_length"):
@@ -172,13 +175,20 @@ def _optimizer(module: torch.nn.Module, config: GlueConfig) -> torch.optim.AdamW
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.adam_betas, eps=config.adam_eps)
 
 
+def _autocast(device: torch.device):
+    return torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda")
+
+
 @torch.no_grad()
 def predict(model, rows: list[list[int]], batch_size: int = 64) -> np.ndarray:
-    """Logits (N, C) of ``rows`` in order (eval mode)."""
+    """Logits (N, C) of ``rows`` in order (eval mode, on the model's device)."""
     model.eval()
+    device = next(model.parameters()).device
     out = []
     for _, ids, mask in _batches(rows, np.arange(len(rows)), batch_size):
-        out.append(model(ids, mask).logits.float().cpu().numpy())
+        with _autocast(device):
+            logits = model(ids.to(device), mask.to(device)).logits
+        out.append(logits.float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, 1), dtype=np.float32)
 
 
@@ -205,9 +215,10 @@ def finetune_seed(
     encoder = ExLMModel(model_config)
     encoder.load_state_dict(base_state)
     task_type = "regression" if task.is_regression else "classification"
+    device = resolve_device(config.device)
     model = ExLMForSequencePrediction(
         encoder, task.num_labels, task_type=task_type, pooler_dropout=config.pooler_dropout
-    )
+    ).to(device)
     steps_per_epoch = math.ceil(len(train_rows) / config.batch_size)
     total = steps_per_epoch * config.epochs
     if config.max_steps is not None:
@@ -234,7 +245,8 @@ def finetune_seed(
             target = labels[torch.from_numpy(index)]
             if task.is_regression:
                 target = target[:, None]  # (B, 1)
-            loss = model(ids, mask, labels=target).loss
+            with _autocast(device):
+                loss = model(ids.to(device), mask.to(device), labels=target.to(device)).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

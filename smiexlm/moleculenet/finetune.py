@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from smiexlm.device import resolve_device
 from smiexlm.errors import DataError
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.metrics import check_scorable, score
@@ -55,12 +56,6 @@ def canonical_smiles(smiles: Sequence[str]) -> list[str]:
             raise InvalidSmilesError(s, reason="RDKit cannot parse it")
         out.append(Chem.MolToSmiles(mol))
     return out
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 @dataclass
