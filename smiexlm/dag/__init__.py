@@ -155,9 +155,9 @@ def dag_state_posterior(
     are all 0. Computed by the reference forward-backward recursions, without gradients.
     """
     from smiexlm.dag.reference import (
-        alpha_recursion,
-        beta_recursion,
+        backward_beta,
         emission_posterior,
+        forward_alpha,
         log_partition,
         prepare,
     )
@@ -170,8 +170,8 @@ def dag_state_posterior(
         state_lengths,
         target_lengths,
     )
-    alpha = alpha_recursion(em, links)
-    beta = beta_recursion(em, links, state_lengths, target_lengths)
+    alpha = forward_alpha(em, links)
+    beta = backward_beta(em, links, state_lengths, target_lengths)
     post = emission_posterior(alpha, beta, log_partition(alpha, state_lengths, target_lengths))
     out = post.new_zeros(emissions.shape)
     out[:, :m_max, :s_max] = post

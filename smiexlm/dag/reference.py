@@ -14,13 +14,6 @@ Layout (shared by every implementation in :mod:`smiexlm.dag`):
 The forward pass runs the α recursion in O(M) vectorised steps, the backward pass the β
 recursion; the transition gradient is one stabilised batched matrix product over the target
 axis. Nothing is taped over the M steps, so memory is O(B·L·(M + L)).
-
-Each recursion step is a batched matrix-vector product in float64 over the transition
-probabilities (``*_bmm``): the log-space vector is shifted by its maximum and exponentiated,
-multiplied, and the shift is added back as a log. That is exact as long as no factor
-underflows, which is checked: a sequence in which a shifted log-value or a link falls below
-−``UNDERFLOW_NATS`` is recomputed by the log-space recursion (``forward_alpha``,
-``backward_beta``: a logsumexp over a (B, L, L) tile per step), which is the definition.
 """
 
 from __future__ import annotations
@@ -30,8 +23,6 @@ import math
 import torch
 
 NEG_INF = -math.inf
-#: float64 underflows below about exp(−708); two factors of at least exp(−300) stay above it.
-UNDERFLOW_NATS = 300.0
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -97,90 +88,6 @@ def backward_beta(
     return beta
 
 
-def _finite_or_zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(x), x, 0.0)
-
-
-def _below(x: torch.Tensor, dims) -> torch.Tensor:
-    """(B,) bool: any finite entry of ``x`` below −UNDERFLOW_NATS along ``dims``."""
-    return (torch.isfinite(x) & (x < -UNDERFLOW_NATS)).any(dim=dims)
-
-
-def _shifted_exp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """exp(x − max) over the last axis of (B, L) float64, the max (0 where all −inf) and the
-    rows where a finite entry sits more than UNDERFLOW_NATS below the max."""
-    top = _finite_or_zero(x.amax(dim=1, keepdim=True))
-    shifted = x - top
-    return torch.exp(shifted), top, _below(shifted, 1)
-
-
-def forward_alpha_bmm(em: torch.Tensor, links: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """α as in :func:`forward_alpha` by float64 matrix-vector products, and the (B,) bool rows
-    where a factor may have underflowed (recompute those with :func:`forward_alpha`)."""
-    B, M, L = em.shape
-    probs = torch.exp(links.double())  # (B, L, L), 0 where there is no edge
-    risky = _below(links, (1, 2))
-    alpha = em.new_full((B, M, L), NEG_INF)
-    alpha[:, 0, 0] = em[:, 0, 0]
-    prev = alpha[:, 0].double()
-    for i in range(1, M):
-        p, top, low = _shifted_exp(prev)  # (B, L) over predecessors v
-        mass = torch.bmm(p.unsqueeze(1), probs).squeeze(1)  # (B, L) over successors u
-        prev = em[:, i].double() + torch.log(mass) + top
-        alpha[:, i] = prev
-        risky |= low
-    return alpha, risky
-
-
-def backward_beta_bmm(
-    em: torch.Tensor,
-    links: torch.Tensor,
-    state_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """β as in :func:`backward_beta` by float64 matrix-vector products, and the (B,) bool rows
-    where a factor may have underflowed (recompute those with :func:`backward_beta`)."""
-    B, M, L = em.shape
-    probs = torch.exp(links.double())
-    risky = _below(links, (1, 2))
-    beta = em.new_full((B, M, L), NEG_INF)
-    batch = torch.arange(B, device=em.device)
-    beta[batch, target_lengths - 1, state_lengths - 1] = 0.0
-    last = (target_lengths - 1)[:, None]  # (B, 1)
-    for i in range(M - 2, -1, -1):
-        q, top, low = _shifted_exp((em[:, i + 1] + beta[:, i + 1]).double())  # over successors u
-        mass = torch.bmm(probs, q.unsqueeze(2)).squeeze(2)  # (B, L) over v
-        step = (torch.log(mass) + top).to(beta.dtype)
-        live = i < last
-        beta[:, i] = torch.where(live, step, beta[:, i])
-        risky |= low & live[:, 0]
-    return beta, risky
-
-
-def _with_fallback(fast: torch.Tensor, risky: torch.Tensor, exact) -> torch.Tensor:
-    """``fast`` with the rows flagged in ``risky`` replaced by ``exact(index)``."""
-    if bool(risky.any()):
-        idx = risky.nonzero()[:, 0]
-        fast[idx] = exact(idx)
-    return fast
-
-
-def alpha_recursion(em: torch.Tensor, links: torch.Tensor) -> torch.Tensor:
-    """α by :func:`forward_alpha_bmm`, flagged sequences by :func:`forward_alpha`."""
-    alpha, risky = forward_alpha_bmm(em, links)
-    return _with_fallback(alpha, risky, lambda i: forward_alpha(em[i], links[i]))
-
-
-def beta_recursion(em, links, state_lengths, target_lengths) -> torch.Tensor:
-    """β by :func:`backward_beta_bmm`, flagged sequences by :func:`backward_beta`."""
-    beta, risky = backward_beta_bmm(em, links, state_lengths, target_lengths)
-    return _with_fallback(
-        beta,
-        risky,
-        lambda i: backward_beta(em[i], links[i], state_lengths[i], target_lengths[i]),
-    )
-
-
 def log_partition(alpha: torch.Tensor, state_lengths, target_lengths) -> torch.Tensor:
     """(B,) α[M_b − 1, S_b − 1]."""
     batch = torch.arange(alpha.shape[0], device=alpha.device)
@@ -193,6 +100,10 @@ def emission_posterior(alpha, beta, log_z) -> torch.Tensor:
     shift = torch.where(ok, log_z, 0.0)[:, None, None]
     post = torch.exp(alpha + beta - shift)
     return torch.where(ok[:, None, None], post, 0.0)
+
+
+def _finite_or_zero(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(x), x, 0.0)
 
 
 def transition_posterior_bmm(alpha, beta, em, links, log_z) -> torch.Tensor:
@@ -261,7 +172,7 @@ class DagLogLikelihood(torch.autograd.Function):
     @staticmethod
     def forward(ctx, emissions, log_links, state_lengths, target_lengths):
         em, links = prepare(emissions, log_links, state_lengths, target_lengths)
-        alpha = alpha_recursion(em, links)
+        alpha = forward_alpha(em, links)
         log_z = log_partition(alpha, state_lengths, target_lengths)
         ctx.save_for_backward(em, links, alpha, log_z, state_lengths, target_lengths)
         ctx.in_dtypes = (emissions.dtype, log_links.dtype)
@@ -271,7 +182,7 @@ class DagLogLikelihood(torch.autograd.Function):
     def backward(ctx, grad_out):
         em, links, alpha, log_z, state_lengths, target_lengths = ctx.saved_tensors
         grad_em = grad_links = None
-        beta = beta_recursion(em, links, state_lengths, target_lengths)
+        beta = backward_beta(em, links, state_lengths, target_lengths)
         g = grad_out.to(em.dtype)[:, None, None]
         em_post = emission_posterior(alpha, beta, log_z)  # (B, M, L)
         if ctx.needs_input_grad[0]:
