@@ -37,12 +37,8 @@ from smiexlm.paths import PACKAGE_DIR
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "glue.toml"
 
 
-def _load_config(path: Path = CONFIG_PATH) -> dict[str, Any]:
-    with open(path, "rb") as handle:
-        return tomllib.load(handle)
-
-
-_CONFIG = _load_config()
+with open(CONFIG_PATH, "rb") as _handle:
+    _CONFIG = tomllib.load(_handle)
 _DEFAULTS = _CONFIG["defaults"]
 #: Table 11: grid search space, read from ``configs/finetune/glue.toml``. ``large``: MNLI,
 #: QNLI, QQP, SST-2; ``small``: RTE, MRPC, CoLA, STS-B (and WNLI, not in the paper's table).
