@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -63,3 +64,24 @@ def read_json_file(
             f"{what} {str(path)!r} has format {doc.get('format')!r}: expected {expected_format!r}"
         )
     return path, doc
+
+
+def json_safe(value: Any) -> Any:
+    """JSON-safe values: NaN/inf become null, Paths become strings, tuples become lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_json(doc: dict[str, Any], path: str | Path) -> Path:
+    """Write ``doc`` (made JSON-safe) as indented UTF-8 JSON, creating the parent folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json_safe(doc), indent=1) + "\n", encoding="utf-8")
+    return path

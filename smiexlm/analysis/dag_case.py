@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from smiexlm.analysis import inputs
-from smiexlm.analysis.report import write_json, write_rows
+from smiexlm.analysis.report import write_rows
 from smiexlm.errors import ConfigError
+from smiexlm.paths import write_json
 
 
 @dataclass

@@ -25,8 +25,9 @@ from tqdm.auto import tqdm
 
 from smiexlm.analysis import inputs
 from smiexlm.analysis.measures import effective_rank
-from smiexlm.analysis.report import write_json, write_rows
+from smiexlm.analysis.report import write_rows
 from smiexlm.errors import ConfigError
+from smiexlm.paths import write_json
 
 
 @dataclass

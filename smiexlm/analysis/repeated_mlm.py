@@ -35,9 +35,10 @@ import torch
 from torch import Tensor, nn
 
 from smiexlm.analysis import measures
-from smiexlm.analysis.report import write_json, write_rows
+from smiexlm.analysis.report import write_rows
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.config import N_SPECIAL_TOKENS
+from smiexlm.paths import write_json
 
 
 @dataclass

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import statistics
 import time
@@ -32,7 +31,7 @@ from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError
 from smiexlm.glue.metrics import compute_metrics, majority_baseline
 from smiexlm.glue.tasks import GlueSplit, GlueTask, get_task, load_task
-from smiexlm.paths import PACKAGE_DIR
+from smiexlm.paths import PACKAGE_DIR, write_json
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "glue.toml"
 
@@ -331,17 +330,4 @@ def _better(a: float, b: float) -> bool:
 
 def save_result(result: GlueResult, path: str | Path) -> Path:
     """Write the result as JSON (NaN written as null)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    def fix(x):
-        if isinstance(x, float) and math.isnan(x):
-            return None
-        if isinstance(x, dict):
-            return {k: fix(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [fix(v) for v in x]
-        return x
-
-    path.write_text(json.dumps(fix(result.to_dict()), indent=1) + "\n", encoding="utf-8")
-    return path
+    return write_json(result.to_dict(), path)
