@@ -19,6 +19,7 @@ import numpy as np
 
 from smiexlm.errors import DataError
 from smiexlm.featurizer import FeaturizeReport
+from smiexlm.fingerprints import tanimoto_matrix
 
 OUT_SUFFIXES = (".parquet", ".npy")
 
@@ -183,16 +184,6 @@ def cosine_matrix(x: np.ndarray) -> np.ndarray:
     """(n, d) -> (n, n) cosine similarities."""
     unit = x / np.linalg.norm(x, axis=1, keepdims=True).clip(min=1e-12)
     return unit @ unit.T
-
-
-def tanimoto_matrix(smiles: list[str], radius: int = 2, n_bits: int = 2048) -> np.ndarray:
-    """(n, n) Tanimoto similarities of Morgan (ECFP4 by default) bit fingerprints."""
-    from rdkit import Chem, DataStructs
-    from rdkit.Chem import rdFingerprintGenerator
-
-    gen = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits)
-    fps = [gen.GetFingerprint(Chem.MolFromSmiles(s)) for s in smiles]
-    return np.array([DataStructs.BulkTanimotoSimilarity(fp, fps) for fp in fps])
 
 
 def _nearest(sim: np.ndarray) -> tuple[list[int], list[float]]:

@@ -18,6 +18,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from smiexlm.errors import ConfigError
+from smiexlm.fingerprints import morgan_fingerprints
 from smiexlm.moleculenet.metrics import check_scorable, score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS, make_split
@@ -43,24 +44,6 @@ class BaselineConfig:
             raise ConfigError("class_weight", self.class_weight, "'balanced' or 'none'")
         if self.split not in SPLIT_KINDS:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
-
-
-def morgan_fingerprints(smiles: Sequence[str], radius: int = 2, n_bits: int = 2048) -> np.ndarray:
-    """(N, n_bits) uint8 bit vectors; raises InvalidSmilesError for an unparsable SMILES."""
-    from rdkit import Chem, RDLogger
-    from rdkit.Chem import rdFingerprintGenerator
-
-    from smiexlm.errors import InvalidSmilesError
-
-    RDLogger.DisableLog("rdApp.*")
-    generator = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits)
-    out = np.zeros((len(smiles), n_bits), dtype=np.uint8)
-    for i, s in enumerate(smiles):
-        mol = Chem.MolFromSmiles(s)
-        if mol is None:
-            raise InvalidSmilesError(s, reason="RDKit cannot parse it")
-        out[i] = generator.GetFingerprintAsNumPy(mol)
-    return out
 
 
 def _fit_predict(
