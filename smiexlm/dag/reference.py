@@ -115,6 +115,8 @@ def transition_posterior_bmm(alpha, beta, em, links, log_z) -> torch.Tensor:
     moves to the right factor, and each side is then shifted by its per-state maximum over
     the steps. Every factor is ≤ 1; the shifts, the link and log Z are added back as logs.
     """
+    if em.shape[1] < 2:  # every target has length 1: no transition is taken
+        return torch.zeros_like(links)
     ok = torch.isfinite(log_z)
     x = alpha[:, :-1].double()  # (B, M−1, L) over predecessors v
     y = (em[:, 1:] + beta[:, 1:]).double()  # (B, M−1, L) over successors u
@@ -166,6 +168,20 @@ def transition_posterior(alpha, beta, em, links, log_z, em_post, target_lengths)
     return post
 
 
+def posterior_gradients(ctx, grad_out, em, links, alpha, beta, log_z, target_lengths):
+    """The autograd backward's outputs from α and β: the emission and transition posteriors
+    scaled by the incoming gradient, cast back to the input dtypes (None where not needed)."""
+    grad_em = grad_links = None
+    g = grad_out.to(em.dtype)[:, None, None]
+    em_post = emission_posterior(alpha, beta, log_z)  # (B, M, L)
+    if ctx.needs_input_grad[0]:
+        grad_em = (g * em_post).to(ctx.in_dtypes[0])
+    if ctx.needs_input_grad[1]:
+        post = transition_posterior(alpha, beta, em, links, log_z, em_post, target_lengths)
+        grad_links = (g * post).to(ctx.in_dtypes[1])
+    return grad_em, grad_links, None, None
+
+
 class DagLogLikelihood(torch.autograd.Function):
     """log Z per sequence; backward via β and the two posteriors (no tape over M)."""
 
@@ -181,16 +197,8 @@ class DagLogLikelihood(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         em, links, alpha, log_z, state_lengths, target_lengths = ctx.saved_tensors
-        grad_em = grad_links = None
         beta = backward_beta(em, links, state_lengths, target_lengths)
-        g = grad_out.to(em.dtype)[:, None, None]
-        em_post = emission_posterior(alpha, beta, log_z)  # (B, M, L)
-        if ctx.needs_input_grad[0]:
-            grad_em = (g * em_post).to(ctx.in_dtypes[0])
-        if ctx.needs_input_grad[1]:
-            post = transition_posterior(alpha, beta, em, links, log_z, em_post, target_lengths)
-            grad_links = (g * post).to(ctx.in_dtypes[1])
-        return grad_em, grad_links, None, None
+        return posterior_gradients(ctx, grad_out, em, links, alpha, beta, log_z, target_lengths)
 
 
 def reference_log_likelihood(
