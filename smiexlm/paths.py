@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +83,83 @@ def json_safe(value: Any) -> Any:
 
 
 def write_json(doc: dict[str, Any], path: str | Path) -> Path:
-    """Write ``doc`` (made JSON-safe) as indented UTF-8 JSON, creating the parent folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_safe(doc), indent=1) + "\n", encoding="utf-8")
-    return path
+    """Write ``doc`` (made JSON-safe) as indented UTF-8 JSON, atomically, creating the parent
+    folder."""
+    return write_text_atomic(path, json.dumps(json_safe(doc), indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------- atomic outputs
+def temporary_name(path: Path) -> Path:
+    """A hidden name beside ``path`` that keeps its suffix (writers that pick a format from
+    the suffix, such as ``savefig``, still work): ``out/emb.npy`` -> ``out/.emb.tmp-PID.npy``."""
+    return path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`temporary_name` makes (left behind by a killed run)."""
+    return name.startswith(".") and ".tmp-" in name
+
+
+def _fsync(path: Path) -> None:
+    if path.is_file():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM (delivered on exit), so that several renames happen as one."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:  # pragma: no cover - not POSIX
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = mask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, previous)
+
+
+@contextmanager
+def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
+    """Temporary names to write ``paths`` under; renamed into place together on success.
+
+    Every output goes to a temporary name beside its final one, is flushed to disk, and is
+    renamed only when the block finishes without error, so a reader never sees a partial
+    file and an interrupt never destroys the previous result. The renames of several files
+    run with Ctrl-C and SIGTERM held, so they land as one unit. On error the temporary files
+    are removed and the final names are left untouched.
+    """
+    finals = [Path(p) for p in paths]
+    for final in finals:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    tmps = [temporary_name(final) for final in finals]
+    try:
+        yield tmps
+        for tmp in tmps:
+            _fsync(tmp)
+        with _signals_deferred():
+            for tmp, final in zip(tmps, finals, strict=True):
+                if tmp.exists():
+                    os.replace(tmp, final)
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """One temporary name for ``path``; see :func:`atomic_paths`."""
+    with atomic_paths(path) as (tmp,):
+        yield tmp
+
+
+def write_bytes_atomic(path: str | Path, payload: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(payload)
+    return Path(path)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"))

@@ -37,6 +37,7 @@ from smiexlm.data.shards import (
     write_shard,
 )
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
+from smiexlm.paths import is_temporary_name
 
 FORMAT = "smiexlm-token-shards/1"
 SPLITS = ("train", "valid")
@@ -333,7 +334,7 @@ def _drop_uncommitted(out: Path, state: _State) -> None:
     committed = {s["name"] for split in SPLITS for s in state.shards[split]}
     for path in out.iterdir():
         stem, suffix = os.path.splitext(path.name)
-        if path.name.endswith(".tmp") or (
+        if is_temporary_name(path.name) or path.name.endswith(".tmp") or (
             suffix in SHARD_SUFFIXES and stem.split("-")[0] in SPLITS and stem not in committed
         ):
             path.unlink()

@@ -17,7 +17,6 @@ crash never leaves a half-written shard under its final name.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -25,18 +24,14 @@ from typing import Literal
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.paths import write_bytes_atomic
 
 Split = Literal["train", "valid"]
 SHARD_SUFFIXES = (".bin", ".idx", ".hash")
 
 
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_bytes_atomic(path, payload)
 
 
 def atomic_write_json(path: Path, doc: dict) -> None:
