@@ -62,21 +62,30 @@ def build_schedule(config: TrainConfig) -> PolynomialDecaySchedule:
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW over the trainable parameters: group 0 decayed (matrices), group 1 not."""
+    return adamw_with_decay_groups(
+        model, config.lr, config.weight_decay, config.adam_betas, config.adam_eps
+    )
+
+
+def adamw_with_decay_groups(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.98),
+    eps: float = 1e-6,
+) -> torch.optim.AdamW:
+    """AdamW over the parameters that require gradients: group 0 decayed (matrices), group 1
+    not (biases, LayerNorm gains). Pre-training and fine-tuning both build it here."""
     decay, no_decay = [], []
     for _, param in sorted(model.named_parameters(), key=lambda item: item[0]):
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)
     groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(
-        groups,
-        lr=config.lr,
-        betas=config.adam_betas,
-        eps=config.adam_eps,
-        weight_decay=config.weight_decay,
-        foreach=None,
+        groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=None
     )
 
 
