@@ -60,47 +60,11 @@ class EmbedResult:
     n_rows: int
     dim: int
     id_columns: list[str]
-    report: FeaturizeReport
+    report: FeaturizeReport  # ``failed`` holds the first SHOWN_FAILURES bad rows only
     ids_path: Path | None = None
 
 
-def read_table(path: Path, smiles_col: str) -> Any:
-    """A DataFrame from CSV/TSV/Parquet (optionally ``.gz``), or ``.smi`` (SMILES [name])."""
-    import pandas as pd
-
-    if not path.is_file():
-        raise DataError(f"input {str(path)!r} does not exist")
-    name = path.name.lower().removesuffix(".gz")
-    if name.endswith(".parquet"):
-        frame = pd.read_parquet(path)
-    elif name.endswith((".csv", ".tsv")):
-        frame = pd.read_csv(path, sep="\t" if name.endswith(".tsv") else ",")
-    elif name.endswith((".smi", ".txt")):
-        rows = [line.split(None, 1) for line in _read_lines(path) if line.strip()]
-        frame = pd.DataFrame(
-            {
-                smiles_col: [r[0] for r in rows],
-                "name": [r[1].strip() if len(r) > 1 else "" for r in rows],
-            }
-        )
-    else:
-        raise DataError(
-            f"input {str(path)!r}: expected a .csv, .tsv, .parquet or .smi file (optionally .gz)"
-        )
-    if smiles_col not in frame.columns:
-        raise DataError(
-            f"input {str(path)!r} has no column {smiles_col!r}: expected one of "
-            f"{list(frame.columns)[:20]} (choose it with --smiles-col)"
-        )
-    return frame
-
-
-def _read_lines(path: Path) -> list[str]:
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        return handle.read().splitlines()
+SHOWN_FAILURES = 10  # bad rows kept in the report (all of them are NaN in the output)
 
 
 def embed_file(
@@ -115,47 +79,140 @@ def embed_file(
     max_tokens: int = 16384,
     device: str = "auto",
     progress: bool = True,
+    chunk_rows: int = 8192,
 ) -> EmbedResult:
     """Embed the SMILES column of ``input_path`` and write ``out`` (.parquet or .npy).
 
     ``id_cols`` (default: every column but the SMILES one) are kept beside the embeddings.
+    The input is read ``chunk_rows`` rows at a time and each chunk's rows are appended to the
+    output, so memory stays flat whatever the input size. Everything is written under
+    temporary names and renamed into place at the end (``.npy`` and its ``.ids.csv``
+    together): an interrupted run leaves the previous output whole.
     """
-    import pandas as pd
-
     from smiexlm.featurizer import Featurizer
+    from smiexlm.paths import atomic_paths
+    from smiexlm.tables import iter_table
 
-    out = Path(out)
+    out, input_path = Path(out), Path(input_path)
     if out.suffix not in OUT_SUFFIXES:
         raise DataError(f"--out {str(out)!r}: expected a file ending in {OUT_SUFFIXES}")
-    frame = read_table(Path(input_path), smiles_col)
+    chunks = iter_table(input_path, smiles_col, chunk_rows)
+    first = next(chunks)  # raises DataError for an empty or unreadable input
     if id_cols is None:
-        id_cols = [c for c in frame.columns if c != smiles_col]
-    missing = [c for c in id_cols if c not in frame.columns]
+        id_cols = [c for c in first.columns if c != smiles_col]
+    missing = [c for c in id_cols if c not in first.columns]
     if missing:
         raise DataError(
-            f"id columns {missing} are not in the input: expected some of {list(frame.columns)}"
+            f"id columns {missing} are not in the input: expected some of {list(first.columns)}"
         )
     feat = Featurizer.from_pretrained(checkpoint, device=device)
-    emb = feat.featurize(
-        frame[smiles_col],
-        pooling=pooling,
-        errors=errors,
-        canonicalize=canonicalize,
-        max_tokens=max_tokens,
-        progress=progress,
-    )  # (n, d)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    ids_path = None
-    kept = frame[[*id_cols, smiles_col]].reset_index(drop=True)
-    if out.suffix == ".npy":
-        np.save(out, emb)
-        if id_cols:
-            ids_path = out.with_suffix(".ids.csv")
-            kept.to_csv(ids_path, index=False)
-    else:
-        columns = pd.DataFrame(emb, columns=[f"e{i}" for i in range(emb.shape[1])])
-        pd.concat([kept, columns], axis=1).to_parquet(out, index=False)
-    return EmbedResult(out, len(frame), emb.shape[1], list(id_cols), feat.last_report, ids_path)
+    report = FeaturizeReport()
+    ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
+    finals = [out] if ids_path is None else [out, ids_path]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(unit="mol", desc="embed")
+    with atomic_paths(*finals) as tmps:
+        writer = _writer(out.suffix, tmps, feat.dim)
+        try:
+            for frame in _chain(first, chunks):
+                emb = feat.featurize(
+                    frame[smiles_col], pooling=pooling, errors=errors, canonicalize=canonicalize,
+                    max_tokens=max_tokens, index_offset=report.n_inputs, log_failures=False,
+                )  # fmt: skip  (n, d)
+                _merge(report, feat.last_report)
+                writer.write(frame[[*id_cols, smiles_col]].reset_index(drop=True), emb)
+                if bar is not None:
+                    bar.update(len(frame))
+            writer.close()
+        finally:
+            writer.abort()
+            if bar is not None:
+                bar.close()
+    feat.last_report = report
+    return EmbedResult(out, report.n_inputs, feat.dim, list(id_cols), report, ids_path)
+
+
+def _chain(first: Any, rest: Any) -> Any:
+    yield first
+    yield from rest
+
+
+def _merge(total: FeaturizeReport, part: FeaturizeReport) -> None:
+    total.n_inputs += part.n_inputs
+    total.n_failed += part.n_failed
+    total.n_unk_tokens += part.n_unk_tokens
+    total.n_changed_by_normalization += part.n_changed_by_normalization
+    total.failed += part.failed[: SHOWN_FAILURES - len(total.failed)]
+
+
+def _writer(suffix: str, tmps: list[Path], dim: int) -> Any:
+    if suffix == ".npy":
+        return NpyRowWriter(tmps[0], dim, ids_path=tmps[1] if len(tmps) > 1 else None)
+    return ParquetRowWriter(tmps[0])
+
+
+class NpyRowWriter:
+    """A float32 ``(n, d)`` ``.npy`` file written row block by row block.
+
+    The header is reserved at the start with room for any row count and rewritten with the
+    final shape by :meth:`close`; the id columns go to a CSV beside it, chunk by chunk."""
+
+    HEADER = 128  # bytes: magic, version, length and the padded header dict
+
+    def __init__(self, path: Path, dim: int, ids_path: Path | None = None):
+        self.path, self.dim, self.ids_path, self.rows = path, dim, ids_path, 0
+        self.handle = open(path, "wb")  # noqa: SIM115 - closed by close()/abort()
+        self.handle.write(self._header(0))
+
+    def _header(self, rows: int) -> bytes:
+        text = repr({"descr": "<f4", "fortran_order": False, "shape": (rows, self.dim)})
+        body = text.encode("latin1").ljust(self.HEADER - 10 - 1) + b"\n"
+        return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body
+
+    def write(self, ids: Any, emb: np.ndarray) -> None:
+        self.handle.write(np.ascontiguousarray(emb, dtype="<f4").tobytes())
+        if self.ids_path is not None:
+            ids.to_csv(self.ids_path, mode="a" if self.rows else "w", header=not self.rows,
+                       index=False)  # fmt: skip
+        self.rows += len(emb)
+
+    def close(self) -> None:
+        self.handle.seek(0)
+        self.handle.write(self._header(self.rows))
+        self.handle.close()
+
+    def abort(self) -> None:
+        self.handle.close()
+
+
+class ParquetRowWriter:
+    """A Parquet table (id columns, SMILES, ``e0 … e{d-1}``), one row group per chunk."""
+
+    def __init__(self, path: Path):
+        self.path, self.writer, self.schema = path, None, None
+
+    def write(self, ids: Any, emb: np.ndarray) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(ids, preserve_index=False)
+        for i in range(emb.shape[1]):
+            table = table.append_column(f"e{i}", pa.array(emb[:, i], type=pa.float32()))
+        if self.writer is None:
+            self.schema = table.schema
+            self.writer = pq.ParquetWriter(self.path, self.schema)
+        self.writer.write_table(table.cast(self.schema))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def abort(self) -> None:
+        self.close()
 
 
 # ---------------------------------------------------------------------- demo

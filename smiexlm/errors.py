@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 
+def shorten(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters for a message, saying how long it was."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
+
+
 class SmiexlmError(Exception):
     """Base class of every error smiexlm raises on purpose."""
 
@@ -16,7 +24,7 @@ class InvalidSmilesError(SmiexlmError, ValueError):
         self.reason = reason
         where = f" at character {position} ({smiles[position]!r})" if position is not None else ""
         detail = f": {reason}" if reason else ""
-        super().__init__(f"invalid SMILES {smiles!r}{where}{detail}")
+        super().__init__(f"invalid SMILES {shorten(smiles)!r}{where}{detail}")
 
 
 class ConfigError(SmiexlmError, ValueError):

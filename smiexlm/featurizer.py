@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
+from smiexlm.errors import ConfigError, DataError, InvalidSmilesError, shorten
 from smiexlm.paths import ASSETS_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -217,6 +217,9 @@ class Featurizer:
         canonicalize: bool = True,
         chunk_size: int = 8192,
         progress: bool = False,
+        *,
+        index_offset: int = 0,
+        log_failures: bool = True,
     ) -> np.ndarray:
         """Embeddings (n, d) float32 of ``smiles`` (a list, tuple, pandas Series or iterable),
         in input order.
@@ -226,6 +229,9 @@ class Featurizer:
         ``errors``: ``raise`` on the first bad SMILES, or ``nan`` to fill its row with NaN.
         ``max_tokens``: padded tokens per batch; ``batch_size``: molecules per batch cap.
         ``canonicalize=False`` skips the checkpoint's normalisation (SMILES used as written).
+        ``index_offset`` is added to the input indices in errors and in the report (a caller
+        that streams a file in pieces reports file rows); ``log_failures=False`` leaves the
+        listing of bad inputs to the caller.
         """
         if pooling not in _POOLINGS:
             raise ConfigError("pooling", pooling, f"one of {_POOLINGS}")
@@ -251,7 +257,7 @@ class Featurizer:
             chunk = items[start : start + chunk_size]
             rows = self._featurize_chunk(
                 chunk,
-                start,
+                index_offset + start,
                 pooling,
                 layer,
                 errors,
@@ -265,8 +271,8 @@ class Featurizer:
         if bar is not None:
             bar.close()
         self.last_report = report
-        if report.n_failed:
-            shown = ", ".join(f"#{i} {s!r} ({why})" for i, s, why in report.failed[:10])
+        if report.n_failed and log_failures:
+            shown = ", ".join(f"#{i} {shorten(s)!r} ({why})" for i, s, why in report.failed[:10])
             more = f" and {report.n_failed - 10} more" if report.n_failed > 10 else ""
             logger.warning(
                 "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",

@@ -32,13 +32,17 @@ def embed(
 ) -> None:
     """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv."""
     from smiexlm.embed import embed_file
+    from smiexlm.errors import shorten
 
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols is not None else None
     result = embed_file(input, out, smiles_col, cols, checkpoint, pooling, errors,  # type: ignore[arg-type]
                         not no_canonicalize, device=device)  # fmt: skip
-    typer.echo(f"{result.report.summary()}")
-    for index, smiles, reason in result.report.failed[:10]:
-        typer.echo(f"  row {index}: {smiles!r} ({reason})", err=True)
+    report = result.report
+    typer.echo(f"{report.summary()}")
+    for index, smiles, reason in report.failed:
+        typer.echo(f"  row {index}: {shorten(smiles)!r} ({reason})", err=True)
+    if report.n_failed > len(report.failed):
+        typer.echo(f"  ... and {report.n_failed - len(report.failed):,} more (NaN rows)", err=True)
     extra = f" (+ ids in {result.ids_path})" if result.ids_path else ""
     typer.echo(f"wrote {result.out}: {result.n_rows} x {result.dim}{extra}")
 
