@@ -27,10 +27,13 @@ def tokenize(
     tok = SmilesTokenizer.load(vocab) if vocab else SmilesTokenizer()
     items = list(smiles or [])
     if file is not None:
-        items += [line.split()[0] for line in file.read_text().splitlines() if line.strip()]
+        items += read_smiles_lines(file)
     if not items:
         raise typer.BadParameter("give SMILES as arguments or with --file")
     for s in items:
+        if not s:  # a blank input line gives a blank output line: the lines stay aligned
+            typer.echo("")
+            continue
         try:
             out = tok.encode(s) if ids else tok.tokenize(s)
         except InvalidSmilesError as err:
@@ -39,6 +42,29 @@ def tokenize(
         typer.echo(" ".join(map(str, out)))
     if tok.n_unk:
         typer.echo(f"{tok.n_unk} token(s) mapped to [UNK]", err=True)
+
+
+def read_smiles_lines(path: Path) -> list[str]:
+    """The SMILES of each line of ``path`` (``""`` for a blank line), as preprocessing reads
+    them; a missing or non-UTF-8 file raises DataError."""
+    from smiexlm.data.readers import split_smiles_line
+    from smiexlm.errors import DataError
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"--file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise DataError(f"--file {str(path)!r} is a folder: expected a text file") from None
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"--file {str(path)!r} is not UTF-8 text (byte offset {err.start}): expected one "
+            "SMILES per line"
+        ) from None
+    lines = text.split("\n")  # only line feeds end a line, as in preprocessing
+    if lines[-1] == "":
+        lines.pop()
+    return [split_smiles_line(line)[0] for line in lines]
 
 
 @vocab_app.command("build")

@@ -12,11 +12,16 @@ entirely: the SMILES is kept as written and only the tokenizer validates it (the
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from smiexlm.data.readers import split_smiles_line
 from smiexlm.tokenizer_fast import ChunkEncoder
+
+# Whitespace other than the line break: its chunks take the per-line path, which strips.
+_NON_NEWLINE_SPACE = re.compile(r"[^\S\n]")
 
 REJECT_REASONS = (
     "empty",
@@ -86,7 +91,7 @@ def _decode_rows(items: list) -> tuple[list[str | None], list[tuple[int, str, st
             text = blob.decode("utf-8")
         except UnicodeDecodeError:
             text = None
-        if text is not None and not any(c in text for c in " \t\r"):
+        if text is not None and not _NON_NEWLINE_SPACE.search(text):
             fields = text.split("\n")
             if blob.endswith(b"\n"):
                 fields.pop()
@@ -104,13 +109,8 @@ def _decode_rows(items: list) -> tuple[list[str | None], list[tuple[int, str, st
                 rejects.append((i, shown, "non_utf8"))
                 out.append(None)
                 continue
-            line = raw.rstrip("\r\n")
-            # The SMILES is the text before the first space or tab (a name may follow).
-            raw = line.replace("\t", " ", 1).split(" ", 1)[0] if line.strip() else ""
-            if not raw and line.strip():
-                rejects.append((i, line, "empty"))
-                out.append(None)
-                continue
+            # Stripped, then the text before the first space or tab (a name may follow).
+            raw, _ = split_smiles_line(raw)
         elif raw is None:
             raw = ""
         else:

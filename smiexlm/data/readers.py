@@ -20,6 +20,7 @@ import csv
 import gzip
 import hashlib
 import io
+import re
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -40,6 +41,18 @@ _SUFFIXES: dict[str, Format] = {
     ".pq": "parquet",
     ".lmdb": "lmdb",
 }
+
+
+_FIELD_SEPARATOR = re.compile(r"[ \t]+")
+
+
+def split_smiles_line(line: str) -> tuple[str, str]:
+    """``(smiles, name)`` of one line of a SMILES file, the same for every command.
+
+    Surrounding whitespace (``str.strip``) is removed; the SMILES runs up to the first space
+    or tab and the rest is its name. A blank line gives ``("", "")``."""
+    parts = _FIELD_SEPARATOR.split(line.strip(), maxsplit=1)
+    return parts[0], parts[1] if len(parts) > 1 else ""
 
 
 def detect_format(path: Path) -> Format:
