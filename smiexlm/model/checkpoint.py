@@ -87,11 +87,25 @@ def read_vocabulary(path: Path) -> tuple[int, str | None]:
     return len(tokens), doc.get("hash")
 
 
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file; a truncated or foreign file raises DataError."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    except FileNotFoundError:
+        raise DataError(f"{str(path)!r} does not exist") from None
+    except (SafetensorError, OSError, ValueError) as err:
+        raise DataError(
+            f"{str(path)!r} is not a readable safetensors file ({err}): the file is truncated "
+            "or corrupted"
+        ) from None
+
+
 def load_checkpoint(
     cls: type[ExLMModel], directory: Path, map_location: str | torch.device = "cpu"
 ) -> ExLMModel:
-    from safetensors import safe_open
-
     if not directory.is_dir():
         raise DataError(f"checkpoint folder {str(directory)!r} does not exist")
     config_path = directory / CONFIG_NAME
@@ -114,10 +128,7 @@ def load_checkpoint(
     weights_path = directory / WEIGHTS_NAME
     if not weights_path.is_file():
         raise DataError(f"checkpoint folder {str(directory)!r} has no {WEIGHTS_NAME}")
-    loaded = {}
-    with safe_open(str(weights_path), framework="pt", device="cpu") as handle:
-        for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            loaded[name] = handle.get_tensor(name)
+    loaded = load_tensors(weights_path)
     missing = sorted(set(expected) - set(loaded))
     unexpected = sorted(set(loaded) - set(expected))
     if missing or unexpected:

@@ -170,8 +170,19 @@ class ExLMConfig:
         return cls(**data)
 
     def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        from smiexlm.paths import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> ExLMConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read ``config.json``; a file that is not JSON or has bad fields raises an error
+        that names it."""
+        from smiexlm.errors import DataError
+        from smiexlm.paths import read_json_file
+
+        path, doc = read_json_file(path, "model config")
+        try:
+            return cls.from_dict(doc)
+        except (ConfigError, TypeError) as err:
+            raise DataError(f"model config {str(path)!r}: {err}") from None
