@@ -114,7 +114,8 @@ def test_input_formats_agree(corpus, tmp_path):
     smiles = corpus["smiles"][:600] + [""]
     ref = tmp_path / "a.smi.gz"
     with gzip.open(ref, "wt") as handle:
-        handle.write("\n".join(f"{s}\tid{i}" for i, s in enumerate(smiles)) + "\n")
+        # a line is stripped before its fields are split: the empty SMILES is a blank line
+        handle.write("\n".join(f"{s}\tid{i}" if s else "" for i, s in enumerate(smiles)) + "\n")
     with open(tmp_path / "a.csv", "w", newline="") as handle:
         w = csv.writer(handle)
         w.writerow(["id", "SMILES"])

@@ -166,6 +166,7 @@ def preprocess(
     cfg_doc = asdict(config)
     state = _State()
     progress_path = out / "progress.json"
+    folder_existed = out.exists()
     if resume and progress_path.is_file():
         saved = json.loads(progress_path.read_text())
         _check_resume(saved, tokenizer.vocab_hash, cfg_doc, source_docs, out)
@@ -193,9 +194,23 @@ def preprocess(
             seen.update(read_hashes(out, shard["name"]))
 
     start = time.perf_counter()
-    processed = _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_doc,
-                     source_docs)  # fmt: skip
+    try:
+        processed = _run(out, config, tokenizer, sources, state, seen, workers, progress,
+                         cfg_doc, source_docs)  # fmt: skip
+    except BaseException:
+        if not any(state.shards.values()):  # nothing worth resuming: leave no trace
+            _remove_run(out, folder_existed)
+        raise
     elapsed = time.perf_counter() - start
+    if not any(state.shards.values()):
+        _remove_run(out, folder_existed)
+        rejected = ", ".join(f"{k}={v:,}" for k, v in state.rejected.items() if v) or "none"
+        names = ", ".join(repr(str(p)) for p, _ in sources)
+        raise DataError(
+            f"input {names} gave no molecule: {state.molecules_in:,} rows read, rejected: "
+            f"{rejected}; duplicates: {state.duplicates:,}. Expected at least one valid SMILES "
+            f"(one per line, or a --smiles-col column); nothing was written to {str(out)!r}"
+        )
     manifest = _manifest(state, tokenizer, cfg_doc, source_docs)
     atomic_write_json(out / "manifest.json", manifest)
     _save_progress(out, state, tokenizer.vocab_hash, cfg_doc, source_docs, complete=True)
@@ -340,6 +355,21 @@ def _drop_uncommitted(out: Path, state: _State) -> None:
             path.unlink()
     with open(out / "rejects.csv", "r+b") as handle:
         handle.truncate(state.rejects_bytes)
+
+
+def _remove_run(out: Path, folder_existed: bool) -> None:
+    """Delete what a run that committed no shard wrote (only the pipeline's own files)."""
+    if not out.is_dir():
+        return
+    for path in out.iterdir():
+        stem, suffix = os.path.splitext(path.name)
+        ours = path.name in ("vocab.json", "rejects.csv", "progress.json", "manifest.json") or (
+            suffix in SHARD_SUFFIXES and stem.split("-")[0] in SPLITS
+        )
+        if path.is_file() and (ours or is_temporary_name(path.name)):
+            path.unlink()
+    if not folder_existed and not any(out.iterdir()):
+        out.rmdir()
 
 
 def _manifest(state: _State, tokenizer, cfg_doc, source_docs) -> dict:

@@ -16,6 +16,7 @@ crash never leaves a half-written shard under its final name.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ from smiexlm.paths import write_bytes_atomic
 
 Split = Literal["train", "valid"]
 SHARD_SUFFIXES = (".bin", ".idx", ".hash")
+SHA_SUFFIXES = ("bin", "idx")  # checked when a split is opened (.hash only feeds dedup)
+COUNT_FIELDS = ("molecules_in", "molecules_out", "duplicates", "unk_tokens", "molecules_with_unk")
 
 
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
@@ -43,9 +46,13 @@ class ShardInfo:
     name: str
     molecules: int
     tokens: int
+    sha256: dict[str, str] | None = None  # suffix ("bin", "idx", "hash") -> hex digest
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "molecules": self.molecules, "tokens": self.tokens}
+        doc: dict = {"name": self.name, "molecules": self.molecules, "tokens": self.tokens}
+        if self.sha256 is not None:
+            doc["sha256"] = self.sha256
+        return doc
 
 
 def write_shard(
@@ -56,14 +63,139 @@ def write_shard(
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] != len(ids):
         raise ValueError(f"shard {name}: lengths sum to {offsets[-1]} but there are {len(ids)} ids")
-    atomic_write_bytes(out_dir / f"{name}.bin", np.asarray(ids, dtype="<u2").tobytes())
-    atomic_write_bytes(out_dir / f"{name}.hash", np.asarray(hashes, dtype="<u8").tobytes())
-    atomic_write_bytes(out_dir / f"{name}.idx", offsets.tobytes())
-    return ShardInfo(name, len(lengths), len(ids))
+    payloads = {
+        "bin": np.asarray(ids, dtype="<u2").tobytes(),
+        "hash": np.asarray(hashes, dtype="<u8").tobytes(),
+        "idx": offsets.tobytes(),
+    }
+    for suffix, payload in payloads.items():  # .idx last: it is what a reader opens first
+        atomic_write_bytes(out_dir / f"{name}.{suffix}", payload)
+    digests = {suffix: hashlib.sha256(payloads[suffix]).hexdigest() for suffix in SHA_SUFFIXES}
+    return ShardInfo(name, len(lengths), len(ids), digests)
 
 
 def read_hashes(out_dir: Path, name: str) -> np.ndarray:
     return np.fromfile(out_dir / f"{name}.hash", dtype="<u8")
+
+
+# ---------------------------------------------------------------------- validation
+def _count(doc: dict, key: str, where: str) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DataError(f"{where}: {key} = {value!r}, expected a non-negative integer")
+    return value
+
+
+def read_manifest(folder: Path) -> dict:
+    """``folder/manifest.json``, checked for consistency: counts are non-negative integers,
+    each split's totals are the sums over its shards, ``molecules_out`` is the sum of the
+    splits and ``molecules_in`` = out + duplicates + rejected. Raises DataError naming the
+    file and the first inconsistency."""
+    from smiexlm.paths import read_json_file
+
+    path = Path(folder) / "manifest.json"
+    if not path.is_file():
+        raise DataError(
+            f"dataset folder {str(folder)!r} has no manifest.json: expected the output "
+            "of `smiexlm preprocess` (an interrupted run is finished with --resume)"
+        )
+    _, doc = read_json_file(path, "dataset manifest")
+    where = f"dataset manifest {str(path)!r}"
+    splits = doc.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        raise DataError(f"{where}: expected a 'splits' object with train/valid entries")
+    total_out = 0
+    for split, entry in splits.items():
+        shards = entry.get("shards") if isinstance(entry, dict) else None
+        if not isinstance(shards, list):
+            raise DataError(f"{where}: split {split!r} has no 'shards' list")
+        for key in ("molecules", "tokens"):
+            stated = _count(entry, key, f"{where} split {split!r}")
+            summed = sum(_count(s, key, f"{where} shard {s.get('name')!r}") for s in shards)
+            if stated != summed:
+                raise DataError(
+                    f"{where}: split {split!r} says {key} = {stated:,} but its shards hold "
+                    f"{summed:,}; the manifest does not describe these shards"
+                )
+        total_out += entry["molecules"]
+    for key in COUNT_FIELDS:
+        if key in doc:
+            _count(doc, key, where)
+    rejected = doc.get("rejected", {})
+    if not isinstance(rejected, dict):
+        raise DataError(f"{where}: rejected = {rejected!r}, expected an object of counts")
+    n_rejected = sum(_count(rejected, key, f"{where} rejected") for key in rejected)
+    if "molecules_out" in doc and doc["molecules_out"] != total_out:
+        raise DataError(
+            f"{where}: molecules_out = {doc['molecules_out']:,} but the splits hold {total_out:,}"
+        )
+    if "molecules_in" in doc:
+        accounted = total_out + doc.get("duplicates", 0) + n_rejected
+        if doc["molecules_in"] != accounted:
+            raise DataError(
+                f"{where}: molecules_in = {doc['molecules_in']:,} but out + duplicates + "
+                f"rejected = {accounted:,}"
+            )
+    return doc
+
+
+def check_shard(folder: Path, shard: dict, vocab_size: int | None) -> np.ndarray:
+    """The (n + 1,) offsets of one shard after checking its files against the manifest
+    entry: sizes, offsets, sha256 (when recorded) and token ids below ``vocab_size``."""
+    name = shard.get("name")
+    if not isinstance(name, str) or not name:
+        raise DataError(f"dataset manifest in {str(folder)!r}: a shard entry has no name")
+    molecules, tokens = shard["molecules"], shard["tokens"]
+    idx_path, bin_path = folder / f"{name}.idx", folder / f"{name}.bin"
+    for path, width, count in ((idx_path, 8, molecules + 1), (bin_path, 2, tokens)):
+        if not path.is_file():
+            raise DataError(f"shard file {str(path)!r} is missing: the dataset is incomplete")
+        size = path.stat().st_size
+        if size != width * count:
+            raise DataError(
+                f"shard file {str(path)!r} has {size:,} bytes: the manifest's counts need "
+                f"{width * count:,}; the file is truncated or does not belong to this dataset"
+            )
+    digests = shard.get("sha256") or {}
+    if "idx" in digests:
+        _check_digest(idx_path, digests["idx"])
+    idx = np.fromfile(idx_path, dtype="<i8")
+    if idx[0] != 0 or idx[-1] != tokens or (len(idx) > 1 and (np.diff(idx) < 0).any()):
+        raise DataError(
+            f"shard file {str(idx_path)!r}: offsets must rise from 0 to {tokens:,}; "
+            "the index is corrupted"
+        )
+    largest = _scan_bin(bin_path, digests.get("bin"))
+    if vocab_size is not None and largest >= vocab_size:
+        raise DataError(
+            f"shard file {str(bin_path)!r} holds token id {largest}: expected ids below the "
+            f"vocabulary size {vocab_size}; the shard is corrupted or from another vocabulary"
+        )
+    return idx
+
+
+def _check_digest(path: Path, expected: str) -> None:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != expected:
+        raise DataError(
+            f"shard file {str(path)!r} has sha256 {digest[:16]}…: the manifest records "
+            f"{expected[:16]}…; the file was changed or corrupted"
+        )
+
+
+def _scan_bin(path: Path, expected: str | None, block: int = 1 << 24) -> int:
+    """The largest token id in a ``.bin`` file, checking its sha256 on the same pass."""
+    digest, largest = hashlib.sha256(), -1
+    with open(path, "rb") as handle:
+        while data := handle.read(block):
+            digest.update(data)
+            largest = max(largest, int(np.frombuffer(data, dtype="<u2").max()))
+    if expected is not None and digest.hexdigest() != expected:
+        raise DataError(
+            f"shard file {str(path)!r} has sha256 {digest.hexdigest()[:16]}…: the manifest "
+            f"records {expected[:16]}…; the file was changed or corrupted"
+        )
+    return largest
 
 
 class TokenDataset:
@@ -75,31 +207,19 @@ class TokenDataset:
 
     def __init__(self, path: str | Path, split: Split = "train") -> None:
         self.path = Path(path)
-        manifest_path = self.path / "manifest.json"
-        if not manifest_path.is_file():
-            raise DataError(
-                f"dataset folder {str(self.path)!r} has no manifest.json: expected the output "
-                "of `smiexlm preprocess` (an interrupted run is finished with --resume)"
-            )
-        self.manifest = json.loads(manifest_path.read_text())
+        self.manifest = read_manifest(self.path)
         splits = self.manifest["splits"]
         if split not in splits:
             raise ConfigError("split", split, f"one of {sorted(splits)}")
         self.split = split
-        self.vocab_hash: str = self.manifest["vocab_hash"]
+        self.vocab_hash: str = self.manifest.get("vocab_hash")  # type: ignore[assignment]
         self._bins: list[np.ndarray] = []
         offsets: list[np.ndarray] = []
         for shard in splits[split]["shards"]:
-            name = shard["name"]
-            idx = np.fromfile(self.path / f"{name}.idx", dtype="<i8")
-            if len(idx) != shard["molecules"] + 1:
-                raise DataError(
-                    f"shard {name!r} index has {len(idx) - 1} molecules: the manifest says "
-                    f"{shard['molecules']}; the dataset is corrupted"
-                )
+            idx = check_shard(self.path, shard, self.manifest.get("vocab_size"))
             size = int(idx[-1])
             self._bins.append(
-                np.memmap(self.path / f"{name}.bin", dtype="<u2", mode="r", shape=(size,))
+                np.memmap(self.path / f"{shard['name']}.bin", dtype="<u2", mode="r", shape=(size,))
                 if size
                 else np.zeros(0, dtype="<u2")
             )

@@ -8,7 +8,6 @@ generator, so masks do not depend on how a global batch is split between process
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ def _lengths(dataset) -> np.ndarray:
 
 def open_dataset(data_dir: Path) -> TrainingData:
     """Open a dataset folder written by the corpus pipeline, with clear errors when absent."""
-    from smiexlm.data.shards import TokenDataset
+    from smiexlm.data.shards import TokenDataset, read_manifest
     from smiexlm.text.tokenizer import load_tokenizer
 
     data_dir = Path(data_dir)
@@ -64,7 +63,7 @@ def open_dataset(data_dir: Path) -> TrainingData:
         )
     if not (data_dir / "vocab.json").is_file():
         raise DataError(f"dataset folder {str(data_dir)!r} has no vocab.json")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(data_dir)
     tokenizer = load_tokenizer(data_dir / "vocab.json")  # SMILES or text vocabulary
     vocab_hash = manifest.get("vocab_hash") or tokenizer.vocab_hash
     if vocab_hash != tokenizer.vocab_hash:
@@ -73,11 +72,10 @@ def open_dataset(data_dir: Path) -> TrainingData:
             f"hash of its vocab.json ({tokenizer.vocab_hash})"
         )
     train = TokenDataset(data_dir, split="train")
-    try:
+    valid = None  # a corrupted valid split is an error, not a run without validation
+    if "valid" in manifest["splits"]:
         valid = TokenDataset(data_dir, split="valid")
         valid = valid if len(valid) > 0 else None
-    except (DataError, FileNotFoundError):
-        valid = None
     return TrainingData(
         train=train,
         valid=valid,
