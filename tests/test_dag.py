@@ -1,4 +1,5 @@
-"""DAG alignment loss: the PyTorch reference against brute-force path enumeration."""
+"""DAG alignment loss: the log-space reference and the banded matrix products, each against
+brute-force path enumeration, and the two against each other."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from smiexlm.dag import dag_best_alignment, dag_log_likelihood, dag_logits_log_l
 from smiexlm.errors import ConfigError
 
 
-@pytest.fixture(autouse=True)
-def _reference_impl(monkeypatch):
-    monkeypatch.setenv("SMIEXLM_DAG_IMPL", "reference")
+@pytest.fixture(autouse=True, params=["reference", "matmul"])
+def impl(request, monkeypatch):
+    """Every test runs under both CPU implementations."""
+    monkeypatch.setenv("SMIEXLM_DAG_IMPL", request.param)
+    return request.param
 
 
 def paths(n_states: int, n_targets: int):

@@ -128,7 +128,9 @@ def test_dispatch_env_var(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("SMIEXLM_DAG_IMPL", "auto")
-    assert resolve_impl(cpu) == "reference"
+    assert resolve_impl(cpu) == "matmul"
+    monkeypatch.setenv("SMIEXLM_DAG_IMPL", "matmul")
+    assert resolve_impl(torch.device("cuda")) == "matmul"
     monkeypatch.setenv("SMIEXLM_DAG_IMPL", "reference")
     assert resolve_impl(torch.device("cuda")) == "reference"
     monkeypatch.setenv("SMIEXLM_DAG_IMPL", "triton")

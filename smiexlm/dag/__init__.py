@@ -9,8 +9,9 @@ Shapes (see ``docs/dag.md``):
 
 A path starts at state 0, ends at state ``S_b − 1`` and emits target i at its i-th state.
 
-Implementation choice: ``SMIEXLM_DAG_IMPL=reference|triton|auto`` (default ``auto``: the fused
-Triton kernels for CUDA tensors when triton is installed, the PyTorch reference otherwise).
+Implementation choice: ``SMIEXLM_DAG_IMPL=auto|matmul|reference|triton`` (default ``auto``: the
+fused Triton kernels for CUDA tensors when triton is installed, the banded matrix products of
+:mod:`smiexlm.dag.matmul` for CPU tensors, the log-space reference otherwise).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Literal
 import torch
 
 from smiexlm.dag.checks import check_inputs, check_targets
+from smiexlm.dag.matmul import matmul_log_likelihood
 from smiexlm.dag.reference import reference_log_likelihood
 from smiexlm.errors import ConfigError
 
@@ -33,7 +35,8 @@ __all__ = [
     "resolve_impl",
 ]
 
-Impl = Literal["reference", "triton"]
+Impl = Literal["matmul", "reference", "triton"]
+IMPLS = ("auto", "matmul", "reference", "triton")
 IMPL_ENV = "SMIEXLM_DAG_IMPL"
 
 
@@ -48,10 +51,10 @@ def _triton_available() -> bool:
 def resolve_impl(device: torch.device) -> Impl:
     """Which implementation runs for tensors on ``device`` (honours ``SMIEXLM_DAG_IMPL``)."""
     choice = os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", "reference", "triton"):
-        raise ConfigError(IMPL_ENV, choice, "one of 'auto', 'reference', 'triton'")
-    if choice == "reference":
-        return "reference"
+    if choice not in IMPLS:
+        raise ConfigError(IMPL_ENV, choice, "one of " + ", ".join(map(repr, IMPLS)))
+    if choice in ("matmul", "reference"):
+        return choice
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     runnable = _triton_available() and (device.type == "cuda" or interpret)
     if choice == "triton":
@@ -62,6 +65,8 @@ def resolve_impl(device: torch.device) -> Impl:
                 "triton installed and CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)",
             )
         return "triton"
+    if device.type == "cpu":
+        return "matmul"
     return "triton" if runnable and device.type == "cuda" else "reference"
 
 
@@ -85,10 +90,13 @@ def dag_log_likelihood(
     state_lengths = state_lengths.to(device=emissions.device, dtype=torch.long)
     target_lengths = target_lengths.to(device=emissions.device, dtype=torch.long)
     em, links = _trim(emissions, log_links, state_lengths, target_lengths, m_max, s_max)
-    if resolve_impl(emissions.device) == "triton":
+    impl = resolve_impl(emissions.device)
+    if impl == "triton":
         from smiexlm.dag.triton_kernels import triton_log_likelihood
 
         return triton_log_likelihood(em, links, state_lengths, target_lengths)
+    if impl == "matmul":
+        return matmul_log_likelihood(em, links, state_lengths, target_lengths)
     return reference_log_likelihood(em, links, state_lengths, target_lengths)
 
 

@@ -126,11 +126,12 @@ def transition_posterior_bmm(alpha, beta, em, links, log_z) -> torch.Tensor:
     t = _finite_or_zero(y.amax(dim=1))
     p = torch.exp(x - r[:, None, :])  # (B, M−1, L), entries ≤ 1
     q = torch.exp(y - t[:, None, :])
-    s = torch.bmm(p.transpose(1, 2), q)  # (B, L, L): Σ_i p[i, v] q[i, u]
-    shift = torch.where(ok, log_z, 0.0).double()[:, None, None]
-    log_post = torch.log(s) + links.double() + r[:, :, None] + t[:, None, :] - shift
-    post = torch.exp(log_post).to(alpha.dtype)
-    return torch.where(ok[:, None, None], post, 0.0)
+    post = torch.bmm(p.transpose(1, 2), q)  # (B, L, L): Σ_i p[i, v] q[i, u]
+    shift = torch.where(ok, log_z, 0.0).double()
+    # in place: the (B, L, L) float64 temporaries dominate this function's time
+    post.log_().add_(links).add_((r - shift[:, None])[:, :, None]).add_(t[:, None, :]).exp_()
+    post.masked_fill_(~ok[:, None, None], 0.0)
+    return post.to(alpha.dtype)
 
 
 def transition_posterior_exact(alpha, beta, em, links, log_z) -> torch.Tensor:
