@@ -203,20 +203,51 @@ def predict(
     input: InputCsv,
     smiles_col: SmilesCol = "smiles",
     output: OutputCsv = Path("predictions.csv"),
+    id_cols: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated input columns to keep (default: all but the SMILES "
+                     "and the model's label columns)."),
+    ] = None,
 ) -> None:
     """Predict with a fine-tuned model: one row per input, NaN for unparsable SMILES."""
-    import pandas as pd
+    from smiexlm.paths import atomic_path
+    from smiexlm.tables import read_table
 
+    frame = read_table(input, smiles_col)  # text cells; a blank cell is ""
+    result = _predict_rows(checkpoint, frame, smiles_col, id_cols)
+    with atomic_path(output) as tmp:  # a reader never sees half a file
+        result.to_csv(tmp, index=False)
+    bad = int((~result["valid"]).sum())
+    typer.echo(f"wrote {len(result)} rows ({bad} unparsable) to {output}")
+
+
+def _predict_rows(checkpoint: Path, frame, smiles_col: str, id_cols: str | None):
+    """Input id columns, then the model's predictions; empty cells are NaN rows, valid False."""
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.finetune import predict as run_predict
 
-    frame = pd.read_csv(input)
-    if smiles_col not in frame.columns:
-        columns = list(frame.columns)[:10]
-        raise DataError(f"--smiles-col {smiles_col!r}: not among {input.name}'s columns {columns}")
-    preds = run_predict(checkpoint, frame[smiles_col].astype(str).str.strip().tolist())
-    preds.to_csv(output, index=False)
-    typer.echo(f"wrote {len(preds)} rows ({int((~preds['valid']).sum())} unparsable) to {output}")
+    texts = frame[smiles_col].str.strip()
+    usable = (texts != "") & ~texts.str.contains(r"\s")
+    if not usable.any():
+        raise DataError(f"--input: column {smiles_col!r} has no non-empty SMILES")
+    preds = run_predict(checkpoint, texts[usable].tolist())
+    preds.index = frame.index[usable]
+    preds = preds.reindex(frame.index)
+    preds["valid"] = preds["valid"].astype("boolean").fillna(False).astype(bool)
+    preds["smiles"] = frame[smiles_col]
+    outputs = [c for c in preds.columns if c not in ("smiles", "valid")]
+    if id_cols is None:
+        keep = [c for c in frame.columns if c != smiles_col and c not in outputs]
+    else:
+        keep = [c.strip() for c in id_cols.split(",") if c.strip()]
+        missing = [c for c in keep if c not in frame.columns]
+        clash = [c for c in keep if c in preds.columns]
+        if missing or clash:
+            raise DataError(
+                f"--id-cols {missing or clash}: expected input columns other than the SMILES "
+                f"and the predicted {outputs}, among {list(frame.columns)}"
+            )
+    return frame[keep].join(preds)
 
 
 def register(app: typer.Typer) -> None:
