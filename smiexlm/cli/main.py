@@ -35,9 +35,16 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: temporary outputs are removed
+
+
 def main() -> None:
+    import signal
+
     from smiexlm.errors import SmiexlmError
 
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except SmiexlmError as err:  # bad input: one clear line, no traceback

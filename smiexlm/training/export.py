@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smiexlm.errors import DataError
+from smiexlm.paths import read_json_file
+from smiexlm.training.checkpoint import atomic_dir
 
 CARD_NAME = "MODEL_CARD.md"
 NORMALIZATION_NAME = "normalization.json"
@@ -35,8 +37,18 @@ def summarise_run(run_dir: Path, checkpoint: Path, last_n: int = 5) -> RunSummar
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.is_file():
         raise DataError(f"run folder {str(run_dir)!r} has no metrics.jsonl")
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    state = json.loads((checkpoint / "trainer_state.json").read_text())["state"]
+    lines = metrics_path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):  # only the last line may be cut short by a killed run
+                raise DataError(f"{str(metrics_path)!r} line {number} is not JSON") from None
+    _, trainer_state = read_json_file(checkpoint / "trainer_state.json", "trainer state")
+    state = trainer_state["state"]
     step = int(state["step"])
     upto = [r for r in records if r["step"] <= step]
     if not upto:
@@ -74,36 +86,46 @@ def export_run(
             f"checkpoint {str(source)!r} does not exist: expected a run folder of "
             "`smiexlm pretrain` and a checkpoint name such as 'last' or 'best'"
         )
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / CARD_NAME).is_file():
+        raise DataError(
+            f"--out {str(out_dir)!r} is a folder with other files in it: expected a new folder "
+            "or a model folder written by an earlier export (which is replaced)"
+        )
     model = ExLMModel.from_pretrained(source)
     tokenizer = load_tokenizer(source / "vocab.json")
-    model.save_pretrained(out_dir, tokenizer=tokenizer, dtype=torch.float16 if fp16 else None)
-
     manifest = _read_manifest(dataset)
     normalization = {
         "canonicalize": bool(manifest.get("config", {}).get("canonicalize", True)),
         "strip_salts": bool(manifest.get("config", {}).get("strip_salts", False)),
     }
-    (out_dir / NORMALIZATION_NAME).write_text(json.dumps(normalization, indent=1) + "\n")
     summary = summarise_run(run_dir, source)
-    train_config = json.loads((source / "train_config.json").read_text())
+    _, train_config = read_json_file(source / "train_config.json", "training config")
     card = _card(model, summary, manifest, normalization, train_config, command, fp16)
-    (out_dir / CARD_NAME).write_text(card)
+    # The folder appears complete or not at all: written under a temporary name, renamed.
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, tokenizer=tokenizer, dtype=torch.float16 if fp16 else None)
+        (tmp / NORMALIZATION_NAME).write_text(json.dumps(normalization, indent=1) + "\n")
+        (tmp / CARD_NAME).write_text(card)
     return out_dir / CARD_NAME
 
 
 def _read_manifest(dataset: Path | None) -> dict:
     if dataset is None:
         return {}
-    path = Path(dataset) / "manifest.json"
-    if not path.is_file():
-        raise DataError(f"dataset {str(dataset)!r} has no manifest.json")
-    return json.loads(path.read_text())
+    from smiexlm.data.shards import read_manifest
+
+    return read_manifest(Path(dataset))
 
 
 def _card(model, s: RunSummary, manifest, normalization, train_config, command, fp16) -> str:
     c = model.config
     n_params = model.num_parameters()
     splits = manifest.get("splits", {})
+
+    def count(split: str, key: str) -> str:  # "?" when no dataset manifest was given
+        value = splits.get(split, {}).get(key)
+        return f"{value:,}" if isinstance(value, int) else "?"
+
     sources = "\n".join(
         f"  - `{Path(src['path']).name}` ({src.get('role', '?')}), sha256 `{src['sha256'][:16]}…`"
         for src in manifest.get("sources", [])
@@ -127,7 +149,7 @@ def _card(model, s: RunSummary, manifest, normalization, train_config, command, 
 
 ## Training data
 
-- molecules: {splits.get("train", {}).get("molecules", "?"):,} train / {splits.get("valid", {}).get("molecules", "?"):,} valid, {splits.get("train", {}).get("tokens", 0):,} train tokens
+- molecules: {count("train", "molecules")} train / {count("valid", "molecules")} valid, {count("train", "tokens")} train tokens
 - sources:
 {sources or "  - (dataset manifest not given)"}
 - normalisation: RDKit canonical SMILES {"on" if normalization["canonicalize"] else "off"} (stereo kept), salt stripping {"on" if normalization["strip_salts"] else "off"}. The featurizer applies the same (`{NORMALIZATION_NAME}`).
