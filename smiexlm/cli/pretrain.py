@@ -37,6 +37,11 @@ def pretrain(
     resume: Annotated[
         bool, typer.Option(help="Continue from the newest checkpoint in --out")
     ] = False,
+    skip_bad_checkpoints: Annotated[
+        bool,
+        typer.Option(help="With --resume: a truncated or corrupted newest checkpoint is "
+                     "skipped for the newest good one (default: stop and name it)"),
+    ] = False,
     list_configs: Annotated[bool, typer.Option(help="List the shipped configs and exit")] = False,
 ) -> None:
     """Pre-train an MLM / ExLM / MAE-LM model (one CPU, GPUs, or torchrun DDP)."""
@@ -50,7 +55,8 @@ def pretrain(
         raise typer.BadParameter("--config, --data and --out are required (or --list-configs)")
     from smiexlm.training.trainer import pretrain as run_pretraining
 
-    result = run_pretraining(load_config(config, overrides), data, out, max_steps, resume)
+    result = run_pretraining(load_config(config, overrides), data, out, max_steps, resume,
+                             skip_bad_checkpoints)  # fmt: skip
     with open(out / "command.txt", "a") as handle:  # the export's model card quotes it
         handle.write(shlex.join(["smiexlm", *sys.argv[1:]]) + "\n")
     typer.echo(

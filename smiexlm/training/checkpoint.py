@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from smiexlm.errors import DataError
 
@@ -165,20 +165,77 @@ def save_checkpoint(
     return Path(folder)
 
 
+class CheckpointError(DataError):
+    """A training checkpoint that cannot be read back (truncated, corrupted, incomplete)."""
+
+
 def load_checkpoint(folder: Path, model, optimizer: torch.optim.Optimizer) -> TrainerState:
-    """Restore weights, optimiser and RNG state in place; returns the trainer state."""
+    """Restore weights, optimiser and RNG state in place; returns the trainer state.
+
+    Every file is read and checked before anything is restored, so a bad checkpoint raises
+    :class:`CheckpointError` (naming the folder and the file) and leaves the model and the
+    optimiser untouched."""
+    from smiexlm.model.checkpoint import load_tensors
+    from smiexlm.paths import read_json_file
+
     folder = Path(folder)
-    for name in ("model.safetensors", OPTIMIZER_FILE, STATE_FILE):
-        if not (folder / name).is_file():
-            raise DataError(f"checkpoint {folder}: missing {name}; expected a training checkpoint")
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
-    payload = json.loads((folder / STATE_FILE).read_text())
-    optimizer_from_tensors(
-        optimizer, load_file(str(folder / OPTIMIZER_FILE)), payload["optimizer_groups"]
-    )
-    if (folder / RNG_FILE).is_file():
-        set_rng_state(load_file(str(folder / RNG_FILE)), payload["rng"])
-    return TrainerState(**payload["state"])
+    try:
+        for name in ("model.safetensors", OPTIMIZER_FILE, STATE_FILE):
+            if not (folder / name).is_file():
+                raise DataError(f"{name} is missing")
+        weights = load_tensors(folder / "model.safetensors")
+        _, payload = read_json_file(folder / STATE_FILE, STATE_FILE)
+        if not all(k in payload for k in ("state", "optimizer_groups", "rng")):
+            raise DataError(f"{STATE_FILE} lacks state, optimizer_groups or rng")
+        state = TrainerState(**payload["state"])
+        optim_tensors = load_tensors(folder / OPTIMIZER_FILE)
+        rng = load_tensors(folder / RNG_FILE) if (folder / RNG_FILE).is_file() else None
+    except (DataError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {str(folder)!r} is unreadable: {err}") from None
+    try:
+        model.load_state_dict(weights)
+        optimizer_from_tensors(optimizer, optim_tensors, payload["optimizer_groups"])
+    except (RuntimeError, ValueError, KeyError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise CheckpointError(
+            f"checkpoint {str(folder)!r} does not fit this model and optimiser: {first}"
+        ) from None
+    if rng is not None:
+        set_rng_state(rng, payload["rng"])
+    return state
+
+
+def resume_checkpoint(
+    run_dir: Path, model, optimizer: torch.optim.Optimizer, fallback: bool = False
+) -> tuple[Path | None, TrainerState | None]:
+    """Restore the newest ``step_*`` checkpoint of ``run_dir``: ``(folder, state)``, or
+    ``(None, None)`` when there is none.
+
+    A bad newest checkpoint raises CheckpointError naming it and the older ones; with
+    ``fallback`` the newest good one is restored instead (each bad one is logged)."""
+    import logging
+
+    root = Path(run_dir) / "checkpoints"
+    steps = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    bad: list[str] = []
+    for folder in steps:
+        try:
+            return folder, load_checkpoint(folder, model, optimizer)
+        except CheckpointError as err:
+            older = [p.name for p in steps if p.name < folder.name]
+            if not fallback:
+                hint = (
+                    f"; pass --skip-bad-checkpoints to resume from the newest good one of {older}"
+                    if older else "; no older checkpoint is left"
+                )  # fmt: skip
+                raise CheckpointError(f"{err}{hint}") from None
+            logging.getLogger(__name__).warning("%s; trying the previous checkpoint", err)
+            bad.append(folder.name)
+    if bad:
+        raise CheckpointError(
+            f"no readable checkpoint in {str(root)!r}: {bad} are all truncated or corrupted"
+        )
+    return None, None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

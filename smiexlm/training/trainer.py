@@ -123,12 +123,15 @@ def pretrain(
     out_dir: Path,
     max_steps: int | None = None,
     resume: bool = False,
+    skip_bad_checkpoints: bool = False,
 ) -> TrainResult:
     """Pre-train a model from ``config`` on the dataset in ``data_dir``; outputs go to ``out_dir``.
 
     ``max_steps`` overrides ``config.max_steps`` (the schedule's horizon stays
     ``config.total_steps`` or, when unset, the config's ``max_steps``). With ``resume`` the
-    newest checkpoint in ``out_dir/checkpoints`` is restored first.
+    newest checkpoint in ``out_dir/checkpoints`` is restored first; a truncated or corrupted
+    one is an error naming it, unless ``skip_bad_checkpoints`` (then the newest good one is
+    restored).
     """
     from smiexlm.model.model import ExLMModel
 
@@ -158,11 +161,15 @@ def pretrain(
         optimizer = build_optimizer(model, config)
         schedule = build_schedule(config)
         state = ckpt.TrainerState(vocab_hash=data.vocab_hash)
-        start = ckpt.latest_checkpoint(out_dir) if resume else None
+        start, restored = (
+            ckpt.resume_checkpoint(out_dir, model, optimizer, skip_bad_checkpoints)
+            if resume
+            else (None, None)
+        )
         if resume and start is None and info.is_main:
             logger.warning("--resume: no checkpoint in %s, starting from scratch", out_dir)
-        if start is not None:
-            state = ckpt.load_checkpoint(start, model, optimizer)
+        if start is not None and restored is not None:
+            state = restored
             if state.vocab_hash not in (None, data.vocab_hash):
                 raise VocabularyMismatchError(
                     f"checkpoint {start} was trained with vocabulary {state.vocab_hash} but the "
