@@ -255,9 +255,29 @@ def test_sequence_head_and_task_loss():
     hidden = model.encode(enc.input_ids, enc.attention_mask).hidden_states
     # exlm fine-tuning input: BOS/EOS expanded, cls = the first BOS state
     assert hidden.shape[1] == enc.input_ids.shape[1] + 2 * 2
-    assert torch.allclose(out.pooled, hidden[:, 0])
+    # the head's pass computes the last block for the first state only: same values
+    assert torch.allclose(out.pooled, hidden[:, 0], atol=1e-5)
     with pytest.raises(ConfigError, match="task_type"):
         ExLMForSequencePrediction(model, 2, task_type="ranking")
+
+
+@pytest.mark.parametrize("objective", ["mlm", "exlm", "maelm"])
+def test_pooled_only_equals_the_full_pass_and_its_gradients(objective):
+    torch.manual_seed(0)
+    tok, enc, _, _ = batch()
+    model = ExLMModel(micro(objective, vocab_size=tok.vocab_size)).eval()
+    full = model.encode(enc.input_ids, enc.attention_mask, "cls")
+    first = model.encode(enc.input_ids, enc.attention_mask, "cls", pooled_only=True)
+    assert first.hidden_states.shape[1] == 1 < full.hidden_states.shape[1]
+    assert torch.allclose(first.pooled, full.pooled, atol=1e-5)
+    grads = []
+    for only in (False, True):
+        model.zero_grad()
+        model.encode(enc.input_ids, enc.attention_mask, "cls", pooled_only=only).pooled.sum().backward()
+        grads.append(model.embed.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+    mean = model.encode(enc.input_ids, enc.attention_mask, "mean", pooled_only=True)
+    assert torch.allclose(mean.pooled, model.encode(enc.input_ids, enc.attention_mask, "mean").pooled)
 
 
 # ---------------------------------------------------------------------- checkpoints

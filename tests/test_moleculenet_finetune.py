@@ -10,7 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smiexlm.moleculenet.finetune import encode_rows, linear_warmup_decay, pad_batch
+from smiexlm.finetuning.batches import pad_batch
+from smiexlm.moleculenet.finetune import encode_rows
 
 
 def test_multilabel_loss_masks_missing_labels_by_hand():
@@ -21,13 +22,6 @@ def test_multilabel_loss_masks_missing_labels_by_hand():
     # present entries: (0,0) y=1 z=0; (1,0) y=0 z=1; (1,1) y=1 z=-1
     by_hand = (math.log(2) + math.log(1 + math.e) + math.log(1 + math.e)) / 3
     assert task_loss(logits, labels, "multilabel").item() == pytest.approx(by_hand, rel=1e-6)
-
-
-def test_warmup_then_linear_decay():
-    values = [linear_warmup_decay(s, 2, 10) for s in range(10)]
-    assert values[:2] == [0.5, 1.0]
-    assert values[2] == 1.0 and values[-1] == pytest.approx(0.125)
-    assert all(a >= b for a, b in zip(values[1:], values[2:], strict=False))
 
 
 def test_encode_rows_truncates_keeping_eos():
@@ -48,7 +42,7 @@ def test_cli_finetune_then_predict_on_bbbp(shared_data, tmp_path):
     runner = CliRunner()
     out, models = tmp_path / "report", tmp_path / "models"
     result = runner.invoke(app, [
-        "finetune", "bbbp", "--preset", "tiny", "--seeds", "0", "--max-train-steps", "3",
+        "finetune", "bbbp", "--random-init", "--preset", "tiny", "--seeds", "0", "--max-train-steps", "3",
         "--batch-size", "16", "--device", "cpu", "--out", str(out), "--save-dir", str(models),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -236,11 +236,14 @@ class RepeatedInputEncoder(nn.Module):
         super().__init__()
         self.model, self.k, self.config = model, k, model.config
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor, pooling="cls", layer: int = -1):
+    def encode(
+        self, input_ids: Tensor, attention_mask: Tensor, pooling="cls", layer: int = -1,
+        pooled_only: bool = False,
+    ):  # fmt: skip
         from smiexlm.model.masking import repeat_tokens
 
         ids, mask = repeat_tokens(input_ids, attention_mask, self.k, pad_id=self.config.pad_id)
-        return self.model.encode(ids, mask, pooling=pooling, layer=layer)
+        return self.model.encode(ids, mask, pooling=pooling, layer=layer, pooled_only=pooled_only)
 
     def save_pretrained(self, directory, tokenizer=None, dtype=None):
         return self.model.save_pretrained(directory, tokenizer=tokenizer, dtype=dtype)

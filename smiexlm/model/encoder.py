@@ -22,10 +22,23 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(config.d_model, config.d_model)
         self.attention_dropout = config.attention_dropout
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor) -> Tensor:
-        """``x`` (B, L, d); ``key_mask`` (B, 1, 1, L) bool, True = real token."""
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.n_heads, -1)).permute(2, 0, 3, 1, 4)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, H, L, hd)
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor, n_queries: int | None = None
+    ) -> Tensor:
+        """``x`` (B, L, d); ``key_mask`` (B, 1, 1, L) bool, True = real token. With
+        ``n_queries`` only the first n positions attend (output (B, n, d)); keys and values
+        still cover every position."""
+        if n_queries is None:
+            q, k, v = self.qkv(x).unflatten(-1, (3, self.n_heads, -1)).permute(2, 0, 3, 1, 4)
+        else:
+            d = x.shape[-1]
+            w, b = self.qkv.weight, self.qkv.bias  # (3d, d), (3d,): rows q | k | v
+            q = F.linear(x[:, :n_queries], w[:d], b[:d]).unflatten(-1, (self.n_heads, -1))
+            q = q.transpose(1, 2)  # (B, H, n, hd)
+            kv = F.linear(x, w[d:], b[d:]).unflatten(-1, (2, self.n_heads, -1))
+            k, v = kv.permute(2, 0, 3, 1, 4)  # (B, H, L, hd) each
+        nq = q.shape[2]
+        q, k = apply_rotary(q, cos[:, :, :nq], sin[:, :, :nq]), apply_rotary(k, cos, sin)
         p = self.attention_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
         return self.out(y.transpose(1, 2).flatten(2))  # (B, L, d)
@@ -51,8 +64,12 @@ class EncoderBlock(nn.Module):
         self.ffn = FeedForward(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor) -> Tensor:
-        x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin, key_mask))
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor, n_queries: int | None = None
+    ) -> Tensor:
+        """(B, L, d) -> (B, L, d), or (B, n_queries, d): the first positions only."""
+        y = self.attn(self.attn_norm(x), cos, sin, key_mask, n_queries)
+        x = x[:, : y.shape[1]] + self.dropout(y)
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
@@ -69,15 +86,20 @@ class Encoder(nn.Module):
         rotary: tuple[Tensor, Tensor],
         attention_mask: Tensor,
         n_layers: int | None = None,
+        last_queries: int | None = None,
     ) -> Tensor:
         """``x`` (B, L, d), ``attention_mask`` (B, L) bool (True = real) -> (B, L, d).
 
         ``n_layers`` stops after that many blocks (intermediate-layer features).
+        ``last_queries`` = n computes the last block for the first n positions only and
+        returns (B, n, d): the same values as the full pass, for a fraction of the last
+        block's cost (fine-tuning on the first state needs nothing else).
         """
         cos, sin = rotary
         key_mask = attention_mask[:, None, None, :]  # (B, 1, 1, L)
-        for layer in self.layers[:n_layers]:
-            x = layer(x, cos, sin, key_mask)
+        layers = self.layers[:n_layers]
+        for i, layer in enumerate(layers):
+            x = layer(x, cos, sin, key_mask, last_queries if i == len(layers) - 1 else None)
         return x
 
 

@@ -67,15 +67,20 @@ def task_loss(logits: Tensor, labels: Tensor, task_type: TaskType) -> Tensor:
 
 
 class SequenceHead(nn.Module):
-    """features (B, d) → dense → tanh → dropout → out_proj -> (B, n_outputs)."""
+    """features (B, n_inputs) → dense (to d) → tanh → dropout → out_proj -> (B, n_outputs).
 
-    def __init__(self, d_model: int, n_outputs: int, pooler_dropout: float = 0.1):
+    ``n_inputs`` defaults to ``d_model``; a hybrid head takes d_model + extra features.
+    """
+
+    def __init__(
+        self, d_model: int, n_outputs: int, pooler_dropout: float = 0.1, n_inputs: int | None = None
+    ):
         super().__init__()
         if n_outputs < 1:
             raise ConfigError("n_outputs", n_outputs, "a positive integer")
         if not 0.0 <= pooler_dropout < 1.0:
             raise ConfigError("pooler_dropout", pooler_dropout, "a probability in [0, 1)")
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = nn.Linear(n_inputs or d_model, d_model)
         self.dropout = nn.Dropout(pooler_dropout)
         self.out_proj = nn.Linear(d_model, n_outputs)
 
@@ -93,7 +98,13 @@ class SequencePredictionOutput:
 class ExLMForSequencePrediction(nn.Module):
     """A pre-trained ``ExLMModel`` encoder + a ``SequenceHead`` (classification, multi-label,
     regression). For ``classification`` n_outputs is the number of classes; otherwise it is
-    the number of tasks."""
+    the number of tasks.
+
+    ``n_features`` > 0 makes a hybrid head: per-molecule features (B, n_features), already
+    normalised, are concatenated to the pooled embedding before the head (chemprop's extra
+    features). ``pooled`` may be passed instead of ids when the encoder is frozen and its
+    features were computed once.
+    """
 
     def __init__(
         self,
@@ -102,19 +113,44 @@ class ExLMForSequencePrediction(nn.Module):
         task_type: TaskType = "multilabel",
         pooler_dropout: float = 0.1,
         pooling: Literal["cls", "mean", "max"] = "cls",
+        n_features: int = 0,
     ):
         super().__init__()
         if task_type not in _TASK_TYPES:
             raise ConfigError("task_type", task_type, f"one of {_TASK_TYPES}")
+        if n_features < 0:
+            raise ConfigError("n_features", n_features, "0 or a positive integer")
         self.model = model
         self.task_type = task_type
         self.pooling = pooling
-        self.head = SequenceHead(model.config.d_model, n_outputs, pooler_dropout)
+        self.n_features = n_features
+        d = model.config.d_model
+        self.head = SequenceHead(d, n_outputs, pooler_dropout, n_inputs=d + n_features)
+
+    def pool(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, T) ids and mask -> (B, d) pooled encoder features."""
+        return self.model.encode(
+            input_ids, attention_mask, pooling=self.pooling, pooled_only=True
+        ).pooled
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        features: Tensor | None = None,
+        pooled: Tensor | None = None,
     ) -> SequencePredictionOutput:
-        pooled = self.model.encode(input_ids, attention_mask, pooling=self.pooling).pooled
-        logits = self.head(pooled)  # (B, n_outputs)
+        if pooled is None:
+            if input_ids is None or attention_mask is None:
+                raise ConfigError("input_ids", None, "token ids and a mask, or pooled features")
+            pooled = self.pool(input_ids, attention_mask)
+        x = pooled
+        if self.n_features:
+            if features is None or features.shape[-1] != self.n_features:
+                got = None if features is None else tuple(features.shape)
+                raise ConfigError("features", got, f"(B, {self.n_features}) per-molecule features")
+            x = torch.cat([pooled, features.to(pooled.dtype)], dim=-1)  # (B, d + F)
+        logits = self.head(x)  # (B, n_outputs)
         loss = None if labels is None else task_loss(logits, labels, self.task_type)
         return SequencePredictionOutput(loss=loss, logits=logits, pooled=pooled)

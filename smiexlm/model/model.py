@@ -106,10 +106,15 @@ class ExLMModel(nn.Module):
         return rope_angles(positions, self.config.head_dim, self.config.rope_theta)
 
     def _run_encoder(
-        self, ids: Tensor, mask: Tensor, rotary: tuple[Tensor, Tensor], n_layers: int | None = None
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        rotary: tuple[Tensor, Tensor],
+        n_layers: int | None = None,
+        last_queries: int | None = None,
     ) -> Tensor:
         x = self.dropout(self.embed(ids))  # (B, L, d)
-        return self.final_norm(self.encoder(x, rotary, mask, n_layers))
+        return self.final_norm(self.encoder(x, rotary, mask, n_layers, last_queries))
 
     def _expand(self, input_ids: Tensor, mask: Tensor, labels: Tensor | None) -> ExpandedBatch:
         c = self.config
@@ -125,20 +130,23 @@ class ExLMModel(nn.Module):
             labels=labels,
         )
 
-    def _encode_expanded(self, ex: ExpandedBatch, n_layers: int | None = None) -> Tensor:
+    def _encode_expanded(
+        self, ex: ExpandedBatch, n_layers: int | None = None, last_queries: int | None = None
+    ) -> Tensor:
         rotary = rope_angles_2d(
             ex.seq_positions, ex.clone_positions, self.config.head_dim, self.config.rope_theta
         )
-        return self._run_encoder(ex.input_ids, ex.attention_mask, rotary, n_layers)
+        return self._run_encoder(ex.input_ids, ex.attention_mask, rotary, n_layers, last_queries)
 
     def _encode_real_tokens(
-        self, input_ids: Tensor, mask: Tensor, n_layers: int | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        self, input_ids: Tensor, mask: Tensor, n_layers: int | None = None,
+        last_queries: int | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         """MAE-LM encoder: [MASK] positions removed, original positions kept via RoPE.
         Returns hidden (B, Te, d), the original column of each row (B, Te), its mask."""
         index, valid = compact_positions(mask & (input_ids != self.config.mask_id))
         ids = input_ids.gather(1, index).masked_fill(~valid, self.config.pad_id)
-        hidden = self._run_encoder(ids, valid, self._rotary_1d(index), n_layers)
+        hidden = self._run_encoder(ids, valid, self._rotary_1d(index), n_layers, last_queries)
         return hidden, index, valid
 
     # ------------------------------------------------------------------ forward
@@ -228,28 +236,38 @@ class ExLMModel(nn.Module):
         return self.encode(input_ids, attention_mask, pooling=pooling).pooled
 
     def encode(
-        self, input_ids: Tensor, attention_mask: Tensor, pooling: Pooling = "cls", layer: int = -1
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        pooling: Pooling = "cls",
+        layer: int = -1,
+        pooled_only: bool = False,
     ) -> EncoderOutput:
         """Encoder features for fine-tuning and embedding.
 
         ``layer`` picks the block whose output is returned (0-based, −1 = last), always passed
         through the final LayerNorm. ``cls`` pools the first position (for exlm the first BOS
         state); ``mean``/``max`` pool over the real positions of ``hidden_states``.
+        ``pooled_only`` with ``cls`` computes the last block for the first position only
+        (same ``pooled``; ``hidden_states`` is then (B, 1, d)).
         """
         mask = self._check_inputs(input_ids, attention_mask)
         n = self.config.n_layers
         if not -n <= layer < n:
             raise ConfigError("layer", layer, f"an index in [{-n}, {n - 1}]")
         n_layers = layer % n + 1
+        first = 1 if pooled_only and pooling == "cls" else None
         if self.config.objective == "exlm":
             ex = self._expand(input_ids, mask, None)
-            hidden, out_mask = self._encode_expanded(ex, n_layers), ex.attention_mask
+            hidden, out_mask = self._encode_expanded(ex, n_layers, first), ex.attention_mask
         elif self.config.objective == "maelm":
-            hidden, _, out_mask = self._encode_real_tokens(input_ids, mask, n_layers)
+            hidden, _, out_mask = self._encode_real_tokens(input_ids, mask, n_layers, first)
         else:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
             rotary = self._rotary_1d(positions.expand_as(input_ids))
-            hidden, out_mask = self._run_encoder(input_ids, mask, rotary, n_layers), mask
+            hidden, out_mask = self._run_encoder(input_ids, mask, rotary, n_layers, first), mask
+        if first is not None:
+            out_mask = out_mask[:, :first]
         return EncoderOutput(hidden, pool(hidden, out_mask, pooling), out_mask)
 
     # ------------------------------------------------------------------ checkpoints

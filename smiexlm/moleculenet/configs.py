@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.errors import ConfigError
+from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.paths import PACKAGE_DIR
 
@@ -20,7 +21,10 @@ class FinetuneConfig:
     """Everything that decides a fine-tuning run besides the checkpoint, data and seed.
 
     ``max_train_steps`` (None = no limit) stops each run early for quick CPU checks; the
-    report records it, so shortened runs are never mistaken for full ones.
+    report records it, so shortened runs are never mistaken for full ones. ``patience``
+    (None = the whole Table 8 schedule) stops after that many epochs without a better valid
+    score. ``freeze`` trains the head only, ``freeze_layers`` freezes the embeddings and the
+    first N blocks; ``features`` (``ecfp4`` | ``rdkit2d``) makes the head hybrid.
     """
 
     epochs: int = 40
@@ -40,6 +44,11 @@ class FinetuneConfig:
     max_train_steps: int | None = None
     eval_batch_size: int = 256
     device: str = "auto"
+    patience: int | None = None
+    freeze: bool = False
+    freeze_layers: int = 0
+    features: str | None = None
+    amp: str = "auto"  # bf16 autocast on CUDA; "bf16" also on CPU, "off" never
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -60,6 +69,18 @@ class FinetuneConfig:
             raise ConfigError("pooling", self.pooling, "'cls', 'mean' or 'max'")
         if self.split not in SPLIT_KINDS:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
+        if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):
+            raise ConfigError("patience", self.patience, "a positive integer or None")
+        if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
+            raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
+        if self.freeze and self.freeze_layers:
+            raise ConfigError(
+                "freeze_layers", self.freeze_layers, "0 with freeze (which freezes every layer)"
+            )
+        if self.features is not None and self.features not in FEATURE_KINDS:
+            raise ConfigError("features", self.features, f"one of {', '.join(FEATURE_KINDS)}")
+        if self.amp not in ("auto", "bf16", "off"):
+            raise ConfigError("amp", self.amp, "'auto', 'bf16' or 'off'")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

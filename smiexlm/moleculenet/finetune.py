@@ -1,22 +1,27 @@
-"""Fine-tune an ExLM/MLM/MAE-LM checkpoint (or a random init of a preset) on one dataset.
+"""MoleculeNet (and user CSV) adapter of the fine-tuning engine.
 
 Recipe (paper §5.1, Table 8): sequence head on the first state's features (dense → tanh →
 pooler dropout → out_proj), multi-label BCE with missing labels masked (MSE on standardised
-targets for regression), AdamW with linear warmup then linear decay to zero, gradient clipping,
-evaluation on valid after every epoch, the best-valid epoch's weights scored once on test.
-Inputs have the pretraining form (BOS ... EOS; the model expands them for ExLM), from
-canonical SMILES unless ``canonicalize=False``.
+targets for regression), validation after every epoch, the best-valid epoch's weights scored
+once on test. The loop itself (optimizer, schedule, clipping, AMP, bucketed batches, early
+stopping) is :func:`smiexlm.finetuning.fit`; this module turns a DataFrame and a split into
+its inputs and its results into a :class:`RunResult`. Inputs have the pretraining form
+(BOS ... EOS; the model expands them for ExLM), from canonical SMILES unless
+``canonicalize=False``.
+
+Without a checkpoint the backbone is the shipped default model; a random init of a preset
+is used only when asked (``Backbone(random_init=True)``).
 
 A fine-tuned folder holds the backbone (``config.json``, ``vocab.json``, ``model.safetensors``),
-``head.safetensors`` and ``finetune.json`` (task, label columns, config, target scaling); it is
-what ``predict`` reads.
+``head.safetensors`` and ``finetune.json`` (task, label columns, config, target scaling, the
+hybrid features' scaler); it is what ``predict`` reads. Several folders (seeds) make an
+ensemble: the mean prediction and its standard deviation per molecule.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,8 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor, nn
-from tqdm.auto import tqdm
+from torch import nn
 
 from smiexlm.device import resolve_device
 from smiexlm.errors import DataError
@@ -35,11 +39,13 @@ from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.metrics import check_scorable, score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split, make_split
+from smiexlm.paths import ASSETS_DIR
 
 log = logging.getLogger(__name__)
 
 HEAD_NAME = "head.safetensors"
 META_NAME = "finetune.json"
+DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"
 
 
 def canonical_smiles(smiles: Sequence[str]) -> list[str]:
@@ -60,11 +66,21 @@ def canonical_smiles(smiles: Sequence[str]) -> list[str]:
 
 @dataclass
 class Backbone:
-    """Where the encoder comes from: a checkpoint folder, or a preset initialised at random."""
+    """Where the encoder comes from: a checkpoint folder (default: the shipped model), or,
+    only with ``random_init=True``, a preset initialised at random."""
 
     checkpoint: Path | None = None
     preset: str = "tiny"
     objective: str = "mlm"  # only for random init
+    random_init: bool = False
+
+    def __post_init__(self) -> None:
+        if self.random_init and self.checkpoint is not None:
+            from smiexlm.errors import ConfigError
+
+            raise ConfigError("random_init", True, "no checkpoint (it ignores the weights)")
+        if self.checkpoint is None and not self.random_init:
+            self.checkpoint = DEFAULT_MODEL_DIR
 
     @property
     def name(self) -> str:
@@ -114,31 +130,28 @@ def encode_rows(tokenizer, smiles: Sequence[str], max_length: int) -> tuple[list
     return rows, n_cut
 
 
-def pad_batch(rows: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
-    """(B, T) long ids with PAD = 0 and (B, T) bool mask, True = real token."""
-    width = max(len(r) for r in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return ids, ids != 0
+def loop_config(cfg: FinetuneConfig, higher_is_better: bool):
+    """The engine's settings for a MoleculeNet config."""
+    from smiexlm.finetuning import LoopConfig
+
+    return LoopConfig(
+        epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, warmup_ratio=cfg.warmup_ratio,
+        weight_decay=cfg.weight_decay, adam_betas=cfg.adam_betas, adam_eps=cfg.adam_eps,
+        clip_norm=cfg.clip_norm, max_steps=cfg.max_train_steps, patience=cfg.patience,
+        select="best", higher_is_better=higher_is_better, amp=cfg.amp,  # type: ignore[arg-type]
+        eval_batch_size=cfg.eval_batch_size, freeze=cfg.freeze, freeze_layers=cfg.freeze_layers,
+        device=cfg.device,
+    )  # fmt: skip
 
 
-def linear_warmup_decay(step: int, warmup: int, total: int) -> float:
-    """LR multiplier: 0 → 1 over ``warmup`` steps, then 1 → 0 linearly at ``total``."""
-    if step < warmup:
-        return (step + 1) / max(1, warmup)
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
-@torch.no_grad()
-def predict_rows(model, rows: list[list[int]], batch_size: int, device: torch.device) -> np.ndarray:
-    """Raw head outputs (N, T) in input order."""
-    model.eval()
-    out = []
-    for start in range(0, len(rows), batch_size):
-        ids, mask = pad_batch(rows[start : start + batch_size])
-        out.append(model(ids.to(device), mask.to(device)).logits.float().cpu())
-    return torch.cat(out).numpy() if out else np.zeros((0, 0))
+def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
+    """The report's row name: the backbone plus how it was fine-tuned."""
+    name = backbone.name
+    if cfg.freeze:
+        name += " frozen"
+    elif cfg.freeze_layers:
+        name += f" ({cfg.freeze_layers} layers frozen)"
+    return name + (f" + {cfg.features}" if cfg.features else "")
 
 
 def _to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
@@ -155,16 +168,20 @@ def finetune_once(
     backbone: Backbone,
     save_dir: Path | None = None,
     inputs: list[str] | None = None,
+    raw_features: np.ndarray | None = None,
+    progress: bool = True,
 ) -> RunResult:
     """One seed: train on ``split.train``, select on valid per epoch, score test.
 
-    ``inputs`` are the model-side SMILES when already prepared (canonical or as written).
+    ``inputs`` are the model-side SMILES when already prepared (canonical or as written);
+    ``raw_features`` the unscaled hybrid features of every row, when already computed.
     """
+    from smiexlm.finetuning import Examples, fit
+    from smiexlm.finetuning import predict as engine_predict
     from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.moleculenet.features import FeatureScaler
 
     t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    device = resolve_device(cfg.device)
     name, task_type = df.attrs.get("name", "data"), df.attrs.get("task_type", "classification")
     label_cols = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
     smiles = df["smiles"].tolist()
@@ -180,94 +197,55 @@ def finetune_once(
     if task_type == "regression":
         mean = np.nanmean(y[split.train], axis=0)
         std = np.nanstd(y[split.train], axis=0) + 1e-6
-    y_train = torch.from_numpy((y - mean) / std)
+    features, scaler = None, None
+    if cfg.features:
+        if raw_features is None:
+            from smiexlm.fingerprints import molecule_features
 
-    encoder = backbone.build(tokenizer, cfg.dropout)
+            raw_features = molecule_features(inputs, cfg.features)
+        scaler = FeatureScaler.fit(raw_features[np.asarray(split.train)], cfg.features)
+        features = torch.from_numpy(scaler.transform(raw_features))
+
+    torch.manual_seed(seed)
     head_type = "multilabel" if task_type == "classification" else "regression"
     model = ExLMForSequencePrediction(
-        encoder,
-        len(label_cols),
-        head_type,
-        cfg.pooler_dropout,
-        cfg.pooling,  # type: ignore[arg-type]
-    ).to(device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
-        weight_decay=cfg.weight_decay,
+        backbone.build(tokenizer, cfg.dropout), len(label_cols), head_type, cfg.pooler_dropout,
+        cfg.pooling, n_features=0 if features is None else features.shape[1],  # type: ignore[arg-type]
     )  # fmt: skip
-    steps_per_epoch = math.ceil(len(split.train) / cfg.batch_size)
-    total = cfg.epochs * steps_per_epoch
-    if cfg.max_train_steps is not None:
-        total = min(total, cfg.max_train_steps)
-    warmup = int(cfg.warmup_ratio * total)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: linear_warmup_decay(s, warmup, total)
-    )
-    rng = np.random.default_rng(seed)
-    train_idx = np.asarray(split.train)
-    valid_rows = [rows[i] for i in split.valid]
-    better = (lambda a, b: a > b) if task_type == "classification" else (lambda a, b: a < b)
-    best_valid, best_epoch, best_state = float("nan"), 0, None
-    step, epoch = 0, 0
-    bar = tqdm(total=total, desc=f"{name} seed {seed}", leave=False, unit="step")
-    while step < total:
-        epoch += 1
-        model.train()
-        order = train_idx[rng.permutation(len(train_idx))]
-        for start in range(0, len(order), cfg.batch_size):
-            batch = order[start : start + cfg.batch_size]
-            ids, mask = pad_batch([rows[i] for i in batch])
-            out = model(ids.to(device), mask.to(device), y_train[batch].to(device))
-            optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{out.loss.item():.3f}", epoch=epoch)
-            if step >= total:
-                break
-        pred = _to_scores(
-            predict_rows(model, valid_rows, cfg.eval_batch_size, device), task_type, mean, std
-        )
-        valid = score(task_type, y[split.valid], pred).mean
-        if best_state is None or (
-            not math.isnan(valid) and (math.isnan(best_valid) or better(valid, best_valid))
-        ):
-            best_valid, best_epoch = valid, epoch
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        bar.set_postfix(valid=f"{valid:.3f}", best=f"{best_valid:.3f}@{best_epoch}")
-    bar.close()
-    model.load_state_dict(best_state)
-    test_rows = [rows[i] for i in split.test]
-    test_pred = _to_scores(
-        predict_rows(model, test_rows, cfg.eval_batch_size, device), task_type, mean, std
-    )
-    test = score(task_type, y[split.test], test_pred)
+    data = Examples(rows, torch.from_numpy((y - mean) / std), features)
+    train, valid, test = (data.subset(np.asarray(part)) for part in (split.train, split.valid, split.test))
+    loop = loop_config(cfg, higher_is_better=task_type == "classification")
+
+    def valid_score(logits: np.ndarray) -> float:
+        return score(task_type, y[split.valid], _to_scores(logits, task_type, mean, std)).mean
+
+    fitted = fit(model, train, valid, loop, valid_score, seed, progress, f"{name} seed {seed}")
+    logits = engine_predict(model, test, cfg.eval_batch_size, cfg.amp)
+    test_score = score(task_type, y[split.test], _to_scores(logits, task_type, mean, std))
     if save_dir is not None:
         save_finetuned(model, tokenizer, save_dir, dict(
             dataset=name, task_type=task_type, label_cols=label_cols, config=cfg.to_dict(),
             seed=seed, split=split.label, target_mean=mean.tolist(), target_std=std.tolist(),
-            backbone=backbone.name, best_epoch=best_epoch,
+            backbone=backbone.name, best_epoch=fitted.best_epoch,
+            feature_scaler=None if scaler is None else scaler.to_dict(),
         ))  # fmt: skip
     scale = 100.0 if task_type == "classification" else 1.0
-    config = cfg.to_dict() | {"backbone": backbone.name, "n_truncated": n_cut, "steps": step}
+    config = cfg.to_dict() | {"backbone": backbone.name, "n_truncated": n_cut} | fitted.summary()
     return RunResult(
-        model=backbone.name,
+        model=variant_name(backbone, cfg),
         dataset=name,
         seed=seed,
         split=split.label,
         metric="roc_auc" if task_type == "classification" else "rmse",
-        test=test.mean * scale,
-        valid=best_valid * scale,
+        test=test_score.mean * scale,
+        valid=fitted.best_valid * scale,
         sizes=split.sizes,
         n_invalid=int(df.attrs.get("n_invalid", 0)),
-        n_tasks_scored=test.n_scored,
+        n_tasks_scored=test_score.n_scored,
         n_tasks=len(label_cols),
         wall_s=time.perf_counter() - t0,
         data_sha256=df.attrs.get("sha256"),
-        best_epoch=best_epoch,
+        best_epoch=fitted.best_epoch,
         config=config,
     )
 
@@ -275,20 +253,29 @@ def finetune_once(
 def run_finetune(
     df: pd.DataFrame,
     cfg: FinetuneConfig,
-    backbone: Backbone,
+    backbone: Backbone | None = None,
     seeds: Sequence[int] = (0, 1, 2),
     save_dir: Path | None = None,
+    progress: bool = True,
 ) -> list[RunResult]:
     """``finetune_once`` per seed on one split (deterministic kinds are computed once)."""
+    backbone = backbone or Backbone()
     results = []
     split = None
     smiles = df["smiles"].tolist()
     inputs = canonical_smiles(smiles) if cfg.canonicalize else smiles
+    raw = None
+    if cfg.features:
+        from smiexlm.fingerprints import molecule_features
+
+        raw = molecule_features(inputs, cfg.features)
     for seed in seeds:
         if split is None or split.seed is not None:
             split = make_split(smiles, cfg.split, seed)
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
-        results.append(finetune_once(df, split, cfg, seed, backbone, target, inputs))
+        results.append(
+            finetune_once(df, split, cfg, seed, backbone, target, inputs, raw, progress)
+        )
         r = results[-1]
         log.info("%s seed %d: valid %.2f test %.2f", r.dataset, seed, r.valid, r.test)
     return results
@@ -301,7 +288,8 @@ def save_finetuned(model, tokenizer, directory: Path, meta: dict[str, Any]) -> P
     model.model.save_pretrained(directory, tokenizer=tokenizer)
     head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
     save_file(head, str(directory / HEAD_NAME), metadata={"format": "pt"})
-    meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0])}
+    meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
+                   "n_features": model.n_features}  # fmt: skip
     (directory / META_NAME).write_text(json.dumps(meta, indent=1))
     return directory
 
@@ -323,8 +311,9 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
     meta = json.loads((directory / META_NAME).read_text())
     head_type = "multilabel" if meta["task_type"] == "classification" else "regression"
     model = ExLMForSequencePrediction(
-        ExLMModel.from_pretrained(directory), meta["n_outputs"], head_type, 0.0, meta["pooling"]
-    )
+        ExLMModel.from_pretrained(directory), meta["n_outputs"], head_type, 0.0, meta["pooling"],
+        n_features=int(meta.get("n_features", 0)),
+    )  # fmt: skip
     model.head.load_state_dict(load_file(str(directory / HEAD_NAME)))
     return (
         model.to(resolve_device(device)).eval(),
@@ -333,27 +322,69 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
     )
 
 
-def predict(checkpoint: Path | str, smiles: Sequence[str], batch_size: int = 256) -> pd.DataFrame:
+def _predict_one(directory: Path | str, smiles: list[str], batch_size: int) -> tuple[np.ndarray, dict]:
+    """(N, T) scores of one fine-tuned folder on parsable SMILES."""
+    from smiexlm.finetuning import Examples
+    from smiexlm.finetuning import predict as engine_predict
+    from smiexlm.moleculenet.features import FeatureScaler
+
+    model, tokenizer, meta = load_finetuned(directory)
+    cfg = meta["config"]
+    inputs = canonical_smiles(smiles) if cfg.get("canonicalize", True) else smiles
+    rows, _ = encode_rows(tokenizer, inputs, cfg.get("max_length", 256))
+    features = None
+    if meta.get("feature_scaler"):
+        from smiexlm.fingerprints import molecule_features
+
+        scaler = FeatureScaler.from_dict(meta["feature_scaler"])
+        features = torch.from_numpy(scaler.transform(molecule_features(inputs, scaler.kind)))
+    logits = engine_predict(model, Examples(rows, None, features), batch_size)
+    mean = np.asarray(meta["target_mean"], dtype=np.float32)
+    std = np.asarray(meta["target_std"], dtype=np.float32)
+    return _to_scores(logits, meta["task_type"], mean, std), meta
+
+
+def predict(
+    checkpoint: Path | str | Sequence[Path | str], smiles: Sequence[str], batch_size: int = 256
+) -> pd.DataFrame:
     """Predictions per input SMILES: probabilities (classification) or values (regression).
 
-    Unparsable SMILES get NaN rows and ``valid = False``, never silently dropped.
+    Several fine-tuned folders (e.g. the seeds of one run) make an ensemble: each label column
+    is the mean over the models and ``<label>_std`` their standard deviation (ddof 0), the
+    per-molecule uncertainty. Unparsable SMILES get NaN rows and ``valid = False``, never
+    silently dropped.
     """
     from rdkit import Chem, RDLogger
 
     RDLogger.DisableLog("rdApp.*")
-    model, tokenizer, meta = load_finetuned(checkpoint)
-    device = next(model.parameters()).device
-    ok = [Chem.MolFromSmiles(s) is not None for s in smiles]
+    folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
+    if not folders:
+        raise DataError("--checkpoint: expected at least one fine-tuned folder")
+    ok = [bool(s) and Chem.MolFromSmiles(s) is not None for s in smiles]
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
-    cfg = meta["config"]
-    inputs = canonical_smiles(good) if cfg.get("canonicalize", True) else good
-    rows, _ = encode_rows(tokenizer, inputs, cfg.get("max_length", 256))
-    mean = np.asarray(meta["target_mean"], dtype=np.float32)
-    std = np.asarray(meta["target_std"], dtype=np.float32)
-    values = _to_scores(predict_rows(model, rows, batch_size, device), meta["task_type"], mean, std)
-    out = np.full((len(smiles), len(meta["label_cols"])), np.nan)
-    out[np.asarray(ok, dtype=bool)] = values
-    frame = pd.DataFrame(out, columns=meta["label_cols"])
+    runs, metas = [], []
+    for folder in folders:
+        values, meta = _predict_one(folder, good, batch_size)
+        if metas and (meta["label_cols"], meta["task_type"]) != (
+            metas[0]["label_cols"], metas[0]["task_type"]
+        ):  # fmt: skip
+            raise DataError(
+                f"--checkpoint {str(folder)!r}: predicts {meta['label_cols']} "
+                f"({meta['task_type']}); expected {metas[0]['label_cols']} like {str(folders[0])!r}"
+            )
+        runs.append(values)
+        metas.append(meta)
+    labels = meta["label_cols"]
+    stack = np.stack(runs)  # (M, N_good, T)
+    valid_rows = np.asarray(ok, dtype=bool)
+    out = np.full((len(smiles), len(labels)), np.nan)
+    out[valid_rows] = stack.mean(axis=0)
+    frame = pd.DataFrame(out, columns=labels)
+    if len(folders) > 1:
+        spread = np.full((len(smiles), len(labels)), np.nan)
+        spread[valid_rows] = stack.std(axis=0)
+        for j, label in enumerate(labels):
+            frame[f"{label}_std"] = spread[:, j]
     frame.insert(0, "valid", ok)
     frame.insert(0, "smiles", list(smiles))
     return frame

@@ -1,0 +1,7 @@
+"""Fine-tuning: one training loop (``engine``) and its batches; task adapters live with their
+tasks (``smiexlm.moleculenet.finetune``, ``smiexlm.glue.finetune``)."""
+
+from smiexlm.finetuning.batches import Examples
+from smiexlm.finetuning.engine import FitResult, LoopConfig, fit, predict
+
+__all__ = ["Examples", "FitResult", "LoopConfig", "fit", "predict"]

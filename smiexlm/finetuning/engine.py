@@ -1,0 +1,265 @@
+"""The one fine-tuning loop: MoleculeNet, GLUE and a user's own CSV are thin adapters on it.
+
+An adapter builds the model (an encoder + head whose forward takes ``input_ids``,
+``attention_mask``, ``labels``, ``features`` or ``pooled`` and returns ``.loss``/``.logits``),
+turns its data into :class:`~smiexlm.finetuning.batches.Examples` and gives a ``score``
+function of the validation logits. :func:`fit` then does the rest, the same way for all:
+
+- AdamW with pre-training's decay groups (``training.optim.adamw_with_decay_groups``), linear
+  warmup then linear decay to 0 (``PolynomialDecaySchedule``, power 1);
+- gradient clipping (``clip_norm``; 0 = none);
+- AMP: bf16 autocast on CUDA; on CPU only when asked (``amp="bf16"``), since on CPUs without
+  bf16 units it is slower than fp32;
+- length-bucketed training batches, length-sorted evaluation under ``torch.inference_mode``;
+- validation after every epoch; ``select="best"`` keeps the best epoch's weights (ties keep
+  the earlier epoch), ``"last"`` the final ones; ``patience`` stops after that many epochs
+  without a better validation score (None = run the whole schedule).
+
+``freeze=True`` trains the head only: the encoder runs once, in eval mode, over every example,
+and the head trains on those cached features (seconds instead of minutes).
+``freeze_layers=N`` freezes the embeddings and the first N encoder blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from smiexlm.device import resolve_device
+from smiexlm.errors import ConfigError
+from smiexlm.finetuning.batches import Examples, bucketed_batches, iterate, sorted_batches
+
+
+@dataclass
+class LoopConfig:
+    """How one fine-tuning run trains; the task adapters fill it from their own configs."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    warmup_ratio: float = 0.06
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-6
+    clip_norm: float = 1.0  # 0 = no clipping (RoBERTa's GLUE recipe)
+    max_steps: int | None = None  # cap on updates (quick checks); recorded in the results
+    patience: int | None = None  # epochs without a better valid score; None = full schedule
+    select: Literal["best", "last"] = "best"
+    higher_is_better: bool = True
+    amp: Literal["auto", "bf16", "off"] = "auto"  # auto = bf16 on CUDA, fp32 on CPU
+    bucket_window: int = 50  # batches per length-sorted window; 1 = no bucketing
+    eval_batch_size: int = 256
+    freeze: bool = False  # head only, on cached encoder features
+    freeze_layers: int = 0  # embeddings + the first N blocks frozen
+    device: str = "auto"
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_batch_size", "bucket_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, value, "a positive integer")
+        if not self.lr > 0:
+            raise ConfigError("lr", self.lr, "a positive number")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError("warmup_ratio", self.warmup_ratio, "a fraction in [0, 1)")
+        if self.clip_norm < 0:
+            raise ConfigError("clip_norm", self.clip_norm, "0 (no clipping) or a positive number")
+        for name in ("max_steps", "patience"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(name, value, "a positive integer or None")
+        if self.select not in ("best", "last"):
+            raise ConfigError("select", self.select, "'best' or 'last'")
+        if self.amp not in ("auto", "bf16", "off"):
+            raise ConfigError("amp", self.amp, "'auto', 'bf16' or 'off'")
+        if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
+            raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class FitResult:
+    """What happened in one run; ``history`` has one record per epoch."""
+
+    best_epoch: int
+    best_valid: float
+    epochs_run: int
+    steps: int
+    stopped_early: bool
+    seconds: float
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "best_epoch": self.best_epoch,
+            "epochs_run": self.epochs_run,
+            "steps": self.steps,
+            "stopped_early": self.stopped_early,
+            "train_seconds": round(self.seconds, 2),
+        }
+
+
+def autocast(device: torch.device, amp: str):
+    """bf16 autocast on CUDA (``auto``/``bf16``) or on CPU (``bf16`` only); else nothing."""
+    if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def freeze_encoder(model: nn.Module, n_layers: int | None) -> None:
+    """Freeze ``model.model`` (an ExLMModel): all of it (``None``), or the embeddings and the
+    first ``n_layers`` blocks."""
+    encoder = model.model
+    if n_layers is None:
+        encoder.requires_grad_(False)
+        return
+    total = len(encoder.encoder.layers)
+    if n_layers > total:
+        raise ConfigError("freeze_layers", n_layers, f"at most the encoder's {total} layers")
+    if n_layers:
+        encoder.embed.requires_grad_(False)
+        for block in encoder.encoder.layers[:n_layers]:
+            block.requires_grad_(False)
+
+
+@torch.inference_mode()
+def predict(
+    model: nn.Module,
+    examples: Examples,
+    batch_size: int = 256,
+    amp: str = "auto",
+    pad_id: int = 0,
+    output: Literal["logits", "pooled"] = "logits",
+) -> np.ndarray:
+    """(N, C) float32 logits (or pooled features) in input order, eval mode, length-sorted."""
+    model.eval()
+    device = next(model.parameters()).device
+    plain = Examples(examples.rows, None, examples.features, examples.pooled)
+    out: np.ndarray | None = None
+    for index, batch in iterate(plain, sorted_batches(plain.lengths(), batch_size), device, pad_id):
+        with autocast(device, amp):
+            if output == "pooled":
+                values = model.pool(batch["input_ids"], batch["attention_mask"])
+            else:
+                values = model(**batch).logits
+        values = values.float().cpu().numpy()
+        if out is None:
+            out = np.zeros((len(plain), values.shape[1]), dtype=np.float32)
+        out[index] = values
+    return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+
+
+def fit(
+    model: nn.Module,
+    train: Examples,
+    valid: Examples | None,
+    config: LoopConfig,
+    score: Callable[[np.ndarray], float] | None,
+    seed: int = 0,
+    progress: bool = False,
+    desc: str = "fine-tune",
+) -> FitResult:
+    """Train ``model`` in place on ``train``; select on ``score(valid logits)`` per epoch."""
+    from tqdm.auto import tqdm
+
+    from smiexlm.training.optim import PolynomialDecaySchedule, adamw_with_decay_groups, set_lr
+
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    device = resolve_device(config.device)
+    model.to(device)
+    if config.freeze:
+        freeze_encoder(model, None)
+        # the frozen encoder runs once in eval mode; the head trains on its features
+        train = _cached(model, train, config)
+        valid = None if valid is None else _cached(model, valid, config)
+    elif config.freeze_layers:
+        freeze_encoder(model, config.freeze_layers)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = adamw_with_decay_groups(
+        model, config.lr, config.weight_decay, config.adam_betas, config.adam_eps
+    )
+    total = config.epochs * math.ceil(len(train) / config.batch_size)
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    schedule = PolynomialDecaySchedule(config.lr, int(config.warmup_ratio * total), total)
+    rng = np.random.default_rng(seed)
+    lengths = train.lengths()
+    better = (lambda a, b: a > b) if config.higher_is_better else (lambda a, b: a < b)
+    result = FitResult(0, float("nan"), 0, 0, False, 0.0)
+    best_state, since_best = None, 0
+    bar = tqdm(total=total, desc=desc, leave=False, unit="step", disable=not progress)
+    while result.steps < total:
+        result.epochs_run += 1
+        model.train()
+        if config.freeze:
+            model.model.eval()  # no dropout inside a frozen encoder
+        losses = []
+        batches = bucketed_batches(lengths, config.batch_size, rng, config.bucket_window)
+        for _, batch in iterate(train, batches, device, config.pad_id):
+            set_lr(optimizer, schedule.lr_at(result.steps))
+            with autocast(device, config.amp):
+                loss = model(**batch).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.clip_norm > 0:
+                nn.utils.clip_grad_norm_(trainable, config.clip_norm)
+            optimizer.step()
+            losses.append(loss.detach())
+            result.steps += 1
+            bar.update(1)
+            if result.steps >= total:
+                break
+        record = {"epoch": result.epochs_run, "step": result.steps,
+                  "train_loss": float(torch.stack(losses).float().mean()) if losses else math.nan}  # fmt: skip
+        if valid is not None and score is not None:
+            logits = predict(model, valid, config.eval_batch_size, config.amp, config.pad_id)
+            record["valid"] = value = float(score(logits))
+            improved = not math.isnan(value) and (
+                math.isnan(result.best_valid) or better(value, result.best_valid)
+            )
+            if improved or best_state is None:
+                result.best_valid, result.best_epoch, since_best = value, result.epochs_run, 0
+                if config.select == "best":
+                    best_state = {n: p.detach().clone() for n, p in _trainable(model)}
+            else:
+                since_best += 1
+            bar.set_postfix(valid=f"{value:.3f}", best=f"{result.best_valid:.3f}@{result.best_epoch}")
+        result.history.append(record)
+        if config.patience is not None and since_best >= config.patience and result.steps < total:
+            result.stopped_early = True
+            break
+    bar.close()
+    if config.select == "last" or best_state is None:
+        result.best_epoch = result.epochs_run
+        result.best_valid = result.history[-1].get("valid", math.nan)
+    else:
+        with torch.no_grad():
+            for name, param in _trainable(model):
+                param.copy_(best_state[name])
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _trainable(model: nn.Module):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _cached(model: nn.Module, examples: Examples, config: LoopConfig) -> Examples:
+    """``examples`` with the frozen encoder's pooled features in place of token ids."""
+    if examples.rows is None:
+        return examples
+    pooled = predict(model, examples, config.eval_batch_size, config.amp, config.pad_id, "pooled")
+    return Examples(None, examples.targets, examples.features, torch.from_numpy(pooled))

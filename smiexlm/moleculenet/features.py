@@ -1,0 +1,64 @@
+"""Hybrid features: ECFP4 bits or RDKit 2D descriptors beside the pooled embedding.
+
+``--features ecfp4|rdkit2d`` computes the raw features (``smiexlm.fingerprints``), and a
+:class:`FeatureScaler` fitted on the **train split only** fills missing values with the train
+median, standardises each column with the train mean and standard deviation (columns constant
+on train get std 1, so they stay 0) and clips to ±``clip`` so a bit seen once in training
+cannot dominate the head. The scaler is saved with the fine-tuned model and applied at
+prediction time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from smiexlm.fingerprints import molecule_features
+
+
+@dataclass
+class FeatureScaler:
+    kind: str
+    median: np.ndarray  # (F,)
+    mean: np.ndarray  # (F,)
+    std: np.ndarray  # (F,)
+    clip: float = 5.0
+
+    @classmethod
+    def fit(cls, raw: np.ndarray, kind: str, clip: float = 5.0) -> FeatureScaler:
+        """Statistics of ``raw`` (N_train, F); NaN = not computable."""
+        with np.errstate(all="ignore"):
+            median = np.nanmedian(raw, axis=0)
+        median = np.where(np.isfinite(median), median, 0.0)
+        filled = np.where(np.isnan(raw), median, raw)
+        mean, std = filled.mean(axis=0), filled.std(axis=0)
+        std = np.where(std > 1e-8, std, 1.0)
+        return cls(kind, median.astype(np.float32), mean.astype(np.float32),
+                   std.astype(np.float32), clip)  # fmt: skip
+
+    def transform(self, raw: np.ndarray) -> np.ndarray:
+        """(N, F) raw features -> (N, F) float32 normalised, clipped."""
+        filled = np.where(np.isnan(raw), self.median, raw)
+        return np.clip((filled - self.mean) / self.std, -self.clip, self.clip).astype(np.float32)
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind, "clip": self.clip, "median": self.median.tolist(),
+            "mean": self.mean.tolist(), "std": self.std.tolist(),
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FeatureScaler:
+        arrays = {k: np.asarray(data[k], dtype=np.float32) for k in ("median", "mean", "std")}
+        return cls(data["kind"], clip=float(data["clip"]), **arrays)
+
+
+def hybrid_features(
+    smiles: Sequence[str], kind: str, train_index: Sequence[int]
+) -> tuple[np.ndarray, FeatureScaler]:
+    """Normalised (N, F) features of ``kind`` for every SMILES, scaled on ``train_index``."""
+    raw = molecule_features(smiles, kind)
+    scaler = FeatureScaler.fit(raw[np.asarray(train_index)], kind)
+    return scaler.transform(raw), scaler
