@@ -80,10 +80,10 @@ def run(args: argparse.Namespace) -> None:
         random_init=random_init,
     )  # fmt: skip
     results = _done(args.out)
-    for task in args.tasks:
-        df = load_dataset(task)
-        cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant])
-        for seed in args.seeds:
+    frames = {task: load_dataset(task) for task in args.tasks}
+    for seed in args.seeds:  # seed-major: an interrupted run still covers every dataset
+        for task, df in frames.items():
+            cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant])
             if any(r.dataset == df.attrs["name"] and r.seed == seed for r in results):
                 continue
             start = time.perf_counter()
