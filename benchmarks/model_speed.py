@@ -1,16 +1,23 @@
 """Forward+backward speed of the three objectives, side by side in one run.
 
     python benchmarks/model_speed.py [--presets tiny small] [--steps 10] [--threads 1]
+    python benchmarks/model_speed.py --text      # tiny text model: mlm against exlm k = 4
 
 For each preset: mlm, exlm (k = 2), exlm (k = 4) and maelm train on the same masked batch
 (SMILES-like lengths, mask prob 0.15); the table gives the median step time, tokens/s (real,
 unexpanded tokens) and the ratio to mlm. Targets: exlm k = 2 <= 1.3x mlm, k = 4 <= 1.7x.
 With a CUDA device, ``--gpu`` also times mol_base in bf16 and reports MFU.
+
+``--text`` times the text shape of the recorded GLUE runs instead (``text_tiny_*``): 32 blocks
+of 128 tokens from an 8,000-token vocabulary with 7 [EOS] per block, as in the WikiText-2 +
+Tiny Shakespeare block dataset; every [EOS] is expanded by ExLM, so a block of 19 masks runs
+the DAG loss on about 108 states and 27 targets.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -37,8 +44,22 @@ def make_batch(batch: int, max_len: int, vocab: int, seed: int = 0):
     return masked, att, labels
 
 
-def build(preset: str, name: str, extra: dict, device: str) -> ExLMModel:
+def make_text_batch(blocks: int = 32, length: int = 128, vocab: int = 8000, n_eos: int = 7):
+    """Full text blocks: BOS, then tokens with ``n_eos`` sentence ends at random places."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (blocks, length), generator=g)
+    ids[:, 0] = 1
+    for row in ids:
+        row[1 + torch.randperm(length - 1, generator=g)[:n_eos]] = 2
+    att = torch.ones_like(ids, dtype=torch.bool)
+    masked, labels = mask_tokens(ids, att, 0.15, generator=g)
+    return masked, att, labels
+
+
+def build(preset: str, name: str, extra: dict, device: str, vocab: int | None = None):
     objective = name.split()[0]
+    if vocab is not None:
+        extra = {**extra, "vocab_size": vocab}
     cfg = ExLMConfig.preset(preset, objective=objective, **extra)
     return ExLMModel(cfg).to(device).train()
 
@@ -79,6 +100,28 @@ def run_cpu(presets: list[str], steps: int, max_len: int) -> dict:
     return results
 
 
+def run_text(steps: int) -> dict:
+    """The tiny text model on the same blocks, interleaved: mlm, and exlm k = 4 with the DAG
+    loss by the log-space reference (the previous CPU path) and by the matrix products."""
+    variants = [("mlm", "mlm", {}), ("exlm k=4, reference DAG", "exlm", {"k": 4})]
+    variants.append(("exlm k=4, matmul DAG", "exlm", {"k": 4}))
+    models = {}
+    for label, objective, extra in variants:
+        torch.manual_seed(0)
+        models[label] = build("tiny", objective, extra, "cpu", vocab=8000)
+    batch = make_text_batch()
+    samples = {label: [] for label in models}
+    for _ in range(steps):
+        for label, model in models.items():
+            os.environ["SMIEXLM_DAG_IMPL"] = "reference" if "reference" in label else "matmul"
+            samples[label] += time_steps(model, batch, 1, "cpu")
+    n_tokens = int(batch[1].sum())
+    return {
+        ("text tiny", label): (statistics.median(t), n_tokens / statistics.median(t))
+        for label, t in samples.items()
+    }
+
+
 def run_gpu(steps: int, max_len: int) -> list[str]:
     if not torch.cuda.is_available():
         return ["GPU (bf16, mol_base): no GPU available in this run"]
@@ -104,6 +147,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gpu", action="store_true", help="also time mol_base on CUDA")
+    parser.add_argument("--text", action="store_true", help="the tiny text shape instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -111,13 +155,16 @@ def main() -> None:
         f"hardware: {platform.machine()} CPU, {args.threads} thread(s), torch {torch.__version__}"
     )
     print(f"batch: {BATCH} sequences, lengths {args.max_len // 2}-{args.max_len}, mask 0.15")
-    results = run_cpu(args.presets, args.steps, args.max_len)
+    if args.text:
+        results = run_text(args.steps)
+    else:
+        results = run_cpu(args.presets, args.steps, args.max_len)
     print("\n| preset | objective | step (ms) | tokens/s | step / mlm |")
     print("|---|---|---|---|---|")
     for (preset, name), (step, tps) in results.items():
         ratio = step / results[(preset, "mlm")][0]
         print(f"| {preset} | {name} | {step * 1e3:.1f} | {tps:,.0f} | {ratio:.2f}x |")
-    if "tiny" in args.presets:
+    if "tiny" in args.presets and not args.text:
         mlm, exlm = results[("tiny", "mlm")][0], results[("tiny", "exlm k=2")][0]
         print(f"\ntiny step time: mlm {mlm * 1e3:.1f} ms, exlm(k=2) {exlm * 1e3:.1f} ms")
     print()

@@ -87,3 +87,28 @@ def test_matmul_matches_reference_in_low_precision(dtype):
     got = matmul_log_likelihood(em, links, s, m)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-3)
+
+
+def test_shipped_model_outputs_stay_inside_the_certified_bounds():
+    """On a trained ExLM's own emissions and links every sequence takes the fast path."""
+    from smiexlm import ExLMModel, SmilesTokenizer
+    from smiexlm.dag import matmul
+    from smiexlm.dag.gather import logsoftmax_gather
+    from smiexlm.dag.reference import prepare
+    from smiexlm.embed import DRUG_PANEL
+    from smiexlm.featurizer import DEFAULT_MODEL_DIR
+    from smiexlm.model.masking import mask_tokens
+
+    model = ExLMModel.from_pretrained(DEFAULT_MODEL_DIR).float().eval()
+    batch = SmilesTokenizer().encode_batch([smiles for _, smiles, _ in DRUG_PANEL] * 4)
+    g = torch.Generator().manual_seed(0)
+    ids, labels = mask_tokens(batch.input_ids, batch.attention_mask, 0.3, generator=g)
+    with torch.no_grad():
+        out = model(ids, batch.attention_mask, labels)
+        assert out.log_links is not None
+        em = logsoftmax_gather(out.logits, out.targets.clamp_min(0))
+    em, links = prepare(em, out.log_links, out.state_lengths, out.target_lengths)
+    probs, shift, ok = matmul.link_probabilities(links)
+    slack = matmul.window(out.state_lengths, out.target_lengths)
+    _, fits = matmul.forward_alpha(em, probs, shift, slack)
+    assert bool((ok & fits).all())
