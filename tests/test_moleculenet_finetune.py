@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -116,3 +117,92 @@ def test_cli_seeds_accept_space_separated_values(shared_data, monkeypatch):
     assert runner.invoke(app, ["baseline", "--tasks", "bace"]).exit_code == 0
     assert seen == [[0, 1, 2], [4, 5], [0, 1, 2]]
     assert runner.invoke(app, ["baseline", "--tasks", "bace", "--seeds", "0", "x"]).exit_code == 2
+
+
+def _small_csv(tmp_path):
+    """60 molecules; label 1 = aromatic ring. Random split seed 0 has both classes in test."""
+    smiles = [f"{head}{'C' * n}{tail}" for n in range(1, 11)
+              for head, tail in (("C", "O"), ("c1ccccc1", ""), ("C", "N"), ("c1ccncc1", "O"),
+                                 ("CC(C)", "Cl"), ("c1ccoc1", "C"))]  # fmt: skip
+    path = tmp_path / "mini.csv"
+    frame = pd.DataFrame({"smi": smiles, "y": [int("c1" in s) for s in smiles]})
+    frame["id"] = [f"m{i}" for i in range(len(frame))]
+    frame.to_csv(path, index=False)
+    return path, frame
+
+
+def _finetune(tmp_path, *extra):
+    from smiexlm.cli.main import app
+
+    path, _ = _small_csv(tmp_path)
+    out = tmp_path / "out"
+    args = ["finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
+            "--split", "random", "--max-train-steps", "2", "--batch-size", "8", "--epochs", "1",
+            "--device", "cpu", "--out", str(out), *extra]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return pd.read_csv(out / "results.csv")
+
+
+def test_cli_finetune_defaults_to_the_shipped_model_and_random_init_is_explicit(tmp_path):
+    torch.set_num_threads(1)
+    rows = _finetune(tmp_path, "--seeds", "0")
+    config = json.loads(rows["config"][0])
+    assert config["backbone"] == "default_model" and rows["model"][0] == "default_model"
+    assert config["steps"] == 2 and config["patience"] is None
+    rows = _finetune(tmp_path, "--seeds", "0", "--random-init")
+    assert json.loads(rows["config"][0])["backbone"].startswith("random-init tiny")
+
+
+def test_cli_freeze_freeze_layers_features_patience(tmp_path):
+    torch.set_num_threads(1)
+    rows = _finetune(tmp_path, "--seeds", "0", "--freeze")
+    assert rows["model"][0] == "default_model frozen" and json.loads(rows["config"][0])["freeze"]
+    rows = _finetune(tmp_path, "--seeds", "0", "--freeze-layers", "2", "--patience", "3")
+    config = json.loads(rows["config"][0])
+    assert config["freeze_layers"] == 2 and config["patience"] == 3
+    assert rows["model"][0] == "default_model (2 layers frozen)"
+    rows = _finetune(tmp_path, "--seeds", "0", "--features", "ecfp4")
+    assert rows["model"][0] == "default_model + ecfp4"
+    from smiexlm.cli.main import app
+
+    bad = CliRunner().invoke(app, ["finetune", "bbbp", "--features", "maccs"])
+    assert bad.exit_code != 0 and "features" in str(bad.exception)
+
+
+def test_cli_predict_ensemble_mean_and_std_per_molecule(tmp_path):
+    from smiexlm.cli.main import app
+    from smiexlm.moleculenet.finetune import predict
+
+    torch.set_num_threads(1)
+    models = tmp_path / "models"
+    _finetune(tmp_path, "--seeds", "0", "1", "--features", "ecfp4", "--save-dir", str(models))
+    inputs = tmp_path / "new.csv"
+    pd.DataFrame({"smiles": ["CCO", "c1ccccc1CC", "not a smiles"]}).to_csv(inputs, index=False)
+    out = tmp_path / "preds.csv"
+    result = CliRunner().invoke(app, [
+        "predict", "--checkpoint", str(models / "seed0"), str(models / "seed1"),
+        "--input", str(inputs), "--output", str(out),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    preds = pd.read_csv(out)
+    single = [predict(models / f"seed{s}", ["CCO", "c1ccccc1CC"])["y"].to_numpy() for s in (0, 1)]
+    np.testing.assert_allclose(preds["y"][:2], np.mean(single, axis=0), rtol=1e-5)
+    np.testing.assert_allclose(preds["y_std"][:2], np.std(single, axis=0), rtol=1e-4, atol=1e-7)
+    assert preds["valid"].tolist() == [True, True, False] and preds["y_std"].isna().tolist()[2]
+
+
+def test_cli_probe_on_a_user_csv(tmp_path):
+    from smiexlm.cli.main import app
+
+    torch.set_num_threads(1)
+    path, _ = _small_csv(tmp_path)
+    out = tmp_path / "probe"
+    result = CliRunner().invoke(app, [
+        "probe", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
+        "--split", "random", "--seeds", "0", "--device", "cpu", "--out", str(out),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(out / "results.csv")
+    assert rows["model"][0] == "default_model linear probe (logistic)"
+    assert 0.0 <= rows["test"][0] <= 100.0 and json.loads(rows["config"][0])["chosen_c"]

@@ -29,9 +29,11 @@ WithBaseline = Annotated[
 TaskArg = Annotated[
     str, typer.Argument(help="Dataset name (bbbp, tox21, ...); any name with --data.")
 ]
-FinetunedDir = Annotated[
-    Path, typer.Option("--checkpoint", help="A fine-tuned folder (from finetune --save-dir).")
-]
+FinetunedDirs = Annotated[
+    list[Path],
+    typer.Option("--checkpoint", help="Fine-tuned folder(s) from finetune --save-dir; several "
+                 "(e.g. seed0 seed1 seed2) give the ensemble mean and a <label>_std column."),
+]  # fmt: skip
 InputCsv = Annotated[Path, typer.Option("--input", help="CSV with a SMILES column.")]
 OutputCsv = Annotated[Path, typer.Option("--output", help="Predictions CSV.")]
 Split = Annotated[
@@ -113,9 +115,12 @@ def baseline(
 Checkpoint = Annotated[
     Path | None,
     typer.Option("--checkpoint", help="Pretrained folder (config.json, vocab.json, "
-                 "model.safetensors). Omit for a random init of --preset."),
+                 "model.safetensors). Default: the shipped model."),
 ]  # fmt: skip
-Preset = Annotated[str, typer.Option(help="Preset for random init when no --checkpoint.")]
+RandomInit = Annotated[
+    bool, typer.Option("--random-init", help="Train a random init of --preset instead.")
+]
+Preset = Annotated[str, typer.Option(help="Preset for --random-init.")]
 Objective = Annotated[str, typer.Option(help="Objective of the random init (mlm, exlm, maelm).")]
 Epochs = Annotated[int | None, typer.Option(help="Override the Table 8 epochs.")]
 MaxSteps = Annotated[
@@ -127,21 +132,33 @@ NoCanon = Annotated[
     bool, typer.Option("--no-canonicalize", help="Keep SMILES as written (default: canonical).")
 ]
 Device = Annotated[str, typer.Option(help="auto (CUDA when available) | cpu | cuda[:N].")]
+Freeze = Annotated[bool, typer.Option("--freeze", help="Train the head only (frozen encoder).")]
+FreezeLayers = Annotated[
+    int, typer.Option("--freeze-layers", help="Freeze the embeddings and the first N blocks.")
+]
+Features = Annotated[
+    str | None,
+    typer.Option("--features", help="ecfp4 | rdkit2d: concatenate to the pooled embedding "
+                 "(normalised on the train split)."),
+]  # fmt: skip
+Patience = Annotated[
+    int | None,
+    typer.Option("--patience", help="Stop after N epochs without a better valid score "
+                 "(default: the whole schedule)."),
+]  # fmt: skip
+Amp = Annotated[str, typer.Option(help="auto (bf16 on CUDA) | bf16 | off.")]
 
 
-def _config(task, split, epochs, max_train_steps, batch_size, lr, no_canonicalize, device):
+def _config(task, no_canonicalize: bool = False, **overrides):
     from smiexlm.moleculenet.configs import finetune_config
 
-    return finetune_config(
-        task, split=split, epochs=epochs, max_train_steps=max_train_steps,
-        batch_size=batch_size, lr=lr, canonicalize=False if no_canonicalize else None,
-        device=device,
-    )  # fmt: skip
+    return finetune_config(task, canonicalize=False if no_canonicalize else None, **overrides)
 
 
 def finetune(
     task: TaskArg,
     checkpoint: Checkpoint = None,
+    random_init: RandomInit = False,
     seeds: Seeds = None,
     preset: Preset = "tiny",
     objective: Objective = "mlm",
@@ -152,6 +169,11 @@ def finetune(
     lr: Lr = None,
     no_canonicalize: NoCanon = False,
     device: Device = "auto",
+    freeze: Freeze = False,
+    freeze_layers: FreezeLayers = 0,
+    features: Features = None,
+    patience: Patience = None,
+    amp: Amp = "auto",
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
@@ -159,13 +181,16 @@ def finetune(
     save_dir: SaveDir = None,
     out: Out = Path("runs/finetune"),
 ) -> None:
-    """Fine-tune on one dataset with the paper's per-task config; test ROC-AUC per seed."""
+    """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
+    config; test ROC-AUC per seed."""
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
 
-    cfg = _config(None if data else task, split, epochs, max_train_steps, batch_size, lr,
-                  no_canonicalize, device)  # fmt: skip
+    cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
+                  max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
+                  freeze=freeze, freeze_layers=freeze_layers, features=features,
+                  patience=patience, amp=amp)  # fmt: skip
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
-    backbone = Backbone(checkpoint, preset, objective)
+    backbone = Backbone(checkpoint, preset, objective, random_init)
     results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir)
     _print_report(results, out, f"Fine-tuning {df.attrs['name']}")
 
@@ -173,6 +198,7 @@ def finetune(
 def benchmark(
     tasks: Tasks = None,
     checkpoint: Checkpoint = None,
+    random_init: RandomInit = False,
     seeds: Seeds = None,
     preset: Preset = "tiny",
     objective: Objective = "mlm",
@@ -188,9 +214,10 @@ def benchmark(
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
     from smiexlm.moleculenet.report import write_report
 
-    backbone, results = Backbone(checkpoint, preset, objective), []
+    backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     for df in _frames(tasks, None, "smiles", None, "classification"):
-        cfg = _config(df.attrs["name"], split, epochs, max_train_steps, None, None, False, device)
+        cfg = _config(df.attrs["name"], split=split, epochs=epochs,
+                      max_train_steps=max_train_steps, device=device)  # fmt: skip
         results += run_finetune(df, cfg, backbone, _seeds(seeds))
         if with_baseline:
             results += run_baseline(df, _seeds(seeds), BaselineConfig(split=split))
@@ -199,7 +226,7 @@ def benchmark(
 
 
 def predict(
-    checkpoint: FinetunedDir,
+    checkpoint: FinetunedDirs,
     input: InputCsv,
     smiles_col: SmilesCol = "smiles",
     output: OutputCsv = Path("predictions.csv"),
@@ -209,7 +236,8 @@ def predict(
                      "and the model's label columns)."),
     ] = None,
 ) -> None:
-    """Predict with a fine-tuned model: one row per input, NaN for unparsable SMILES."""
+    """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
+    unparsable SMILES."""
     from smiexlm.paths import atomic_path
     from smiexlm.tables import read_table
 
@@ -221,7 +249,7 @@ def predict(
     typer.echo(f"wrote {len(result)} rows ({bad} unparsable) to {output}")
 
 
-def _predict_rows(checkpoint: Path, frame, smiles_col: str, id_cols: str | None):
+def _predict_rows(checkpoint: list[Path], frame, smiles_col: str, id_cols: str | None):
     """Input id columns, then the model's predictions; empty cells are NaN rows, valid False."""
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.finetune import predict as run_predict
@@ -250,9 +278,34 @@ def _predict_rows(checkpoint: Path, frame, smiles_col: str, id_cols: str | None)
     return frame[keep].join(preds)
 
 
+def probe(
+    task: TaskArg,
+    checkpoint: Checkpoint = None,
+    seeds: Seeds = None,
+    split: Split = "scaffold",
+    features: Features = None,
+    device: Device = "auto",
+    data: DataCsv = None,
+    smiles_col: SmilesCol = "smiles",
+    label_cols: LabelCols = None,
+    task_type: TaskTypeOpt = "classification",
+    out: Out = Path("runs/probe"),
+) -> None:
+    """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
+    (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""
+    from smiexlm.moleculenet.finetune import Backbone
+    from smiexlm.moleculenet.probe import ProbeConfig, run_probe
+
+    cfg = ProbeConfig(split=split, features=features, device=device)
+    (df,) = _frames([task], data, smiles_col, label_cols, task_type)
+    results = run_probe(df, Backbone(checkpoint), _seeds(seeds), cfg)
+    _print_report(results, out, f"Linear probe {df.attrs['name']}")
+
+
 def register(app: typer.Typer) -> None:
     lists = multi_value("--seeds", "--tasks", "--label-cols")
     app.command(cls=lists)(finetune)
+    app.command(cls=lists)(probe)
     app.command(cls=lists)(benchmark)
     app.command(cls=lists)(baseline)
-    app.command()(predict)
+    app.command(cls=multi_value("--checkpoint"))(predict)

@@ -1,0 +1,148 @@
+"""Linear probe: scikit-learn logistic (or ridge) regression on pooled embeddings.
+
+The encoder runs once over the dataset (eval mode, no dropout) and its pooled features —
+optionally with the hybrid features beside them — are standardised on the train split. One
+model per task is fitted on the train rows whose label is known; the regularisation strength
+is chosen on the valid split from ``c_grid`` (the test split is never used for a choice), and
+test is scored once. It takes seconds and is the baseline to read next to full fine-tuning.
+Logistic regression with lbfgs is deterministic, so the seeds differ only where the split
+does (the seeded split kinds).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from smiexlm.errors import ConfigError
+from smiexlm.fingerprints import FEATURE_KINDS
+from smiexlm.moleculenet.metrics import check_scorable, score
+from smiexlm.moleculenet.report import RunResult
+from smiexlm.moleculenet.splits import SPLIT_KINDS, make_split
+
+
+@dataclass
+class ProbeConfig:
+    """``c_grid``: inverse regularisation strengths tried (logistic C; ridge alpha = 1/C)."""
+
+    c_grid: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
+    pooling: str = "cls"
+    split: str = "scaffold"
+    canonicalize: bool = True
+    max_length: int = 256
+    features: str | None = None
+    class_weight: str = "balanced"  # "balanced" | "none"
+    batch_size: int = 256
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.c_grid = tuple(float(c) for c in self.c_grid)
+        if not self.c_grid or min(self.c_grid) <= 0:
+            raise ConfigError("c_grid", self.c_grid, "one or more positive numbers")
+        if self.pooling not in ("cls", "mean", "max"):
+            raise ConfigError("pooling", self.pooling, "'cls', 'mean' or 'max'")
+        if self.split not in SPLIT_KINDS:
+            raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
+        if self.features is not None and self.features not in FEATURE_KINDS:
+            raise ConfigError("features", self.features, f"one of {', '.join(FEATURE_KINDS)}")
+        if self.class_weight not in ("balanced", "none"):
+            raise ConfigError("class_weight", self.class_weight, "'balanced' or 'none'")
+
+
+def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.ndarray:
+    """(N, d) pooled encoder features of ``inputs`` (eval mode, length-sorted batches)."""
+    from smiexlm.device import resolve_device
+    from smiexlm.finetuning import Examples
+    from smiexlm.finetuning import predict as engine_predict
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.moleculenet.finetune import encode_rows
+
+    tokenizer = backbone.tokenizer(inputs)
+    rows, _ = encode_rows(tokenizer, inputs, cfg.max_length)
+    model = ExLMForSequencePrediction(backbone.build(tokenizer, 0.0), 1, pooling=cfg.pooling)  # type: ignore[arg-type]
+    model.to(resolve_device(cfg.device))
+    return engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+
+
+def _fit_task(x_tr, y_tr, x_ev, task_type: str, c: float, cfg: ProbeConfig, seed: int):
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    if task_type == "classification":
+        if len(np.unique(y_tr)) < 2:
+            return np.full(len(x_ev), y_tr.mean() if len(y_tr) else 0.5)
+        weight = None if cfg.class_weight == "none" else "balanced"
+        clf = LogisticRegression(C=c, class_weight=weight, max_iter=2000, random_state=seed)
+        return clf.fit(x_tr, y_tr).predict_proba(x_ev)[:, 1]
+    return Ridge(alpha=1.0 / c).fit(x_tr, y_tr).predict(x_ev)
+
+
+def probe_split(x: np.ndarray, y: np.ndarray, split, task_type: str, cfg: ProbeConfig, seed: int):
+    """(valid score, test score, chosen C per task) of the probe on one split."""
+    train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
+    mean, std = x[train].mean(0), x[train].std(0)
+    z = (x - mean) / np.where(std > 1e-8, std, 1.0)
+    higher = task_type == "classification"
+    valid_pred = np.zeros((len(valid), y.shape[1]))
+    test_pred = np.zeros((len(test), y.shape[1]))
+    chosen = []
+    for t in range(y.shape[1]):
+        known = train[~np.isnan(y[train, t])]
+        best = None
+        for c in cfg.c_grid:
+            pred = _fit_task(z[known], y[known, t], z[np.r_[valid, test]], task_type, c, cfg, seed)
+            v = score(task_type, y[valid, t : t + 1], pred[: len(valid), None]).mean
+            wins = not np.isnan(v) and (best is None or np.isnan(best[0]) or (
+                v > best[0] if higher else v < best[0]))  # fmt: skip
+            if best is None or wins:  # ties keep the stronger regularisation
+                best = (v, c, pred)
+        chosen.append(best[1])
+        valid_pred[:, t], test_pred[:, t] = best[2][: len(valid)], best[2][len(valid) :]
+    return score(task_type, y[valid], valid_pred), score(task_type, y[test], test_pred), chosen
+
+
+def run_probe(
+    df: pd.DataFrame, backbone=None, seeds: Sequence[int] = (0, 1, 2), cfg: ProbeConfig | None = None
+) -> list[RunResult]:
+    """The linear probe on ``df`` (from load_dataset/load_csv) for each seed."""
+    from smiexlm.moleculenet.finetune import Backbone, canonical_smiles
+
+    cfg = cfg or ProbeConfig()
+    backbone = backbone or Backbone()
+    start = time.perf_counter()
+    name, task_type = df.attrs.get("name", "data"), df.attrs.get("task_type", "classification")
+    labels = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
+    smiles = df["smiles"].tolist()
+    inputs = canonical_smiles(smiles) if cfg.canonicalize else smiles
+    x = pooled_embeddings(backbone, inputs, cfg)
+    if cfg.features:
+        from smiexlm.fingerprints import molecule_features
+
+        raw = molecule_features(inputs, cfg.features)
+        x = np.hstack([x, np.where(np.isnan(raw), np.nanmedian(raw, 0), raw)])
+    y = df[labels].to_numpy(dtype=float)
+    embed_s = time.perf_counter() - start
+    results, split = [], None
+    for seed in seeds:
+        t0 = time.perf_counter()
+        if split is None or split.seed is not None:
+            split = make_split(smiles, cfg.split, seed)
+        if task_type == "classification":
+            check_scorable(y[split.test], labels, name, split.label)
+        valid, test, chosen = probe_split(x, y, split, task_type, cfg, seed)
+        scale = 100.0 if task_type == "classification" else 1.0
+        kind = "logistic" if task_type == "classification" else "ridge"
+        results.append(RunResult(
+            model=f"{backbone.name} linear probe ({kind})" + (f" + {cfg.features}" if cfg.features else ""),
+            dataset=name, seed=seed, split=split.label,
+            metric="roc_auc" if task_type == "classification" else "rmse",
+            test=test.mean * scale, valid=valid.mean * scale, sizes=split.sizes,
+            n_invalid=int(df.attrs.get("n_invalid", 0)), n_tasks_scored=test.n_scored,
+            n_tasks=len(labels), wall_s=time.perf_counter() - t0 + embed_s / len(seeds),
+            data_sha256=df.attrs.get("sha256"),
+            config=asdict(cfg) | {"backbone": backbone.name, "chosen_c": chosen},
+        ))  # fmt: skip
+    return results

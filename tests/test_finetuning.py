@@ -1,0 +1,133 @@
+"""The fine-tuning engine: batches, evaluation order, freezing, patience, features, probe."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from smiexlm.errors import ConfigError
+from smiexlm.finetuning import Examples, LoopConfig, fit, predict
+from smiexlm.finetuning.batches import bucketed_batches, pad_batch, sorted_batches
+
+SMILES = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O", "CCN", "CCCCCCCCCC", "O=C=O", "CCCl",
+          "c1ccncc1", "CC(C)Cc1ccc(cc1)C(C)C(=O)O", "CNC", "OCCO", "CC#N"] * 2  # fmt: skip
+
+
+def _model_and_rows(n_features: int = 0):
+    from smiexlm.model.config import ExLMConfig
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    tok = SmilesTokenizer.build(SMILES)
+    torch.manual_seed(0)
+    cfg = ExLMConfig.preset("tiny", vocab_size=tok.vocab_size, objective="exlm")
+    model = ExLMForSequencePrediction(ExLMModel(cfg), 1, "multilabel", 0.1, n_features=n_features)
+    return model, tok.encode_many(SMILES)
+
+
+def _targets():
+    return torch.tensor([[float(len(s) % 2)] for s in SMILES])
+
+
+def test_bucketed_batches_cover_every_example_once_and_cut_padding():
+    lengths = np.random.default_rng(0).integers(5, 200, size=1000)
+    rng = np.random.default_rng(1)
+    batches = bucketed_batches(lengths, 64, rng, window=50)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(1000))
+    padded = sum(len(b) * lengths[b].max() for b in batches)
+    plain = sum(len(b) * lengths[b].max() for b in bucketed_batches(lengths, 64, rng, window=1))
+    assert padded < 0.7 * plain
+    assert [len(b) for b in sorted_batches(lengths, 300)] == [300, 300, 300, 100]
+
+
+def test_pad_batch_mask_and_values():
+    ids, mask = pad_batch([[1, 5, 2], [1, 2]], pad_id=0)
+    assert ids.tolist() == [[1, 5, 2], [1, 2, 0]]
+    assert mask.tolist() == [[True, True, True], [True, True, False]]
+
+
+def test_predict_returns_input_order_whatever_the_batching():
+    model, rows = _model_and_rows()
+    logits = predict(model, Examples(rows), batch_size=5)
+    one_by_one = np.concatenate([predict(model, Examples([r]), batch_size=1) for r in rows])
+    np.testing.assert_allclose(logits, one_by_one, atol=1e-5)
+
+
+def test_freeze_trains_the_head_only_and_freeze_layers_the_first_blocks():
+    model, rows = _model_and_rows()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    data = Examples(rows, _targets())
+    cfg = LoopConfig(epochs=2, batch_size=8, lr=1e-2, freeze=True, device="cpu")
+    fit(model, data, data, cfg, lambda z: float(-np.abs(z).mean()))
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(n.startswith("head.") for n in changed)
+
+    model, rows = _model_and_rows()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = LoopConfig(epochs=2, batch_size=8, lr=1e-2, freeze_layers=2, device="cpu")
+    fit(model, Examples(rows, _targets()), None, cfg, None)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert not any(n.startswith(("model.embed.", "model.encoder.layers.0.", "model.encoder.layers.1."))
+                   for n in changed)  # fmt: skip
+    assert any(n.startswith("model.encoder.layers.3.") for n in changed)
+    with pytest.raises(ConfigError, match="freeze_layers"):
+        fit(model, Examples(rows, _targets()), None, LoopConfig(1, 8, 1e-3, freeze_layers=9), None)
+
+
+def test_patience_stops_early_and_is_recorded_and_best_epoch_is_restored():
+    model, rows = _model_and_rows()
+    data = Examples(rows, _targets())
+    scores = iter([0.9, 0.5, 0.4, 0.3, 0.2, 0.1])  # best at epoch 1, then worse
+    states = []
+
+    def score(logits):
+        states.append(logits.copy())
+        return next(scores)
+
+    cfg = LoopConfig(epochs=6, batch_size=8, lr=1e-2, patience=2, device="cpu")
+    result = fit(model, data, data, cfg, score)
+    assert result.stopped_early and result.epochs_run == 3 and result.best_epoch == 1
+    assert result.summary()["stopped_early"] is True and result.best_valid == 0.9
+    np.testing.assert_allclose(predict(model, data), states[0], atol=1e-5)  # epoch 1 weights
+
+
+def test_hybrid_head_needs_its_features_and_scaler_matches_sklearn():
+    from sklearn.preprocessing import StandardScaler
+
+    from smiexlm.moleculenet.features import FeatureScaler
+
+    model, rows = _model_and_rows(n_features=3)
+    with pytest.raises(ConfigError, match="features"):
+        predict(model, Examples(rows))
+    raw = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    raw[4, 1] = np.nan
+    scaler = FeatureScaler.fit(raw[:40], "rdkit2d", clip=100.0)
+    filled = np.where(np.isnan(raw), np.nanmedian(raw[:40], axis=0), raw)
+    expected = StandardScaler().fit(filled[:40]).transform(filled)
+    np.testing.assert_allclose(scaler.transform(raw), expected, atol=1e-5)
+    again = FeatureScaler.from_dict(scaler.to_dict())
+    np.testing.assert_allclose(again.transform(raw), scaler.transform(raw))
+    assert np.abs(FeatureScaler.fit(raw[:40], "x", clip=1.0).transform(raw * 50)).max() <= 1.0
+
+
+def test_probe_scores_match_sklearn_by_hand():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    from smiexlm.moleculenet.probe import ProbeConfig, probe_split
+    from smiexlm.moleculenet.splits import Split
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 6))
+    y = (x[:, :1] + 0.5 * rng.normal(size=(120, 1)) > 0).astype(float)
+    split = Split("random", 0, list(range(80)), list(range(80, 100)), list(range(100, 120)))
+    cfg = ProbeConfig(c_grid=(0.1,))
+    valid, test, chosen = probe_split(x, y, split, "classification", cfg, seed=0)
+    z = (x - x[:80].mean(0)) / x[:80].std(0)
+    clf = LogisticRegression(C=0.1, class_weight="balanced", max_iter=2000).fit(z[:80], y[:80, 0])
+    assert chosen == [0.1]
+    assert test.mean == pytest.approx(roc_auc_score(y[100:, 0], clf.predict_proba(z[100:])[:, 1]))
+    assert valid.mean == pytest.approx(roc_auc_score(y[80:100, 0], clf.predict_proba(z[80:100])[:, 1]))
