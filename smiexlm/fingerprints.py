@@ -7,6 +7,7 @@ RDKit is imported inside the functions so that importing this module stays cheap
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Literal
 
@@ -59,10 +60,8 @@ def rdkit2d_descriptors(smiles: Sequence[str]) -> np.ndarray:
     out = np.full((len(smiles), len(functions)), np.nan)
     for i, mol in enumerate(_mols(smiles)):
         for j, fn in enumerate(functions):
-            try:
+            with contextlib.suppress(ValueError, ZeroDivisionError, OverflowError, RuntimeError):
                 out[i, j] = float(fn(mol))
-            except (ValueError, ZeroDivisionError, OverflowError, RuntimeError):
-                pass
     out[~np.isfinite(out)] = np.nan
     return out
 

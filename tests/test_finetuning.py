@@ -130,4 +130,6 @@ def test_probe_scores_match_sklearn_by_hand():
     clf = LogisticRegression(C=0.1, class_weight="balanced", max_iter=2000).fit(z[:80], y[:80, 0])
     assert chosen == [0.1]
     assert test.mean == pytest.approx(roc_auc_score(y[100:, 0], clf.predict_proba(z[100:])[:, 1]))
-    assert valid.mean == pytest.approx(roc_auc_score(y[80:100, 0], clf.predict_proba(z[80:100])[:, 1]))
+    assert valid.mean == pytest.approx(
+        roc_auc_score(y[80:100, 0], clf.predict_proba(z[80:100])[:, 1])
+    )

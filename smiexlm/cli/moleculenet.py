@@ -232,8 +232,10 @@ def predict(
     output: OutputCsv = Path("predictions.csv"),
     id_cols: Annotated[
         str | None,
-        typer.Option(help="Comma-separated input columns to keep (default: all but the SMILES "
-                     "and the model's label columns)."),
+        typer.Option(
+            help="Comma-separated input columns to keep (default: all but the SMILES "
+            "and the model's label columns)."
+        ),
     ] = None,
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for

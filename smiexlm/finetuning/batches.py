@@ -41,7 +41,9 @@ class Examples:
         for name in ("targets", "features"):
             value = getattr(self, name)
             if value is not None and len(value) != n:
-                raise DataError(f"Examples.{name}: {len(value)} rows, expected {n} (one per example)")
+                raise DataError(
+                    f"Examples.{name}: {len(value)} rows, expected {n} (one per example)"
+                )
 
     def __len__(self) -> int:
         return len(self.rows) if self.rows is not None else len(self.pooled)

@@ -236,7 +236,9 @@ def fit(
                     best_state = {n: p.detach().clone() for n, p in _trainable(model)}
             else:
                 since_best += 1
-            bar.set_postfix(valid=f"{value:.3f}", best=f"{result.best_valid:.3f}@{result.best_epoch}")
+            bar.set_postfix(
+                valid=f"{value:.3f}", best=f"{result.best_valid:.3f}@{result.best_epoch}"
+            )
         result.history.append(record)
         if config.patience is not None and since_best >= config.patience and result.steps < total:
             result.stopped_early = True

@@ -213,7 +213,9 @@ def finetune_once(
         cfg.pooling, n_features=0 if features is None else features.shape[1],  # type: ignore[arg-type]
     )  # fmt: skip
     data = Examples(rows, torch.from_numpy((y - mean) / std), features)
-    train, valid, test = (data.subset(np.asarray(part)) for part in (split.train, split.valid, split.test))
+    train, valid, test = (
+        data.subset(np.asarray(part)) for part in (split.train, split.valid, split.test)
+    )
     loop = loop_config(cfg, higher_is_better=task_type == "classification")
 
     def valid_score(logits: np.ndarray) -> float:
@@ -273,9 +275,7 @@ def run_finetune(
         if split is None or split.seed is not None:
             split = make_split(smiles, cfg.split, seed)
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
-        results.append(
-            finetune_once(df, split, cfg, seed, backbone, target, inputs, raw, progress)
-        )
+        results.append(finetune_once(df, split, cfg, seed, backbone, target, inputs, raw, progress))
         r = results[-1]
         log.info("%s seed %d: valid %.2f test %.2f", r.dataset, seed, r.valid, r.test)
     return results
@@ -322,7 +322,9 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
     )
 
 
-def _predict_one(directory: Path | str, smiles: list[str], batch_size: int) -> tuple[np.ndarray, dict]:
+def _predict_one(
+    directory: Path | str, smiles: list[str], batch_size: int
+) -> tuple[np.ndarray, dict]:
     """(N, T) scores of one fine-tuned folder on parsable SMILES."""
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict

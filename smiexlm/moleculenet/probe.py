@@ -105,7 +105,10 @@ def probe_split(x: np.ndarray, y: np.ndarray, split, task_type: str, cfg: ProbeC
 
 
 def run_probe(
-    df: pd.DataFrame, backbone=None, seeds: Sequence[int] = (0, 1, 2), cfg: ProbeConfig | None = None
+    df: pd.DataFrame,
+    backbone=None,
+    seeds: Sequence[int] = (0, 1, 2),
+    cfg: ProbeConfig | None = None,
 ) -> list[RunResult]:
     """The linear probe on ``df`` (from load_dataset/load_csv) for each seed."""
     from smiexlm.moleculenet.finetune import Backbone, canonical_smiles
