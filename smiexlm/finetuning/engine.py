@@ -99,6 +99,7 @@ class FitResult:
     steps: int
     stopped_early: bool
     seconds: float
+    cpu_seconds: float = 0.0  # process CPU time (all threads): robust to a busy machine
     history: list[dict[str, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -108,6 +109,7 @@ class FitResult:
             "steps": self.steps,
             "stopped_early": self.stopped_early,
             "train_seconds": round(self.seconds, 2),
+            "train_cpu_seconds": round(self.cpu_seconds, 2),
         }
 
 
@@ -176,7 +178,7 @@ def fit(
 
     from smiexlm.training.optim import PolynomialDecaySchedule, adamw_with_decay_groups, set_lr
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     torch.manual_seed(seed)
     device = resolve_device(config.device)
     model.to(device)
@@ -252,6 +254,7 @@ def fit(
             for name, param in _trainable(model):
                 param.copy_(best_state[name])
     result.seconds = time.perf_counter() - start
+    result.cpu_seconds = time.process_time() - cpu_start
     return result
 
 
