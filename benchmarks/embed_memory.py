@@ -89,6 +89,7 @@ def main() -> None:
         print(json.dumps(result), flush=True)
         input_csv.unlink()
         out.unlink()
+        out.with_suffix(".ids.csv").unlink(missing_ok=True)
     base = results[0]["peak_rss_mb"]
     print("\n| SMILES | peak RSS (MB) | ratio to the first | wall (s) |")
     print("|---:|---:|---:|---:|")
