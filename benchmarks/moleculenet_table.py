@@ -95,6 +95,26 @@ def run(args: argparse.Namespace) -> None:
             write_report(results, args.out, f"MoleculeNet, {args.name}")  # survives an interrupt
 
 
+def probe(args: argparse.Namespace) -> None:
+    """The linear probe on the shipped model (or --checkpoint), every task."""
+    import torch
+
+    from smiexlm.moleculenet.finetune import Backbone
+    from smiexlm.moleculenet.loaders import load_dataset
+    from smiexlm.moleculenet.probe import ProbeConfig, run_probe
+    from smiexlm.moleculenet.report import write_report
+
+    torch.set_num_threads(args.threads)
+    results = []
+    for task in args.tasks:
+        for r in run_probe(load_dataset(task), Backbone(args.checkpoint), args.seeds,
+                           ProbeConfig(device="cpu")):  # fmt: skip
+            r.model = args.name
+            results.append(r)
+            print(f"{args.name} {task} seed {r.seed}: test {r.test:.1f} valid {r.valid:.1f}")
+        write_report(results, args.out, f"MoleculeNet, {args.name}")
+
+
 def baseline(args: argparse.Namespace) -> None:
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.loaders import load_dataset
@@ -135,10 +155,14 @@ def main() -> None:
     p_run.add_argument("--threads", type=int, default=1)
     p_run.add_argument("--variant", choices=list(VARIANTS), default="finetune")
     p_run.add_argument("--schedule", choices=["cpu", "full"], default="cpu")
+    p_probe = sub.add_parser("probe", help="linear probe on pooled embeddings, every task")
+    p_probe.add_argument("--name", default="linear probe (logistic)")
+    p_probe.add_argument("--checkpoint", type=Path, default=None)
+    p_probe.add_argument("--threads", type=int, default=1)
     p_base = sub.add_parser("baseline", help="RF-ECFP4 on every task")
     p_base.add_argument("--n-trees", type=int, default=500)
     p_base.add_argument("--n-trees-large", type=int, default=100, help="MUV and ToxCast")
-    for p in (p_run, p_base):
+    for p in (p_run, p_probe, p_base):
         p.add_argument("--tasks", nargs="+", default=TASKS)
         p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
         p.add_argument("--out", type=Path, required=True)
@@ -146,7 +170,7 @@ def main() -> None:
     p_merge.add_argument("folders", nargs="+", type=Path)
     p_merge.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    {"run": run, "baseline": baseline, "merge": merge}[args.command](args)
+    {"run": run, "probe": probe, "baseline": baseline, "merge": merge}[args.command](args)
 
 
 if __name__ == "__main__":
