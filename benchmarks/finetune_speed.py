@@ -37,9 +37,10 @@ from smiexlm.moleculenet.finetune import Backbone, finetune_once
 from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import PACKAGE_DIR
 
-seed, steps = int(sys.argv[1]), (int(sys.argv[2]) or None)
+seed, steps, amp = int(sys.argv[1]), (int(sys.argv[2]) or None), sys.argv[3]
 df = load_dataset("bbbp")
-cfg = finetune_config("bbbp", device="cpu", max_train_steps=steps)
+extra = {} if amp == "-" else {"amp": amp}  # the old config has no amp field
+cfg = finetune_config("bbbp", device="cpu", max_train_steps=steps, **extra)
 split = make_split(df["smiles"].tolist(), cfg.split, seed)
 backbone = Backbone(checkpoint=PACKAGE_DIR / "assets" / "default_model")
 wall, cpu = time.perf_counter(), time.process_time()
@@ -51,12 +52,12 @@ print(json.dumps({"package": smiexlm.__file__, "seed": seed, "steps": r.config["
 """
 
 
-def run_side(pythonpath: Path | None, seed: int, steps: int | None) -> dict:
+def run_side(pythonpath: Path | None, seed: int, steps: int | None, amp: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TQDM_DISABLE="1")
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     out = subprocess.run(
-        [sys.executable, "-c", WORKER, str(seed), str(steps or 0)],
+        [sys.executable, "-c", WORKER, str(seed), str(steps or 0), amp],
         env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -68,6 +69,9 @@ def main() -> None:
     parser.add_argument("--before-steps", type=int, default=104, help="0 = the whole schedule")
     parser.add_argument("--before-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--after-seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--after-amp", nargs="+", default=["off"], help="after runs per seed: off (fp32) | bf16"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -81,22 +85,29 @@ def main() -> None:
         plan = []
         for i in range(max(len(args.before_seeds), len(args.after_seeds))):
             if i < len(args.before_seeds):
-                plan.append(("before", Path(old), args.before_seeds[i], args.before_steps))
+                plan.append(("before", Path(old), args.before_seeds[i], args.before_steps, "-"))
             if i < len(args.after_seeds):
-                plan.append(("after", None, args.after_seeds[i], 0))
-        for side, path, seed, steps in plan:
-            row = run_side(path, seed, steps) | {"side": side}
+                for amp in args.after_amp:
+                    plan.append(("after", None, args.after_seeds[i], 0, amp))
+        for side, path, seed, steps, amp in plan:
+            row = run_side(path, seed, steps, amp) | {"side": side, "amp": amp}
             row["package"] = args.before_rev if side == "before" else "this checkout"
             rows.append(row)
             print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speed.json").write_text(json.dumps(rows, indent=1))
-    per = {s: [r for r in rows if r["side"] == s] for s in ("before", "after")}
-    cpu = {s: sum(r["cpu_s"] for r in v) / sum(r["steps"] for r in v) for s, v in per.items()}
-    wall = {s: sum(r["wall_s"] for r in v) / sum(r["steps"] for r in v) for s, v in per.items()}
-    print(f"CPU s/step before {cpu['before']:.3f} after {cpu['after']:.3f} "
-          f"ratio {cpu['before'] / cpu['after']:.2f}x; wall s/step before {wall['before']:.3f} "
-          f"after {wall['after']:.3f} ratio {wall['before'] / wall['after']:.2f}x")  # fmt: skip
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["side"] + ("" if r["amp"] == "-" else f" ({r['amp']})"), []).append(r)
+    base = None
+    for name, group in groups.items():
+        steps = sum(r["steps"] for r in group)
+        cpu = sum(r["cpu_s"] for r in group) / steps
+        wall = sum(r["wall_s"] for r in group) / steps
+        base = base or cpu
+        tests = ", ".join(f"{r['test']:.1f}" for r in group)
+        print(f"{name}: CPU {cpu:.3f} s/step, wall {wall:.3f} s/step, "
+              f"{base / cpu:.2f}x by CPU time; test ROC-AUC per seed {tests}")  # fmt: skip
 
 
 if __name__ == "__main__":
