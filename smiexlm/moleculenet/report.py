@@ -117,8 +117,11 @@ def details_markdown(results: list[RunResult]) -> str:
 def write_report(
     results: list[RunResult], out_dir: Path, title: str, command: str = ""
 ) -> dict[str, Path]:
-    """Write ``results.csv``, ``report.md``, ``results.json`` and ``report.png`` into out_dir."""
+    """Write ``results.csv``, ``report.md``, ``results.json`` and ``report.png`` into out_dir,
+    each under a temporary name renamed into place (an interrupt keeps the previous report)."""
     import pandas as pd
+
+    from smiexlm.paths import atomic_path, write_text_atomic
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -128,8 +131,9 @@ def write_report(
         "json": out_dir / "results.json",
         "png": out_dir / "report.png",
     }
-    pd.DataFrame([r.row() for r in results]).to_csv(paths["csv"], index=False)
-    paths["json"].write_text(json.dumps([asdict(r) for r in results], indent=1))
+    with atomic_path(paths["csv"]) as tmp:
+        pd.DataFrame([r.row() for r in results]).to_csv(tmp, index=False)
+    write_text_atomic(paths["json"], json.dumps([asdict(r) for r in results], indent=1))
     configs = {f"{r.model} / {r.dataset}": r.config for r in results}
     shas = {r.dataset: r.data_sha256 for r in results}
     metric = results[0].metric if results else "roc_auc"
@@ -160,8 +164,9 @@ def write_report(
         *[f"- {key}: `{json.dumps(cfg, sort_keys=True)}`" for key, cfg in configs.items()],
         "",
     ]
-    paths["md"].write_text("\n".join(text))
-    bar_chart(results, paths["png"], title)
+    write_text_atomic(paths["md"], "\n".join(text))
+    with atomic_path(paths["png"]) as tmp:
+        bar_chart(results, tmp, title)
     return paths
 
 

@@ -56,7 +56,9 @@ def plot_run(run_dir: Path, output: Path | None = None) -> Path:
     ax_lr.set_xlabel("step")
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=120)
+    from smiexlm.paths import atomic_path
+
+    with atomic_path(output) as tmp:  # savefig picks the format from the kept suffix
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return output
