@@ -188,7 +188,9 @@ class SmilesTokenizer:
             "tokens": self.tokens,
             "counts": self.counts,
         }
-        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        from smiexlm.paths import write_text_atomic
+
+        write_text_atomic(path, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
         return path
 
     @classmethod

@@ -219,7 +219,9 @@ class TextTokenizer:
             "tokens": self.tokens,
             "tokenizer": self._spec,
         }
-        path.write_text(json.dumps(doc, ensure_ascii=False) + "\n", encoding="utf-8")
+        from smiexlm.paths import write_text_atomic
+
+        write_text_atomic(path, json.dumps(doc, ensure_ascii=False) + "\n")
         return path
 
     @classmethod
