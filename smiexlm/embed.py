@@ -119,9 +119,14 @@ def embed_file(
         try:
             for frame in _chain(first, chunks):
                 emb = feat.featurize(
-                    frame[smiles_col], pooling=pooling, errors=errors, canonicalize=canonicalize,
-                    max_tokens=max_tokens, index_offset=report.n_inputs, log_failures=False,
-                )  # fmt: skip  (n, d)
+                    frame[smiles_col],
+                    pooling=pooling,
+                    errors=errors,
+                    canonicalize=canonicalize,
+                    max_tokens=max_tokens,
+                    index_offset=report.n_inputs,
+                    log_failures=False,
+                )  # (n, d)
                 _merge(report, feat.last_report)
                 writer.write(frame[[*id_cols, smiles_col]].reset_index(drop=True), emb)
                 if bar is not None:

@@ -55,7 +55,7 @@ def iter_table(path: Path, smiles_col: str, chunk_rows: int = 8192) -> Iterator[
                 yield frame
     except UnicodeDecodeError as err:
         raise DataError(
-            f"input {str(path)!r} is not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} "
+            f"input {str(path)!r} is not UTF-8 text (byte {err.object[err.start : err.start + 1]!r} "
             f"at offset {err.start}): expected a CSV/TSV/.smi text file"
         ) from None
     except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as err:
@@ -113,9 +113,7 @@ def _smi_chunks(path: Path, smiles_col: str, chunk_rows: int) -> Iterator[Any]:
         while lines := list(islice(handle, chunk_rows)):
             rows = [split_smiles_line(line) for line in lines]
             rows = [row for row in rows if row[0]]
-            yield pd.DataFrame(
-                {smiles_col: [r[0] for r in rows], "name": [r[1] for r in rows]}
-            )
+            yield pd.DataFrame({smiles_col: [r[0] for r in rows], "name": [r[1] for r in rows]})
 
 
 def _parquet_chunks(path: Path, chunk_rows: int) -> Iterator[Any]:

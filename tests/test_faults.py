@@ -9,11 +9,9 @@ previous result whole and no partial file under a final name.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -327,8 +325,8 @@ def test_damaged_dataset_is_one_line(dataset, tmp_path, damage, problem):
 
 @pytest.mark.parametrize("damage", ["truncated_weights", "state_not_json"])
 def test_resume_from_a_bad_checkpoint(dataset, tmp_path, damage):
-    from tests.test_training import _config
     from smiexlm.training.trainer import pretrain
+    from tests.test_training import _config
 
     run = tmp_path / "run"
     pretrain(_config(), dataset, run, max_steps=8)  # checkpoints at steps 4 and 8
@@ -347,12 +345,10 @@ def test_resume_from_a_bad_checkpoint(dataset, tmp_path, damage):
     assert "resumed from step_000004" in res.stderr and "step 10:" in res.stdout
 
 
-def test_export_without_data_writes_its_card_and_failures_leave_the_old_folder(
-    dataset, tmp_path
-):
+def test_export_without_data_writes_its_card_and_failures_leave_the_old_folder(dataset, tmp_path):
     from smiexlm import Featurizer
-    from tests.test_training import _config
     from smiexlm.training.trainer import pretrain
+    from tests.test_training import _config
 
     run = tmp_path / "run"
     pretrain(_config(), dataset, run, max_steps=4)

@@ -39,8 +39,10 @@ def pretrain(
     ] = False,
     skip_bad_checkpoints: Annotated[
         bool,
-        typer.Option(help="With --resume: a truncated or corrupted newest checkpoint is "
-                     "skipped for the newest good one (default: stop and name it)"),
+        typer.Option(
+            help="With --resume: a truncated or corrupted newest checkpoint is "
+            "skipped for the newest good one (default: stop and name it)"
+        ),
     ] = False,
     list_configs: Annotated[bool, typer.Option(help="List the shipped configs and exit")] = False,
 ) -> None:

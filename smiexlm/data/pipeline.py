@@ -349,8 +349,10 @@ def _drop_uncommitted(out: Path, state: _State) -> None:
     committed = {s["name"] for split in SPLITS for s in state.shards[split]}
     for path in out.iterdir():
         stem, suffix = os.path.splitext(path.name)
-        if is_temporary_name(path.name) or path.name.endswith(".tmp") or (
-            suffix in SHARD_SUFFIXES and stem.split("-")[0] in SPLITS and stem not in committed
+        if (
+            is_temporary_name(path.name)
+            or path.name.endswith(".tmp")
+            or (suffix in SHARD_SUFFIXES and stem.split("-")[0] in SPLITS and stem not in committed)
         ):
             path.unlink()
     with open(out / "rejects.csv", "r+b") as handle:
