@@ -19,6 +19,7 @@ MICRO_MODEL = [
 ]
 FAST = [
     "max_tokens=512",
+    "update_freq=1",
     "warmup_steps=2",
     "lr=0.003",
     "log_every=1",

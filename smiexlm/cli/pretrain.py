@@ -44,9 +44,21 @@ def pretrain(
             "skipped for the newest good one (default: stop and name it)"
         ),
     ] = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes for a CPU run (DDP over gloo). Each accumulates update_freq / N "
+            "micro-batches, so the global batch stays the config's. Default: the largest "
+            "divisor of update_freq that fits in the free cores. Several GPUs: use torchrun.",
+            show_default=False,
+        ),
+    ] = None,
     list_configs: Annotated[bool, typer.Option(help="List the shipped configs and exit")] = False,
 ) -> None:
     """Pre-train an MLM / ExLM / MAE-LM model (one CPU, GPUs, or torchrun DDP)."""
+    import os
+
+    from smiexlm.training import distributed
     from smiexlm.training.config import load_config, shipped_configs
 
     if list_configs:
@@ -55,18 +67,42 @@ def pretrain(
         return
     if config is None or data is None or out is None:
         raise typer.BadParameter("--config, --data and --out are required (or --list-configs)")
+    cfg = load_config(config, overrides)
+    launched = os.environ.get(distributed.LAUNCHED_ENV) == "1"
+    if not launched and not distributed.detect().enabled and _runs_on_cpu(cfg.device):
+        cores = distributed.free_cores()
+        n = distributed.local_processes(nproc, cfg.update_freq, cores)
+        if n > 1:
+            per_process = [f"update_freq={cfg.update_freq // n}"]
+            threads = cfg.num_threads or max(1, cores // n)
+            code = distributed.launch_local(n, [*sys.argv[1:], *per_process], threads)
+            _record_command(out)
+            raise typer.Exit(code=code)
     from smiexlm.training.trainer import pretrain as run_pretraining
 
-    result = run_pretraining(load_config(config, overrides), data, out, max_steps, resume,
-                             skip_bad_checkpoints)  # fmt: skip
-    with open(out / "command.txt", "a") as handle:  # the export's model card quotes it
-        handle.write(shlex.join(["smiexlm", *sys.argv[1:]]) + "\n")
-    typer.echo(
-        f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "
-        f"{result.tokens_seen:,} tokens; checkpoint {result.last_checkpoint}"
-    )
+    result = run_pretraining(cfg, data, out, max_steps, resume, skip_bad_checkpoints)
+    if not launched and int(os.environ.get("RANK", "0")) == 0:  # the launcher records its own
+        _record_command(out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(
+            f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "
+            f"{result.tokens_seen:,} tokens; checkpoint {result.last_checkpoint}"
+        )
     if result.interrupted_by is not None:
         raise typer.Exit(code=143 if result.interrupted_by == "SIGTERM" else 130)
+
+
+def _runs_on_cpu(device: str) -> bool:
+    import torch
+
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
+def _record_command(out: Path) -> None:
+    """Append the command line to RUN/command.txt; the export's model card quotes it."""
+    if out.is_dir():
+        with open(out / "command.txt", "a") as handle:
+            handle.write(shlex.join(["smiexlm", *sys.argv[1:]]) + "\n")
 
 
 def plot_run(

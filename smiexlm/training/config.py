@@ -59,7 +59,8 @@ class TrainConfig:
     # --- runtime
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU
+    # auto = bf16 autocast on GPU and on CPUs with native bf16 (AVX512-BF16/AMX), fp32 elsewhere
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     num_threads: int = 0  # torch intra-op threads per process; 0 = torch's default
     num_workers: int = 0  # DataLoader workers that collate and mask batches
     # --- reporting and checkpoints

@@ -1,7 +1,8 @@
-"""Distributed data parallel training under ``torchrun``.
+"""Distributed data parallel training: under ``torchrun``, or started by ``smiexlm pretrain``
+itself on the cores of one machine (:func:`launch_local`).
 
-``torchrun`` sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
-``MASTER_PORT``; without them the run is a single process. The process group uses NCCL on
+``torchrun`` (or :func:`launch_local`) sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT``; without them the run is a single process. The process group uses NCCL on
 GPUs and gloo on CPUs. Batches are sharded by global micro-batch index (see
 :func:`shard_batches`) so that N processes with ``update_freq = u`` consume exactly the
 micro-batches one process with ``update_freq = N·u`` would, in the same optimiser steps.
@@ -10,6 +11,11 @@ micro-batches one process with ``update_freq = N·u`` would, in the same optimis
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -122,3 +128,94 @@ def broadcast_flag(flag: bool, device: torch.device, info: DistInfo) -> bool:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+# ------------------------------------------------------------- one machine, several cores
+#: set in the processes :func:`launch_local` starts (they must not start more)
+LAUNCHED_ENV = "SMIEXLM_LAUNCHED"
+#: beyond this, gloo's all-reduce of a small model costs more than another core gives
+MAX_LOCAL_PROCESSES = 8
+
+
+def free_cores() -> int:
+    """Cores this process may use, less the machine's 1-minute load average (at least 1)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, (usable or 1) - int(busy + 0.5))
+
+
+def local_processes(requested: int | None, update_freq: int, cores: int) -> int:
+    """How many processes a CPU run starts on this machine.
+
+    Each of N processes accumulates ``update_freq / N`` micro-batches, so the optimiser sees
+    the config's global batch, in the same micro-batches, whatever N is. ``requested`` must
+    therefore divide ``update_freq``; by default (None) N is the largest divisor of
+    ``update_freq`` that fits in ``cores`` (and ``MAX_LOCAL_PROCESSES``).
+    """
+    from smiexlm.errors import ConfigError
+
+    if requested is not None:
+        if requested < 1 or update_freq % requested:
+            raise ConfigError(
+                "nproc", requested, f"a divisor of update_freq = {update_freq} (at least 1)"
+            )
+        return requested
+    limit = min(cores, MAX_LOCAL_PROCESSES)
+    return max(n for n in range(1, limit + 1) if update_freq % n == 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_local(n_processes: int, argv: list[str], threads: int) -> int:
+    """Run ``smiexlm ARGV`` as ``n_processes`` DDP processes (gloo) with ``threads`` threads
+    each, and return the first non-zero exit code (0 when all succeed).
+
+    Rank 0 prints as a single process would; the other ranks' output is discarded, except
+    their errors. SIGINT and SIGTERM reach every process, which checkpoint and stop together.
+    """
+    port = str(_free_port())
+    procs = []
+    for rank in range(n_processes):
+        env = dict(os.environ)
+        env.update(
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n_processes),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS=str(threads),
+            **{LAUNCHED_ENV: "1"},
+        )  # fmt: skip
+        out = None if rank == 0 else subprocess.DEVNULL
+        cmd = [sys.executable, "-m", "smiexlm.cli.main", *argv]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out))
+    try:
+        return _wait_all(procs)
+    except (KeyboardInterrupt, SystemExit):  # a terminal's Ctrl-C reached them too, SIGTERM not
+        _stop(procs)
+        return next((c for c in (p.wait() for p in procs) if c != 0), 0)
+
+
+def _wait_all(procs: list[subprocess.Popen]) -> int:
+    """Wait for every process; when one fails, stop the others (they would wait for it)."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            _stop(procs)
+            return failed[0]
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.2)
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
+    """SIGTERM the running processes (they checkpoint and stop), then kill what is left."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()

@@ -12,7 +12,8 @@ Determinism. Masking uses a CPU generator seeded per micro-batch, and the global
 generator (dropout) is reseeded per step and process, so a resumed run repeats an
 uninterrupted one bit for bit on CPU.
 
-Precision. bf16 autocast on GPU, fp32 on CPU (``precision`` overrides); losses stay fp32.
+Precision. ``auto`` = bf16 autocast on GPU and on CPUs with native bf16 (AVX512-BF16, AMX),
+fp32 elsewhere (``precision`` overrides); losses stay fp32.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.device import autocast
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
 from smiexlm.training import checkpoint as ckpt
 from smiexlm.training import distributed as dist_utils
@@ -109,11 +111,6 @@ def _oom_error(config: TrainConfig, shape: tuple[int, ...], device: torch.device
         f"try max_tokens={max(64, config.max_tokens // 2)} (raise update_freq to keep the "
         "global batch)",
     )
-
-
-def _autocast(device: torch.device, config: TrainConfig):
-    use_bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
 
 # ----------------------------------------------------------------------- the loop
@@ -294,7 +291,7 @@ class _Loop:
         self.raw_model.eval()
         total, weight = 0.0, 0.0
         for masked, mask, labels in make_loader(self.data.valid, mine, collator, 0):
-            with _autocast(self.device, self.config):
+            with autocast(self.device, self.config.precision):
                 out = self.raw_model(
                     masked.to(self.device), mask.to(self.device), labels.to(self.device)
                 )
@@ -340,7 +337,7 @@ class _Loop:
             )
             try:
                 with sync:
-                    with _autocast(self.device, config):
+                    with autocast(self.device, config.precision):
                         out = self.model(
                             masked.to(self.device, non_blocking=True),
                             mask.to(self.device, non_blocking=True),
