@@ -64,7 +64,7 @@ def measure(input_csv: Path, out: Path) -> dict:
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {rc}: {res.stderr[-2000:]}")
     shape = np.load(out, mmap_mode="r").shape if out.suffix == ".npy" else None
-    return {"peak_rss_mb": max_rss_kb / 1024, "wall_s": wall, "shape": shape, "command": cmd}
+    return {"peak_rss_mib": max_rss_kb / 1024, "wall_s": wall, "shape": shape, "command": cmd}
 
 
 def main() -> None:
@@ -90,11 +90,11 @@ def main() -> None:
         input_csv.unlink()
         out.unlink()
         out.with_suffix(".ids.csv").unlink(missing_ok=True)
-    base = results[0]["peak_rss_mb"]
-    print("\n| SMILES | peak RSS (MB) | ratio to the first | wall (s) |")
+    base = results[0]["peak_rss_mib"]
+    print("\n| SMILES | peak RSS (MiB) | ratio to the first | wall (s) |")
     print("|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['n']:,} | {r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] / base:.3f} | "
+        print(f"| {r['n']:,} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / base:.3f} | "
               f"{r['wall_s']:.0f} |")  # fmt: skip
 
 
