@@ -1,14 +1,15 @@
 """Pre-training throughput: mlm vs exlm (k = 2) vs maelm side by side, and DDP scaling.
 
-Run: ``python benchmarks/pretrain_throughput.py [--preset tiny] [--steps 20] [--ddp]``.
+Run: ``python benchmarks/pretrain_throughput.py [--preset tiny] [--steps 20] [--launch]``.
 
 Part 1 times full optimiser steps (forward, backward, clip, Adam) of the three objectives on
 the same token-budget batches of real MOSES SMILES, in one process, and prints tokens/s, step
 time and the exlm/mlm step-time ratio. On a GPU it uses bf16 autocast (``--preset mol_base``).
 
-Part 2 (``--ddp``, CPU) runs ``smiexlm pretrain`` on the same dataset twice: one process with
-one thread and ``update_freq = 2``, then ``torchrun --nproc_per_node 2`` with one thread each
-and ``update_freq = 1`` (the same global batch), and prints the throughput ratio.
+Part 2 (``--launch``, CPU) runs ``smiexlm pretrain --config mol_tiny_exlm`` on the same
+dataset in four launch modes, one after the other: one process or two (``--nproc``, the same
+global batch of two micro-batches), each in fp32 and with bf16 autocast, and prints tokens/s
+and the ratio to one fp32 process (the previous CPU default).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -97,67 +97,42 @@ def time_objectives(dataset: Path, preset: str, steps: int, max_tokens: int) -> 
     return rows
 
 
-def ddp_scaling(dataset: Path, steps: int, max_tokens: int) -> dict:
+#: (label, --nproc, precision): the previous CPU default first, the new default last
+LAUNCHES = [
+    ("1 process, fp32", 1, "fp32"),
+    ("1 process, bf16 autocast", 1, "bf16"),
+    ("2 processes, fp32", 2, "fp32"),
+    ("2 processes, bf16 autocast (default)", 2, "bf16"),
+]
+
+
+def launch_modes(dataset: Path, steps: int, max_tokens: int) -> dict:
+    """``smiexlm pretrain --config mol_tiny_exlm`` in each CPU launch mode, same global batch
+    (2 micro-batches of ``max_tokens`` per update), one thread per process. tokens/s is the
+    mean of the logged windows after the first (start-up and warm-up excluded)."""
     overrides = [
-        "model.n_layers=4",
-        f"max_tokens={max_tokens}",
         "num_threads=1",
+        f"max_tokens={max_tokens}",
+        "update_freq=2",
         "progress=false",
-        f"log_every={steps}",
+        "log_every=5",
         f"valid_every={10 * steps}",
         f"save_every={10 * steps}",
-        "model.dropout=0.0",
-        "model.attention_dropout=0.0",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, launcher, uf in (
-            ("1 process x 1 thread", [sys.executable, "-m", "smiexlm.cli.main"], 2),
-            (
-                "2 processes x 1 thread",
-                [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--nproc_per_node",
-                    "2",
-                    "--master_addr",
-                    "127.0.0.1",
-                    "--master_port",
-                    str(_free_port()),
-                    "-m",
-                    "smiexlm.cli.main",
-                ],
-                1,
-            ),
-        ):
-            out = Path(tmp) / name.replace(" ", "_")
-            cmd = [
-                *launcher,
-                "pretrain",
-                "--config",
-                "mol_tiny_exlm",
-                "--data",
-                str(dataset),
-                "--out",
-                str(out),
-                "--max-steps",
-                str(steps),
-                *overrides,
-                f"update_freq={uf}",
-            ]
-            subprocess.run(cmd, env=env, check=True, capture_output=True)
-            last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-            # the first logged window includes start-up; tokens/s of the whole window
-            results[name] = last["tokens_seen"] / last["elapsed_s"]
+        for label, nproc, precision in LAUNCHES:
+            out = Path(tmp) / f"{nproc}_{precision}"
+            cmd = [sys.executable, "-m", "smiexlm.cli.main", "pretrain", "--config"]
+            cmd += ["mol_tiny_exlm", "--data", str(dataset), "--out", str(out)]
+            cmd += ["--max-steps", str(steps), "--nproc", str(nproc), *overrides]
+            subprocess.run([*cmd, f"precision={precision}"], env=env, check=True,
+                           capture_output=True)  # fmt: skip
+            windows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+            rates = [w["tokens_per_s"] for w in windows[1:]]
+            results[label] = sum(rates) / len(rates)
     return results
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -167,8 +142,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=2048)
     parser.add_argument("--molecules", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--ddp", action="store_true", help="also measure 2-process DDP scaling")
-    parser.add_argument("--ddp-steps", type=int, default=30)
+    parser.add_argument(
+        "--launch", action="store_true", help="also run smiexlm pretrain in each CPU launch mode"
+    )
+    parser.add_argument("--launch-steps", type=int, default=40)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,12 +160,13 @@ def main() -> None:
                 f"{r['objective']:10s} {r['params']:>10,d} {r['step_ms']:>9.1f} "
                 f"{r['tokens_per_s']:>10.0f} {r['step_ms'] / mlm_ms:>7.2f}"
             )
-        if args.ddp:
-            scaling = ddp_scaling(dataset, args.ddp_steps, args.max_tokens)
-            base = scaling["1 process x 1 thread"]
-            print(f"\nDDP scaling (gloo, CPU), {args.ddp_steps} steps, same global batch:")
-            for name, tps in scaling.items():
-                print(f"{name:24s} {tps:>10.0f} tokens/s {tps / base:>6.2f}x")
+        if args.launch:
+            rates = launch_modes(dataset, args.launch_steps, args.max_tokens)
+            base = rates[LAUNCHES[0][0]]
+            print(f"\nsmiexlm pretrain, mol_tiny_exlm, {args.launch_steps} updates of 2 x "
+                  f"{args.max_tokens} tokens, 1 thread per process:")  # fmt: skip
+            for name, tps in rates.items():
+                print(f"{name:40s} {tps:>10.0f} tokens/s {tps / base:>6.2f}x")
 
 
 if __name__ == "__main__":
