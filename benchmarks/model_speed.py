@@ -84,7 +84,7 @@ def time_steps(model, batch, steps: int, device: str, autocast: bool = False) ->
     return times
 
 
-def run_cpu(presets: list[str], steps: int, max_len: int) -> dict:
+def run_cpu(presets: list[str], steps: int, max_len: int, bf16: bool = False) -> dict:
     results = {}
     for preset in presets:
         models = {name: build(preset, name, extra, "cpu") for name, extra in VARIANTS}
@@ -93,14 +93,14 @@ def run_cpu(presets: list[str], steps: int, max_len: int) -> dict:
         samples = {name: [] for name in models}
         for _ in range(steps):  # interleave so that load changes hit every variant alike
             for name, model in models.items():
-                samples[name] += time_steps(model, batch, 1, "cpu")
+                samples[name] += time_steps(model, batch, 1, "cpu", autocast=bf16)
         for name in models:
             step = statistics.median(samples[name])
             results[(preset, name)] = (step, n_tokens / step)
     return results
 
 
-def run_text(steps: int) -> dict:
+def run_text(steps: int, bf16: bool = False) -> dict:
     """The tiny text model on the same blocks, interleaved: mlm, and exlm k = 4 with the DAG
     loss by the log-space reference (the previous CPU path) and by the matrix products."""
     variants = [("mlm", "mlm", {}), ("exlm k=4, reference DAG", "exlm", {"k": 4})]
@@ -114,7 +114,7 @@ def run_text(steps: int) -> dict:
     for _ in range(steps):
         for label, model in models.items():
             os.environ["SMIEXLM_DAG_IMPL"] = "reference" if "reference" in label else "matmul"
-            samples[label] += time_steps(model, batch, 1, "cpu")
+            samples[label] += time_steps(model, batch, 1, "cpu", autocast=bf16)
     n_tokens = int(batch[1].sum())
     return {
         ("text tiny", label): (statistics.median(t), n_tokens / statistics.median(t))
@@ -148,17 +148,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gpu", action="store_true", help="also time mol_base on CUDA")
     parser.add_argument("--text", action="store_true", help="the tiny text shape instead")
+    parser.add_argument("--bf16", action="store_true", help="CPU steps under bf16 autocast")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(
-        f"hardware: {platform.machine()} CPU, {args.threads} thread(s), torch {torch.__version__}"
+        f"hardware: {platform.machine()} CPU, {args.threads} thread(s), torch {torch.__version__}, "
+        f"{'bf16 autocast' if args.bf16 else 'fp32'}"
     )
     print(f"batch: {BATCH} sequences, lengths {args.max_len // 2}-{args.max_len}, mask 0.15")
     if args.text:
-        results = run_text(args.steps)
+        results = run_text(args.steps, args.bf16)
     else:
-        results = run_cpu(args.presets, args.steps, args.max_len)
+        results = run_cpu(args.presets, args.steps, args.max_len, args.bf16)
     print("\n| preset | objective | step (ms) | tokens/s | step / mlm |")
     print("|---|---|---|---|---|")
     for (preset, name), (step, tps) in results.items():
