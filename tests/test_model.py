@@ -10,6 +10,7 @@ import torch
 
 from smiexlm import ExLMConfig, ExLMModel
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
+from smiexlm.model.config import PAPER_MOL_VOCAB_SIZE, SHIPPED_VOCAB_SIZE
 from smiexlm.model.expansion import expand_states, gather_states
 from smiexlm.model.heads import ExLMForSequencePrediction, task_loss
 from smiexlm.model.masking import mask_tokens, repeat_tokens
@@ -57,7 +58,7 @@ def test_presets_and_validation():
 
 def test_parameter_counts():
     with torch.device("meta"):
-        base = ExLMModel(ExLMConfig.mol_base())
+        base = ExLMModel(ExLMConfig.mol_base(vocab_size=PAPER_MOL_VOCAB_SIZE))
         tiny = ExLMModel(ExLMConfig.tiny())
         small = ExLMModel(ExLMConfig.small())
     # 9 x 5,513,984 + embedding 369x768 + final LN + RoBERTa LM head (method notes §3).
@@ -69,6 +70,22 @@ def test_parameter_counts():
     assert base.num_parameters() > n  # the transition head comes on top
     assert 0.7e6 < tiny.num_parameters() < 1.3e6
     assert 8e6 < small.num_parameters() < 12e6
+
+
+def test_named_presets_build_models_for_the_shipped_vocabulary(tmp_path):
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    tokenizer = SmilesTokenizer()
+    assert tokenizer.vocab_size == SHIPPED_VOCAB_SIZE
+    for name in ("tiny", "small", "mol_base"):
+        assert ExLMConfig.preset(name).vocab_size == tokenizer.vocab_size, name
+    with torch.device("meta"):
+        base = ExLMModel(ExLMConfig.mol_base())
+    # the shipped vocabulary has 36 tokens fewer than the paper's: 36 embedding rows + biases
+    assert base.num_parameters(include_transitions=False) == 50_503_281 - 36 * 769
+    model = ExLMModel(ExLMConfig.tiny())
+    model.save_pretrained(tmp_path / "tiny")  # the default tokenizer fits without arguments
+    assert ExLMModel.from_pretrained(tmp_path / "tiny").config.vocab_size == SHIPPED_VOCAB_SIZE
 
 
 # ---------------------------------------------------------------------- expansion
@@ -273,11 +290,15 @@ def test_pooled_only_equals_the_full_pass_and_its_gradients(objective):
     grads = []
     for only in (False, True):
         model.zero_grad()
-        model.encode(enc.input_ids, enc.attention_mask, "cls", pooled_only=only).pooled.sum().backward()
+        model.encode(
+            enc.input_ids, enc.attention_mask, "cls", pooled_only=only
+        ).pooled.sum().backward()
         grads.append(model.embed.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
     mean = model.encode(enc.input_ids, enc.attention_mask, "mean", pooled_only=True)
-    assert torch.allclose(mean.pooled, model.encode(enc.input_ids, enc.attention_mask, "mean").pooled)
+    assert torch.allclose(
+        mean.pooled, model.encode(enc.input_ids, enc.attention_mask, "mean").pooled
+    )
 
 
 # ---------------------------------------------------------------------- checkpoints

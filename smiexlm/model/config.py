@@ -22,13 +22,19 @@ _POLICIES = ("all_mask", "bert_80_10_10")
 _TRANSITIONS = ("learned", "uniform")
 _DAGS = ("full", "sparse")
 N_SPECIAL_TOKENS = 5  # [PAD] [BOS] [EOS] [MASK] [UNK] occupy ids 0..4 (project contract)
+# Tokens of the shipped SMILES vocabulary (smiexlm/assets/vocab.json; a test checks), so that
+# every molecular preset builds a model that saves and loads with the default tokenizer.
+SHIPPED_VOCAB_SIZE = 333
+# The paper's molecular vocabulary: ExLMConfig.mol_base(vocab_size=PAPER_MOL_VOCAB_SIZE) has
+# the paper's 50,503,281 parameters (Table 7).
+PAPER_MOL_VOCAB_SIZE = 369
 
 
 @dataclass
 class ExLMConfig:
     """Architecture and pre-training objective of an :class:`~smiexlm.ExLMModel`."""
 
-    vocab_size: int = 369
+    vocab_size: int = SHIPPED_VOCAB_SIZE
     n_layers: int = 4
     n_heads: int = 4
     d_model: int = 128
@@ -130,9 +136,14 @@ class ExLMConfig:
 
     @classmethod
     def mol_base(cls, **overrides: Any) -> ExLMConfig:
-        """The paper's molecular model (Table 7): 50,503,281 parameters + transition head."""
+        """The paper's molecular model (Table 7) over the shipped 333-token vocabulary.
+
+        That is 50,475,597 parameters + the transition head. The paper's count of 50,503,281
+        comes with its 369-token vocabulary: ``mol_base(vocab_size=PAPER_MOL_VOCAB_SIZE)``
+        (36 more embedding rows and LM-head biases).
+        """
         preset = {"n_layers": 9, "n_heads": 12, "d_model": 768, "d_ff": 2048}
-        preset.update(vocab_size=369, objective="exlm", k=2)
+        preset.update(objective="exlm", k=2)
         return cls(**{**preset, **overrides})
 
     @classmethod

@@ -1,7 +1,8 @@
 """Heads on top of the encoder: the tied LM head and sequence prediction heads (§2.6).
 
-``SequenceHead``: features[:, 0] (for ExLM the first BOS state) → dense → tanh → dropout →
-out_proj. ``task_loss`` is the one place where missing labels (NaN) are masked out, for
+``ExLMForSequencePrediction`` pools the encoder's states by its ``pooling`` (``cls`` = the
+first position, for ExLM the first BOS state; ``mean`` or ``max`` over the real positions),
+then ``SequenceHead`` applies dense → tanh → dropout → out_proj. ``task_loss`` is the one place where missing labels (NaN) are masked out, for
 multi-label classification (BCE) and regression (MSE); single-label classification uses
 cross-entropy with −100 as "missing".
 """
