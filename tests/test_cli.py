@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -21,6 +22,22 @@ def test_help_lists_commands():
     out = run_cli("--help").stdout
     for command in ("tokenize", "vocab"):
         assert command in out
+
+
+def _help(command: str) -> str:
+    env = {**os.environ, "COLUMNS": "200", "TERM": "dumb"}
+    result = subprocess.run(
+        [smiexlm_command(), command, "--help"], capture_output=True, text=True, env=env, check=True
+    )
+    return result.stdout
+
+
+def test_help_texts_name_the_options_each_command_has():
+    assert "--no-no-canonicalize" not in _help("embed")
+    predict = _help("predict")
+    assert "--data" not in predict and "--out" in predict and "--output" not in predict
+    assert "--out" in _help("plot-run") and "--output" not in _help("plot-run")
+    assert _help("pretrain").count("Required (unless --list-configs)") == 3
 
 
 def test_startup_imports_no_heavy_module():

@@ -27,7 +27,13 @@ def embed(
     checkpoint: Checkpoint = None,
     pooling: Annotated[str, typer.Option(help="cls, mean or max.")] = "cls",
     errors: Annotated[str, typer.Option(help="nan: NaN rows for bad SMILES; raise: stop.")] = "nan",
-    no_canonicalize: Annotated[bool, typer.Option(help="Use SMILES as written.")] = False,
+    canonicalize: Annotated[
+        bool,
+        typer.Option(
+            "--canonicalize/--no-canonicalize",
+            help="Canonicalize each SMILES with RDKit first (--no-canonicalize: as written).",
+        ),
+    ] = True,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv."""
@@ -36,7 +42,7 @@ def embed(
 
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols is not None else None
     result = embed_file(input, out, smiles_col, cols, checkpoint, pooling, errors,  # type: ignore[arg-type]
-                        not no_canonicalize, device=device)  # fmt: skip
+                        canonicalize, device=device)  # fmt: skip
     report = result.report
     typer.echo(f"{report.summary()}")
     for index, smiles, reason in report.failed:

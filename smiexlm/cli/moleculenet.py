@@ -35,7 +35,8 @@ FinetunedDirs = Annotated[
                  "(e.g. seed0 seed1 seed2) give the ensemble mean and a <label>_std column."),
 ]  # fmt: skip
 InputCsv = Annotated[Path, typer.Option("--input", help="CSV with a SMILES column.")]
-OutputCsv = Annotated[Path, typer.Option("--output", help="Predictions CSV.")]
+OutputCsv = Annotated[Path, typer.Option("--out", "-o", help="Predictions CSV.")]
+OutputAlias = Annotated[Path | None, typer.Option("--output", hidden=True)]  # the old name of --out
 Split = Annotated[
     str,
     typer.Option(help="scaffold (DeepChem-equal, no seed) | scaffold_chiral | balanced_scaffold "
@@ -228,8 +229,11 @@ def benchmark(
 def predict(
     checkpoint: FinetunedDirs,
     input: InputCsv,
-    smiles_col: SmilesCol = "smiles",
-    output: OutputCsv = Path("predictions.csv"),
+    smiles_col: Annotated[
+        str, typer.Option("--smiles-col", help="SMILES column of --input.")
+    ] = "smiles",
+    out: OutputCsv = Path("predictions.csv"),
+    output: OutputAlias = None,
     id_cols: Annotated[
         str | None,
         typer.Option(
@@ -243,6 +247,7 @@ def predict(
     from smiexlm.paths import atomic_path
     from smiexlm.tables import read_table
 
+    output = output if output is not None else out
     frame = read_table(input, smiles_col)  # text cells; a blank cell is ""
     result = _predict_rows(checkpoint, frame, smiles_col, id_cols)
     with atomic_path(output) as tmp:  # a reader never sees half a file

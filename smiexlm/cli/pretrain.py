@@ -25,13 +25,25 @@ def pretrain(
     ] = None,
     config: Annotated[
         str | None,
-        typer.Option(help="Config file (TOML/YAML) or a shipped config name, e.g. mol_tiny_exlm"),
+        typer.Option(
+            help="Config file (TOML/YAML) or a shipped config name, e.g. mol_tiny_exlm. "
+            "Required (unless --list-configs).",
+            show_default=False,
+        ),
     ] = None,
     data: Annotated[
-        Path | None, typer.Option(help="Dataset folder built by the corpus pipeline")
+        Path | None,
+        typer.Option(
+            help="Dataset folder built by `smiexlm preprocess`. Required (unless --list-configs).",
+            show_default=False,
+        ),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Run folder: metrics.jsonl, checkpoints/")
+        Path | None,
+        typer.Option(
+            help="Run folder: metrics.jsonl, checkpoints/. Required (unless --list-configs).",
+            show_default=False,
+        ),
     ] = None,
     max_steps: Annotated[int | None, typer.Option(help="Stop after this many updates")] = None,
     resume: Annotated[
@@ -107,12 +119,16 @@ def _record_command(out: Path) -> None:
 
 def plot_run(
     run_dir: Annotated[Path, typer.Argument(help="Run folder holding metrics.jsonl")],
-    output: Annotated[Path | None, typer.Option(help="PNG path (default RUN_DIR/loss.png)")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="PNG path (default RUN_DIR/loss.png)", show_default=False),
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", hidden=True)] = None,  # old name
 ) -> None:
     """Draw the training and validation loss curves of a run to PNG."""
     from smiexlm.training.plot import plot_run as draw
 
-    typer.echo(str(draw(run_dir, output)))
+    typer.echo(str(draw(run_dir, out if out is not None else output)))
 
 
 def export(

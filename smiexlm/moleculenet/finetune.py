@@ -306,7 +306,7 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
     if not (directory / META_NAME).is_file():
         raise DataError(
             f"--checkpoint {str(directory)!r}: no {META_NAME}; expected a folder written by "
-            "`smiexlm finetune --save-dir` (e.g. runs/finetune/bbbp/seed0)"
+            "`smiexlm finetune --save-dir DIR`, which writes DIR/seed0, DIR/seed1, ..."
         )
     meta = json.loads((directory / META_NAME).read_text())
     head_type = "multilabel" if meta["task_type"] == "classification" else "regression"
