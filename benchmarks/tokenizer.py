@@ -30,7 +30,7 @@ def best_of(fn, repeats: int = 3) -> float:
 def main() -> None:
     from smiexlm.paths import data_dir
     from smiexlm.tokenizer import SmilesTokenizer
-    from smiexlm.vocab import iter_corpus_smiles
+    from smiexlm.tokenizer.vocab import iter_corpus_smiles
 
     root = data_dir() / "moleculenet"
     smiles = [s for name in FILES for s in iter_corpus_smiles(root / name)]

@@ -27,7 +27,7 @@ from smiexlm.data import (
 )
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.tokenizer import SmilesTokenizer
-from smiexlm.tokenizer_fast import ChunkEncoder
+from smiexlm.tokenizer.fast import ChunkEncoder
 
 BAD_LINES = ["", "C1CC", "c1ccccc1 benzene", "CC(C)(C)(C)(C)C", "CCO", "OCC"]
 

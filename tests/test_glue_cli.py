@@ -13,7 +13,7 @@ from smiexlm.cli.main import app
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     from smiexlm import ExLMConfig, ExLMModel
-    from smiexlm.text import TextTokenizer
+    from smiexlm.tokenizer import TextTokenizer
 
     words = "the a fox dog man woman sleeps runs is not entailment cancer died widow"
     tok = TextTokenizer.build(

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.text import TextTokenizer
 from smiexlm.text.blocks import make_blocks, read_lines, text_blocks
+from smiexlm.tokenizer import TextTokenizer
 
 
 @pytest.mark.parametrize("tps", [3, 4, 7, 128])
@@ -59,8 +59,8 @@ def test_text_blocks_from_files(tmp_path):
 
 def test_dataset_in_the_corpus_shard_format(tmp_path):
     from smiexlm.data.shards import TokenDataset
-    from smiexlm.text import load_tokenizer
     from smiexlm.text.blocks import build_text_dataset
+    from smiexlm.tokenizer import load_tokenizer
 
     train, valid = tmp_path / "train.txt", tmp_path / "valid.txt"
     train.write_text("\n".join(f"sentence number {i} is here ." for i in range(60)) + "\n")

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from smiexlm.errors import DataError
-from smiexlm.text import TextTokenizer, load_tokenizer
-from smiexlm.tokenizer import SPECIAL_TOKENS, SmilesTokenizer
+from smiexlm.tokenizer import SPECIAL_TOKENS, SmilesTokenizer, TextTokenizer, load_tokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

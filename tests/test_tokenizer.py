@@ -18,7 +18,7 @@ from smiexlm.tokenizer import (
     UNK_ID,
     SmilesTokenizer,
 )
-from smiexlm.vocab import iter_corpus_smiles
+from smiexlm.tokenizer.vocab import iter_corpus_smiles
 
 MOLECULENET_FILES = [
     "bace.csv",

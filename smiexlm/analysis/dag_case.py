@@ -21,6 +21,7 @@ from smiexlm.analysis import inputs
 from smiexlm.analysis.report import write_rows
 from smiexlm.errors import ConfigError
 from smiexlm.paths import write_json
+from smiexlm.tokenizer.special import IGNORE_INDEX
 
 
 @dataclass
@@ -55,7 +56,7 @@ def dag_case(checkpoint: Path, smiles: str, mask_positions: Sequence[int], top: 
     ids = torch.tensor([tokenizer.encode(smiles)])  # (1, T) BOS ... EOS
     mask = torch.ones_like(ids, dtype=torch.bool)
     columns = torch.tensor(positions) + 1  # +1 for BOS
-    labels = torch.full_like(ids, -100)
+    labels = torch.full_like(ids, IGNORE_INDEX)
     labels[0, columns] = ids[0, columns]
     masked = ids.clone()
     masked[0, columns] = c.mask_id

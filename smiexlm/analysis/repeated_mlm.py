@@ -37,8 +37,8 @@ from torch import Tensor, nn
 from smiexlm.analysis import measures
 from smiexlm.analysis.report import write_rows
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.config import N_SPECIAL_TOKENS
 from smiexlm.paths import write_json
+from smiexlm.tokenizer.special import IGNORE_INDEX, N_SPECIAL_TOKENS
 
 
 @dataclass
@@ -178,7 +178,7 @@ def measure_cell(
         rep, rep_mask, source = repeat_with_sources(ids, mask, k)  # (B, Lx)
         gen = torch.Generator().manual_seed(seed * 1_000_003 + b)
         masked, labels = mask_tokens(rep, rep_mask, mask_prob=p, generator=gen)
-        selected = labels != -100
+        selected = labels != IGNORE_INDEX
         fully, _ = measures.fully_masked_tokens(selected, source, rep_mask, ids.shape[1])
         n_tokens += int(counted.sum())
         n_fully += int((fully & counted).sum())

@@ -27,7 +27,7 @@ def vocab(
 ) -> None:
     """Train a text tokenizer (or load a GPT-2/RoBERTa BPE) and save it as JSON."""
     from smiexlm.text.blocks import read_lines
-    from smiexlm.text.tokenizer import TextTokenizer
+    from smiexlm.tokenizer.text import TextTokenizer
 
     if gpt2_merges is not None:
         tok = TextTokenizer.from_gpt2_files(inputs[0], gpt2_merges)
@@ -51,7 +51,7 @@ def blocks(
 ) -> None:
     """Cut text into fixed-length blocks (sample-break-mode none) in the shard format."""
     from smiexlm.text.blocks import build_text_dataset
-    from smiexlm.text.tokenizer import TextTokenizer
+    from smiexlm.tokenizer.text import TextTokenizer
 
     manifest = build_text_dataset(
         train, valid or [], out, TextTokenizer.load(vocab), tokens_per_sample, frame

@@ -81,7 +81,7 @@ def vocab_build(
     ] = False,
 ) -> None:
     """Build a vocabulary from a corpus and print its size and coverage."""
-    from smiexlm.vocab import build_vocabulary
+    from smiexlm.tokenizer.vocab import build_vocabulary
 
     tok, report = build_vocabulary(inputs, smiles_col, min_freq, max_size, with_canonical)
     tok.save(out)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smiexlm.data.readers import split_smiles_line
-from smiexlm.tokenizer_fast import ChunkEncoder
+from smiexlm.tokenizer.fast import ChunkEncoder
 
 # Whitespace other than the line break: its chunks take the per-line path, which strips.
 _NON_NEWLINE_SPACE = re.compile(r"[^\S\n]")

@@ -116,7 +116,7 @@ _WORKER: tuple | None = None
 def _init_worker(tokens: list[str], config: NormalizeConfig) -> None:
     global _WORKER
     from smiexlm.tokenizer import SmilesTokenizer
-    from smiexlm.tokenizer_fast import ChunkEncoder
+    from smiexlm.tokenizer.fast import ChunkEncoder
 
     try:
         from rdkit import RDLogger

@@ -218,7 +218,7 @@ def run_glue(
 ) -> GlueResult:
     """Fine-tune ``checkpoint`` on ``config.task`` for every seed; medians over seeds."""
     from smiexlm.model.model import ExLMModel
-    from smiexlm.text.tokenizer import load_tokenizer
+    from smiexlm.tokenizer import load_tokenizer
 
     if config.threads is not None:
         torch.set_num_threads(config.threads)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from smiexlm.errors import ConfigError
+from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, N_SPECIAL_TOKENS, PAD_ID
 
 Objective = Literal["mlm", "exlm", "maelm"]
 MaskPolicy = Literal["all_mask", "bert_80_10_10"]
@@ -21,7 +22,6 @@ _OBJECTIVES = ("mlm", "exlm", "maelm")
 _POLICIES = ("all_mask", "bert_80_10_10")
 _TRANSITIONS = ("learned", "uniform")
 _DAGS = ("full", "sparse")
-N_SPECIAL_TOKENS = 5  # [PAD] [BOS] [EOS] [MASK] [UNK] occupy ids 0..4 (project contract)
 # Tokens of the shipped SMILES vocabulary (smiexlm/assets/vocab.json; a test checks), so that
 # every molecular preset builds a model that saves and loads with the default tokenizer.
 SHIPPED_VOCAB_SIZE = 333
@@ -59,10 +59,10 @@ class ExLMConfig:
     mask_policy: MaskPolicy = "all_mask"
     rope_theta: float = 10000.0
     layer_norm_eps: float = 1e-5
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    mask_id: int = 3
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    mask_id: int = MASK_ID
     vocab_hash: str | None = None  # sha256 of the token list; checked on load when set
 
     def __post_init__(self) -> None:

@@ -19,8 +19,7 @@ import torch
 from torch import Tensor
 
 from smiexlm.errors import DataError
-
-IGNORE_INDEX = -100
+from smiexlm.tokenizer.special import IGNORE_INDEX
 
 
 def compact_positions(mask: Tensor) -> tuple[Tensor, Tensor]:

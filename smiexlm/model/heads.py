@@ -4,7 +4,7 @@
 first position, for ExLM the first BOS state; ``mean`` or ``max`` over the real positions),
 then ``SequenceHead`` applies dense → tanh → dropout → out_proj. ``task_loss`` is the one place where missing labels (NaN) are masked out, for
 multi-label classification (BCE) and regression (MSE); single-label classification uses
-cross-entropy with −100 as "missing".
+cross-entropy with ``IGNORE_INDEX`` (−100) as "missing".
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from smiexlm.errors import ConfigError
+from smiexlm.tokenizer.special import IGNORE_INDEX
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
@@ -49,7 +50,7 @@ def task_loss(logits: Tensor, labels: Tensor, task_type: TaskType) -> Tensor:
     A batch without any present label gives a zero loss that still carries a gradient graph.
     """
     if task_type == "classification":
-        present = labels != -100
+        present = labels != IGNORE_INDEX
         if not bool(present.any()):
             return logits.sum() * 0.0
         return F.cross_entropy(logits[present], labels[present].long())

@@ -14,11 +14,8 @@ import torch
 from torch import Tensor
 
 from smiexlm.errors import ConfigError
-from smiexlm.model.config import N_SPECIAL_TOKENS
-from smiexlm.model.expansion import IGNORE_INDEX, repeat_layout
-
-MASK_ID = 3
-PAD_ID = 0
+from smiexlm.model.expansion import repeat_layout
+from smiexlm.tokenizer.special import IGNORE_INDEX, MASK_ID, N_SPECIAL_TOKENS, PAD_ID
 
 
 def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device) -> Tensor:

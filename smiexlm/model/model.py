@@ -26,7 +26,6 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.config import ExLMConfig
 from smiexlm.model.encoder import Encoder, count_parameters, init_weights
 from smiexlm.model.expansion import (
-    IGNORE_INDEX,
     ExpandedBatch,
     compact_positions,
     expand_states,
@@ -35,6 +34,7 @@ from smiexlm.model.expansion import (
 from smiexlm.model.heads import LMHead
 from smiexlm.model.rope import rope_angles, rope_angles_2d
 from smiexlm.model.transitions import TransitionHead, uniform_log_links, valid_successors
+from smiexlm.tokenizer.special import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.tokenizer import BOS_ID, EOS_ID
+from smiexlm.tokenizer.special import BOS_ID, EOS_ID
 
 Frame = Literal["bos", "bos_eos"]
 

@@ -1,16 +1,6 @@
 """The SMILES tokenizer: the regular expression of Schwaller et al. (2018) and a saved vocabulary.
 
-Special tokens have fixed ids in every vocabulary smiexlm writes:
-
-====  ========  ==========================================
- id   token     meaning
-====  ========  ==========================================
- 0    [PAD]     padding (attention mask False)
- 1    [BOS]     start of a sequence
- 2    [EOS]     end of a sequence
- 3    [MASK]    masked token (pretraining)
- 4    [UNK]     a well-formed token missing from the vocabulary
-====  ========  ==========================================
+Special tokens have the fixed ids of :mod:`smiexlm.tokenizer.special`.
 
 Nothing is dropped silently. ``re.findall`` skips characters that the pattern does not
 match; here a SMILES whose tokens do not join back to the input raises
@@ -19,7 +9,7 @@ pattern accepts but the vocabulary lacks becomes ``[UNK]`` and is counted. A tok
 like a special token (``[MASK]`` written inside a SMILES) is treated as unknown, never as
 the special token itself.
 
-Batches go through a vectorised encoder (:mod:`smiexlm.tokenizer_fast`) that splits a whole
+Batches go through a vectorised encoder (:mod:`smiexlm.tokenizer.fast`) that splits a whole
 chunk of SMILES with numpy and hands every row it does not fully understand to the exact
 Python path, so both paths give identical ids or the same error.
 """
@@ -39,6 +29,7 @@ import numpy as np
 
 from smiexlm.errors import DataError, InvalidSmilesError
 from smiexlm.paths import ASSETS_DIR, read_json_file
+from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -50,8 +41,6 @@ SMILES_REGEX = (
 )
 _PATTERN = re.compile(SMILES_REGEX)
 
-PAD_ID, BOS_ID, EOS_ID, MASK_ID, UNK_ID = 0, 1, 2, 3, 4
-SPECIAL_TOKENS = ["[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]"]
 VOCAB_FORMAT = "smiexlm-vocab/1"
 _CHUNK = 2048  # SMILES per call of the vectorised encoder
 DEFAULT_VOCAB_PATH = ASSETS_DIR / "vocab.json"
@@ -274,7 +263,7 @@ class SmilesTokenizer:
         smiles = list(smiles)
         unk_before = self.n_unk  # the exact path's own counting is replaced below
         if self._chunk_encoder is None:
-            from smiexlm.tokenizer_fast import ChunkEncoder
+            from smiexlm.tokenizer.fast import ChunkEncoder
 
             self._chunk_encoder = ChunkEncoder(self)
         # Chunks of a few thousand SMILES keep the encoder's byte arrays in cache.
@@ -349,7 +338,7 @@ class SmilesTokenizer:
 
 def _concatenate(parts: list):
     """One EncodedChunk from several, in order (also for zero parts)."""
-    from smiexlm.tokenizer_fast import EncodedChunk
+    from smiexlm.tokenizer.fast import EncodedChunk
 
     if not parts:
         return EncodedChunk(np.zeros(0, bool), np.zeros(0, np.uint16), np.zeros(0, np.int64))

@@ -33,22 +33,21 @@ from typing import Literal
 
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.paths import read_json_file
-from smiexlm.tokenizer import (
+from smiexlm.tokenizer.smiles import BatchEncoding, Truncation
+from smiexlm.tokenizer.special import (
     BOS_ID,
     EOS_ID,
     MASK_ID,
+    N_SPECIAL_TOKENS,
     PAD_ID,
     SPECIAL_TOKENS,
     UNK_ID,
-    BatchEncoding,
-    Truncation,
 )
 
 TEXT_VOCAB_FORMAT = "smiexlm-text-vocab/1"
 TokenizerKind = Literal["bpe", "wordpiece", "gpt2"]
 #: Special tokens of GPT-2 / RoBERTa vocabularies, dropped when loading their files.
 FOREIGN_SPECIALS = ("<|endoftext|>", "<s>", "</s>", "<pad>", "<unk>", "<mask>")
-_N_SPECIAL = len(SPECIAL_TOKENS)
 
 
 def text_vocabulary_hash(tokens: Sequence[str]) -> str:
@@ -90,9 +89,9 @@ class TextTokenizer:
         backend = _without_added_tokens(backend)
         size = backend.get_vocab_size(with_added_tokens=False)
         tokens = [backend.id_to_token(i) for i in range(size)]
-        if tokens[:_N_SPECIAL] != SPECIAL_TOKENS:
+        if tokens[:N_SPECIAL_TOKENS] != SPECIAL_TOKENS:
             raise DataError(
-                f"text vocabulary starts with {tokens[:_N_SPECIAL]!r}: expected the special "
+                f"text vocabulary starts with {tokens[:N_SPECIAL_TOKENS]!r}: expected the special "
                 f"tokens {SPECIAL_TOKENS} at ids 0-4"
             )
         if any(t is None for t in tokens):
@@ -133,8 +132,8 @@ class TextTokenizer:
         ``texts`` (one document or line per item)."""
         from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-        if vocab_size <= _N_SPECIAL + 1:
-            raise ConfigError("vocab_size", vocab_size, f"an integer > {_N_SPECIAL + 1}")
+        if vocab_size <= N_SPECIAL_TOKENS + 1:
+            raise ConfigError("vocab_size", vocab_size, f"an integer > {N_SPECIAL_TOKENS + 1}")
         if vocab_size > 65535:
             raise ConfigError("vocab_size", vocab_size, "at most 65,535 (uint16 ids)")
         if min_freq < 1:
@@ -321,7 +320,7 @@ class TextTokenizer:
             i = int(i)
             if not 0 <= i < len(self.tokens):
                 raise DataError(f"token id {i}: expected 0 <= id < {len(self.tokens)}")
-            if i < _N_SPECIAL:
+            if i < N_SPECIAL_TOKENS:
                 if run:
                     pieces.append(self._backend.decode(run, skip_special_tokens=False))
                     run = []
@@ -402,12 +401,3 @@ def pad_rows(
     import torch
 
     return BatchEncoding(torch.from_numpy(ids), torch.from_numpy(mask), n_truncated, n_unk)
-
-
-def load_tokenizer(path: str | Path):
-    """A SMILES or text tokenizer, whichever format the JSON file (or folder) holds."""
-    from smiexlm.tokenizer import SmilesTokenizer
-
-    file, doc = read_json_file(path, "tokenizer file")
-    fmt = doc.get("format")
-    return TextTokenizer.load(file) if fmt == TEXT_VOCAB_FORMAT else SmilesTokenizer.load(file)

@@ -12,7 +12,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from smiexlm.errors import DataError, InvalidSmilesError
-from smiexlm.tokenizer import SPECIAL_TOKENS, SmilesTokenizer, split_smiles
+from smiexlm.tokenizer.smiles import SmilesTokenizer, split_smiles
+from smiexlm.tokenizer.special import SPECIAL_TOKENS
 
 SMILES_COLUMN_NAMES = ("smiles", "SMILES", "Smiles", "mol", "canonical_smiles")
 

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.data.shards import TokenDataset, read_manifest
 from smiexlm.errors import DataError, VocabularyMismatchError
+from smiexlm.tokenizer import Tokenizer, load_tokenizer
 from smiexlm.training.config import TrainConfig
 
 
@@ -33,7 +35,7 @@ class TrainingData:
     valid: Any | None
     train_lengths: np.ndarray
     valid_lengths: np.ndarray | None
-    tokenizer: Any
+    tokenizer: Tokenizer
     vocab_hash: str
 
 
@@ -46,9 +48,6 @@ def _lengths(dataset) -> np.ndarray:
 
 def open_dataset(data_dir: Path) -> TrainingData:
     """Open a dataset folder written by the corpus pipeline, with clear errors when absent."""
-    from smiexlm.data.shards import TokenDataset, read_manifest
-    from smiexlm.text.tokenizer import load_tokenizer
-
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(

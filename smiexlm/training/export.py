@@ -14,6 +14,7 @@ from pathlib import Path
 
 from smiexlm.errors import DataError
 from smiexlm.paths import read_json_file
+from smiexlm.tokenizer import load_tokenizer
 from smiexlm.training.checkpoint import atomic_dir
 
 CARD_NAME = "MODEL_CARD.md"
@@ -77,7 +78,6 @@ def export_run(
     import torch
 
     from smiexlm.model.model import ExLMModel
-    from smiexlm.text.tokenizer import load_tokenizer
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     source = run_dir / "checkpoints" / checkpoint
