@@ -28,12 +28,12 @@ def best_of(fn, repeats: int = 3) -> float:
 
 
 def main() -> None:
+    from smiexlm.data.readers import iter_smiles
     from smiexlm.paths import data_dir
     from smiexlm.tokenizer import SmilesTokenizer
-    from smiexlm.tokenizer.vocab import iter_corpus_smiles
 
     root = data_dir() / "moleculenet"
-    smiles = [s for name in FILES for s in iter_corpus_smiles(root / name)]
+    smiles = [s for name in FILES for s in iter_smiles(root / name) if s]
     n = len(smiles)
 
     from deepchem.feat.smiles_tokenizer import BasicSmilesTokenizer

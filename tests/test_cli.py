@@ -86,7 +86,7 @@ def test_vocab_build_command(tmp_path):
     missing = run_cli(
         "vocab", "build", str(csv), "--out", str(out), "--smiles-col", "S", check=False
     )
-    assert missing.returncode != 0 and "'S' not found" in (missing.stderr + missing.stdout)
+    assert missing.returncode != 0 and "no SMILES column 'S'" in (missing.stderr + missing.stdout)
 
 
 def test_list_options_accept_spaces_commas_and_repeats():

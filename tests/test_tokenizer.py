@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from smiexlm.data.readers import iter_smiles
 from smiexlm.errors import DataError, InvalidSmilesError
 from smiexlm.tokenizer import (
     BOS_ID,
@@ -18,7 +19,6 @@ from smiexlm.tokenizer import (
     UNK_ID,
     SmilesTokenizer,
 )
-from smiexlm.tokenizer.vocab import iter_corpus_smiles
 
 MOLECULENET_FILES = [
     "bace.csv",
@@ -42,7 +42,7 @@ def moleculenet_smiles(shared_data):
         path = shared_data / "moleculenet" / name
         if not path.is_file():
             pytest.fail(f"shared data file missing: moleculenet/{name}")
-        out += list(iter_corpus_smiles(path))
+        out += [s for s in iter_smiles(path) if s]
     return out
 
 

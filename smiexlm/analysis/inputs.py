@@ -6,15 +6,14 @@ run on data the model did not train on, as in ExLM Appendix E.2 and MAE-LM §2.2
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from smiexlm.data.readers import iter_smiles
 from smiexlm.errors import DataError
 
 DEFAULT_SMILES = Path("pretrain") / "moses_test.smi.gz"
@@ -41,33 +40,13 @@ def load_checkpoint(directory: Path):
     return model, SmilesTokenizer.load(directory / "vocab.json")
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
 def read_smiles(path: Path, max_molecules: int | None = None) -> list[str]:
-    """The first ``max_molecules`` SMILES of a file: one per line (first field; ``.smi``,
-    ``.txt``, optionally gzipped) or a CSV with a ``smiles`` column."""
+    """The first ``max_molecules`` non-blank SMILES of a file that ``smiexlm preprocess``
+    reads (one per line, optionally gzipped, or a table with a SMILES column)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--smiles-file {str(path)!r}: file not found; expected SMILES text/CSV")
-    out: list[str] = []
-    with _open_text(path) as handle:
-        if ".csv" in path.suffixes:
-            reader = csv.DictReader(handle)
-            column = next((c for c in reader.fieldnames or [] if c.lower() == "smiles"), None)
-            if column is None:
-                raise DataError(f"{path.name}: columns {reader.fieldnames}; expected 'smiles'")
-            rows = (row[column] for row in reader)
-        else:
-            rows = (line.split()[0] if line.split() else "" for line in handle)
-        for smiles in rows:
-            if smiles.strip():
-                out.append(smiles.strip())
-            if max_molecules is not None and len(out) >= max_molecules:
-                break
+    out = list(islice((s for s in iter_smiles(path) if s), max_molecules))
     if not out:
         raise DataError(f"{path.name}: no SMILES found; expected one per line or a smiles column")
     return out

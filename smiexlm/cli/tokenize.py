@@ -81,9 +81,19 @@ def vocab_build(
     ] = False,
 ) -> None:
     """Build a vocabulary from a corpus and print its size and coverage."""
+    from tqdm import tqdm
+
+    from smiexlm.data.normalize import canonical_smiles
+    from smiexlm.data.readers import iter_smiles
     from smiexlm.tokenizer.vocab import build_vocabulary
 
-    tok, report = build_vocabulary(inputs, smiles_col, min_freq, max_size, with_canonical)
+    corpus = (
+        s
+        for path in inputs
+        for s in tqdm(iter_smiles(path, smiles_col), desc=path.name, unit=" mol")
+    )
+    canonical = canonical_smiles if with_canonical else None
+    tok, report = build_vocabulary(corpus, min_freq, max_size, canonical)
     tok.save(out)
     typer.echo(report)
     typer.echo(f"wrote {out} ({tok.vocab_size} tokens, hash {tok.vocab_hash[:16]})")

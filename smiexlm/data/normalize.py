@@ -63,6 +63,18 @@ def normalize_smiles(smiles: str, config: NormalizeConfig) -> tuple[str | None, 
     return Chem.MolToSmiles(mol, isomericSmiles=True), None
 
 
+_CANONICAL = NormalizeConfig(max_tokens=None)
+
+
+def canonical_smiles(smiles: str) -> str | None:
+    """RDKit canonical SMILES with stereo kept, as preprocessing writes it; None when RDKit
+    cannot parse ``smiles``. RDKit's own parse warnings are silenced."""
+    from rdkit import RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    return normalize_smiles(smiles, _CANONICAL)[0]
+
+
 def smiles_hashes(smiles: list[str]) -> np.ndarray:
     """(n,) uint64: the first 8 bytes of blake2b of each UTF-8 SMILES (stable across runs)."""
     digests = b"".join(hashlib.blake2b(s.encode(), digest_size=8).digest() for s in smiles)

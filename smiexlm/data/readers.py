@@ -109,6 +109,26 @@ def read_chunks(
         raise DataError(f"input {str(path)!r} is unreadable or truncated: {err}") from None
 
 
+def iter_smiles(path: Path, smiles_col: str | None = None, chunk_size: int = 8192) -> Iterator[str]:
+    """The SMILES of every line (row, record) of ``path``, in order; ``""`` where there is none.
+
+    Any format :func:`read_chunks` reads; a text line is split by :func:`split_smiles_line`,
+    a table cell is stripped. A line that is not UTF-8 raises DataError naming it."""
+    for lines, items in read_chunks(Path(path), chunk_size, smiles_col):
+        for line, item in zip(lines, items, strict=True):
+            if isinstance(item, bytes):
+                try:
+                    item = item.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(
+                        f"input {str(path)!r} line {line} is not UTF-8 text (byte offset "
+                        f"{err.start}): expected one SMILES per line"
+                    ) from None
+                yield split_smiles_line(item)[0]
+            else:
+                yield item.strip() if item else ""
+
+
 def _smi_chunks(path: Path, chunk_size: int) -> Iterator[Chunk]:
     with _open_binary(path) as handle:
         line = 1

@@ -49,18 +49,16 @@ DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"
 
 
 def canonical_smiles(smiles: Sequence[str]) -> list[str]:
-    """RDKit canonical SMILES (the input must already be parsable)."""
-    from rdkit import Chem, RDLogger
+    """RDKit canonical SMILES of each input (each must already be parsable)."""
+    from smiexlm.data.normalize import canonical_smiles as canonical
+    from smiexlm.errors import InvalidSmilesError
 
-    RDLogger.DisableLog("rdApp.*")
     out = []
     for s in smiles:
-        mol = Chem.MolFromSmiles(s)
-        if mol is None:
-            from smiexlm.errors import InvalidSmilesError
-
+        c = canonical(s)
+        if c is None:
             raise InvalidSmilesError(s, reason="RDKit cannot parse it")
-        out.append(Chem.MolToSmiles(mol))
+        out.append(c)
     return out
 
 
