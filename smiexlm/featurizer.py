@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from smiexlm.data.sampler import token_budget_batches
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError, shorten
 from smiexlm.paths import ASSETS_DIR
 
@@ -114,29 +115,6 @@ class FeaturizeReport:
             f"{self.n_unk_tokens:,} [UNK] tokens, "
             f"{self.n_changed_by_normalization:,} rewritten by normalisation"
         )
-
-
-def token_budget_batches(
-    lengths: Sequence[int], max_tokens: int, batch_size: int | None = None
-) -> list[list[int]]:
-    """Cut positions 0..n-1 (already sorted by ``lengths``, ascending) into consecutive
-    batches whose padded size ``len(batch) * max(length)`` stays within ``max_tokens`` and
-    whose size stays within ``batch_size``. A single sequence longer than the budget gets a
-    batch of its own."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i, n in enumerate(lengths):
-        width = max(longest, n)
-        full = batch_size is not None and len(current) >= batch_size
-        if current and (full or width * (len(current) + 1) > max_tokens):
-            batches.append(current)
-            current, width = [], n
-        current.append(i)
-        longest = width
-    if current:
-        batches.append(current)
-    return batches
 
 
 class Featurizer:

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smiexlm import ExLMConfig, ExLMModel, Featurizer
+from smiexlm.data.sampler import token_budget_batches
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
-from smiexlm.featurizer import token_budget_batches
 from smiexlm.tokenizer import SmilesTokenizer
 
 PANEL = [

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.moleculenet import (
     balanced_scaffold_split,
@@ -16,7 +17,7 @@ from smiexlm.moleculenet import (
     random_split,
     scaffold_split,
 )
-from smiexlm.moleculenet.loaders import download, file_sha256
+from smiexlm.moleculenet.loaders import download
 from smiexlm.moleculenet.registry import DATASETS, get_spec
 from smiexlm.moleculenet.splits import make_split, murcko_scaffolds
 

@@ -10,11 +10,34 @@ first padded by repeating its first batches so that all ranks get the same numbe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from smiexlm.errors import ConfigError
+
+
+def token_budget_batches(
+    lengths: Sequence[int] | np.ndarray, max_tokens: int, batch_size: int | None = None
+) -> list[range]:
+    """Cut positions 0..n-1 (already sorted by ``lengths``, ascending) greedily into
+    consecutive batches whose padded size ``len(batch) * max(length)`` stays within
+    ``max_tokens`` and whose size stays within ``batch_size``. A single sequence longer than
+    the budget gets a batch of its own."""
+    lens = np.asarray(lengths, dtype=np.int64)  # (N,) ascending
+    batches = []
+    i, n = 0, len(lens)
+    while i < n:
+        limit = max(1, max_tokens // max(int(lens[i]), 1))
+        if batch_size is not None:
+            limit = min(limit, batch_size)
+        # Lengths ascend, so the batch [i, j] costs (j - i + 1) * lens[j].
+        window = lens[i : i + limit]
+        cost = np.arange(1, len(window) + 1) * window
+        size = max(int(np.searchsorted(cost > max_tokens, True)), 1)
+        batches.append(range(i, i + size))
+        i += size
+    return batches
 
 
 class TokenBudgetSampler:
@@ -52,18 +75,8 @@ class TokenBudgetSampler:
 
     def _pack(self, order: np.ndarray) -> list[np.ndarray]:
         """Greedy batches over ``order`` (indices sorted by length within the bucket)."""
-        lens = self.lengths[order]
-        batches = []
-        i, n = 0, len(order)
-        while i < n:
-            # Lengths ascend, so the batch [i, j] costs (j - i + 1) * lens[j].
-            window = lens[i : i + max(1, self.max_tokens // max(int(lens[i]), 1))]
-            cost = np.arange(1, len(window) + 1) * window
-            size = int(np.searchsorted(cost > self.max_tokens, True))
-            size = max(size, 1)
-            batches.append(order[i : i + size])
-            i += size
-        return batches
+        batches = token_budget_batches(self.lengths[order], self.max_tokens)
+        return [order[b.start : b.stop] for b in batches]
 
     def _batches(self) -> list[np.ndarray]:
         if self._cache is not None and self._cache[0] == self.epoch:

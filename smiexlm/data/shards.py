@@ -24,6 +24,7 @@ from typing import Literal
 
 import numpy as np
 
+from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.paths import write_bytes_atomic
 
@@ -175,7 +176,7 @@ def check_shard(folder: Path, shard: dict, vocab_size: int | None) -> np.ndarray
 
 
 def _check_digest(path: Path, expected: str) -> None:
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
     if digest != expected:
         raise DataError(
             f"shard file {str(path)!r} has sha256 {digest[:16]}…: the manifest records "

@@ -9,7 +9,6 @@ counted, never silently: ``df.attrs`` holds ``n_invalid``, ``invalid`` (the firs
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import urllib.request
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from smiexlm.data.readers import file_sha256
 from smiexlm.errors import DataError
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
 from smiexlm.paths import cache_dir, data_dir
@@ -26,14 +26,6 @@ from smiexlm.paths import cache_dir, data_dir
 log = logging.getLogger(__name__)
 
 _MAX_LISTED_INVALID = 20
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def download(spec: DatasetSpec, force: bool = False) -> Path:
