@@ -136,7 +136,7 @@ def test_rank_matches_a_direct_computation(setup):
 
     smiles = inputs.read_smiles(setup["smiles"], 20)
     result = rank_by_layer([setup["ckpt"]["mlm"]], smiles, progress=False)
-    model, tok = inputs.load_checkpoint(setup["ckpt"]["mlm"])
+    model, tok = inputs.load_model_and_tokenizer(setup["ckpt"]["mlm"])
     ids, mask = inputs.encode(tok, smiles, 256)
     with torch.no_grad():
         h = model.encode(ids, mask, layer=1).hidden_states[mask]

@@ -43,7 +43,7 @@ def dag_case(checkpoint: Path, smiles: str, mask_positions: Sequence[int], top: 
     """The DAG of ``smiles`` with the tokens at ``mask_positions`` masked (see module doc)."""
     from smiexlm.dag import dag_best_alignment, dag_log_likelihood
 
-    model, tokenizer = inputs.load_checkpoint(checkpoint)
+    model, tokenizer = inputs.load_model_and_tokenizer(checkpoint)
     c = model.config
     if c.objective != "exlm":
         raise ConfigError("checkpoint objective", c.objective, "'exlm' (only ExLM has a DAG)")

@@ -97,7 +97,7 @@ def entropy_by_mask_ratio(
     rows = []
     bar = tqdm(total=len(checkpoints) * len(mask_ratios), disable=not progress, unit="run")
     for path in checkpoints:
-        model, tokenizer = inputs.load_checkpoint(path)
+        model, tokenizer = inputs.load_model_and_tokenizer(path)
         ids, mask = inputs.encode(tokenizer, smiles, max_length)
         c = model.config
         for ratio in mask_ratios:

@@ -25,7 +25,7 @@ def default_smiles_file() -> Path:
     return data_dir() / DEFAULT_SMILES
 
 
-def load_checkpoint(directory: Path):
+def load_model_and_tokenizer(directory: Path):
     """``(model, tokenizer)`` of a ``save_pretrained`` folder, the model in eval mode."""
     from smiexlm.model.model import ExLMModel
     from smiexlm.tokenizer import SmilesTokenizer

@@ -82,7 +82,7 @@ def rank_by_layer(
         raise ConfigError("tau", tau, "a fraction in (0, 1]")
     rows = []
     for path in checkpoints:
-        model, tokenizer = inputs.load_checkpoint(path)
+        model, tokenizer = inputs.load_model_and_tokenizer(path)
         c = model.config
         ids, mask = inputs.encode(tokenizer, smiles, max_length)
         pairs = []

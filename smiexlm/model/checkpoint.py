@@ -46,7 +46,7 @@ def _default_tokenizer(config: ExLMConfig) -> Any:
     return tokenizer
 
 
-def save_checkpoint(
+def save_model_folder(
     model: ExLMModel, directory: Path, tokenizer: Any = None, dtype: torch.dtype | None = None
 ) -> Path:
     """Write the three files; ``dtype`` (e.g. ``torch.float16``) casts floating weights."""
@@ -103,7 +103,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def load_checkpoint(
+def load_model_folder(
     cls: type[ExLMModel], directory: Path, map_location: str | torch.device = "cpu"
 ) -> ExLMModel:
     if not directory.is_dir():

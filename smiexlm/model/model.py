@@ -275,18 +275,18 @@ class ExLMModel(nn.Module):
         self, directory: Path | str, tokenizer: Any = None, dtype: torch.dtype | None = None
     ) -> Path:
         """Write ``config.json``, ``vocab.json`` and ``model.safetensors`` into ``directory``."""
-        from smiexlm.model.checkpoint import save_checkpoint
+        from smiexlm.model.checkpoint import save_model_folder
 
-        return save_checkpoint(self, Path(directory), tokenizer=tokenizer, dtype=dtype)
+        return save_model_folder(self, Path(directory), tokenizer=tokenizer, dtype=dtype)
 
     @classmethod
     def from_pretrained(
         cls, directory: Path | str, map_location: str | torch.device = "cpu"
     ) -> ExLMModel:
         """Load a folder written by ``save_pretrained`` (vocabulary and shapes are checked)."""
-        from smiexlm.model.checkpoint import load_checkpoint
+        from smiexlm.model.checkpoint import load_model_folder
 
-        return load_checkpoint(cls, Path(directory), map_location=map_location)
+        return load_model_folder(cls, Path(directory), map_location=map_location)
 
 
 def pool(hidden: Tensor, mask: Tensor, pooling: Pooling) -> Tensor:

@@ -137,7 +137,7 @@ def set_rng_state(tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> 
 
 
 # ------------------------------------------------------------------------ save/load
-def save_checkpoint(
+def save_training_state(
     folder: Path,
     model,
     optimizer: torch.optim.Optimizer,
@@ -169,7 +169,7 @@ class CheckpointError(DataError):
     """A training checkpoint that cannot be read back (truncated, corrupted, incomplete)."""
 
 
-def load_checkpoint(folder: Path, model, optimizer: torch.optim.Optimizer) -> TrainerState:
+def restore_training_state(folder: Path, model, optimizer: torch.optim.Optimizer) -> TrainerState:
     """Restore weights, optimiser and RNG state in place; returns the trainer state.
 
     Every file is read and checked before anything is restored, so a bad checkpoint raises
@@ -220,7 +220,7 @@ def resume_checkpoint(
     bad: list[str] = []
     for folder in steps:
         try:
-            return folder, load_checkpoint(folder, model, optimizer)
+            return folder, restore_training_state(folder, model, optimizer)
         except CheckpointError as err:
             older = [p.name for p in steps if p.name < folder.name]
             if not fallback:

@@ -305,7 +305,7 @@ class _Loop:
     def save(self, best: bool) -> Path:
         folder = ckpt.step_dir(self.out_dir, self.state.step)
         if self.info.is_main:
-            ckpt.save_checkpoint(
+            ckpt.save_training_state(
                 folder,
                 self.raw_model,
                 self.optimizer,
