@@ -5,26 +5,44 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from smiexlm.errors import ConfigError
 
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    """The torch device for a ``--device`` value; a CUDA request without CUDA is an error."""
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_device_name(device: str) -> str:
+    """``device`` when it is a ``--device`` value (checked without touching CUDA)."""
+    if not isinstance(device, str) or not DEVICE_PATTERN.fullmatch(device):
+        raise ConfigError("device", device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return device
+
+
+def resolve_device(device: str | torch.device, local_rank: int | None = None) -> torch.device:
+    """The torch device for a ``--device`` value; a CUDA request without CUDA is an error.
+
+    ``auto`` = CUDA when available, else CPU. A CUDA device without an index (``auto``,
+    ``cuda``) is ``cuda:local_rank`` when ``local_rank`` is given (one GPU per process under
+    torchrun); ``cuda:N`` is always GPU N."""
+    import torch
+
     if isinstance(device, torch.device):
         return device
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise ConfigError("device", device, "'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device_name(device)
+    resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", device, "'cpu' or 'auto': no CUDA device is available")
+    if resolved.type == "cuda" and resolved.index is None and local_rank is not None:
+        resolved = torch.device("cuda", local_rank)
     return resolved
 
 
@@ -52,6 +70,8 @@ def uses_bf16(device: torch.device, precision: Literal["auto", "fp32", "bf16"]) 
 
 def autocast(device: torch.device, precision: Literal["auto", "fp32", "bf16"]):
     """The bf16 autocast context for ``precision`` on ``device``, or a no-op one."""
+    import torch
+
     if uses_bf16(device, precision):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -116,6 +116,22 @@ def test_unknown_key_is_named_with_the_valid_keys(tmp_path):
 
 
 # ------------------------------------------------------------------ optimiser
+def test_device_accepts_cuda_n_everywhere():
+    from smiexlm.device import resolve_device
+
+    assert TrainConfig(device="cuda:1").device == "cuda:1"  # checked without touching CUDA
+    for bad in ("gpu", "cuda:", "cuda:x", "CPU"):
+        with pytest.raises(ConfigError, match="device"):
+            TrainConfig(device=bad)
+    assert resolve_device("cpu", local_rank=1) == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert resolve_device("cuda:0") == torch.device("cuda", 0)
+        assert resolve_device("auto", local_rank=0) == torch.device("cuda", 0)
+    else:
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda:0")
+
+
 def test_polynomial_decay_matches_the_closed_form():
     s = PolynomialDecaySchedule(lr=1e-3, warmup_steps=10, total_steps=110, end_lr=1e-5, power=2.0)
     assert s.lr_at(0) == pytest.approx(1e-4)  # first update: 1/10 of the peak

@@ -10,12 +10,14 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from smiexlm.errors import ConfigError
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, N_SPECIAL_TOKENS, PAD_ID
 
 Objective = Literal["mlm", "exlm", "maelm"]
+PresetName = Literal["tiny", "small", "mol_base", "text_base", "text_large"]
+PRESETS: tuple[str, ...] = get_args(PresetName)  # the classmethods of the same names
 MaskPolicy = Literal["all_mask", "bert_80_10_10"]
 
 _OBJECTIVES = ("mlm", "exlm", "maelm")
@@ -161,11 +163,10 @@ class ExLMConfig:
         return cls(**{**preset, **overrides})
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> ExLMConfig:
-        """A preset by name: ``tiny``, ``small``, ``mol_base``, ``text_base``, ``text_large``."""
-        names = ("tiny", "small", "mol_base", "text_base", "text_large")
-        if name not in names:
-            raise ConfigError("preset", name, f"one of {names}")
+    def preset(cls, name: PresetName, **overrides: Any) -> ExLMConfig:
+        """A preset by name, one of :data:`PRESETS`."""
+        if name not in PRESETS:
+            raise ConfigError("preset", name, f"one of {PRESETS}")
         return getattr(cls, name)(**overrides)
 
     # ----------------------------------------------------------- (de)serialise

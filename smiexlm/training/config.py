@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from smiexlm.device import check_device_name
 from smiexlm.errors import ConfigError
+from smiexlm.model.config import PRESETS, ExLMConfig
 from smiexlm.paths import PACKAGE_DIR
 
 SHIPPED_CONFIG_DIR = PACKAGE_DIR / "configs" / "pretrain"
-_PRESETS = ("tiny", "small", "mol_base", "text_base", "text_large")
 
 
 @dataclass
@@ -58,7 +59,9 @@ class TrainConfig:
     clip_norm: float = 1.0  # 0 disables clipping
     # --- runtime
     seed: int = 1
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: str = (
+        "auto"  # auto (CUDA when available; a GPU per process under torchrun), cpu, cuda, cuda:N
+    )
     # auto = bf16 autocast on GPU and on CPUs with native bf16 (AVX512-BF16/AMX), fp32 elsewhere
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     num_threads: int = 0  # torch intra-op threads per process; 0 = torch's default
@@ -76,8 +79,8 @@ class TrainConfig:
         if not isinstance(self.model, dict):
             raise ConfigError("model", self.model, "a table of ExLMConfig fields with 'preset'")
         preset = self.model.get("preset", "tiny")
-        if preset not in _PRESETS:
-            raise ConfigError("model.preset", preset, f"one of {_PRESETS}")
+        if preset not in PRESETS:
+            raise ConfigError("model.preset", preset, f"one of {PRESETS}")
         self.model = {"preset": preset, **{k: v for k, v in self.model.items() if k != "preset"}}
         for name in ("max_tokens", "update_freq", "max_steps", "log_every", "valid_every"):
             _require_int(name, getattr(self, name), minimum=1)
@@ -99,8 +102,7 @@ class TrainConfig:
         ):
             raise ConfigError("adam_betas", self.adam_betas, "two numbers in [0, 1)")
         self.adam_betas = (float(betas[0]), float(betas[1]))
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError("device", self.device, "one of ('auto', 'cpu', 'cuda')")
+        check_device_name(self.device)
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError("precision", self.precision, "one of ('auto', 'fp32', 'bf16')")
         for name in ("tensorboard", "progress"):
@@ -112,10 +114,8 @@ class TrainConfig:
         return self.total_steps if self.total_steps is not None else self.max_steps
 
     # ------------------------------------------------------------------ model
-    def model_config(self, **fixed: Any):
+    def model_config(self, **fixed: Any) -> ExLMConfig:
         """The :class:`ExLMConfig` of this run; ``fixed`` fields (e.g. vocab_size) win."""
-        from smiexlm.model.config import ExLMConfig
-
         overrides = {k: v for k, v in self.model.items() if k != "preset"}
         _check_model_keys(overrides)
         return ExLMConfig.preset(self.model["preset"], **{**overrides, **fixed})
@@ -151,17 +151,11 @@ def valid_keys() -> list[str]:
 
 
 def _model_field_names() -> list[str]:
-    try:
-        from smiexlm.model.config import ExLMConfig
-    except ImportError:  # the model package is optional at config-parse time
-        return []
     return [f.name for f in dataclasses.fields(ExLMConfig)]
 
 
 def _check_model_keys(overrides: dict[str, Any]) -> None:
     names = _model_field_names()
-    if not names:
-        return
     for key, value in overrides.items():
         if key not in names:
             raise ConfigError(

@@ -22,6 +22,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from smiexlm.device import resolve_device
+from smiexlm.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -51,16 +54,12 @@ def detect() -> DistInfo:
 
 
 def select_device(requested: str, info: DistInfo) -> torch.device:
-    """``auto`` = this process's GPU (``cuda:LOCAL_RANK``) when CUDA is available, else CPU."""
-    use_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
-    if use_cuda:
-        if not torch.cuda.is_available():
-            from smiexlm.errors import ConfigError
-
-            raise ConfigError("device", requested, "'cpu' or 'auto': CUDA is not available")
-        torch.cuda.set_device(info.local_rank)
-        return torch.device("cuda", info.local_rank)
-    return torch.device("cpu")
+    """This process's device: :func:`~smiexlm.device.resolve_device`, where ``auto`` and
+    ``cuda`` mean the GPU of ``LOCAL_RANK``; a GPU becomes the current CUDA device."""
+    device = resolve_device(requested, local_rank=info.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def init(info: DistInfo, device: torch.device) -> None:
@@ -152,8 +151,6 @@ def local_processes(requested: int | None, update_freq: int, cores: int) -> int:
     therefore divide ``update_freq``; by default (None) N is the largest divisor of
     ``update_freq`` that fits in ``cores`` (and ``MAX_LOCAL_PROCESSES``).
     """
-    from smiexlm.errors import ConfigError
-
     if requested is not None:
         if requested < 1 or update_freq % requested:
             raise ConfigError(

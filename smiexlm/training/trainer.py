@@ -19,6 +19,7 @@ fp32 elsewhere (``precision`` overrides); losses stay fp32.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -34,6 +35,7 @@ import torch
 
 from smiexlm.device import autocast
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
+from smiexlm.model.model import ExLMModel
 from smiexlm.training import checkpoint as ckpt
 from smiexlm.training import distributed as dist_utils
 from smiexlm.training.batches import (
@@ -130,13 +132,8 @@ def pretrain(
     one is an error naming it, unless ``skip_bad_checkpoints`` (then the newest good one is
     restored).
     """
-    from smiexlm.model.model import ExLMModel
-
-    if max_steps is not None:
-        if config.total_steps is None:
-            config.total_steps = config.max_steps
-        config.max_steps = max_steps
-        config.__post_init__()
+    if max_steps is not None:  # a copy: the caller's config stays as it was
+        config = dataclasses.replace(config, max_steps=max_steps, total_steps=config.decay_steps)
     out_dir = Path(out_dir)
     info = dist_utils.detect()
     device = dist_utils.select_device(config.device, info)
