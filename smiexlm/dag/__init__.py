@@ -70,7 +70,7 @@ def resolve_impl(device: torch.device) -> Impl:
     return "triton" if runnable and device.type == "cuda" else "reference"
 
 
-def _trim(emissions, log_links, state_lengths, target_lengths, m_max: int, s_max: int):
+def _trim(emissions, log_links, m_max: int, s_max: int):
     """Drop padding beyond the longest sequence; slicing keeps gradients flowing back."""
     return emissions[:, :m_max, :s_max], log_links[:, :s_max, :s_max]
 
@@ -89,7 +89,7 @@ def dag_log_likelihood(
     m_max, s_max = check_inputs(emissions, log_links, state_lengths, target_lengths)
     state_lengths = state_lengths.to(device=emissions.device, dtype=torch.long)
     target_lengths = target_lengths.to(device=emissions.device, dtype=torch.long)
-    em, links = _trim(emissions, log_links, state_lengths, target_lengths, m_max, s_max)
+    em, links = _trim(emissions, log_links, m_max, s_max)
     impl = resolve_impl(emissions.device)
     if impl == "triton":
         from smiexlm.dag.triton_kernels import triton_log_likelihood
@@ -174,7 +174,7 @@ def dag_state_posterior(
     state_lengths = state_lengths.to(device=emissions.device, dtype=torch.long)
     target_lengths = target_lengths.to(device=emissions.device, dtype=torch.long)
     em, links = prepare(
-        *_trim(emissions, log_links, state_lengths, target_lengths, m_max, s_max),
+        *_trim(emissions, log_links, m_max, s_max),
         state_lengths,
         target_lengths,
     )

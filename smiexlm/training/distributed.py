@@ -87,23 +87,10 @@ def wrap(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
 def shard_batches(n_batches: int, world_size: int, update_freq: int) -> int:
     """Micro-batches per epoch that fill whole optimiser steps (the remainder is dropped)."""
     per_step = world_size * update_freq
     return (n_batches // per_step) * per_step
-
-
-def micro_batch_index(step_start: int, rank: int, micro: int, world_size: int) -> int:
-    """Global index of micro-batch ``micro`` of ``rank`` in the step starting at ``step_start``.
-
-    Interleaving (``micro * world + rank``) gives the same set of micro-batches per step for
-    any split of a fixed global batch between processes and accumulation.
-    """
-    return step_start + micro * world_size + rank
 
 
 def all_reduce_sum(values: list[float], device: torch.device, info: DistInfo) -> list[float]:
@@ -113,15 +100,6 @@ def all_reduce_sum(values: list[float], device: torch.device, info: DistInfo) ->
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()
-
-
-def broadcast_flag(flag: bool, device: torch.device, info: DistInfo) -> bool:
-    """True on every process when it is True on any (used for stop requests)."""
-    if not info.enabled:
-        return flag
-    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item() > 0)
 
 
 def barrier(info: DistInfo) -> None:

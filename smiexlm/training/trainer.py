@@ -346,7 +346,7 @@ class _Loop:
                     raise _oom_error(config, tuple(masked.shape), self.device) from error
                 raise
             loss_sum += float(out.loss.detach())
-            n_invalid += int(getattr(out, "n_invalid", 0) or 0)
+            n_invalid += out.n_invalid
             n_pred += int(out.n_predictions)
             tokens += int(mask.sum())
         lr = self.schedule.lr_at(state.step)
