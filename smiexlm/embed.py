@@ -18,8 +18,10 @@ from typing import Any, Literal
 import numpy as np
 
 from smiexlm.errors import DataError
-from smiexlm.featurizer import FeaturizeReport
+from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.fingerprints import tanimoto_matrix
+from smiexlm.paths import atomic_paths
+from smiexlm.tables import iter_table
 
 OUT_SUFFIXES = (".parquet", ".npy")
 
@@ -89,10 +91,6 @@ def embed_file(
     temporary names and renamed into place at the end (``.npy`` and its ``.ids.csv``
     together): an interrupted run leaves the previous output whole.
     """
-    from smiexlm.featurizer import Featurizer
-    from smiexlm.paths import atomic_paths
-    from smiexlm.tables import iter_table
-
     out, input_path = Path(out), Path(input_path)
     if out.suffix not in OUT_SUFFIXES:
         raise DataError(f"--out {str(out)!r}: expected a file ending in {OUT_SUFFIXES}")
@@ -257,8 +255,6 @@ def _nearest(sim: np.ndarray) -> tuple[list[int], list[float]]:
 
 def run_demo(checkpoint: Path | None = None, device: str = "auto") -> DemoResult:
     """Embed :data:`DRUG_PANEL` and find each molecule's nearest neighbour."""
-    from smiexlm.featurizer import Featurizer
-
     feat = Featurizer.from_pretrained(checkpoint, device=device)
     names, smiles, families = (list(column) for column in zip(*DRUG_PANEL, strict=True))
     emb = feat.featurize(smiles)  # (n, d)

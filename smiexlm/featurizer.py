@@ -29,17 +29,23 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
+from smiexlm.data.normalize import NormalizeConfig, normalize_smiles
 from smiexlm.data.sampler import token_budget_batches
-from smiexlm.errors import ConfigError, DataError, InvalidSmilesError, shorten
+from smiexlm.device import resolve_device
+from smiexlm.errors import (
+    ConfigError,
+    DataError,
+    InvalidSmilesError,
+    VocabularyMismatchError,
+    shorten,
+)
+from smiexlm.model.model import ExLMModel
 from smiexlm.paths import ASSETS_DIR
-
-if TYPE_CHECKING:  # pragma: no cover
-    from smiexlm.model.model import ExLMModel
-    from smiexlm.tokenizer import SmilesTokenizer
+from smiexlm.tokenizer import SmilesTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -129,14 +135,10 @@ class Featurizer:
         source: Path | None = None,
     ):
         if tokenizer.vocab_size != model.config.vocab_size:
-            from smiexlm.errors import VocabularyMismatchError
-
             raise VocabularyMismatchError(
                 f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                 f"{model.config.vocab_size}"
             )
-        from smiexlm.device import resolve_device
-
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -151,9 +153,6 @@ class Featurizer:
 
         ``path=None`` loads the default model shipped inside the package; no network is used.
         """
-        from smiexlm.model.model import ExLMModel
-        from smiexlm.tokenizer import SmilesTokenizer
-
         if path is None:
             directory = DEFAULT_MODEL_DIR
             if not (directory / "model.safetensors").is_file():
@@ -412,8 +411,6 @@ def _normalize_all(texts: list[str | None], norm: Normalization) -> list[str | N
     """The corpus normalisation of each SMILES (the same code path as preprocessing), None
     where RDKit cannot parse it or the input was already rejected."""
     from rdkit import rdBase
-
-    from smiexlm.data.normalize import NormalizeConfig, normalize_smiles
 
     config = NormalizeConfig(
         canonicalize=norm.canonicalize, strip_salts=norm.strip_salts, max_tokens=None

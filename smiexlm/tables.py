@@ -21,6 +21,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from smiexlm.data.readers import split_smiles_line
 from smiexlm.errors import DataError
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".smi", ".txt")
@@ -105,8 +106,6 @@ def _csv_chunks(path: Path, sep: str, chunk_rows: int) -> Iterator[Any]:
 
 def _smi_chunks(path: Path, smiles_col: str, chunk_rows: int) -> Iterator[Any]:
     import pandas as pd
-
-    from smiexlm.data.readers import split_smiles_line
 
     opener = gzip.open if path.name.lower().endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as handle:

@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from smiexlm.analysis import inputs
+from smiexlm.analysis.plots import plot_dag
 from smiexlm.analysis.report import write_rows
+from smiexlm.dag import dag_best_alignment, dag_log_likelihood
 from smiexlm.errors import ConfigError
 from smiexlm.paths import write_json
 from smiexlm.tokenizer.special import IGNORE_INDEX
@@ -41,8 +43,6 @@ class DagCase:
 @torch.no_grad()
 def dag_case(checkpoint: Path, smiles: str, mask_positions: Sequence[int], top: int = 3) -> DagCase:
     """The DAG of ``smiles`` with the tokens at ``mask_positions`` masked (see module doc)."""
-    from smiexlm.dag import dag_best_alignment, dag_log_likelihood
-
     model, tokenizer = inputs.load_model_and_tokenizer(checkpoint)
     c = model.config
     if c.objective != "exlm":
@@ -104,8 +104,6 @@ def dag_case(checkpoint: Path, smiles: str, mask_positions: Sequence[int], top: 
 
 def write_dag_case(case: DagCase, out_dir: Path) -> list[Path]:
     """``dag_states.csv``, ``dag.json`` (everything) and ``dag.png`` (heatmap + DAG)."""
-    from smiexlm.analysis.plots import plot_dag
-
     out_dir = Path(out_dir)
     rows = [
         {k: (" ".join(map(str, v)) if isinstance(v, list) else v) for k, v in st.items()}

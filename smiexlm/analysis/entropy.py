@@ -30,8 +30,13 @@ from tqdm.auto import tqdm
 
 from smiexlm.analysis import inputs
 from smiexlm.analysis.measures import prediction_entropy_bits
+from smiexlm.analysis.plots import plot_entropy
 from smiexlm.analysis.report import write_rows
+from smiexlm.dag import dag_state_posterior
+from smiexlm.dag.gather import logsoftmax_gather
 from smiexlm.errors import ConfigError
+from smiexlm.model.expansion import expand_states
+from smiexlm.model.masking import mask_tokens
 from smiexlm.paths import write_json
 
 
@@ -58,10 +63,6 @@ def masked_entropies(model, masked: Tensor, mask: Tensor, labels: Tensor) -> tup
         out = model(masked, mask)  # labels=None: no loss, logits only
         h = prediction_entropy_bits(out.logits[(masked == c.mask_id) & mask])[:, None]  # (N, 1)
         return h, torch.ones_like(h)
-    from smiexlm.dag import dag_state_posterior
-    from smiexlm.dag.gather import logsoftmax_gather
-    from smiexlm.model.expansion import expand_states
-
     out = model(masked, mask, labels)
     emissions = logsoftmax_gather(out.logits.float(), out.targets)  # (B, M, S)
     on_path = dag_state_posterior(
@@ -87,8 +88,6 @@ def entropy_by_mask_ratio(
 ) -> EntropyResult:
     """Rows (checkpoint, objective, k, mask ratio, mean entropy in bits, its std, the
     path-weighted entropy, n tokens)."""
-    from smiexlm.model.masking import mask_tokens
-
     if not checkpoints:
         raise ConfigError("checkpoints", [], "at least one checkpoint folder")
     for r in mask_ratios:
@@ -145,8 +144,6 @@ def _weighted_mean(values: Tensor, weights: Tensor) -> float:
 
 def write_entropy(result: EntropyResult, out_dir: Path) -> list[Path]:
     """``entropy.csv``, ``entropy.json`` and ``entropy.png`` in ``out_dir``."""
-    from smiexlm.analysis.plots import plot_entropy
-
     out_dir = Path(out_dir)
     doc = {"analysis": "entropy", "settings": result.settings, "table": result.table()}
     result.files = [

@@ -15,21 +15,19 @@ from torch import Tensor
 
 from smiexlm.data.readers import iter_smiles
 from smiexlm.errors import DataError
+from smiexlm.model.model import ExLMModel
+from smiexlm.paths import data_dir
+from smiexlm.tokenizer import SmilesTokenizer
 
 DEFAULT_SMILES = Path("pretrain") / "moses_test.smi.gz"
 
 
 def default_smiles_file() -> Path:
-    from smiexlm.paths import data_dir
-
     return data_dir() / DEFAULT_SMILES
 
 
 def load_model_and_tokenizer(directory: Path):
     """``(model, tokenizer)`` of a ``save_pretrained`` folder, the model in eval mode."""
-    from smiexlm.model.model import ExLMModel
-    from smiexlm.tokenizer import SmilesTokenizer
-
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise DataError(

@@ -25,8 +25,11 @@ from tqdm.auto import tqdm
 
 from smiexlm.analysis import inputs
 from smiexlm.analysis.measures import effective_rank
+from smiexlm.analysis.plots import plot_rank
 from smiexlm.analysis.report import write_rows
 from smiexlm.errors import ConfigError
+from smiexlm.model.expansion import expand_states
+from smiexlm.model.masking import mask_tokens
 from smiexlm.paths import write_json
 
 
@@ -42,8 +45,6 @@ def _encoder_input_ids(model, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor
     c = model.config
     if c.objective != "exlm":
         return ids, mask
-    from smiexlm.model.expansion import expand_states
-
     ex = expand_states(
         ids, mask, c.k, mask_id=c.mask_id, bos_id=c.bos_id, eos_id=c.eos_id, pad_id=c.pad_id
     )
@@ -72,8 +73,6 @@ def rank_by_layer(
     progress: bool = True,
 ) -> RankResult:
     """One row per (checkpoint, layer): τ-effective ranks with and without [MASK]."""
-    from smiexlm.model.masking import mask_tokens
-
     if not checkpoints:
         raise ConfigError("checkpoints", [], "at least one checkpoint folder")
     if not 0.0 < mask_prob < 1.0:
@@ -128,8 +127,6 @@ def rank_by_layer(
 
 def write_rank(result: RankResult, out_dir: Path) -> list[Path]:
     """``rank.csv``, ``rank.json`` and ``rank.png`` in ``out_dir``."""
-    from smiexlm.analysis.plots import plot_rank
-
     out_dir = Path(out_dir)
     result.files = [
         write_rows(result.rows, out_dir / "rank.csv"),

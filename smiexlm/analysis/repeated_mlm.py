@@ -35,10 +35,22 @@ import torch
 from torch import Tensor, nn
 
 from smiexlm.analysis import measures
+from smiexlm.analysis.plots import plot_repeated_mlm
 from smiexlm.analysis.report import write_rows
+from smiexlm.data.collate import collate
+from smiexlm.data.shards import TokenDataset, atomic_write_json, write_shard
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.config import ExLMConfig
+from smiexlm.model.expansion import repeat_layout
+from smiexlm.model.masking import mask_tokens, repeat_tokens
+from smiexlm.moleculenet import load_dataset
+from smiexlm.moleculenet.configs import finetune_config
+from smiexlm.moleculenet.finetune import Backbone, finetune_once
+from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import write_json
 from smiexlm.tokenizer.special import IGNORE_INDEX, N_SPECIAL_TOKENS
+from smiexlm.training.config import load_config
+from smiexlm.training.trainer import pretrain
 
 
 @dataclass
@@ -107,9 +119,6 @@ class RepeatedMLMResult:
 # ----------------------------------------------------------------------- repetition
 def repeat_with_sources(ids: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """``repeat_tokens`` plus the original column of every position: (B, Lx) ×3."""
-    from smiexlm.model.expansion import repeat_layout
-    from smiexlm.model.masking import repeat_tokens
-
     mask = mask.bool()
     counts = torch.where(mask & (ids >= N_SPECIAL_TOKENS), k, 1) * mask  # (B, T)
     source, _, valid = repeat_layout(counts)
@@ -126,8 +135,6 @@ def write_repeated_dataset(
     source: Path, out: Path, k: int, max_molecules: int | None = None
 ) -> Path:
     """A dataset folder (same format and vocabulary) whose molecules are repeated k times."""
-    from smiexlm.data.shards import TokenDataset, atomic_write_json, write_shard
-
     source, out = Path(source), Path(out)
     manifest = json.loads((source / "manifest.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
@@ -165,9 +172,6 @@ def measure_cell(
     model, items: list[np.ndarray], k: int, p: float, seed: int, batch_size: int = 64
 ) -> dict[str, Any]:
     """Corrupted-semantics ratio, Appendix-E entropy and mask accuracy on ``items``."""
-    from smiexlm.data.collate import collate
-    from smiexlm.model.masking import mask_tokens
-
     model.eval()
     device = next(model.parameters()).device
     n_tokens = n_fully = 0
@@ -240,8 +244,6 @@ class RepeatedInputEncoder(nn.Module):
         self, input_ids: Tensor, attention_mask: Tensor, pooling="cls", layer: int = -1,
         pooled_only: bool = False,
     ):  # fmt: skip
-        from smiexlm.model.masking import repeat_tokens
-
         ids, mask = repeat_tokens(input_ids, attention_mask, self.k, pad_id=self.config.pad_id)
         return self.model.encode(ids, mask, pooling=pooling, layer=layer, pooled_only=pooled_only)
 
@@ -250,8 +252,6 @@ class RepeatedInputEncoder(nn.Module):
 
 
 def _repeated_backbone(checkpoint: Path, k: int):
-    from smiexlm.moleculenet.finetune import Backbone
-
     class RepeatedBackbone(Backbone):
         def build(self, tokenizer, dropout: float):
             return RepeatedInputEncoder(super().build(tokenizer, dropout), k)
@@ -261,8 +261,6 @@ def _repeated_backbone(checkpoint: Path, k: int):
 
 def bbbp_frame(rows: int | None, seed: int):
     """BBBP as the MoleculeNet loader gives it, or a seeded subset of ``rows`` molecules."""
-    from smiexlm.moleculenet import load_dataset
-
     df = load_dataset("bbbp", allow_download=False)
     if rows is not None and rows < len(df):
         attrs = dict(df.attrs)
@@ -273,10 +271,6 @@ def bbbp_frame(rows: int | None, seed: int):
 
 def downstream_bbbp(checkpoint: Path, k: int, config: RepeatedMLMConfig, df) -> dict[str, Any]:
     """Mean valid/test ROC-AUC (×100) over ``bbbp_seeds`` on the deterministic scaffold split."""
-    from smiexlm.moleculenet.configs import finetune_config
-    from smiexlm.moleculenet.finetune import finetune_once
-    from smiexlm.moleculenet.splits import make_split
-
     cfg = finetune_config(
         "bbbp", epochs=config.bbbp_epochs, max_train_steps=config.bbbp_max_steps,
         device=config.device, split="scaffold",
@@ -295,11 +289,6 @@ def downstream_bbbp(checkpoint: Path, k: int, config: RepeatedMLMConfig, df) -> 
 def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig) -> RepeatedMLMResult:
     """Train and measure every cell; writes ``repeated_mlm.{csv,json,png}`` into ``out_dir``."""
     from tqdm.auto import tqdm
-
-    from smiexlm.data.shards import TokenDataset
-    from smiexlm.model.config import ExLMConfig
-    from smiexlm.training.config import load_config
-    from smiexlm.training.trainer import pretrain
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if not (data_dir / "manifest.json").is_file():
@@ -351,8 +340,6 @@ def _config_doc(config: RepeatedMLMConfig, data_dir: Path) -> dict[str, Any]:
 
 
 def write_repeated_mlm(result: RepeatedMLMResult, out_dir: Path) -> list[Path]:
-    from smiexlm.analysis.plots import plot_repeated_mlm
-
     out_dir = Path(out_dir)
     curves = {
         f"k={r['k']} p={r['p']:g}": Path(r["checkpoint"]).parents[1] / "metrics.jsonl"

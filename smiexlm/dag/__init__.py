@@ -22,8 +22,17 @@ from typing import Literal
 import torch
 
 from smiexlm.dag.checks import check_inputs, check_targets
+from smiexlm.dag.gather import logsoftmax_gather
 from smiexlm.dag.matmul import matmul_log_likelihood
-from smiexlm.dag.reference import reference_log_likelihood
+from smiexlm.dag.reference import (
+    backward_beta,
+    emission_posterior,
+    forward_alpha,
+    log_partition,
+    prepare,
+    reference_log_likelihood,
+)
+from smiexlm.dag.viterbi import viterbi_alignment
 from smiexlm.errors import ConfigError
 
 __all__ = [
@@ -123,7 +132,7 @@ def dag_logits_log_likelihood(
     if resolve_impl(logits.device) == "triton":
         from smiexlm.dag.triton_kernels import triton_logsoftmax_gather as gather
     else:
-        from smiexlm.dag.gather import logsoftmax_gather as gather
+        gather = logsoftmax_gather
     emissions = gather(logits, targets)  # (B, M, L)
     return dag_log_likelihood(emissions, log_links, state_lengths, target_lengths)
 
@@ -138,8 +147,6 @@ def dag_best_alignment(
 
     Rows of sequences without a valid path are all −1.
     """
-    from smiexlm.dag.viterbi import viterbi_alignment
-
     check_inputs(emissions, log_links, state_lengths, target_lengths)
     return viterbi_alignment(
         emissions.detach(),
@@ -162,14 +169,6 @@ def dag_state_posterior(
     gives the probability that a state is on the path. Rows of sequences without a valid path
     are all 0. Computed by the reference forward-backward recursions, without gradients.
     """
-    from smiexlm.dag.reference import (
-        backward_beta,
-        emission_posterior,
-        forward_alpha,
-        log_partition,
-        prepare,
-    )
-
     m_max, s_max = check_inputs(emissions, log_links, state_lengths, target_lengths)
     state_lengths = state_lengths.to(device=emissions.device, dtype=torch.long)
     target_lengths = target_lengths.to(device=emissions.device, dtype=torch.long)

@@ -38,6 +38,8 @@ from smiexlm.data.shards import (
 )
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
 from smiexlm.paths import is_temporary_name
+from smiexlm.tokenizer import SmilesTokenizer
+from smiexlm.tokenizer.fast import ChunkEncoder
 
 FORMAT = "smiexlm-token-shards/1"
 SPLITS = ("train", "valid")
@@ -115,9 +117,6 @@ _WORKER: tuple | None = None
 
 def _init_worker(tokens: list[str], config: NormalizeConfig) -> None:
     global _WORKER
-    from smiexlm.tokenizer import SmilesTokenizer
-    from smiexlm.tokenizer.fast import ChunkEncoder
-
     try:
         from rdkit import RDLogger
 
@@ -145,8 +144,6 @@ def preprocess(
     progress: bool = True,
 ) -> PreprocessResult:
     """Build a token dataset in ``out_dir`` from SMILES files; see the module docstring."""
-    from smiexlm.tokenizer import SmilesTokenizer
-
     config = config or PreprocessConfig()
     if workers < 1:
         raise ConfigError("workers", workers, "a positive integer")

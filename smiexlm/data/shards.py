@@ -26,7 +26,7 @@ import numpy as np
 
 from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import write_bytes_atomic
+from smiexlm.paths import read_json_file, write_bytes_atomic
 
 Split = Literal["train", "valid"]
 SHARD_SUFFIXES = (".bin", ".idx", ".hash")
@@ -92,8 +92,6 @@ def read_manifest(folder: Path) -> dict:
     each split's totals are the sums over its shards, ``molecules_out`` is the sum of the
     splits and ``molecules_in`` = out + duplicates + rejected. Raises DataError naming the
     file and the first inconsistency."""
-    from smiexlm.paths import read_json_file
-
     path = Path(folder) / "manifest.json"
     if not path.is_file():
         raise DataError(

@@ -15,6 +15,7 @@ import torch
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.config import ExLMConfig
 from smiexlm.paths import read_json_file
+from smiexlm.tokenizer import SmilesTokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
@@ -26,8 +27,6 @@ WEIGHTS_NAME = "model.safetensors"
 
 def _default_tokenizer(config: ExLMConfig) -> Any:
     """The shipped SMILES vocabulary when it matches the config, else a clear error."""
-    from smiexlm.tokenizer import SmilesTokenizer
-
     try:
         tokenizer = SmilesTokenizer()
     except DataError as err:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from smiexlm.errors import ConfigError
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.paths import read_json_file, write_text_atomic
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, N_SPECIAL_TOKENS, PAD_ID
 
 Objective = Literal["mlm", "exlm", "maelm"]
@@ -182,17 +183,12 @@ class ExLMConfig:
         return cls(**data)
 
     def save(self, path: Path) -> None:
-        from smiexlm.paths import write_text_atomic
-
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> ExLMConfig:
         """Read ``config.json``; a file that is not JSON or has bad fields raises an error
         that names it."""
-        from smiexlm.errors import DataError
-        from smiexlm.paths import read_json_file
-
         path, doc = read_json_file(path, "model config")
         try:
             return cls.from_dict(doc)

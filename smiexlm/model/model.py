@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from smiexlm.dag import dag_logits_log_likelihood, dag_loss
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.checkpoint import load_model_folder, save_model_folder
 from smiexlm.model.config import ExLMConfig
 from smiexlm.model.encoder import Encoder, count_parameters, init_weights
 from smiexlm.model.expansion import (
@@ -189,8 +191,6 @@ class ExLMModel(nn.Module):
     def _forward_exlm(
         self, input_ids: Tensor, mask: Tensor, labels: Tensor | None
     ) -> PretrainOutput:
-        from smiexlm.dag import dag_logits_log_likelihood, dag_loss
-
         ex = self._expand(input_ids, mask, labels)
         hidden = self._encode_expanded(ex)  # (B, Lx, d)
         states = gather_states(hidden, ex.state_index)  # (B, S, d) compact
@@ -275,8 +275,6 @@ class ExLMModel(nn.Module):
         self, directory: Path | str, tokenizer: Any = None, dtype: torch.dtype | None = None
     ) -> Path:
         """Write ``config.json``, ``vocab.json`` and ``model.safetensors`` into ``directory``."""
-        from smiexlm.model.checkpoint import save_model_folder
-
         return save_model_folder(self, Path(directory), tokenizer=tokenizer, dtype=dtype)
 
     @classmethod
@@ -284,8 +282,6 @@ class ExLMModel(nn.Module):
         cls, directory: Path | str, map_location: str | torch.device = "cpu"
     ) -> ExLMModel:
         """Load a folder written by ``save_pretrained`` (vocabulary and shapes are checked)."""
-        from smiexlm.model.checkpoint import load_model_folder
-
         return load_model_folder(cls, Path(directory), map_location=map_location)
 
 

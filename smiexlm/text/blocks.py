@@ -21,6 +21,9 @@ from typing import Literal
 
 import numpy as np
 
+from smiexlm.data.pipeline import FORMAT
+from smiexlm.data.readers import file_sha256
+from smiexlm.data.shards import atomic_write_json, write_shard
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID
 
@@ -131,10 +134,6 @@ def build_text_dataset(
     ``vocab.json`` and ``manifest.json`` (its "molecules" counts are blocks here). Returns the
     manifest."""
     from tqdm import tqdm
-
-    from smiexlm.data.pipeline import FORMAT
-    from smiexlm.data.readers import file_sha256
-    from smiexlm.data.shards import atomic_write_json, write_shard
 
     if not train_inputs:
         raise ConfigError("train_inputs", list(train_inputs), "at least one text file")

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from smiexlm.errors import DataError, InvalidSmilesError
-from smiexlm.paths import ASSETS_DIR, read_json_file
+from smiexlm.paths import ASSETS_DIR, read_json_file, write_text_atomic
+from smiexlm.tokenizer.fast import ChunkEncoder, EncodedChunk
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -177,8 +178,6 @@ class SmilesTokenizer:
             "tokens": self.tokens,
             "counts": self.counts,
         }
-        from smiexlm.paths import write_text_atomic
-
         write_text_atomic(path, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
         return path
 
@@ -263,8 +262,6 @@ class SmilesTokenizer:
         smiles = list(smiles)
         unk_before = self.n_unk  # the exact path's own counting is replaced below
         if self._chunk_encoder is None:
-            from smiexlm.tokenizer.fast import ChunkEncoder
-
             self._chunk_encoder = ChunkEncoder(self)
         # Chunks of a few thousand SMILES keep the encoder's byte arrays in cache.
         try:
@@ -338,8 +335,6 @@ class SmilesTokenizer:
 
 def _concatenate(parts: list):
     """One EncodedChunk from several, in order (also for zero parts)."""
-    from smiexlm.tokenizer.fast import EncodedChunk
-
     if not parts:
         return EncodedChunk(np.zeros(0, bool), np.zeros(0, np.uint16), np.zeros(0, np.int64))
     return EncodedChunk(

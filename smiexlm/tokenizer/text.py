@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import read_json_file
+from smiexlm.paths import read_json_file, write_text_atomic
 from smiexlm.tokenizer.smiles import BatchEncoding, Truncation
 from smiexlm.tokenizer.special import (
     BOS_ID,
@@ -218,8 +218,6 @@ class TextTokenizer:
             "tokens": self.tokens,
             "tokenizer": self._spec,
         }
-        from smiexlm.paths import write_text_atomic
-
         write_text_atomic(path, json.dumps(doc, ensure_ascii=False) + "\n")
         return path
 

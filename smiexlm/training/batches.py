@@ -15,8 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.data.collate import collate
+from smiexlm.data.sampler import TokenBudgetSampler
 from smiexlm.data.shards import TokenDataset, read_manifest
 from smiexlm.errors import DataError, VocabularyMismatchError
+from smiexlm.model.masking import mask_tokens
 from smiexlm.tokenizer import Tokenizer, load_tokenizer
 from smiexlm.training.config import TrainConfig
 
@@ -122,9 +125,6 @@ class MaskingCollator:
         self.model_config, self.seed, self.epoch = model_config, seed, epoch
 
     def __call__(self, items):
-        from smiexlm.data.collate import collate
-        from smiexlm.model.masking import mask_tokens
-
         index = items[0][0]
         input_ids, attention_mask = collate([np.asarray(a) for _, a in items])  # (B, T)
         generator = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, index, 7))
@@ -145,8 +145,6 @@ def epoch_batches(
     lengths: np.ndarray, max_tokens: int, seed: int, epoch: int, shuffle: bool
 ) -> list[list[int]]:
     """The epoch's global micro-batch order (every process computes the same list)."""
-    from smiexlm.data.sampler import TokenBudgetSampler
-
     sampler = TokenBudgetSampler(lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed)
     sampler.set_epoch(epoch)
     return [b for b in sampler if b]

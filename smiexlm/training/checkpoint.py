@@ -33,6 +33,8 @@ import torch
 from safetensors.torch import save_file
 
 from smiexlm.errors import DataError
+from smiexlm.model.checkpoint import load_tensors
+from smiexlm.paths import read_json_file
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -175,9 +177,6 @@ def restore_training_state(folder: Path, model, optimizer: torch.optim.Optimizer
     Every file is read and checked before anything is restored, so a bad checkpoint raises
     :class:`CheckpointError` (naming the folder and the file) and leaves the model and the
     optimiser untouched."""
-    from smiexlm.model.checkpoint import load_tensors
-    from smiexlm.paths import read_json_file
-
     folder = Path(folder)
     try:
         for name in ("model.safetensors", OPTIMIZER_FILE, STATE_FILE):

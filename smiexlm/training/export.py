@@ -12,7 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
+from smiexlm.model.model import ExLMModel
 from smiexlm.paths import read_json_file
 from smiexlm.tokenizer import load_tokenizer
 from smiexlm.training.checkpoint import atomic_dir
@@ -77,8 +79,6 @@ def export_run(
     """Write ``out_dir`` from ``run_dir/checkpoints/<checkpoint>``; returns the card's path."""
     import torch
 
-    from smiexlm.model.model import ExLMModel
-
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     source = run_dir / "checkpoints" / checkpoint
     if not (source / "model.safetensors").is_file():
@@ -112,8 +112,6 @@ def export_run(
 def _read_manifest(dataset: Path | None) -> dict:
     if dataset is None:
         return {}
-    from smiexlm.data.shards import read_manifest
-
     return read_manifest(Path(dataset))
 
 

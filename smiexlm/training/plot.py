@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from smiexlm.errors import DataError
+from smiexlm.paths import atomic_path
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -56,8 +57,6 @@ def plot_run(run_dir: Path, output: Path | None = None) -> Path:
     ax_lr.set_xlabel("step")
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
-    from smiexlm.paths import atomic_path
-
     with atomic_path(output) as tmp:  # savefig picks the format from the kept suffix
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
