@@ -8,7 +8,7 @@ How a call runs, in chunks of ``chunk_size`` molecules so that memory stays boun
 long the input is:
 
 1. each SMILES is normalised as the checkpoint's corpus was (RDKit canonical SMILES by
-   default; see :class:`Normalization`) and tokenized;
+   default; see :func:`read_normalization`) and tokenized;
 2. the chunk is sorted by token length (stable) and cut into batches whose padded size stays
    within ``max_tokens`` (and within ``batch_size`` molecules when given);
 3. each batch goes through ``ExLMModel.encode`` under ``torch.inference_mode`` with the model
@@ -22,6 +22,7 @@ records them in :attr:`Featurizer.last_report`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -52,6 +53,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"
 NORMALIZATION_FILE = "normalization.json"
 CARD_FILE = "MODEL_CARD.md"
+# The preprocessing defaults without the corpus' size limits (featurizing rejects nothing
+# for size here; the model's max_positions is checked on its own).
+FEATURIZE_DEFAULT = NormalizeConfig(max_length=None)
 
 Pooling = Literal["cls", "mean", "max"]
 Errors = Literal["raise", "nan"]
@@ -63,46 +67,41 @@ _ERRORS = ("raise", "nan")
 _CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
 
 
-@dataclass(frozen=True)
-class Normalization:
-    """How the pretraining corpus was normalised; the featurizer applies the same steps.
+def read_normalization(directory: Path) -> tuple[NormalizeConfig, str]:
+    """How a checkpoint's corpus was normalised, and where that was read from.
 
-    Read from ``normalization.json`` in the checkpoint folder, or from a fenced
+    From ``normalization.json`` in the checkpoint folder, or from a fenced
     ````` ```json normalization ````` block in its ``MODEL_CARD.md``; without either, the
-    preprocessing defaults apply (RDKit canonical SMILES, stereo kept, salts kept).
+    preprocessing defaults apply (RDKit canonical SMILES, stereo kept, salts kept). Only the
+    steps that rewrite a SMILES (``canonicalize``, ``strip_salts``) are applied when
+    featurizing; the corpus' size limits are not.
     """
+    path = directory / NORMALIZATION_FILE
+    if path.is_file():
+        return _normalization_from_json(path.read_text(encoding="utf-8"), str(path)), str(path)
+    card = directory / CARD_FILE
+    if card.is_file():
+        match = _CARD_BLOCK.search(card.read_text(encoding="utf-8"))
+        if match:
+            source = f"{card} (normalization block)"
+            return _normalization_from_json(match.group(1), source), source
+    return FEATURIZE_DEFAULT, "default"
 
-    canonicalize: bool = True
-    strip_salts: bool = False
-    source: str = "default"
 
-    @classmethod
-    def from_checkpoint(cls, directory: Path) -> Normalization:
-        path = directory / NORMALIZATION_FILE
-        if path.is_file():
-            return cls._from_json(path.read_text(encoding="utf-8"), str(path))
-        card = directory / CARD_FILE
-        if card.is_file():
-            match = _CARD_BLOCK.search(card.read_text(encoding="utf-8"))
-            if match:
-                return cls._from_json(match.group(1), f"{card} (normalization block)")
-        return cls()
-
-    @classmethod
-    def _from_json(cls, text: str, source: str) -> Normalization:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DataError(f"normalisation record {source!r} is not valid JSON: {err}") from None
-        if not isinstance(doc, dict):
-            raise DataError(f"normalisation record {source!r}: expected a JSON object")
-        values = {}
-        for key in ("canonicalize", "strip_salts"):
-            value = doc.get(key, getattr(cls, key))
-            if not isinstance(value, bool):
-                raise ConfigError(key, value, f"true or false (in {source})")
-            values[key] = value
-        return cls(**values, source=source)
+def _normalization_from_json(text: str, source: str) -> NormalizeConfig:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"normalisation record {source!r} is not valid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise DataError(f"normalisation record {source!r}: expected a JSON object")
+    values = {}
+    for key in ("canonicalize", "strip_salts"):
+        value = doc.get(key, getattr(FEATURIZE_DEFAULT, key))
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, f"true or false (in {source})")
+        values[key] = value
+    return dataclasses.replace(FEATURIZE_DEFAULT, **values)
 
 
 @dataclass
@@ -130,9 +129,10 @@ class Featurizer:
         self,
         model: ExLMModel,
         tokenizer: SmilesTokenizer,
-        normalization: Normalization | None = None,
+        normalization: NormalizeConfig = FEATURIZE_DEFAULT,
         device: str = "auto",
         source: Path | None = None,
+        normalization_source: str = "default",
     ):
         if tokenizer.vocab_size != model.config.vocab_size:
             raise VocabularyMismatchError(
@@ -142,7 +142,8 @@ class Featurizer:
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
-        self.normalization = normalization or Normalization()
+        self.normalization = normalization
+        self.normalization_source = normalization_source  # where the record was read from
         self.source = source
         self.last_report = FeaturizeReport()
 
@@ -165,8 +166,8 @@ class Featurizer:
             directory = Path(path).expanduser()
         model = ExLMModel.from_pretrained(directory)
         tokenizer = SmilesTokenizer.load(directory / "vocab.json")
-        normalization = Normalization.from_checkpoint(directory)
-        return cls(model, tokenizer, normalization, device=device, source=directory)
+        normalization, where = read_normalization(directory)
+        return cls(model, tokenizer, normalization, device, directory, where)
 
     @property
     def dim(self) -> int:
@@ -407,13 +408,10 @@ def _check_text(value: Any) -> tuple[str | None, str | None]:
     return text, None
 
 
-def _normalize_all(texts: list[str | None], norm: Normalization) -> list[str | None]:
+def _normalize_all(texts: list[str | None], norm: NormalizeConfig) -> list[str | None]:
     """The corpus normalisation of each SMILES (the same code path as preprocessing), None
     where RDKit cannot parse it or the input was already rejected."""
     from rdkit import rdBase
 
-    config = NormalizeConfig(
-        canonicalize=norm.canonicalize, strip_salts=norm.strip_salts, max_tokens=None
-    )
     with rdBase.BlockLogs():  # RDKit's parse errors become our report, not stderr noise
-        return [None if t is None else normalize_smiles(t, config)[0] for t in texts]
+        return [None if t is None else normalize_smiles(t, norm)[0] for t in texts]

@@ -87,7 +87,7 @@ def test_manifest_rejects_and_determinism(corpus, tmp_path):
 
 
 def test_dataset_random_access(corpus, tmp_path):
-    _run(corpus, tmp_path / "d", max_tokens=45)
+    _run(corpus, tmp_path / "d", max_length=45)
     from rdkit import Chem
 
     tok = SmilesTokenizer.load(corpus["vocab"])

@@ -43,9 +43,10 @@ def preprocess(
     max_heavy_atoms: Annotated[
         int | None, typer.Option(help="Reject molecules with more heavy atoms.")
     ] = None,
-    max_tokens: Annotated[
+    max_length: Annotated[
         int, typer.Option(help="Reject molecules with more tokens (BOS/EOS included).")
     ] = 512,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", hidden=True)] = None,  # old name
     strip_salts: Annotated[
         bool, typer.Option("--strip-salts", help="Keep only the largest fragment.")
     ] = False,
@@ -60,8 +61,8 @@ def preprocess(
 
     config = PreprocessConfig(
         canonicalize=canonicalize, strip_salts=strip_salts, max_heavy_atoms=max_heavy_atoms,
-        max_tokens=max_tokens, valid_fraction=valid_fraction, smiles_col=smiles_col,
-        shard_size=shard_size,
+        max_length=max_length if max_tokens is None else max_tokens,
+        valid_fraction=valid_fraction, smiles_col=smiles_col, shard_size=shard_size,
     )  # fmt: skip
     result = run(inputs, out, config, valid_inputs=valid_input or (), vocab=vocab,
                  workers=workers, resume=resume, progress=progress)  # fmt: skip

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smiexlm.data.readers import split_smiles_line
+from smiexlm.errors import ConfigError
 from smiexlm.tokenizer.fast import ChunkEncoder
 
 # Whitespace other than the line break: its chunks take the per-line path, which strips.
@@ -35,10 +36,24 @@ REJECT_REASONS = (
 
 @dataclass(frozen=True)
 class NormalizeConfig:
-    canonicalize: bool = True
-    strip_salts: bool = False
-    max_heavy_atoms: int | None = None
-    max_tokens: int | None = 512  # counts BOS and EOS
+    """How SMILES are normalised, the one record of it: preprocessing writes a corpus with it
+    (:class:`~smiexlm.data.pipeline.PreprocessConfig` extends it), an exported checkpoint
+    keeps its ``canonicalize`` and ``strip_salts`` in ``normalization.json``, and the
+    featurizer applies the same steps."""
+
+    canonicalize: bool = True  # RDKit canonical SMILES, stereo kept
+    strip_salts: bool = False  # keep the largest fragment (by heavy atoms)
+    max_heavy_atoms: int | None = None  # reject larger molecules; None = no limit
+    max_length: int | None = 512  # reject longer molecules (tokens, BOS and EOS included)
+
+    def __post_init__(self) -> None:
+        for name in ("canonicalize", "strip_salts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "true or false")
+        if self.max_length is not None and not 3 <= self.max_length <= 65535:
+            raise ConfigError("max_length", self.max_length, "an integer in [3, 65535] or None")
+        if self.max_heavy_atoms is not None and self.max_heavy_atoms < 1:
+            raise ConfigError("max_heavy_atoms", self.max_heavy_atoms, "a positive integer or None")
 
     @property
     def needs_rdkit(self) -> bool:
@@ -63,7 +78,7 @@ def normalize_smiles(smiles: str, config: NormalizeConfig) -> tuple[str | None, 
     return Chem.MolToSmiles(mol, isomericSmiles=True), None
 
 
-_CANONICAL = NormalizeConfig(max_tokens=None)
+_CANONICAL = NormalizeConfig(max_length=None)
 
 
 def canonical_smiles(smiles: str) -> str | None:
@@ -168,8 +183,8 @@ def process_chunk(items: list, config: NormalizeConfig, encoder: ChunkEncoder) -
     ids = encoded.ids
     for j in np.flatnonzero(~ok).tolist():
         rejects.append((rows[j], _original(values, rows[j]), "untokenizable"))
-    if config.max_tokens is not None and len(lengths) and lengths.max() > config.max_tokens:
-        long = lengths > config.max_tokens
+    if config.max_length is not None and len(lengths) and lengths.max() > config.max_length:
+        long = lengths > config.max_length
         ok_rows = np.flatnonzero(ok)
         for j in ok_rows[long].tolist():
             rejects.append((rows[j], _original(values, rows[j]), "too_many_tokens"))

@@ -46,34 +46,23 @@ SPLITS = ("train", "valid")
 
 
 @dataclass(frozen=True)
-class PreprocessConfig:
-    """Everything that decides the output (the worker count does not)."""
+class PreprocessConfig(NormalizeConfig):
+    """Everything that decides the output (the worker count does not): the normalisation
+    (the fields of :class:`NormalizeConfig`) and the splitting and sharding."""
 
-    canonicalize: bool = True  # RDKit canonical SMILES, stereo kept
-    strip_salts: bool = False  # keep the largest fragment (by heavy atoms)
-    max_heavy_atoms: int | None = None
-    max_tokens: int | None = 512  # including BOS and EOS
     valid_fraction: float = 0.01  # of the hash-split inputs; --valid-input files go all to valid
     smiles_col: str | None = None  # CSV/TSV/Parquet column (LMDB key); None = guess "smiles"
     shard_size: int = 1_000_000  # molecules per shard (a shard closes at a chunk end)
     chunk_size: int = 4096  # rows per work unit
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.valid_fraction < 1.0:
             raise ConfigError("valid_fraction", self.valid_fraction, "a number in [0, 1)")
-        if self.max_tokens is not None and not 3 <= self.max_tokens <= 65535:
-            raise ConfigError("max_tokens", self.max_tokens, "an integer in [3, 65535] or None")
-        if self.max_heavy_atoms is not None and self.max_heavy_atoms < 1:
-            raise ConfigError("max_heavy_atoms", self.max_heavy_atoms, "a positive integer or None")
         if self.shard_size < 1:
             raise ConfigError("shard_size", self.shard_size, "a positive integer")
         if self.chunk_size < 1:
             raise ConfigError("chunk_size", self.chunk_size, "a positive integer")
-
-    def normalize_config(self) -> NormalizeConfig:
-        return NormalizeConfig(
-            self.canonicalize, self.strip_salts, self.max_heavy_atoms, self.max_tokens
-        )
 
 
 @dataclass
@@ -217,7 +206,6 @@ def preprocess(
 def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_doc, source_docs):
     from tqdm import tqdm
 
-    norm = config.normalize_config()
     threshold = np.uint64(int(config.valid_fraction * 2**53)) if config.valid_fraction else None
     buffers: dict[str, list] = {s: [] for s in SPLITS}
     pending = dict.fromkeys(SPLITS, 0)
@@ -284,14 +272,14 @@ def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_do
 
     try:
         if workers == 1:
-            _init_worker(tokenizer.tokens, norm)
+            _init_worker(tokenizer.tokens, config)
             for source, role, lines, items in chunks():
                 handle(source, role, lines, _work(items))
         else:
             import multiprocessing as mp
 
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
-            with ctx.Pool(workers, _init_worker, (tokenizer.tokens, norm)) as pool:
+            with ctx.Pool(workers, _init_worker, (tokenizer.tokens, config)) as pool:
                 inflight: deque = deque()  # bounded: memory stays flat on any input size
                 for source, role, lines, items in chunks():
                     inflight.append((source, role, lines, pool.apply_async(_work, (items,))))
@@ -327,10 +315,13 @@ def _check_resume(saved, vocab_hash, cfg_doc, source_docs, out) -> None:
             f"but this run uses {vocab_hash!r}: resume with the same vocabulary "
             f"(its copy is {str(out / 'vocab.json')!r}) or start a new folder"
         )
+    saved_cfg = dict(saved["config"])
+    if "max_tokens" in saved_cfg:  # a dataset started before max_length had its name
+        saved_cfg["max_length"] = saved_cfg.pop("max_tokens")
     for key, value in cfg_doc.items():
-        if saved["config"].get(key) != value:
+        if saved_cfg.get(key) != value:
             raise ConfigError(
-                key, value, f"{saved['config'].get(key)!r}, the value the interrupted run used"
+                key, value, f"{saved_cfg.get(key)!r}, the value the interrupted run used"
             )
     old = [(s["path"], s["role"], s["sha256"]) for s in saved["sources"]]
     new = [(s["path"], s["role"], s["sha256"]) for s in source_docs]
