@@ -105,11 +105,11 @@ def main() -> None:
             sync()
 
         def api_written(bs=bs):
-            feat.featurize(canonical, batch_size=bs, max_tokens=budget, canonicalize=False)
+            feat.featurize(canonical, batch_size=bs, batch_tokens=budget, canonicalize=False)
             sync()
 
         def api_canonical(bs=bs):
-            feat.featurize(smiles, batch_size=bs, max_tokens=budget)
+            feat.featurize(smiles, batch_size=bs, batch_tokens=budget)
             sync()
 
         raw()  # warm-up

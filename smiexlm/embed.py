@@ -78,7 +78,7 @@ def embed_file(
     pooling: Literal["cls", "mean", "max"] = "cls",
     errors: Literal["raise", "nan"] = "nan",
     canonicalize: bool = True,
-    max_tokens: int = 16384,
+    batch_tokens: int = 16384,
     device: str = "auto",
     progress: bool = True,
     chunk_rows: int = 8192,
@@ -121,7 +121,7 @@ def embed_file(
                     pooling=pooling,
                     errors=errors,
                     canonicalize=canonicalize,
-                    max_tokens=max_tokens,
+                    batch_tokens=batch_tokens,
                     index_offset=report.n_inputs,
                     log_failures=False,
                 )  # (n, d)

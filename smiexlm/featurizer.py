@@ -10,7 +10,7 @@ long the input is:
 1. each SMILES is normalised as the checkpoint's corpus was (RDKit canonical SMILES by
    default; see :func:`read_normalization`) and tokenized;
 2. the chunk is sorted by token length (stable) and cut into batches whose padded size stays
-   within ``max_tokens`` (and within ``batch_size`` molecules when given);
+   within ``batch_tokens`` (and within ``batch_size`` molecules when given);
 3. each batch goes through ``ExLMModel.encode`` under ``torch.inference_mode`` with the model
    in eval mode, so the same input always gives the same output;
 4. the pooled rows are written back at their input positions.
@@ -190,7 +190,7 @@ class Featurizer:
         pooling: Pooling = "cls",
         layer: int = -1,
         errors: Errors = "raise",
-        max_tokens: int = 16384,
+        batch_tokens: int = 16384,
         batch_size: int | None = None,
         canonicalize: bool = True,
         chunk_size: int = 8192,
@@ -205,7 +205,7 @@ class Featurizer:
         ``pooling``: ``cls`` (first position), ``mean`` or ``max`` over real positions.
         ``layer``: encoder block whose output is pooled (−1 = last).
         ``errors``: ``raise`` on the first bad SMILES, or ``nan`` to fill its row with NaN.
-        ``max_tokens``: padded tokens per batch; ``batch_size``: molecules per batch cap.
+        ``batch_tokens``: padded tokens per batch; ``batch_size``: molecules per batch cap.
         ``canonicalize=False`` skips the checkpoint's normalisation (SMILES used as written).
         ``index_offset`` is added to the input indices in errors and in the report (a caller
         that streams a file in pieces reports file rows); ``log_failures=False`` leaves the
@@ -218,8 +218,8 @@ class Featurizer:
         n_layers = self.model.config.n_layers
         if not isinstance(layer, int) or not -n_layers <= layer < n_layers:
             raise ConfigError("layer", layer, f"an integer in [{-n_layers}, {n_layers - 1}]")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ConfigError("max_tokens", max_tokens, "a positive integer")
+        if not isinstance(batch_tokens, int) or batch_tokens < 1:
+            raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError("batch_size", batch_size, "a positive integer or None")
         items = _as_list(smiles)
@@ -239,7 +239,7 @@ class Featurizer:
                 pooling,
                 layer,
                 errors,
-                max_tokens,
+                batch_tokens,
                 batch_size,
                 canonicalize,
                 report,
@@ -309,7 +309,7 @@ class Featurizer:
         pooling: str,
         layer: int,
         errors: str,
-        max_tokens: int,
+        batch_tokens: int,
         batch_size: int | None,
         canonicalize: bool,
         report: FeaturizeReport,
@@ -332,7 +332,7 @@ class Featurizer:
         report.n_unk_tokens += sum(row.count(self.tokenizer.unk_id) for row in seqs)
         width = self._expanded_extra()
         lengths = [len(row) + width for row in seqs]
-        for batch in token_budget_batches(lengths, max_tokens, batch_size):
+        for batch in token_budget_batches(lengths, batch_tokens, batch_size):
             pooled = self.encode_ids([seqs[j] for j in batch], pooling, layer)
             out[[good[j] for j in batch]] = pooled
             if bar is not None:

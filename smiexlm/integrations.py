@@ -71,7 +71,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
         layer: int = -1,
         errors: Literal["raise", "nan"] = "raise",
         canonicalize: bool = True,
-        max_tokens: int = 16384,
+        batch_tokens: int = 16384,
         device: str = "auto",
     ):
         self.checkpoint = checkpoint
@@ -79,7 +79,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
         self.layer = layer
         self.errors = errors
         self.canonicalize = canonicalize
-        self.max_tokens = max_tokens
+        self.batch_tokens = batch_tokens
         self.device = device
 
     @property
@@ -102,7 +102,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
             layer=self.layer,
             errors=self.errors,
             canonicalize=self.canonicalize,
-            max_tokens=self.max_tokens,
+            batch_tokens=self.batch_tokens,
         )
 
     def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:

@@ -100,7 +100,7 @@ def test_input_order_is_kept(feat):
 
 def test_batching_and_chunking_do_not_change_results(feat):
     x = feat.featurize(PANEL)
-    np.testing.assert_allclose(feat.featurize(PANEL, max_tokens=1), x, atol=2e-5)
+    np.testing.assert_allclose(feat.featurize(PANEL, batch_tokens=1), x, atol=2e-5)
     np.testing.assert_allclose(feat.featurize(PANEL, batch_size=3), x, atol=2e-5)
     np.testing.assert_allclose(feat.featurize(PANEL, chunk_size=5), x, atol=2e-5)
 
@@ -188,8 +188,8 @@ def test_bad_options(feat):
         feat.featurize(["CCO"], errors="ignore")
     with pytest.raises(ConfigError, match="layer"):
         feat.featurize(["CCO"], layer=5)
-    with pytest.raises(ConfigError, match="max_tokens"):
-        feat.featurize(["CCO"], max_tokens=0)
+    with pytest.raises(ConfigError, match="batch_tokens"):
+        feat.featurize(["CCO"], batch_tokens=0)
     with pytest.raises(ConfigError, match="device"):
         Featurizer(feat.model, feat.tokenizer, device="tpu")
 
