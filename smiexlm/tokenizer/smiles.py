@@ -255,7 +255,7 @@ class SmilesTokenizer:
     def _encode_flat(self, smiles: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Ids of many SMILES, concatenated: (sum of lengths,) uint16 and (n,) int64 lengths.
 
-        Runs the vectorised encoder of :mod:`smiexlm.tokenizer_fast`, which hands every row it
+        Runs the vectorised encoder of :mod:`smiexlm.tokenizer.fast`, which hands every row it
         does not fully understand to :meth:`encode`; the first bad row raises, with its index."""
         if isinstance(smiles, str):
             raise DataError("expected a sequence of SMILES, got one str")
