@@ -133,3 +133,17 @@ def test_probe_scores_match_sklearn_by_hand():
     assert valid.mean == pytest.approx(
         roc_auc_score(y[80:100, 0], clf.predict_proba(z[80:100])[:, 1])
     )
+
+
+def test_amp_auto_is_bf16_on_cuda_and_on_bf16_native_cpus_only(monkeypatch):
+    import smiexlm.finetuning.engine as engine
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert engine.uses_bf16(cuda, "auto") and not engine.uses_bf16(cuda, "off")
+    assert engine.uses_bf16(cpu, "bf16") and not engine.uses_bf16(cpu, "off")
+    for native in (False, True):
+        monkeypatch.setattr(engine, "native_cpu_bf16", lambda native=native: native)
+        assert engine.uses_bf16(cpu, "auto") is native
+    model, rows = _model_and_rows()
+    cfg = LoopConfig(epochs=1, batch_size=8, lr=1e-3, amp="off", device="cpu")
+    assert fit(model, Examples(rows, _targets()), None, cfg, None).summary()["precision"] == "fp32"

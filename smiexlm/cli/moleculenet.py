@@ -147,7 +147,9 @@ Patience = Annotated[
     typer.Option("--patience", help="Stop after N epochs without a better valid score "
                  "(default: the whole schedule)."),
 ]  # fmt: skip
-Amp = Annotated[str, typer.Option(help="auto (bf16 on CUDA) | bf16 | off.")]
+Amp = Annotated[
+    str, typer.Option(help="auto (bf16 on CUDA and bf16-native CPUs) | bf16 | off (fp32).")
+]
 
 
 def _config(task, no_canonicalize: bool = False, **overrides):

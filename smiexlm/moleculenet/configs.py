@@ -48,7 +48,7 @@ class FinetuneConfig:
     freeze: bool = False
     freeze_layers: int = 0
     features: str | None = None
-    amp: str = "auto"  # bf16 autocast on CUDA; "bf16" also on CPU, "off" never
+    amp: str = "auto"  # bf16 on CUDA and on bf16-native CPUs; "bf16" always, "off" never
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
