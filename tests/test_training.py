@@ -67,8 +67,8 @@ def test_mol_base_exlm_is_table_7():
     # the MLM baseline differs in the objective only
     mlm = load_config("mol_base_mlm")
     assert {**mlm.to_dict(), "model": {}} == {**c.to_dict(), "model": {}}
-    assert {k: v for k, v in mlm.model.items() if k not in ("objective", "k")} == {
-        k: v for k, v in c.model.items() if k not in ("objective", "k")
+    assert {k: v for k, v in mlm.model.to_table().items() if k not in ("objective", "k")} == {
+        k: v for k, v in c.model.to_table().items() if k not in ("objective", "k")
     }
 
 
@@ -90,7 +90,7 @@ def test_overrides_are_parsed_as_toml_literals(tmp_path):
     assert parse_override("model.objective=mlm") == ("model.objective", "mlm")
     assert parse_override("tensorboard=true") == ("tensorboard", True)
     c = load_config("mol_tiny_exlm", ["lr=2e-3", "model.k=3", "adam_betas=[0.9, 0.95]"])
-    assert c.lr == 2e-3 and c.model["k"] == 3 and c.adam_betas == (0.9, 0.95)
+    assert c.lr == 2e-3 and c.model.config.k == 3 and c.adam_betas == (0.9, 0.95)
     # a file path works the same as a shipped name, and the resolved config round-trips
     saved = c.save(tmp_path / "config.resolved.toml")
     assert load_config(saved) == c

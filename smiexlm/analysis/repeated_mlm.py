@@ -22,6 +22,7 @@ Cells whose p^k is below ``min_ratio`` are left blank, as the paper's grey cells
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -40,7 +41,6 @@ from smiexlm.analysis.report import write_rows
 from smiexlm.data.collate import collate
 from smiexlm.data.shards import TokenDataset, atomic_write_json, write_shard
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.config import ExLMConfig
 from smiexlm.model.expansion import repeat_layout
 from smiexlm.model.masking import mask_tokens, repeat_tokens
 from smiexlm.moleculenet import load_dataset
@@ -309,10 +309,10 @@ def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig) -
         cell = out_dir / "cells" / f"k{k}_p{p:g}"
         data = write_repeated_dataset(data_dir, cell / "data", k, config.max_molecules)
         train = load_config(config.train_config, list(config.overrides))
-        positions = train.model.get("max_positions") or ExLMConfig().max_positions
-        train.model.update(
-            objective="mlm", mask_prob=p, mask_policy="all_mask", max_positions=positions * k
-        )
+        positions = train.model.config.max_positions
+        repeated = dict(objective="mlm", mask_prob=p, mask_policy="all_mask")
+        overrides = {**train.model.overrides, **repeated, "max_positions": positions * k}
+        train.model = dataclasses.replace(train.model, overrides=overrides)
         train.max_tokens *= k
         train.seed, train.device = config.seed + 1, config.device
         if cell.joinpath("run", "checkpoints").is_dir():

@@ -90,14 +90,14 @@ def open_dataset(data_dir: Path) -> TrainingData:
 
 def check_vocabulary(config: TrainConfig, data: TrainingData) -> None:
     """The config may pin the vocabulary (``model.vocab_size`` / ``model.vocab_hash``)."""
-    size = config.model.get("vocab_size")
+    size = config.model.overrides.get("vocab_size")
     if size is not None and size != data.tokenizer.vocab_size:
         raise VocabularyMismatchError(
             f"config model.vocab_size = {size} but the dataset's vocabulary has "
             f"{data.tokenizer.vocab_size} tokens (hash {data.vocab_hash}): rebuild the dataset "
             "with the model's vocabulary or drop model.vocab_size from the config"
         )
-    pinned = config.model.get("vocab_hash")
+    pinned = config.model.overrides.get("vocab_hash")
     if pinned is not None and pinned != data.vocab_hash:
         raise VocabularyMismatchError(
             f"config model.vocab_hash = {pinned} but the dataset's vocabulary hash is "

@@ -30,18 +30,60 @@ from typing import Any, Literal
 
 from smiexlm.device import check_device_name
 from smiexlm.errors import ConfigError
-from smiexlm.model.config import PRESETS, ExLMConfig
+from smiexlm.model.config import PRESETS, ExLMConfig, PresetName
 from smiexlm.paths import PACKAGE_DIR
 
 SHIPPED_CONFIG_DIR = PACKAGE_DIR / "configs" / "pretrain"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The ``[model]`` table: an :class:`ExLMConfig` preset and the fields the config sets.
+
+    ``overrides`` keeps only what the file or the command line names, so that a run can tell
+    a vocabulary the config pins (``vocab_size``, ``vocab_hash``) from the preset's default;
+    ``config`` is the resolved, validated :class:`ExLMConfig` (the dataset's vocabulary is
+    filled in by :meth:`build` when training starts).
+    """
+
+    preset: PresetName = "tiny"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    config: ExLMConfig = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ConfigError("model.preset", self.preset, f"one of {PRESETS}")
+        names = {f.name for f in dataclasses.fields(ExLMConfig)}
+        for key, value in self.overrides.items():
+            if key not in names:
+                known = ["preset", *sorted(names)]
+                raise ConfigError(f"model.{key}", value, f"a known model key, one of {known}")
+        object.__setattr__(self, "config", ExLMConfig.preset(self.preset, **self.overrides))
+
+    @classmethod
+    def from_table(cls, table: Any) -> ModelSpec:
+        """From a ``[model]`` table: ``preset`` plus ExLMConfig fields."""
+        if isinstance(table, ModelSpec):
+            return table
+        if not isinstance(table, dict):
+            raise ConfigError("model", table, "a table of ExLMConfig fields with 'preset'")
+        rest = {k: v for k, v in table.items() if k != "preset"}
+        return cls(table.get("preset", "tiny"), rest)
+
+    def to_table(self) -> dict[str, Any]:
+        return {"preset": self.preset, **self.overrides}
+
+    def build(self, **fixed: Any) -> ExLMConfig:
+        """The run's :class:`ExLMConfig` with ``fixed`` fields (e.g. the dataset's vocab_size)."""
+        return dataclasses.replace(self.config, **fixed) if fixed else self.config
 
 
 @dataclass
 class TrainConfig:
     """A pre-training run: model preset and overrides, optimiser, schedule, batching, reporting."""
 
-    # ExLMConfig preset name under "preset" plus field overrides (objective, k, dropout, ...).
-    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    # the [model] table: an ExLMConfig preset plus the fields it overrides (objective, k, ...)
+    model: ModelSpec = field(default_factory=ModelSpec)
     # --- batching
     max_tokens: int = 8192  # token budget of one micro-batch on one process (padded B * T)
     update_freq: int = 1  # gradient accumulation: micro-batches per optimiser step per process
@@ -76,12 +118,7 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, dict):
-            raise ConfigError("model", self.model, "a table of ExLMConfig fields with 'preset'")
-        preset = self.model.get("preset", "tiny")
-        if preset not in PRESETS:
-            raise ConfigError("model.preset", preset, f"one of {PRESETS}")
-        self.model = {"preset": preset, **{k: v for k, v in self.model.items() if k != "preset"}}
+        self.model = ModelSpec.from_table(self.model)
         for name in ("max_tokens", "update_freq", "max_steps", "log_every", "valid_every"):
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("save_every", "keep_last"):
@@ -116,13 +153,12 @@ class TrainConfig:
     # ------------------------------------------------------------------ model
     def model_config(self, **fixed: Any) -> ExLMConfig:
         """The :class:`ExLMConfig` of this run; ``fixed`` fields (e.g. vocab_size) win."""
-        overrides = {k: v for k, v in self.model.items() if k != "preset"}
-        _check_model_keys(overrides)
-        return ExLMConfig.preset(self.model["preset"], **{**overrides, **fixed})
+        return self.model.build(**fixed)
 
     # ------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["model"] = self.model.to_table()
         data["adam_betas"] = list(self.adam_betas)
         return data
 
@@ -132,9 +168,7 @@ class TrainConfig:
         for key in data:
             if key not in known:
                 raise ConfigError(key, data[key], f"a known config key, one of {sorted(known)}")
-        config = cls(**data)
-        _check_model_keys({k: v for k, v in config.model.items() if k != "preset"})
-        return config
+        return cls(**data)
 
     def save(self, path: Path) -> Path:
         """Write the resolved config as TOML (``.toml``) or JSON (anything else)."""
@@ -152,15 +186,6 @@ def valid_keys() -> list[str]:
 
 def _model_field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(ExLMConfig)]
-
-
-def _check_model_keys(overrides: dict[str, Any]) -> None:
-    names = _model_field_names()
-    for key, value in overrides.items():
-        if key not in names:
-            raise ConfigError(
-                f"model.{key}", value, f"a known model key, one of {['preset', *sorted(names)]}"
-            )
 
 
 def _require_int(name: str, value: Any, minimum: int) -> None:
