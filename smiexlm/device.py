@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from smiexlm.errors import ConfigError
@@ -46,19 +45,15 @@ def resolve_device(device: str | torch.device, local_rank: int | None = None) ->
     return resolved
 
 
-#: CPU feature flags (Linux /proc/cpuinfo) of native bf16 matrix units
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
 @functools.cache
-def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """True when the CPU reports AVX512-BF16 or AMX-BF16. Elsewhere bf16 is emulated and
-    slower than fp32, so the ``auto`` precision stays fp32 there."""
-    try:
-        flags = set(cpuinfo.read_text(errors="replace").split())
-    except OSError:
-        return False
-    return any(flag in flags for flag in BF16_CPU_FLAGS)
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU has bf16 instructions (AVX512-BF16 or AMX), where bf16 matrix
+    products beat fp32 ones. Elsewhere bf16 is emulated and slower than fp32, so the ``auto``
+    precision stays fp32 there."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
 def uses_bf16(device: torch.device, precision: Literal["auto", "fp32", "bf16"]) -> bool:
