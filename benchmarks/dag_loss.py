@@ -147,6 +147,9 @@ def main() -> None:
     parser.add_argument(
         "--text-gather-batch", type=int, default=8, help="B for the CPU text gather (64 = full)"
     )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads per row (2 only on an idle machine)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.child:
@@ -157,13 +160,12 @@ def main() -> None:
     cpu = f"{os.cpu_count()}-core {platform.machine()} CPU ({platform.processor() or 'unknown'})"
     print(f"hardware: {cpu}; torch {torch.__version__}")
     print(f"{'shape':<28} {'impl':<22} {'fwd+bwd ms':>11} {'peak MiB':>9}  ratio")
+    t = a.threads
     rows = [
-        ("smiles B256 L40 M10", "smiles", 1, 0, False),
-        ("smiles B256 L40 M10", "smiles", 2, 0, False),
-        ("text B64 L308 M77", "text", 1, 0, False),
-        ("text B64 L308 M77", "text", 2, 0, False),
-        ("text peaked B64 L308 M77", "text_peaked", 2, 0, False),
-        (f"text+gather B{a.text_gather_batch} V30k", "text", 2, a.text_gather_batch, True),
+        ("smiles B256 L40 M10", "smiles", t, 0, False),
+        ("text B64 L308 M77", "text", t, 0, False),
+        ("text peaked B64 L308 M77", "text_peaked", t, 0, False),
+        (f"text+gather B{a.text_gather_batch} V30k", "text", t, a.text_gather_batch, True),
     ]
     first = None
     for label, kind, threads, batch, gather in rows:
