@@ -18,8 +18,9 @@ to float64 rounding (relative error ≤ L·2⁻⁵³). A sequence outside those 
 more than ``LINK_NATS``, or log-values needing more than ``MAX_BANDS`` bands) is computed by
 the exact log-space recursion of :mod:`smiexlm.dag.reference`, which stays the oracle.
 
-The transition gradient is the reference's stabilised matrix product with its
-flow-conservation check; the emission gradient is exp(α + β − log Z) as there.
+The autograd function is the reference's (:class:`~smiexlm.dag.reference.DagLogLikelihood`)
+with these recursions: the transition gradient is its stabilised matrix product with the
+flow-conservation check, the emission gradient exp(α + β − log Z).
 """
 
 from __future__ import annotations
@@ -167,24 +168,16 @@ def _redo(out: torch.Tensor, certified: torch.Tensor, exact) -> None:
         out[idx] = exact(idx)
 
 
-class MatmulDagLogLikelihood(torch.autograd.Function):
-    """log Z per sequence by banded matrix products; backward via β and the two posteriors."""
+def banded_alpha(em, links, state_lengths, target_lengths) -> torch.Tensor:
+    return alpha_recursion(em, links, window(state_lengths, target_lengths))
 
-    @staticmethod
-    def forward(ctx, emissions, log_links, state_lengths, target_lengths):
-        em, links = ref.prepare(emissions, log_links, state_lengths, target_lengths)
-        alpha = alpha_recursion(em, links, window(state_lengths, target_lengths))
-        log_z = ref.log_partition(alpha, state_lengths, target_lengths)
-        ctx.save_for_backward(em, links, alpha, log_z, state_lengths, target_lengths)
-        ctx.in_dtypes = (emissions.dtype, log_links.dtype)
-        return log_z
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        em, links, alpha, log_z, state_lengths, target_lengths = ctx.saved_tensors
-        slack = window(state_lengths, target_lengths)
-        beta = beta_recursion(em, links, state_lengths, target_lengths, slack)
-        return ref.posterior_gradients(ctx, grad_out, em, links, alpha, beta, log_z, target_lengths)
+def banded_beta(em, links, state_lengths, target_lengths) -> torch.Tensor:
+    slack = window(state_lengths, target_lengths)
+    return beta_recursion(em, links, state_lengths, target_lengths, slack)
+
+
+MATRIX_PRODUCTS = (banded_alpha, banded_beta)
 
 
 def matmul_log_likelihood(
@@ -194,4 +187,6 @@ def matmul_log_likelihood(
     target_lengths: torch.Tensor,
 ) -> torch.Tensor:
     """(B,) log-likelihood by banded matrix products. Inputs must already be validated."""
-    return MatmulDagLogLikelihood.apply(emissions, log_links, state_lengths, target_lengths)
+    return ref.DagLogLikelihood.apply(
+        emissions, log_links, state_lengths, target_lengths, MATRIX_PRODUCTS
+    )

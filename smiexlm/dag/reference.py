@@ -169,37 +169,44 @@ def transition_posterior(alpha, beta, em, links, log_z, em_post, target_lengths)
     return post
 
 
-def posterior_gradients(ctx, grad_out, em, links, alpha, beta, log_z, target_lengths):
-    """The autograd backward's outputs from α and β: the emission and transition posteriors
-    scaled by the incoming gradient, cast back to the input dtypes (None where not needed)."""
-    grad_em = grad_links = None
-    g = grad_out.to(em.dtype)[:, None, None]
-    em_post = emission_posterior(alpha, beta, log_z)  # (B, M, L)
-    if ctx.needs_input_grad[0]:
-        grad_em = (g * em_post).to(ctx.in_dtypes[0])
-    if ctx.needs_input_grad[1]:
-        post = transition_posterior(alpha, beta, em, links, log_z, em_post, target_lengths)
-        grad_links = (g * post).to(ctx.in_dtypes[1])
-    return grad_em, grad_links, None, None
+def log_space_alpha(em, links, state_lengths, target_lengths) -> torch.Tensor:
+    return forward_alpha(em, links)
 
 
 class DagLogLikelihood(torch.autograd.Function):
-    """log Z per sequence; backward via β and the two posteriors (no tape over M)."""
+    """log Z per sequence; backward via β and the two posteriors (no tape over M).
+
+    ``recursions`` = (alpha, beta), each called as ``f(em, links, state_lengths,
+    target_lengths)`` on the prepared inputs: the log-space ones here, the banded matrix
+    products of :mod:`smiexlm.dag.matmul`. Both share everything else.
+    """
 
     @staticmethod
-    def forward(ctx, emissions, log_links, state_lengths, target_lengths):
+    def forward(ctx, emissions, log_links, state_lengths, target_lengths, recursions):
         em, links = prepare(emissions, log_links, state_lengths, target_lengths)
-        alpha = forward_alpha(em, links)
+        alpha = recursions[0](em, links, state_lengths, target_lengths)
         log_z = log_partition(alpha, state_lengths, target_lengths)
         ctx.save_for_backward(em, links, alpha, log_z, state_lengths, target_lengths)
         ctx.in_dtypes = (emissions.dtype, log_links.dtype)
+        ctx.beta = recursions[1]
         return log_z
 
     @staticmethod
     def backward(ctx, grad_out):
         em, links, alpha, log_z, state_lengths, target_lengths = ctx.saved_tensors
-        beta = backward_beta(em, links, state_lengths, target_lengths)
-        return posterior_gradients(ctx, grad_out, em, links, alpha, beta, log_z, target_lengths)
+        beta = ctx.beta(em, links, state_lengths, target_lengths)
+        grad_em = grad_links = None
+        g = grad_out.to(em.dtype)[:, None, None]
+        em_post = emission_posterior(alpha, beta, log_z)  # (B, M, L)
+        if ctx.needs_input_grad[0]:
+            grad_em = (g * em_post).to(ctx.in_dtypes[0])
+        if ctx.needs_input_grad[1]:
+            post = transition_posterior(alpha, beta, em, links, log_z, em_post, target_lengths)
+            grad_links = (g * post).to(ctx.in_dtypes[1])
+        return grad_em, grad_links, None, None, None
+
+
+LOG_SPACE = (log_space_alpha, backward_beta)
 
 
 def reference_log_likelihood(
@@ -209,4 +216,4 @@ def reference_log_likelihood(
     target_lengths: torch.Tensor,
 ) -> torch.Tensor:
     """(B,) log-likelihood by the reference recursion. Inputs must already be validated."""
-    return DagLogLikelihood.apply(emissions, log_links, state_lengths, target_lengths)
+    return DagLogLikelihood.apply(emissions, log_links, state_lengths, target_lengths, LOG_SPACE)
