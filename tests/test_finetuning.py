@@ -136,13 +136,14 @@ def test_probe_scores_match_sklearn_by_hand():
 
 
 def test_amp_auto_is_bf16_on_cuda_and_on_bf16_native_cpus_only(monkeypatch):
+    import smiexlm.device as policy
     import smiexlm.finetuning.engine as engine
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert engine.uses_bf16(cuda, "auto") and not engine.uses_bf16(cuda, "off")
     assert engine.uses_bf16(cpu, "bf16") and not engine.uses_bf16(cpu, "off")
     for native in (False, True):
-        monkeypatch.setattr(engine, "native_cpu_bf16", lambda native=native: native)
+        monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda native=native: native)
         assert engine.uses_bf16(cpu, "auto") is native
     model, rows = _model_and_rows()
     cfg = LoopConfig(epochs=1, batch_size=8, lr=1e-3, amp="off", device="cpu")

@@ -23,7 +23,6 @@ and the head trains on those cached features (seconds instead of minutes).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from smiexlm import device as device_policy
 from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError
 from smiexlm.finetuning.batches import Examples, bucketed_batches, iterate, sorted_batches
@@ -116,27 +116,19 @@ class FitResult:
         }
 
 
-def native_cpu_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), where bf16 matmuls are
-    faster than fp32 ones; elsewhere bf16 is emulated and slower."""
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except AttributeError:  # a torch without these probes
-        return False
+def _precision(amp: str) -> str:
+    """The engine's ``amp`` names in the package's precision policy (``smiexlm.device``)."""
+    return "fp32" if amp == "off" else amp
 
 
 def uses_bf16(device: torch.device, amp: str) -> bool:
     """``bf16``: always; ``auto``: on CUDA, and on CPUs with native bf16; ``off``: never."""
-    if amp == "auto":
-        return device.type == "cuda" or (device.type == "cpu" and native_cpu_bf16())
-    return amp == "bf16"
+    return device_policy.uses_bf16(device, _precision(amp))  # type: ignore[arg-type]
 
 
 def autocast(device: torch.device, amp: str):
     """bf16 autocast where :func:`uses_bf16` says so; else nothing (fp32)."""
-    if uses_bf16(device, amp):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return device_policy.autocast(device, _precision(amp))  # type: ignore[arg-type]
 
 
 def freeze_encoder(model: nn.Module, n_layers: int | None) -> None:
