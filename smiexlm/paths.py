@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -146,6 +147,29 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_dir(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``final``; on success it replaces ``final`` in one
+    rename, so the folder appears complete or not at all. On error it is removed."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 @contextmanager

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
+from smiexlm.paths import atomic_dir
 from smiexlm.training import checkpoint as ckpt
 from smiexlm.training.config import (
     TrainConfig,
@@ -181,7 +182,7 @@ def test_optimizer_and_rng_state_round_trip_without_pickle(tmp_path):
 
 def test_atomic_dir_leaves_nothing_behind_on_failure(tmp_path):
     target = tmp_path / "step_000001"
-    with pytest.raises(RuntimeError), ckpt.atomic_dir(target) as tmp:
+    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
         (tmp / "half.bin").write_bytes(b"x")
         raise RuntimeError("crash while writing")
     assert not target.exists() and list(tmp_path.iterdir()) == []

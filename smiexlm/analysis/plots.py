@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from smiexlm.paths import atomic_path
+
 
 def _pyplot():
     import matplotlib
@@ -69,7 +71,8 @@ def plot_repeated_mlm(result, curves: dict[str, Path], path: Path) -> Path:
         ax.legend(fontsize=6)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
@@ -93,7 +96,8 @@ def plot_entropy(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
@@ -124,7 +128,8 @@ def plot_rank(rows: list[dict[str, Any]], path: Path) -> Path:
             ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
@@ -177,6 +182,7 @@ def plot_dag(case, path: Path) -> Path:
     ax.set_title(f"DAG of {case.smiles} (Viterbi: {' '.join(case.path_tokens)})", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path

@@ -39,7 +39,7 @@ from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.metrics import check_scorable, score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split, make_split
-from smiexlm.paths import ASSETS_DIR
+from smiexlm.paths import ASSETS_DIR, atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -283,12 +283,13 @@ def save_finetuned(model, tokenizer, directory: Path, meta: dict[str, Any]) -> P
     from safetensors.torch import save_file
 
     directory = Path(directory)
-    model.model.save_pretrained(directory, tokenizer=tokenizer)
-    head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
-    save_file(head, str(directory / HEAD_NAME), metadata={"format": "pt"})
-    meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
-                   "n_features": model.n_features}  # fmt: skip
-    (directory / META_NAME).write_text(json.dumps(meta, indent=1))
+    with atomic_dir(directory) as tmp:  # the folder appears complete or not at all
+        model.model.save_pretrained(tmp, tokenizer=tokenizer)
+        head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
+        save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
+        meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
+                       "n_features": model.n_features}  # fmt: skip
+        (tmp / META_NAME).write_text(json.dumps(meta, indent=1))
     return directory
 
 

@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 
 from smiexlm.errors import ConfigError
-from smiexlm.paths import cache_dir
+from smiexlm.paths import cache_dir, write_text_atomic
 
 SplitKind = Literal["scaffold", "scaffold_chiral", "balanced_scaffold", "random"]
 SPLIT_KINDS: tuple[str, ...] = ("scaffold", "scaffold_chiral", "balanced_scaffold", "random")
@@ -82,8 +82,7 @@ def murcko_scaffolds(
             None if mol is None else MurckoScaffoldSmiles(mol=mol, includeChirality=chiral)
         )
     if use_cache and len(smiles_list) >= 5000:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(scaffolds))
+        write_text_atomic(path, json.dumps(scaffolds))
     return scaffolds
 
 

@@ -22,8 +22,6 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ from safetensors.torch import save_file
 
 from smiexlm.errors import DataError
 from smiexlm.model.checkpoint import load_tensors
-from smiexlm.paths import read_json_file
+from smiexlm.paths import atomic_dir, read_json_file
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -58,28 +56,6 @@ class TrainerState:
 
 def step_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
-
-
-@contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield a temporary folder; on success it replaces ``final`` in one rename."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = final.parent / f".{final.name}.old-{os.getpid()}"
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 # ------------------------------------------------------------------ optimiser state

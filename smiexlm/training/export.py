@@ -15,9 +15,8 @@ from pathlib import Path
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
 from smiexlm.model.model import ExLMModel
-from smiexlm.paths import read_json_file
+from smiexlm.paths import atomic_dir, read_json_file
 from smiexlm.tokenizer import load_tokenizer
-from smiexlm.training.checkpoint import atomic_dir
 
 CARD_NAME = "MODEL_CARD.md"
 NORMALIZATION_NAME = "normalization.json"
