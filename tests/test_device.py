@@ -19,7 +19,3 @@ def test_auto_precision_is_bf16_on_gpu_and_on_cpus_with_native_bf16(monkeypatch,
         y = torch.nn.functional.linear(torch.randn(2, 4), torch.randn(3, 4))
     assert y.dtype == (torch.bfloat16 if native else torch.float32)
 
-
-def test_native_bf16_probe_matches_torch():
-    expected = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    assert dev.cpu_has_native_bf16() is bool(expected)
