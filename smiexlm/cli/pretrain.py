@@ -80,34 +80,25 @@ def pretrain(
     if config is None or data is None or out is None:
         raise typer.BadParameter("--config, --data and --out are required (or --list-configs)")
     cfg = load_config(config, overrides)
+    info = distributed.detect()
     launched = os.environ.get(distributed.LAUNCHED_ENV) == "1"
-    if not launched and not distributed.detect().enabled and _runs_on_cpu(cfg.device):
-        cores = distributed.free_cores()
-        n = distributed.local_processes(nproc, cfg.update_freq, cores)
-        if n > 1:
-            per_process = [f"update_freq={cfg.update_freq // n}"]
-            threads = cfg.num_threads or max(1, cores // n)
-            code = distributed.launch_local(n, [*sys.argv[1:], *per_process], threads)
+    if not launched and not info.enabled:
+        code = distributed.run_on_free_cores(cfg, nproc, sys.argv[1:])
+        if code is not None:  # the processes it started did the run
             _record_command(out)
             raise typer.Exit(code=code)
     from smiexlm.training.trainer import pretrain as run_pretraining
 
     result = run_pretraining(cfg, data, out, max_steps, resume, skip_bad_checkpoints)
-    if not launched and int(os.environ.get("RANK", "0")) == 0:  # the launcher records its own
-        _record_command(out)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if info.is_main:  # rank 0 reports; a launcher records its own command
+        if not launched:
+            _record_command(out)
         typer.echo(
             f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "
             f"{result.tokens_seen:,} tokens; checkpoint {result.last_checkpoint}"
         )
     if result.interrupted_by is not None:
         raise typer.Exit(code=143 if result.interrupted_by == "SIGTERM" else 130)
-
-
-def _runs_on_cpu(device: str) -> bool:
-    import torch
-
-    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
 
 
 def _record_command(out: Path) -> None:

@@ -139,6 +139,22 @@ def local_processes(requested: int | None, update_freq: int, cores: int) -> int:
     return max(n for n in range(1, limit + 1) if update_freq % n == 0)
 
 
+def run_on_free_cores(config, requested: int | None, argv: list[str]) -> int | None:
+    """Run ``smiexlm ARGV`` (a CPU run of ``config``) as N processes when N > 1 fit (see
+    :func:`local_processes`) and return their exit code; None when this process should train
+    alone (a GPU run, or one process)."""
+    from smiexlm.device import resolve_device
+
+    if resolve_device(config.device).type != "cpu":
+        return None
+    cores = free_cores()
+    n = local_processes(requested, config.update_freq, cores)
+    if n == 1:
+        return None
+    threads = config.num_threads or max(1, cores // n)
+    return launch_local(n, [*argv, f"update_freq={config.update_freq // n}"], threads)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
