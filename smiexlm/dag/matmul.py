@@ -136,8 +136,9 @@ def _chunks(n_seq: int, n_states: int):
     return [slice(s, min(s + size, n_seq)) for s in range(0, n_seq, size)]
 
 
-def alpha_recursion(em: torch.Tensor, links: torch.Tensor, slack: int) -> torch.Tensor:
+def alpha_recursion(em, links, state_lengths, target_lengths) -> torch.Tensor:
     """α by banded products, chunk by chunk; uncertified sequences by the log-space recursion."""
+    slack = window(state_lengths, target_lengths)
     alpha = torch.empty_like(em)
     for part in _chunks(em.shape[0], em.shape[2]):
         probs, shift, ok = link_probabilities(links[part])
@@ -146,8 +147,9 @@ def alpha_recursion(em: torch.Tensor, links: torch.Tensor, slack: int) -> torch.
     return alpha
 
 
-def beta_recursion(em, links, state_lengths, target_lengths, slack: int) -> torch.Tensor:
+def beta_recursion(em, links, state_lengths, target_lengths) -> torch.Tensor:
     """β by banded products, chunk by chunk; uncertified sequences by the log-space recursion."""
+    slack = window(state_lengths, target_lengths)
     beta = torch.empty_like(em)
     for part in _chunks(em.shape[0], em.shape[2]):
         s, m = state_lengths[part], target_lengths[part]
@@ -168,16 +170,7 @@ def _redo(out: torch.Tensor, certified: torch.Tensor, exact) -> None:
         out[idx] = exact(idx)
 
 
-def banded_alpha(em, links, state_lengths, target_lengths) -> torch.Tensor:
-    return alpha_recursion(em, links, window(state_lengths, target_lengths))
-
-
-def banded_beta(em, links, state_lengths, target_lengths) -> torch.Tensor:
-    slack = window(state_lengths, target_lengths)
-    return beta_recursion(em, links, state_lengths, target_lengths, slack)
-
-
-MATRIX_PRODUCTS = (banded_alpha, banded_beta)
+MATRIX_PRODUCTS = (alpha_recursion, beta_recursion)
 
 
 def matmul_log_likelihood(
