@@ -48,8 +48,11 @@ META_NAME = "finetune.json"
 DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"
 
 
-def canonical_smiles(smiles: Sequence[str]) -> list[str]:
-    """RDKit canonical SMILES of each input (each must already be parsable)."""
+def model_inputs(smiles: Sequence[str], canonicalize: bool) -> Sequence[str]:
+    """What the model reads: the RDKit canonical SMILES of each input (each must already be
+    parsable) when ``canonicalize``, else the inputs as written."""
+    if not canonicalize:
+        return smiles
     from smiexlm.data.normalize import canonical_smiles as canonical
     from smiexlm.errors import InvalidSmilesError
 
@@ -184,7 +187,7 @@ def finetune_once(
     label_cols = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
     smiles = df["smiles"].tolist()
     if inputs is None:
-        inputs = canonical_smiles(smiles) if cfg.canonicalize else smiles
+        inputs = model_inputs(smiles, cfg.canonicalize)
     tokenizer = backbone.tokenizer(inputs)
     rows, n_cut = encode_rows(tokenizer, inputs, cfg.max_length)
     y = df[label_cols].to_numpy(dtype=np.float32)  # (N, T), NaN = missing
@@ -263,7 +266,7 @@ def run_finetune(
     results = []
     split = None
     smiles = df["smiles"].tolist()
-    inputs = canonical_smiles(smiles) if cfg.canonicalize else smiles
+    inputs = model_inputs(smiles, cfg.canonicalize)
     raw = None
     if cfg.features:
         from smiexlm.fingerprints import molecule_features
@@ -331,7 +334,7 @@ def _predict_one(
 
     model, tokenizer, meta = load_finetuned(directory)
     cfg = meta["config"]
-    inputs = canonical_smiles(smiles) if cfg.get("canonicalize", True) else smiles
+    inputs = model_inputs(smiles, cfg.get("canonicalize", True))
     rows, _ = encode_rows(tokenizer, inputs, cfg.get("max_length", 256))
     features = None
     if meta.get("feature_scaler"):

@@ -111,7 +111,7 @@ def run_probe(
     cfg: ProbeConfig | None = None,
 ) -> list[RunResult]:
     """The linear probe on ``df`` (from load_dataset/load_csv) for each seed."""
-    from smiexlm.moleculenet.finetune import Backbone, canonical_smiles
+    from smiexlm.moleculenet.finetune import Backbone, model_inputs
 
     cfg = cfg or ProbeConfig()
     backbone = backbone or Backbone()
@@ -119,7 +119,7 @@ def run_probe(
     name, task_type = df.attrs.get("name", "data"), df.attrs.get("task_type", "classification")
     labels = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
     smiles = df["smiles"].tolist()
-    inputs = canonical_smiles(smiles) if cfg.canonicalize else smiles
+    inputs = model_inputs(smiles, cfg.canonicalize)
     x = pooled_embeddings(backbone, inputs, cfg)
     if cfg.features:
         from smiexlm.fingerprints import molecule_features
