@@ -18,4 +18,3 @@ def test_auto_precision_is_bf16_on_gpu_and_on_cpus_with_native_bf16(monkeypatch,
     with dev.autocast(cpu, "auto"):
         y = torch.nn.functional.linear(torch.randn(2, 4), torch.randn(3, 4))
     assert y.dtype == (torch.bfloat16 if native else torch.float32)
-

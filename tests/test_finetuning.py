@@ -43,6 +43,15 @@ def test_bucketed_batches_cover_every_example_once_and_cut_padding():
     assert [len(b) for b in sorted_batches(lengths, 300)] == [300, 300, 300, 100]
 
 
+def test_sorted_batches_cap_padded_positions():
+    lengths = np.array([5, 3, 100, 4, 50, 7, 6, 400])
+    batches = sorted_batches(lengths, 3, max_tokens=100)
+    assert np.concatenate(batches).tolist() == np.argsort(lengths, kind="stable").tolist()
+    assert [lengths[b].tolist() for b in batches] == [[3, 4, 5], [6, 7], [50], [100], [400]]
+    cost = [len(b) * lengths[b].max() for b in batches]
+    assert all(c <= 100 or len(b) == 1 for c, b in zip(cost, batches))
+
+
 def test_pad_batch_mask_and_values():
     ids, mask = pad_batch([[1, 5, 2], [1, 2]], pad_id=0)
     assert ids.tolist() == [[1, 5, 2], [1, 2, 0]]

@@ -141,6 +141,58 @@ def test_rope_2d_depends_only_on_coordinate_differences():
     assert float(apply_rotary(q, c, s).norm()) == pytest.approx(float(q.norm()), rel=1e-5)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])
+def test_rotary_equals_the_pairwise_rotation(dtype, tol):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
+    cos, sin = rope_angles_2d(torch.arange(5).expand(2, 5), torch.arange(5).expand(2, 5) % 2, 8)
+    c, s = cos.double(), sin.double()
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # pair p = dimensions (2p, 2p + 1)
+    expected = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+    got = apply_rotary(x.to(dtype), cos, sin)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
+
+
+# ---------------------------------------------------------------------- dropout
+def test_cpu_dropout_masks_rate_seed_and_scale():
+    from smiexlm.model.dropout import dropout, keep_mask
+
+    torch.manual_seed(5)
+    a, b = keep_mask((1000, 1000), 0.1), keep_mask((1000, 1000), 0.1)
+    assert a.dtype == torch.bool and a.shape == (1000, 1000)
+    assert abs(float(a.float().mean()) - 0.9) < 2e-3  # 1e6 draws: sd 3e-4
+    assert not torch.equal(a, b)  # a fresh mask per call
+    torch.manual_seed(5)
+    assert torch.equal(keep_mask((1000, 1000), 0.1), a)  # torch.manual_seed fixes the masks
+    x = torch.rand(64, 64, dtype=torch.float64) + 1.0
+    y = dropout(x, 0.25)
+    kept = y != 0
+    assert 0.6 < float(kept.double().mean()) < 0.9
+    torch.testing.assert_close(y[kept], x[kept] / 0.75)
+    assert dropout(x, 0.25, training=False) is x and dropout(x, 0.0) is x
+    x.requires_grad_(True)
+    torch.manual_seed(1)
+    dropout(x, 0.25).sum().backward()
+    torch.manual_seed(1)
+    torch.testing.assert_close(x.grad, keep_mask(x.shape, 0.25).double() / 0.75)
+
+
+def test_attention_with_dropout_is_sdpa_when_nothing_drops():
+    import torch.nn.functional as F
+
+    from smiexlm.model.encoder import attention_with_dropout
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g) for _ in range(3))
+    key_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+    torch.testing.assert_close(attention_with_dropout(q, k, v, key_mask, 0.0), expected)
+    torch.manual_seed(0)
+    dropped = attention_with_dropout(q, k, v, key_mask, 0.5)
+    assert dropped.shape == expected.shape and not torch.allclose(dropped, expected)
+
+
 # ---------------------------------------------------------------------- transitions
 @pytest.mark.parametrize("sparse", [False, True])
 def test_transition_rows_are_distributions_over_valid_successors(sparse):

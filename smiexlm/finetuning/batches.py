@@ -4,7 +4,8 @@ A random batch of SMILES is padded to its longest member; on BBBP that is ~110 t
 the mean is 43, so most of the compute went to padding. Training batches are therefore cut
 from *windows* of ``window`` batches sorted by length: each epoch shuffles the examples,
 sorts each window, cuts it into batches and shuffles the batch order. Evaluation sorts the
-whole set by length and puts the outputs back in input order.
+whole set by length, caps the padded positions per batch (one 238-token molecule no longer
+pads 200 short ones) and puts the outputs back in input order.
 """
 
 from __future__ import annotations
@@ -89,10 +90,24 @@ def bucketed_batches(
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
-    """Evaluation batches: all examples sorted by length (outputs are put back in order)."""
+def sorted_batches(
+    lengths: np.ndarray, batch_size: int, max_tokens: int | None = None
+) -> list[np.ndarray]:
+    """Evaluation batches: all examples sorted by length (outputs are put back in order), at
+    most ``batch_size`` examples and, with ``max_tokens``, at most that many padded positions
+    (count × longest) per batch; a longer example still gets a batch of its own."""
     order = np.argsort(lengths, kind="stable")
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    if max_tokens is None:
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches, start = [], 0
+    for end, i in enumerate(order, start=1):
+        over_budget = end - start > 1 and (end - start) * lengths[i] > max_tokens
+        if over_budget or end - start > batch_size:
+            batches.append(order[start : end - 1])
+            start = end - 1
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
 
 
 def to_batch(

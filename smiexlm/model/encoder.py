@@ -7,10 +7,12 @@ mask: padded keys get no attention, so real positions never see pads (padding in
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from smiexlm.model.config import ExLMConfig
+from smiexlm.model.dropout import Dropout, dropout
 from smiexlm.model.rope import apply_rotary
 
 
@@ -40,8 +42,21 @@ class SelfAttention(nn.Module):
         nq = q.shape[2]
         q, k = apply_rotary(q, cos[:, :, :nq], sin[:, :, :nq]), apply_rotary(k, cos, sin)
         p = self.attention_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
+        if p > 0.0 and q.device.type == "cpu":
+            y = attention_with_dropout(q, k, v, key_mask, p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
         return self.out(y.transpose(1, 2).flatten(2))  # (B, L, d)
+
+
+def attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, p: float) -> Tensor:
+    """SDPA's math path (float32 inside, as SDPA computes it on a CPU), with the attention
+    weights dropped by :func:`smiexlm.model.dropout.dropout`: CPU training only."""
+    dtype = q.dtype
+    q, k, v = q.float(), k.float(), v.float()
+    scores = (q @ k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)
+    scores = scores.masked_fill(~key_mask, float("-inf"))
+    return (dropout(torch.softmax(scores, dim=-1), p) @ v).to(dtype)
 
 
 class FeedForward(nn.Module):
@@ -49,7 +64,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(config.d_model, config.d_ff)
         self.fc2 = nn.Linear(config.d_ff, config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.dropout(F.gelu(self.fc1(x))))
@@ -62,7 +77,7 @@ class EncoderBlock(nn.Module):
         self.attn = SelfAttention(config)
         self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = FeedForward(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor, n_queries: int | None = None

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from smiexlm.errors import ConfigError
+from smiexlm.model.dropout import Dropout
 from smiexlm.tokenizer.special import IGNORE_INDEX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,7 +84,7 @@ class SequenceHead(nn.Module):
         if not 0.0 <= pooler_dropout < 1.0:
             raise ConfigError("pooler_dropout", pooler_dropout, "a probability in [0, 1)")
         self.dense = nn.Linear(n_inputs or d_model, d_model)
-        self.dropout = nn.Dropout(pooler_dropout)
+        self.dropout = Dropout(pooler_dropout)
         self.out_proj = nn.Linear(d_model, n_outputs)
 
     def forward(self, features: Tensor) -> Tensor:

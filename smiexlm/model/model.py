@@ -26,6 +26,7 @@ from smiexlm.dag import dag_logits_log_likelihood, dag_loss
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.checkpoint import load_model_folder, save_model_folder
 from smiexlm.model.config import ExLMConfig
+from smiexlm.model.dropout import Dropout
 from smiexlm.model.encoder import Encoder, count_parameters, init_weights
 from smiexlm.model.expansion import (
     ExpandedBatch,
@@ -73,7 +74,7 @@ class ExLMModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.encoder = Encoder(config, config.n_layers)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.lm_head = LMHead(config.d_model, config.vocab_size, config.layer_norm_eps)

@@ -42,9 +42,13 @@ def rope_angles_2d(
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate interleaved pairs of ``x`` (B, H, L, D) by angles given as cos/sin (B, 1, L, D/2)."""
-    pairs = x.unflatten(-1, (-1, 2))  # (B, H, L, D/2, 2)
-    x1, x2 = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return rotated.flatten(-2)  # (B, H, L, D)
+    """Rotate interleaved pairs of ``x`` (B, H, L, D) by angles given as cos/sin (B, 1, L, D/2).
+
+    Each pair is a complex number multiplied by cos + i·sin, in float32 for lower precisions
+    (float64 stays float64; one vectorised product instead of four strided ones), then cast
+    back to ``x``'s dtype.
+    """
+    work = torch.promote_types(x.dtype, torch.float32)
+    pairs = torch.view_as_complex(x.to(work).unflatten(-1, (-1, 2)))  # (B, H, L, D/2)
+    rotated = pairs * torch.complex(cos.to(work), sin.to(work))
+    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)  # (B, H, L, D)
