@@ -50,10 +50,11 @@ class SelfAttention(nn.Module):
 
 
 def attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, p: float) -> Tensor:
-    """SDPA's math path (float32 inside, as SDPA computes it on a CPU), with the attention
-    weights dropped by :func:`smiexlm.model.dropout.dropout`: CPU training only."""
+    """SDPA's math path (at least float32 inside, as SDPA computes it on a CPU), with the
+    attention weights dropped by :func:`smiexlm.model.dropout.dropout`: CPU training only."""
     dtype = q.dtype
-    q, k, v = q.float(), k.float(), v.float()
+    work = torch.promote_types(dtype, torch.float32)
+    q, k, v = q.to(work), k.to(work), v.to(work)
     scores = (q @ k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)
     scores = scores.masked_fill(~key_mask, float("-inf"))
     return (dropout(torch.softmax(scores, dim=-1), p) @ v).to(dtype)

@@ -99,17 +99,22 @@ def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
 
 
 def details_markdown(results: list[RunResult]) -> str:
-    """Per-run table: split, seed, sizes, invalid molecules, scored tasks, wall time."""
+    """Per-run table: split, seed, sizes, invalid molecules, scored tasks, updates, precision,
+    training CPU time and wall time."""
     lines = [
         "| model | dataset | split | seed | train/valid/test | n_invalid | tasks scored "
-        "| valid | test | best epoch | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| valid | test | best epoch | updates | precision | CPU s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        c = r.config or {}
+        cpu = c.get("train_cpu_seconds")
         lines.append(
             f"| {r.model} | {r.dataset} | {r.split} | {r.seed} | {'/'.join(map(str, r.sizes))} "
             f"| {r.n_invalid} | {r.n_tasks_scored}/{r.n_tasks} | {r.valid:.1f} | {r.test:.1f} "
-            f"| {r.best_epoch if r.best_epoch is not None else '–'} | {r.wall_s:.1f} |"
+            f"| {r.best_epoch if r.best_epoch is not None else '–'} | {c.get('steps', '–')} "
+            f"| {c.get('precision', '–')} | {'–' if cpu is None else f'{cpu:.0f}'} "
+            f"| {r.wall_s:.1f} |"
         )
     return "\n".join(lines)
 
