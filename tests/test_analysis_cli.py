@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from smiexlm.cli.main import app
+from tests.conftest import require_file
 
 PNG = b"\x89PNG\r\n\x1a\n"
 MICRO = dict(n_layers=2, n_heads=2, d_model=32, d_ff=64, n_transition_heads=2)
@@ -40,9 +41,7 @@ def setup(shared_data, tmp_path_factory):
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("analysis")
-    source = shared_data / "pretrain" / "moses_test.smi.gz"
-    if not source.is_file():
-        pytest.fail("shared data file missing: pretrain/moses_test.smi.gz")
+    source = require_file(shared_data, "pretrain/moses_test.smi.gz")
     with gzip.open(source, "rt") as handle:
         smiles = [next(handle).strip() for _ in range(240)]
     raw = root / "mols.smi"

@@ -28,6 +28,7 @@ from smiexlm.data import (
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.tokenizer.fast import ChunkEncoder
+from tests.conftest import require_file
 
 BAD_LINES = ["", "C1CC", "c1ccccc1 benzene", "CC(C)(C)(C)(C)C", "CCO", "OCC"]
 
@@ -36,9 +37,7 @@ BAD_LINES = ["", "C1CC", "c1ccccc1 benzene", "CC(C)(C)(C)(C)C", "CCO", "OCC"]
 def corpus(tmp_path_factory, shared_data):
     """3,000 MOSES test SMILES, a vocabulary built from them, and a .smi with bad lines."""
     root = tmp_path_factory.mktemp("corpus")
-    path = shared_data / "pretrain" / "moses_test.smi.gz"
-    if not path.is_file():
-        pytest.fail("shared data file missing: pretrain/moses_test.smi.gz")
+    path = require_file(shared_data, "pretrain/moses_test.smi.gz")
     with gzip.open(path, "rt") as handle:
         smiles = [line.strip() for line in itertools.islice(handle, 3000)]
     vocab = SmilesTokenizer.build(smiles).save(root / "vocab.json")

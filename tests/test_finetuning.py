@@ -49,7 +49,7 @@ def test_sorted_batches_cap_padded_positions():
     assert np.concatenate(batches).tolist() == np.argsort(lengths, kind="stable").tolist()
     assert [lengths[b].tolist() for b in batches] == [[3, 4, 5], [6, 7], [50], [100], [400]]
     cost = [len(b) * lengths[b].max() for b in batches]
-    assert all(c <= 100 or len(b) == 1 for c, b in zip(cost, batches))
+    assert all(c <= 100 or len(b) == 1 for c, b in zip(cost, batches, strict=True))
 
 
 def test_pad_batch_mask_and_values():

@@ -19,14 +19,13 @@ from smiexlm.training.config import (
     valid_keys,
 )
 from smiexlm.training.optim import PolynomialDecaySchedule, build_optimizer
+from tests.conftest import require_file
 from tests.test_training_support import FAST, MICRO_MODEL, build_dataset
 
 
 @pytest.fixture(scope="module")
 def dataset(shared_data, tmp_path_factory):
-    source = shared_data / "pretrain" / "moses_test.smi.gz"
-    if not source.is_file():
-        pytest.fail("shared data file missing: pretrain/moses_test.smi.gz")
+    source = require_file(shared_data, "pretrain/moses_test.smi.gz")
     return build_dataset(source, tmp_path_factory.mktemp("data") / "ds", n=300)
 
 

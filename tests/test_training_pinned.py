@@ -15,6 +15,7 @@ import os
 import pytest
 
 from smiexlm.training.config import load_config
+from tests.conftest import require_file
 from tests.test_training_support import build_dataset
 
 # mol_tiny_exlm as shipped (preset "tiny", ExLM k = 2, dropout 0.1), made small and exact.
@@ -61,9 +62,7 @@ PINNED_LOSSES = [
 
 @pytest.fixture(scope="module")
 def dataset(shared_data, tmp_path_factory):
-    source = shared_data / "pretrain" / "moses_test.smi.gz"
-    if not source.is_file():
-        pytest.fail("shared data file missing: pretrain/moses_test.smi.gz")
+    source = require_file(shared_data, "pretrain/moses_test.smi.gz")
     return build_dataset(source, tmp_path_factory.mktemp("pinned") / "ds", n=300)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from smiexlm.data.sampler import token_budget_batches
 from smiexlm.errors import DataError
 
 
@@ -99,15 +100,8 @@ def sorted_batches(
     order = np.argsort(lengths, kind="stable")
     if max_tokens is None:
         return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    batches, start = [], 0
-    for end, i in enumerate(order, start=1):
-        over_budget = end - start > 1 and (end - start) * lengths[i] > max_tokens
-        if over_budget or end - start > batch_size:
-            batches.append(order[start : end - 1])
-            start = end - 1
-    if start < len(order):
-        batches.append(order[start:])
-    return batches
+    cuts = token_budget_batches(lengths[order], max_tokens, batch_size)
+    return [order[cut.start : cut.stop] for cut in cuts]
 
 
 def to_batch(

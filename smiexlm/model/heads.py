@@ -2,9 +2,10 @@
 
 ``ExLMForSequencePrediction`` pools the encoder's states by its ``pooling`` (``cls`` = the
 first position, for ExLM the first BOS state; ``mean`` or ``max`` over the real positions),
-then ``SequenceHead`` applies dense → tanh → dropout → out_proj. ``task_loss`` is the one place where missing labels (NaN) are masked out, for
-multi-label classification (BCE) and regression (MSE); single-label classification uses
-cross-entropy with ``IGNORE_INDEX`` (−100) as "missing".
+then ``SequenceHead`` applies dense → tanh → dropout → out_proj. ``task_loss`` is the one
+place where missing labels (NaN) are masked out, for multi-label classification (BCE) and
+regression (MSE); single-label classification uses cross-entropy with ``IGNORE_INDEX``
+(−100) as "missing".
 """
 
 from __future__ import annotations
