@@ -101,9 +101,8 @@ class TrainConfig:
     clip_norm: float = 1.0  # 0 disables clipping
     # --- runtime
     seed: int = 1
-    device: str = (
-        "auto"  # auto (CUDA when available; a GPU per process under torchrun), cpu, cuda, cuda:N
-    )
+    # auto (CUDA when available; a GPU per process under torchrun), cpu, cuda, cuda:N
+    device: str = "auto"
     # auto = bf16 autocast on GPU and on CPUs with native bf16 (AVX512-BF16/AMX), fp32 elsewhere
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     num_threads: int = 0  # torch intra-op threads per process; 0 = torch's default
