@@ -5,9 +5,9 @@
 
 For each encoder layer asked for (default: the last) and cls, mean and max pooling: the
 21-drug panel of ``smiexlm demo`` embedded raw, centred on the mean embedding of the first N
-MOSES training molecules, and whitened with that corpus's principal components. Prints, per variant, how many drugs have a nearest
-neighbour (cosine) of their own family, and the range of those cosines. ECFP4 Tanimoto gets
-15/21.
+MOSES training molecules, and whitened with that corpus's principal components. Prints, per
+variant, how many drugs have a nearest neighbour (cosine) of their own family, and the range
+of those cosines. ECFP4 Tanimoto gets 15/21.
 """
 
 from __future__ import annotations
