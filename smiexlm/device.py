@@ -45,13 +45,26 @@ def resolve_device(device: str | torch.device, local_rank: int | None = None) ->
     return resolved
 
 
+NATIVE_BF16_ENV = "SMIEXLM_NATIVE_BF16"  # "0": treat the CPU as fp32-only; "1": as bf16-native
+
+
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """True when the CPU has bf16 instructions (AVX512-BF16 or AMX), where bf16 matrix
     products beat fp32 ones. Elsewhere bf16 is emulated and slower than fp32, so the ``auto``
-    precision stays fp32 there."""
+    precision stays fp32 there.
+
+    ``SMIEXLM_NATIVE_BF16=0`` or ``=1`` overrides the probe, so that either precision path
+    can be exercised on any CPU (CI runs the tests once each way)."""
+    import os
+
     import torch
 
+    forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise ConfigError(NATIVE_BF16_ENV, forced, "'0', '1' or unset (probe the CPU)")
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 

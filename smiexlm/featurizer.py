@@ -44,6 +44,7 @@ from smiexlm.errors import (
     VocabularyMismatchError,
     shorten,
 )
+from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.model import ExLMModel
 from smiexlm.paths import ASSETS_DIR
 from smiexlm.tokenizer import SmilesTokenizer
@@ -358,7 +359,7 @@ class Featurizer:
             ids[r, : len(row)] = row
         input_ids = torch.from_numpy(ids).to(self.device)
         mask = input_ids != self.tokenizer.pad_id  # (B, T) True = real token
-        with torch.inference_mode():
+        with torch.inference_mode(), batch_invariant():
             pooled = self.model.encode(input_ids, mask, pooling=pooling, layer=layer).pooled
         return pooled.float().cpu().numpy()
 

@@ -12,7 +12,8 @@ function of the validation logits. :func:`fit` then does the rest, the same way 
   (AVX512-BF16 or AMX), where it measured 1.3x faster than fp32 on BBBP with the same test
   score; fp32 on other CPUs, where bf16 is emulated. ``"bf16"`` forces it, ``"off"`` never;
 - length-bucketed training batches, length-sorted evaluation under ``torch.inference_mode``
-  (at most ``EVAL_MAX_TOKENS`` padded positions per batch);
+  (at most ``EVAL_MAX_TOKENS`` padded positions per batch); :func:`predict` serves in fp32
+  unless told otherwise, so that an output does not depend on its batch;
 - validation after every epoch; ``select="best"`` keeps the best epoch's weights (ties keep
   the earlier epoch), ``"last"`` the final ones; ``patience`` stops after that many epochs
   without a better validation score (None = run the whole schedule).
@@ -24,6 +25,7 @@ and the head trains on those cached features (seconds instead of minutes).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -39,6 +41,7 @@ from smiexlm import device as device_policy
 from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError
 from smiexlm.finetuning.batches import Examples, bucketed_batches, iterate, sorted_batches
+from smiexlm.model.encoder import batch_invariant
 
 EVAL_MAX_TOKENS = 4096  # padded positions per evaluation batch
 
@@ -155,20 +158,26 @@ def predict(
     model: nn.Module,
     examples: Examples,
     batch_size: int = 256,
-    amp: str = "auto",
+    amp: str = "off",
     pad_id: int = 0,
     output: Literal["logits", "pooled"] = "logits",
     max_tokens: int | None = EVAL_MAX_TOKENS,
 ) -> np.ndarray:
     """(N, C) float32 logits (or pooled features) in input order, eval mode, length-sorted,
-    at most ``batch_size`` examples and ``max_tokens`` padded positions per batch."""
+    at most ``batch_size`` examples and ``max_tokens`` padded positions per batch.
+
+    ``amp="off"`` (the default, what ``predict`` and the featurizer serve with) runs fp32 under
+    :func:`~smiexlm.model.encoder.batch_invariant`, so a molecule's output does not depend on
+    its batch neighbours, their padding or the batch size. bf16 autocast (``"auto"``/``"bf16"``, used for validation while training) rounds each batch
+    shape differently: outputs then move by up to about 1e-2 with the batching."""
     model.eval()
     device = next(model.parameters()).device
     plain = Examples(examples.rows, None, examples.features, examples.pooled)
     out: np.ndarray | None = None
     batches = sorted_batches(plain.lengths(), batch_size, max_tokens)
+    fp32 = not uses_bf16(device, amp)
     for index, batch in iterate(plain, batches, device, pad_id):
-        with autocast(device, amp):
+        with autocast(device, amp), batch_invariant() if fp32 else contextlib.nullcontext():
             if output == "pooled":
                 values = model.pool(batch["input_ids"], batch["attention_mask"])
             else:
