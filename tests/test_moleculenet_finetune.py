@@ -206,3 +206,40 @@ def test_cli_probe_on_a_user_csv(tmp_path):
     rows = pd.read_csv(out / "results.csv")
     assert rows["model"][0] == "default_model linear probe (logistic)"
     assert 0.0 <= rows["test"][0] <= 100.0 and json.loads(rows["config"][0])["chosen_c"]
+
+
+@pytest.mark.parametrize("features", ["ecfp4", "rdkit2d", "both"])
+def test_baseline_features_match_a_forest_trained_by_hand(features):
+    """The baseline's score equals a RandomForest fitted here on the same features and split
+    (descriptors median-filled and scaled on the split's train rows)."""
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.metrics import roc_auc_score
+
+    from smiexlm.fingerprints import morgan_fingerprints, rdkit2d_descriptors
+    from smiexlm.moleculenet.baseline import DESCRIPTOR_CLIP, BaselineConfig, run_baseline
+    from smiexlm.moleculenet.features import FeatureScaler
+    from smiexlm.moleculenet.splits import make_split
+
+    smiles = [f"C1{'C' * n}1{tail}" for n in range(2, 14) for tail in ("", "O", "N", "Cl", "CC=O")]
+    y = np.array([(len(s) + s.count("O")) % 2 for s in smiles], dtype=float)
+    df = pd.DataFrame({"smiles": smiles, "y": y})
+    df.attrs.update(name="toy", task_type="classification", label_cols=["y"])
+    cfg = BaselineConfig(features, n_trees=20, split="random")
+    (result,) = run_baseline(df, [3], cfg)
+    assert result.model == {"ecfp4": "RF-ECFP4", "rdkit2d": "RF-RDKit2D",
+                            "both": "RF-ECFP4+RDKit2D"}[features] + " (20 trees)"  # fmt: skip
+
+    split = make_split(smiles, "random", 3)
+    parts = []
+    if features != "rdkit2d":
+        parts.append(morgan_fingerprints(smiles).astype(np.float32))
+    if features != "ecfp4":
+        raw = rdkit2d_descriptors(smiles)
+        scaler = FeatureScaler.fit(raw[split.train], "rdkit2d", clip=DESCRIPTOR_CLIP)
+        parts.append(scaler.transform(raw))
+    x = np.concatenate(parts, axis=1)
+    assert np.isfinite(x).all()
+    forest = RandomForestClassifier(n_estimators=20, random_state=3, class_weight="balanced")
+    forest.fit(x[split.train], y[split.train])
+    expected = roc_auc_score(y[split.test], forest.predict_proba(x[split.test])[:, 1]) * 100
+    assert result.test == pytest.approx(expected)

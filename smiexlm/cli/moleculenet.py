@@ -90,6 +90,9 @@ def _print_report(results, out: Path, title: str) -> None:
 def baseline(
     tasks: Tasks = None,
     seeds: Seeds = None,
+    features: Annotated[
+        str, typer.Option("--features", help="ecfp4 (default) | rdkit2d | both.")
+    ] = "ecfp4",
     n_trees: Annotated[int, typer.Option("--n-trees", help="Trees per forest.")] = 500,
     class_weight: Annotated[
         str, typer.Option("--class-weight", help="balanced (default) | none.")
@@ -101,16 +104,17 @@ def baseline(
     task_type: TaskTypeOpt = "classification",
     out: Out = Path("runs/baseline"),
 ) -> None:
-    """RandomForest on Morgan radius-2 2048-bit fingerprints (ECFP4), same splits and seeds."""
+    """RandomForest on ECFP4 bits, RDKit 2D descriptors or both, same splits and seeds."""
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.report import write_report
 
-    cfg = BaselineConfig(n_trees=n_trees, split=split, class_weight=class_weight)
+    cfg = BaselineConfig(features, n_trees=n_trees, split=split, class_weight=class_weight)
+    title = f"{cfg.model_name.split(' (')[0]} baseline"
     results = []
     for df in _frames(tasks, data, smiles_col, label_cols, task_type):
         results += run_baseline(df, _seeds(seeds), cfg)
-        write_report(results, out, "RF-ECFP4 baseline")  # partial results survive an interrupt
-    _print_report(results, out, "RF-ECFP4 baseline")
+        write_report(results, out, title)  # partial results survive an interrupt
+    _print_report(results, out, title)
 
 
 Checkpoint = Annotated[

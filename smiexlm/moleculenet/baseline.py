@@ -1,5 +1,12 @@
-"""The classical reference: RandomForest on Morgan radius-2 (ECFP4) 2048-bit fingerprints.
+"""The classical reference: RandomForest on ECFP4 bits, RDKit 2D descriptors, or both.
 
+``features``: ``ecfp4`` (Morgan radius 2, 2048 bits), ``rdkit2d`` (every descriptor of
+``rdkit.Chem.Descriptors.descList``, the same code as the hybrid fine-tuning features and the
+descriptor pretraining targets) or ``both`` (the two side by side). Descriptors go through the
+hybrid features' :class:`~smiexlm.moleculenet.features.FeatureScaler` fitted on the train
+rows of each split: missing values take the train median, and values beyond ``DESCRIPTOR_CLIP``
+train standard deviations are clipped (a forest only sees the order of values, so this changes
+nothing but the few astronomically large ones, such as ``Ipc``, which float32 trees cannot hold).
 Same data, same splits and same seeds as fine-tuning. One forest per task, trained on the
 train rows whose label for that task is known; a task whose train labels hold one class only
 predicts that class's prior. No model selection: the valid score is reported, not used.
@@ -18,14 +25,20 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from smiexlm.errors import ConfigError
-from smiexlm.fingerprints import morgan_fingerprints
+from smiexlm.fingerprints import morgan_fingerprints, rdkit2d_descriptors
+from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import check_scorable, score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS, make_split
 
+BASELINE_FEATURES = ("ecfp4", "rdkit2d", "both")
+FEATURE_LABELS = {"ecfp4": "ECFP4", "rdkit2d": "RDKit2D", "both": "ECFP4+RDKit2D"}
+DESCRIPTOR_CLIP = 1e4  # train standard deviations
+
 
 @dataclass
 class BaselineConfig:
+    features: str = "ecfp4"  # ecfp4 | rdkit2d | both
     n_trees: int = 500
     radius: int = 2
     n_bits: int = 2048
@@ -33,7 +46,14 @@ class BaselineConfig:
     n_jobs: int = 1
     class_weight: str = "balanced"  # "balanced" | "none"
 
+    @property
+    def model_name(self) -> str:
+        weighting = ", unweighted" if self.class_weight == "none" else ""
+        return f"RF-{FEATURE_LABELS[self.features]} ({self.n_trees} trees{weighting})"
+
     def __post_init__(self) -> None:
+        if self.features not in BASELINE_FEATURES:
+            raise ConfigError("features", self.features, f"one of {', '.join(BASELINE_FEATURES)}")
         if self.n_trees < 1:
             raise ConfigError("n_trees", self.n_trees, "a positive integer")
         if self.radius < 0 or self.n_bits < 8:
@@ -77,6 +97,26 @@ def _fit_predict(
     return out
 
 
+class _Features:
+    """The raw features of every molecule, computed once; :meth:`split` scales descriptors on a
+    split's train rows."""
+
+    def __init__(self, smiles: list[str], cfg: BaselineConfig):
+        self.kind = cfg.features
+        with_bits, with_descriptors = self.kind in ("ecfp4", "both"), self.kind != "ecfp4"
+        self.bits = morgan_fingerprints(smiles, cfg.radius, cfg.n_bits) if with_bits else None
+        self.descriptors = rdkit2d_descriptors(smiles) if with_descriptors else None
+
+    def split(self, train: Sequence[int]) -> np.ndarray:
+        """(N, F) float32 for the forest."""
+        parts = [] if self.bits is None else [self.bits.astype(np.float32)]
+        if self.descriptors is not None:
+            scaler = FeatureScaler.fit(self.descriptors[np.asarray(train)], "rdkit2d",
+                                       clip=DESCRIPTOR_CLIP)  # fmt: skip
+            parts.append(scaler.transform(self.descriptors))
+        return np.concatenate(parts, axis=1)
+
+
 def run_baseline(
     df: pd.DataFrame, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None
 ) -> list[RunResult]:
@@ -86,14 +126,15 @@ def run_baseline(
     labels = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
     y = df[labels].to_numpy(dtype=float)
     start = time.perf_counter()
-    x = morgan_fingerprints(df["smiles"].tolist(), cfg.radius, cfg.n_bits)
-    fp_time = time.perf_counter() - start
+    features = _Features(df["smiles"].tolist(), cfg)
+    feature_time = time.perf_counter() - start
     results = []
-    split = None
-    for seed in tqdm(list(seeds), desc=f"RF {name}", leave=False):
+    split = x = None
+    for seed in tqdm(list(seeds), desc=f"{cfg.model_name} {name}", leave=False):
         t0 = time.perf_counter()
         if split is None or split.seed is not None:  # deterministic splits are made once
             split = make_split(df["smiles"].tolist(), cfg.split, seed)
+            x = features.split(split.train)
         if task_type == "classification":
             check_scorable(y[split.test], labels, name, split.label)
         x_eval = x[split.valid + split.test]
@@ -104,8 +145,7 @@ def run_baseline(
         scale = 100.0 if task_type == "classification" else 1.0
         results.append(
             RunResult(
-                model=f"RF-ECFP4 ({cfg.n_trees} trees"
-                + (", unweighted)" if cfg.class_weight == "none" else ")"),
+                model=cfg.model_name,
                 dataset=name,
                 seed=seed,
                 split=split.label,
@@ -116,7 +156,7 @@ def run_baseline(
                 n_invalid=int(df.attrs.get("n_invalid", 0)),
                 n_tasks_scored=test.n_scored,
                 n_tasks=len(labels),
-                wall_s=time.perf_counter() - t0 + fp_time / len(seeds),
+                wall_s=time.perf_counter() - t0 + feature_time / len(seeds),
                 data_sha256=df.attrs.get("sha256"),
                 config=asdict(cfg),
             )
