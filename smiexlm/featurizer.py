@@ -34,7 +34,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from smiexlm.data.normalize import NormalizeConfig, normalize_smiles
+from smiexlm.data.normalize import (
+    MAX_SMILES_CHARS,
+    NormalizeConfig,
+    normalize_smiles,
+    text_problem,
+)
 from smiexlm.data.sampler import token_budget_batches
 from smiexlm.device import resolve_device
 from smiexlm.errors import (
@@ -57,6 +62,10 @@ CARD_FILE = "MODEL_CARD.md"
 # The preprocessing defaults without the corpus' size limits (featurizing rejects nothing
 # for size here; the model's max_positions is checked on its own).
 FEATURIZE_DEFAULT = NormalizeConfig(max_length=None)
+# Inputs longer than this many characters per model position are rejected before RDKit or
+# the tokenizer sees them: twice the longest token of the shipped vocabulary ("[SbH6+3]"),
+# so such an input could never fit the model's positions anyway.
+CHARS_PER_POSITION = 16
 
 Pooling = Literal["cls", "mean", "max"]
 Errors = Literal["raise", "nan"]
@@ -175,6 +184,11 @@ class Featurizer:
         """Embedding width d."""
         return self.model.config.d_model
 
+    @property
+    def max_chars(self) -> int:
+        """Longest SMILES (characters) accepted; longer ones fail before any parsing."""
+        return min(MAX_SMILES_CHARS, CHARS_PER_POSITION * self.model.config.max_positions)
+
     def __repr__(self) -> str:
         c = self.model.config
         shipped = self.source is not None and Path(self.source).resolve() == DEFAULT_MODEL_DIR
@@ -272,7 +286,7 @@ class Featurizer:
         """Normalise and tokenize: ids (with BOS/EOS) or None per input, the reason of each
         failure (None where it worked), and how many inputs normalisation rewrote."""
         norm = self.normalization
-        checked = [_check_text(s) for s in smiles]
+        checked = [_check_text(s, self.max_chars) for s in smiles]
         texts = [text for text, _ in checked]
         reasons = [reason for _, reason in checked]
         changed = 0
@@ -396,7 +410,7 @@ def _as_list(smiles: Any) -> list[Any]:
     return list(smiles)
 
 
-def _check_text(value: Any) -> tuple[str | None, str | None]:
+def _check_text(value: Any, max_chars: int) -> tuple[str | None, str | None]:
     if not isinstance(value, str):
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return None, "missing value"
@@ -404,6 +418,8 @@ def _check_text(value: Any) -> tuple[str | None, str | None]:
     text = value.strip()
     if not text:
         return None, "empty string"
+    if reason := text_problem(text, max_chars):  # too long, or not encodable
+        return None, reason
     if any(c.isspace() for c in text):
         return None, "whitespace inside the SMILES"
     return text, None
