@@ -20,7 +20,7 @@ import numpy as np
 from smiexlm.errors import DataError
 from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.fingerprints import tanimoto_matrix
-from smiexlm.paths import atomic_paths
+from smiexlm.paths import atomic_paths, check_output
 from smiexlm.tables import iter_table
 
 OUT_SUFFIXES = (".parquet", ".npy")
@@ -94,6 +94,9 @@ def embed_file(
     out, input_path = Path(out), Path(input_path)
     if out.suffix not in OUT_SUFFIXES:
         raise DataError(f"--out {str(out)!r}: expected a file ending in {OUT_SUFFIXES}")
+    check_output(out, "--out")  # before any compute, not after it
+    if out.suffix == ".npy":
+        check_output(out.with_suffix(".ids.csv"), "--out ids file")
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     if id_cols is None:

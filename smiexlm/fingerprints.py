@@ -8,6 +8,7 @@ RDKit is imported inside the functions so that importing this module stays cheap
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Literal
 
@@ -15,8 +16,13 @@ import numpy as np
 
 from smiexlm.errors import ConfigError, InvalidSmilesError
 
+log = logging.getLogger(__name__)
+
 FeatureKind = Literal["ecfp4", "rdkit2d"]
 FEATURE_KINDS: tuple[str, ...] = ("ecfp4", "rdkit2d")
+# Descriptor values beyond ±this are NaN: Ipc reaches 1e40 (BBBP) to 1e227 (a long chain),
+# past float32 and past what a mean and a standard deviation can be computed over.
+DESCRIPTOR_LIMIT = 1e15
 
 
 def _mols(smiles: Sequence[str]) -> list:
@@ -52,17 +58,25 @@ def rdkit2d_descriptors(smiles: Sequence[str]) -> np.ndarray:
     """(N, D) float64: every descriptor of ``rdkit.Chem.Descriptors.descList`` (D ≈ 210).
 
     Values RDKit cannot compute come back NaN (the normaliser fills them with the train
-    median); infinities are turned into NaN too.
+    median); infinities and values beyond ±:data:`DESCRIPTOR_LIMIT` are turned into NaN too,
+    and how many is logged.
     """
     from rdkit.Chem import Descriptors
 
+    names = [name for name, _ in Descriptors.descList]
     functions = [fn for _, fn in Descriptors.descList]
     out = np.full((len(smiles), len(functions)), np.nan)
     for i, mol in enumerate(_mols(smiles)):
         for j, fn in enumerate(functions):
             with contextlib.suppress(ValueError, ZeroDivisionError, OverflowError, RuntimeError):
                 out[i, j] = float(fn(mol))
-    out[~np.isfinite(out)] = np.nan
+    with np.errstate(invalid="ignore"):
+        huge = ~np.isnan(out) & ~(np.abs(out) <= DESCRIPTOR_LIMIT)  # inf included
+    if huge.any():
+        columns = ", ".join(names[j] for j in np.flatnonzero(huge.any(axis=0)))
+        log.warning("rdkit2d: %d descriptor values beyond ±%.0e (%s) set to NaN, filled like "
+                    "missing ones", int(huge.sum()), DESCRIPTOR_LIMIT, columns)  # fmt: skip
+        out[huge] = np.nan
     return out
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from smiexlm.errors import DataError
 
@@ -42,6 +43,40 @@ def data_dir(required: bool = True) -> Path | None:
 def cache_dir() -> Path:
     path = Path(os.environ.get("SMIEXLM_CACHE", Path.home() / ".cache" / "smiexlm")).expanduser()
     path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def check_input_file(path: str | Path, what: str = "input") -> Path:
+    """``path`` when it is an existing file; DataError saying it is missing or a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{what} {str(path)!r} is a directory: expected a file")
+    if not path.is_file():
+        raise DataError(f"{what} {str(path)!r} does not exist")
+    return path
+
+
+def check_output(
+    path: str | Path, what: str = "--out", kind: Literal["file", "folder"] = "file"
+) -> Path:
+    """``path`` when a ``kind`` can be written there; DataError naming ``what`` otherwise.
+
+    Called before any compute, so that a run cannot fail at its end for want of a place to
+    write: ``path`` must not exist as the other kind, and the nearest existing folder on
+    the way to it must be a writable folder (not a file).
+    """
+    path = Path(path).expanduser()
+    if kind == "file" and path.is_dir():
+        raise DataError(f"{what} {str(path)!r} is a directory: expected a file name")
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise DataError(f"{what} {str(path)!r} is a file: expected a folder")
+    folder = path if path.is_dir() else path.parent
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise DataError(f"{what} {str(path)!r}: {str(folder)!r} is a file, expected a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DataError(f"{what} {str(path)!r}: folder {str(folder)!r} is not writable")
     return path
 
 
@@ -101,6 +136,44 @@ def is_temporary_name(name: str) -> bool:
     return name.startswith(".") and ".tmp-" in name
 
 
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:  # never one of ours; 0 would mean "my process group" to kill()
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | Path) -> int:
+    """Remove what killed writers of ``path`` left beside it; the number removed.
+
+    A ``kill -9`` skips every cleanup, leaving the temporary names of :func:`atomic_paths`
+    (``.emb.tmp-PID.npy``) and :func:`atomic_dir` (``.model.tmp-PID``, ``.model.old-PID``).
+    Those whose process no longer runs on this machine are deleted; those of live processes
+    (another run writing the same output right now) are left alone.
+    """
+    path = Path(path)
+    stem, suffix, name = map(re.escape, (path.stem, path.suffix, path.name))
+    pattern = re.compile(rf"\.(?:{stem}\.tmp-(\d+){suffix}|{name}\.(?:tmp|old)-(\d+))")
+    if not path.parent.is_dir():
+        return 0
+    removed = 0
+    for entry in path.parent.iterdir():
+        match = pattern.fullmatch(entry.name)
+        if not match or _pid_alive(int(match.group(1) or match.group(2))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def _fsync(path: Path) -> None:
     if path.is_file():
         with open(path, "rb") as handle:
@@ -130,11 +203,13 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     renamed only when the block finishes without error, so a reader never sees a partial
     file and an interrupt never destroys the previous result. The renames of several files
     run with Ctrl-C and SIGTERM held, so they land as one unit. On error the temporary files
-    are removed and the final names are left untouched.
+    are removed and the final names are left untouched; what a killed run left is removed
+    first (:func:`remove_stale_temporaries`).
     """
     finals = [Path(p) for p in paths]
     for final in finals:
         final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(final)
     tmps = [temporary_name(final) for final in finals]
     try:
         yield tmps
@@ -155,6 +230,7 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     rename, so the folder appears complete or not at all. On error it is removed."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)

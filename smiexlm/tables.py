@@ -23,15 +23,14 @@ from typing import Any
 
 from smiexlm.data.readers import split_smiles_line
 from smiexlm.errors import DataError
+from smiexlm.paths import check_input_file
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".smi", ".txt")
 
 
 def iter_table(path: Path, smiles_col: str, chunk_rows: int = 8192) -> Iterator[Any]:
     """DataFrames of up to ``chunk_rows`` rows of ``path``; at least one, none empty."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"input {str(path)!r} does not exist")
+    path = check_input_file(path)
     name = path.name.lower().removesuffix(".gz")
     if not name.endswith(TABLE_SUFFIXES):
         raise DataError(

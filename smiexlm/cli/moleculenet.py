@@ -72,9 +72,20 @@ def _frames(
 ):
     from smiexlm.moleculenet import load_csv, load_dataset
 
-    if data is not None:
-        return [load_csv(data, smiles_col, label_cols or [], task_type)]  # type: ignore[arg-type]
+    if data is not None:  # one task name given (finetune NAME --data) titles the results
+        name = tasks[0] if tasks and len(tasks) == 1 else None
+        labels = label_cols or []
+        return [load_csv(data, smiles_col, labels, task_type, name)]  # type: ignore[arg-type]
     return (load_dataset(name) for name in _tasks(tasks))  # one set in memory at a time
+
+
+def _check_outputs(out: Path, save_dir: Path | None = None) -> None:
+    """Fail before any compute when the report folder (or --save-dir) cannot be written."""
+    from smiexlm.paths import check_output
+
+    check_output(out, "--out", "folder")
+    if save_dir is not None:
+        check_output(save_dir, "--save-dir", "folder")
 
 
 def _print_report(results, out: Path, title: str) -> None:
@@ -108,6 +119,7 @@ def baseline(
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.report import write_report
 
+    _check_outputs(out)
     cfg = BaselineConfig(features, n_trees=n_trees, split=split, class_weight=class_weight)
     title = f"{cfg.model_name.split(' (')[0]} baseline"
     results = []
@@ -192,6 +204,7 @@ def finetune(
     config; test ROC-AUC per seed."""
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
 
+    _check_outputs(out, save_dir)
     cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
@@ -221,6 +234,7 @@ def benchmark(
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
     from smiexlm.moleculenet.report import write_report
 
+    _check_outputs(out)
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     for df in _frames(tasks, None, "smiles", None, "classification"):
         cfg = _config(df.attrs["name"], split=split, epochs=epochs,
@@ -250,16 +264,32 @@ def predict(
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES."""
-    from smiexlm.paths import atomic_path
+    from smiexlm.paths import atomic_path, check_output
     from smiexlm.tables import read_table
 
-    output = output if output is not None else out
+    output = check_output(output if output is not None else out, "--out")
     frame = read_table(input, smiles_col)  # text cells; a blank cell is ""
     result = _predict_rows(checkpoint, frame, smiles_col, id_cols)
     with atomic_path(output) as tmp:  # a reader never sees half a file
         result.to_csv(tmp, index=False)
     bad = int((~result["valid"]).sum())
+    _echo_failures(result)
     typer.echo(f"wrote {len(result)} rows ({bad} unparsable) to {output}")
+
+
+def _echo_failures(result, shown: int = 10) -> None:
+    """The first ``shown`` NaN rows of a prediction, with the reason of each, on stderr."""
+    from smiexlm.data.normalize import smiles_problem
+    from smiexlm.errors import shorten
+
+    bad = [i for i, ok in enumerate(result["valid"].tolist()) if not ok]
+    for row in bad[:shown]:
+        text = str(result["smiles"].iloc[row]).strip()
+        spaced = any(c.isspace() for c in text)
+        reason = "whitespace inside the SMILES" if spaced else smiles_problem(text)
+        typer.echo(f"  row {row}: {shorten(text)!r} ({reason})", err=True)
+    if len(bad) > shown:
+        typer.echo(f"  ... and {len(bad) - shown:,} more (NaN rows)", err=True)
 
 
 def _predict_rows(checkpoint: list[Path], frame, smiles_col: str, id_cols: str | None):
@@ -309,6 +339,7 @@ def probe(
     from smiexlm.moleculenet.finetune import Backbone
     from smiexlm.moleculenet.probe import ProbeConfig, run_probe
 
+    _check_outputs(out)
     cfg = ProbeConfig(split=split, features=features, device=device)
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     results = run_probe(df, Backbone(checkpoint), _seeds(seeds), cfg)

@@ -1,9 +1,10 @@
 """Per-molecule normalisation and the chunk transform that worker processes run.
 
-A chunk goes through: UTF-8 decoding -> field extraction -> RDKit (parse, sanitize, optional
-largest-fragment choice, heavy-atom limit, canonical SMILES with stereo kept) -> token ids ->
-64-bit hash of the final SMILES. Every row either comes out as a candidate molecule or as a
-reject with a reason; deduplication happens later, in input order, in the main process.
+A chunk goes through: UTF-8 decoding -> field extraction -> RDKit (length check, parse,
+sanitize, optional largest-fragment choice, heavy-atom limit, canonical SMILES with stereo
+kept) -> token ids -> 64-bit hash of the final SMILES. Every row either comes out as a
+candidate molecule or as a reject with a reason; deduplication happens later, in input order,
+in the main process.
 
 With ``canonicalize=False`` and no salt stripping or heavy-atom limit, RDKit is skipped
 entirely: the SMILES is kept as written and only the tokenizer validates it (the fast path).
@@ -24,9 +25,16 @@ from smiexlm.tokenizer.fast import ChunkEncoder
 # Whitespace other than the line break: its chunks take the per-line path, which strips.
 _NON_NEWLINE_SPACE = re.compile(r"[^\S\n]")
 
+# RDKit's canonical ranking recurses along chains and overflows the C stack (a segfault,
+# not an exception, after minutes) near 20,000 atoms, so no SMILES longer than this reaches
+# RDKit anywhere in the package. 16 characters for each of 512 model positions: far above
+# any real molecule (a featurizer lowers it to 16 x its model's max_positions).
+MAX_SMILES_CHARS = 8192
+
 REJECT_REASONS = (
     "empty",
     "non_utf8",
+    "too_many_characters",
     "invalid_smiles",
     "untokenizable",
     "too_many_heavy_atoms",
@@ -60,10 +68,42 @@ class NormalizeConfig:
         return self.canonicalize or self.strip_salts or self.max_heavy_atoms is not None
 
 
+def too_long(smiles: str, limit: int = MAX_SMILES_CHARS) -> str | None:
+    """The reason "longer than N characters" when ``smiles`` must not reach RDKit, or None."""
+    return f"longer than {limit:,} characters" if len(smiles) > limit else None
+
+
+def text_problem(smiles: str, limit: int = MAX_SMILES_CHARS) -> str | None:
+    """Why ``smiles`` must not reach RDKit or the tokenizer (too long, or holding lone
+    surrogates that no UTF-8 encoder accepts), or None."""
+    if reason := too_long(smiles, limit):
+        return reason
+    if not smiles.isascii():
+        try:
+            smiles.encode("utf-8")
+        except UnicodeEncodeError:
+            return "not valid Unicode text (lone surrogate)"
+    return None
+
+
+def smiles_problem(smiles: str) -> str | None:
+    """Why RDKit cannot read ``smiles`` (empty, too long, unparsable), or None when it can."""
+    from rdkit import Chem, rdBase
+
+    if not smiles:
+        return "empty"
+    if reason := text_problem(smiles):
+        return reason
+    with rdBase.BlockLogs():  # the reason goes to the caller's report, not to stderr
+        return None if Chem.MolFromSmiles(smiles) is not None else "RDKit cannot parse it"
+
+
 def normalize_smiles(smiles: str, config: NormalizeConfig) -> tuple[str | None, str | None]:
     """``(smiles, None)`` after RDKit normalisation, or ``(None, reason)``."""
     from rdkit import Chem
 
+    if too_long(smiles):
+        return None, "too_many_characters"
     mol = Chem.MolFromSmiles(smiles)
     if mol is None:
         return None, "invalid_smiles"
@@ -170,7 +210,7 @@ def process_chunk(items: list, config: NormalizeConfig, encoder: ChunkEncoder) -
         if value is None:
             continue
         if config.needs_rdkit:
-            norm, reason = normalize_smiles(value, config)
+            norm, reason = normalize_smiles(value, config)  # checks the length first
             if norm is None:
                 rejects.append((i, value, reason or "invalid_smiles"))
                 continue

@@ -37,7 +37,7 @@ from smiexlm.data.shards import (
     write_shard,
 )
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
-from smiexlm.paths import is_temporary_name
+from smiexlm.paths import check_output, is_temporary_name
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.tokenizer.fast import ChunkEncoder
 
@@ -139,7 +139,7 @@ def preprocess(
     if not inputs and not valid_inputs:
         raise ConfigError("inputs", list(inputs), "at least one input file")
     tokenizer = SmilesTokenizer.load(vocab) if vocab else SmilesTokenizer()
-    out = Path(out_dir)
+    out = check_output(out_dir, "--out", "folder")
     sources = [(Path(p), "valid") for p in valid_inputs] + [(Path(p), "hash") for p in inputs]
     for path, _ in sources:
         if not path.exists():
@@ -160,6 +160,7 @@ def preprocess(
             manifest = json.loads((out / "manifest.json").read_text())
             return PreprocessResult(out, manifest, 0.0, 0)
         state = _State(**saved["state"])
+        state.rejected = dict.fromkeys(REJECT_REASONS, 0) | state.rejected  # newer reasons
         _drop_uncommitted(out, state)
     else:
         if (out / "manifest.json").exists() or progress_path.exists():
@@ -228,7 +229,8 @@ def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_do
         state.molecules_in += result.n_rows
         processed += result.n_rows
         for row, text, reason in result.rejects:
-            writer.writerow([source, lines[row], text, reason])
+            if reason != "empty":  # blank lines are counted, not listed
+                writer.writerow([source, lines[row], text, reason])
             state.rejected[reason] += 1
         is_new = seen.add_new(result.hashes)
         state.duplicates += int(len(is_new) - is_new.sum())

@@ -59,6 +59,11 @@ def detect_format(path: Path) -> Format:
     """The input format of ``path`` from its suffix (a trailing ``.gz`` is ignored)."""
     if path.is_dir() and (path / "data.mdb").is_file():
         return "lmdb"
+    if path.is_dir():
+        raise DataError(
+            f"input {str(path)!r} is a directory: expected a SMILES file (or an LMDB folder "
+            "holding data.mdb)"
+        )
     name = path.name.lower()
     if name.endswith(".gz"):
         name = name[:-3]

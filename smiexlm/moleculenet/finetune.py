@@ -39,7 +39,7 @@ from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.metrics import check_scorable, score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split, make_split
-from smiexlm.paths import ASSETS_DIR, atomic_dir
+from smiexlm.paths import ASSETS_DIR, atomic_dir, check_output
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,8 @@ def run_finetune(
 ) -> list[RunResult]:
     """``finetune_once`` per seed on one split (deterministic kinds are computed once)."""
     backbone = backbone or Backbone()
+    if save_dir is not None:
+        check_output(save_dir, "--save-dir", "folder")  # before training, not after it
     results = []
     split = None
     smiles = df["smiles"].tolist()
@@ -355,16 +357,16 @@ def predict(
 
     Several fine-tuned folders (e.g. the seeds of one run) make an ensemble: each label column
     is the mean over the models and ``<label>_std`` their standard deviation (ddof 0), the
-    per-molecule uncertainty. Unparsable SMILES get NaN rows and ``valid = False``, never
+    per-molecule uncertainty. Unparsable SMILES (and those longer than
+    :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`) get NaN rows and ``valid = False``, never
     silently dropped.
     """
-    from rdkit import Chem, RDLogger
+    from smiexlm.data.normalize import smiles_problem
 
-    RDLogger.DisableLog("rdApp.*")
     folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
     if not folders:
         raise DataError("--checkpoint: expected at least one fine-tuned folder")
-    ok = [bool(s) and Chem.MolFromSmiles(s) is not None for s in smiles]
+    ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
     runs, metas = [], []
     for folder in folders:

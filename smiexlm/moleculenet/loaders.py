@@ -1,10 +1,11 @@
 """Read MoleculeNet CSVs (and users' own CSVs) into a clean DataFrame.
 
 The result has a ``smiles`` column (stripped of surrounding whitespace) followed by the label
-columns as float (NaN = missing label). Molecules that RDKit cannot parse are dropped and
-counted, never silently: ``df.attrs`` holds ``n_invalid``, ``invalid`` (the first rows as
-``(row, smiles)``), ``n_raw``, ``name``, ``task_type``, ``label_cols``, ``source`` and
-``sha256``.
+columns as float (NaN = missing label). Molecules that RDKit cannot parse, or longer than
+:data:`~smiexlm.data.normalize.MAX_SMILES_CHARS` characters (never handed to RDKit), are
+dropped and counted, never silently: ``df.attrs`` holds ``n_invalid``, ``invalid`` (the
+first rows as ``(row, smiles)``), ``n_raw``, ``name``, ``task_type``, ``label_cols``,
+``source`` and ``sha256``.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from smiexlm.data.normalize import smiles_problem
 from smiexlm.data.readers import file_sha256
 from smiexlm.errors import DataError
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
-from smiexlm.paths import cache_dir, data_dir
+from smiexlm.paths import cache_dir, check_input_file, data_dir
 
 log = logging.getLogger(__name__)
 
 _MAX_LISTED_INVALID = 20
+# Fewer labelled molecules than this cannot be split into train, valid and test at all.
+MIN_REGRESSION_LABELS = 3
 
 
 def download(spec: DatasetSpec, force: bool = False) -> Path:
@@ -108,22 +112,25 @@ def load_csv(
     smiles_col: str,
     label_cols: Sequence[str],
     task_type: TaskType = "classification",
+    name: str | None = None,
 ) -> pd.DataFrame:
-    """A user's CSV, checked as strictly as the built-in sets.
+    """A user's CSV, checked as strictly as the built-in sets; ``name`` (default: the file
+    name without suffix) titles the results.
 
-    Raises DataError for a missing file or column, non-binary classification labels, a
-    classification task with no positives (or no negatives), or a regression label that is
-    not numeric.
+    Raises DataError for a missing file or column, classification labels other than 0/1
+    (``true``/``false`` in any case are read as 1/0), a classification task with no positives
+    (or no negatives), or regression labels that are not finite numbers or fewer than
+    :data:`MIN_REGRESSION_LABELS` per column.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"--data {str(path)!r}: file not found; expected a CSV file")
+    path = check_input_file(path, "--data")
     if task_type not in ("classification", "regression"):
         raise DataError(f"task_type {task_type!r}: expected 'classification' or 'regression'")
     raw = pd.read_csv(path, low_memory=False)
     if not label_cols:
         raise DataError(f"label_cols of {path.name}: expected at least one label column")
-    df = clean_frame(raw, smiles_col, list(label_cols), task_type, name=path.stem, strict=True)
+    df = clean_frame(
+        raw, smiles_col, list(label_cols), task_type, name=name or path.stem, strict=True
+    )
     df.attrs.update(source=str(path), sha256=file_sha256(path), spec=None)
     return df
 
@@ -145,29 +152,19 @@ def clean_frame(
             f"({shown}{', ...' if raw.shape[1] > 12 else ''})"
         )
     smiles = raw[smiles_col].astype(str).str.strip()
-    columns: dict[str, pd.Series] = {}
-    for col in label_cols:
-        values = pd.to_numeric(raw[col], errors="coerce")
-        bad = values.isna() & raw[col].notna() & (raw[col].astype(str).str.strip() != "")
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise DataError(
-                f"{name}: label column {col!r} row {row} = {raw[col].iloc[row]!r}: expected a number"
-            )
-        columns[col] = values.astype(float)
+    columns = {col: _label_values(raw[col], col, task_type, name) for col in label_cols}
     labels = pd.DataFrame(columns, index=raw.index)
     if task_type == "classification":
         _check_binary(labels, name, strict)
-
-    from rdkit import Chem, RDLogger
-
-    RDLogger.DisableLog("rdApp.*")
-    valid = np.array([Chem.MolFromSmiles(s) is not None for s in smiles], dtype=bool)
+    problems = [smiles_problem(s) for s in smiles]  # the length is checked before RDKit
+    valid = np.array([p is None for p in problems], dtype=bool)
     invalid_rows = np.flatnonzero(~valid)
     if len(invalid_rows):
-        log.warning(
-            "%s: %d of %d SMILES rejected by RDKit and excluded", name, len(invalid_rows), len(raw)
-        )
+        reasons = pd.Series([problems[r] for r in invalid_rows]).value_counts()
+        log.warning("%s: %d of %d SMILES excluded (%s)", name, len(invalid_rows), len(raw),
+                    ", ".join(f"{why}: {n}" for why, n in reasons.items()))  # fmt: skip
+    if task_type == "regression":
+        _check_regression(labels, valid, name)
     df = pd.concat([smiles.rename("smiles"), labels], axis=1)[valid].reset_index(drop=True)
     df.attrs = dict(
         name=name,
@@ -180,13 +177,33 @@ def clean_frame(
     return df
 
 
+def _label_values(column: pd.Series, col: str, task_type: TaskType, name: str) -> pd.Series:
+    """Float labels of one column, NaN where blank; DataError naming the first bad cell.
+
+    For classification, ``true``/``false`` (any case) are read as 1/0."""
+    text = column.astype(str).str.strip()
+    blank = column.isna() | (text == "")
+    if task_type == "classification":
+        text = text.str.lower().replace({"true": "1", "false": "0"})
+    values = pd.to_numeric(text.where(~blank), errors="coerce").astype(float)
+    bad = values.isna() & ~blank
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        kind = "0/1 (or true/false)" if task_type == "classification" else "a number"
+        raise DataError(
+            f"{name}: label column {col!r} row {row} = {column.astype(str).iloc[row]!r}: "
+            f"expected {kind}"
+        )
+    return values
+
+
 def _check_binary(labels: pd.DataFrame, name: str, strict: bool) -> None:
     for col in labels.columns:
         values = labels[col].dropna()
         odd = values[~values.isin([0.0, 1.0])]
         if len(odd):
             raise DataError(
-                f"{name}: label column {col!r} has value {odd.iloc[0]!r} (row {odd.index[0]}): "
+                f"{name}: label column {col!r} has value {odd.iloc[0]:g} (row {odd.index[0]}): "
                 "expected 0/1 for classification (blank = missing); use "
                 "--task-type regression for continuous targets"
             )
@@ -195,4 +212,22 @@ def _check_binary(labels: pd.DataFrame, name: str, strict: bool) -> None:
             raise DataError(
                 f"{name}: label column {col!r} has no {which} among {len(values)} labels; "
                 "expected both classes for a classification task"
+            )
+
+
+def _check_regression(labels: pd.DataFrame, valid: np.ndarray, name: str) -> None:
+    """Finite numbers, at least MIN_REGRESSION_LABELS per column on the ``valid`` rows."""
+    for col in labels.columns:
+        values = labels[col].to_numpy()
+        infinite = np.flatnonzero(np.isinf(values))
+        if len(infinite):
+            raise DataError(
+                f"{name}: label column {col!r} has value {values[infinite[0]]:g} (row "
+                f"{infinite[0]}): expected a finite number for regression"
+            )
+        n = int((~np.isnan(values[valid])).sum())
+        if n < MIN_REGRESSION_LABELS:
+            raise DataError(
+                f"{name}: label column {col!r} has {n} labelled molecule(s): expected at "
+                f"least {MIN_REGRESSION_LABELS} numbers for a regression task (blank = missing)"
             )
