@@ -1,11 +1,15 @@
 """Corpus pipeline throughput and memory, measured side by side in one run.
 
     python benchmarks/preprocess.py [--n-canon 6000] [--n-fast 300000] [--big-lines 0]
+    python benchmarks/preprocess.py --descriptors 5000
 
 Rows: RDKit parse + canonicalize alone (the per-core bound), the pipeline with
 canonicalization on 1 and 2 workers, the pipeline with --no-canonicalize, and (with
 --big-lines N) a memory run over an N-line input made by repeating the MOSES corpus with a
 cheap per-repeat variation, run in a child process whose peak RSS is reported.
+``--descriptors N`` measures instead, on N molecules: RDKit 2D descriptors alone, and the
+pipeline (canonicalize on) without descriptors, with ``--descriptors rdkit2d`` on 1 worker
+and on 2 workers, in molecules/s and molecules/s per core.
 Needs SMIEXLM_DATA (pretrain/moses_train.smi.gz). Temporary files go to the system temp dir.
 """
 
@@ -42,8 +46,14 @@ def _rdkit_bound(smiles: list[str]) -> float:
     return len(smiles) / (time.perf_counter() - start)
 
 
-def _pipeline(path: Path, vocab: Path, out: Path, workers: int, canonicalize: bool) -> float:
-    config = PreprocessConfig(canonicalize=canonicalize, valid_fraction=0.01)
+def _pipeline(
+    path: Path, vocab: Path, out: Path, workers: int, canonicalize: bool, descriptors=None,
+    chunk_size: int = 4096,
+) -> float:  # fmt: skip
+    config = PreprocessConfig(
+        canonicalize=canonicalize, valid_fraction=0.01, descriptors=descriptors,
+        chunk_size=chunk_size,
+    )  # fmt: skip
     result = preprocess([path], out, config, vocab=vocab, workers=workers, progress=False)
     return result.rate
 
@@ -80,12 +90,50 @@ def _big(lines: int, vocab: Path, tmp: Path) -> str:
     return proc.stdout.strip() + f"\nwall_s {wall:.1f}"
 
 
+def _descriptors(n: int) -> None:
+    """Throughput with and without descriptor targets, 1 and 2 workers, on ``n`` molecules."""
+    from smiexlm.fingerprints import rdkit2d_descriptors
+
+    smiles = _moses(n)
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        vocab = SmilesTokenizer.build(smiles).save(tmp / "vocab.json")
+        path = tmp / "mols.smi"
+        path.write_text("\n".join(smiles) + "\n")
+        load = os.getloadavg()[0]
+        start = time.perf_counter()
+        rdkit2d_descriptors(smiles[:500])
+        bound = 500 / (time.perf_counter() - start)
+        # 250-molecule chunks: 20 work units, so that 2 workers share them evenly
+        plain = _pipeline(path, vocab, tmp / "p1", 1, True, None, 250)
+        one = _pipeline(path, vocab, tmp / "d1", 1, True, "rdkit2d", 250)
+        two = _pipeline(path, vocab, tmp / "d2", 2, True, "rdkit2d", 250)
+        print(f"hardware: {os.cpu_count()}-core {platform.machine()} CPU")
+        print(f"molecules: {n}, chunks of 250; 1-minute load average at the start: {load:.2f}, "
+              f"at the end: {os.getloadavg()[0]:.2f}")  # fmt: skip
+        print(f"{'measurement':<52}{'molecules/s':>12}{'per core':>10}")
+        rows = [
+            ("RDKit 2D descriptors alone (500 molecules, 1 core)", bound, bound),
+            ("pipeline, canonicalize, no descriptors, 1 worker", plain, plain),
+            ("pipeline, --descriptors rdkit2d, 1 worker", one, one),
+            ("pipeline, --descriptors rdkit2d, 2 workers", two, two / 2),
+        ]
+        for name, rate, per_core in rows:
+            print(f"{name:<52}{rate:>12,.0f}{per_core:>10,.0f}")
+        print(f"2 workers / 1 worker with descriptors: {two / one:.2f}x; "
+              f"cost of the descriptors: {1e3 / one - 1e3 / plain:.2f} ms per molecule")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n-canon", type=int, default=6000)
     parser.add_argument("--n-fast", type=int, default=300_000)
     parser.add_argument("--big-lines", type=int, default=0)
+    parser.add_argument("--descriptors", type=int, default=0, metavar="N")
     args = parser.parse_args()
+    if args.descriptors:
+        _descriptors(args.descriptors)
+        return
     smiles = _moses(max(args.n_canon, args.n_fast))
     hardware = f"{os.cpu_count()}-core {platform.machine()} CPU"
     with tempfile.TemporaryDirectory() as tmpdir:

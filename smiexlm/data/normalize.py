@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -146,6 +146,7 @@ class ChunkResult:
     lengths: np.ndarray  # (n,) int64
     hashes: np.ndarray  # (n,) uint64
     rejects: list[tuple[int, str, str]]  # (row in chunk, input, reason)
+    smiles: list[str] = field(default_factory=list)  # (n,) final SMILES of each candidate
 
 
 def _decode_rows(items: list) -> tuple[list[str | None], list[tuple[int, str, str]]]:
@@ -233,9 +234,10 @@ def process_chunk(items: list, config: NormalizeConfig, encoder: ChunkEncoder) -
         ok[ok_rows[long]] = False
     kept = np.flatnonzero(ok)
     rows_arr = np.asarray(rows, dtype=np.int64)[kept]
-    hashes = smiles_hashes([smiles[j] for j in kept.tolist()])
+    final = [smiles[j] for j in kept.tolist()]
+    hashes = smiles_hashes(final)
     rejects.sort()
-    return ChunkResult(len(items), rows_arr, ids, lengths, hashes, rejects)
+    return ChunkResult(len(items), rows_arr, ids, lengths, hashes, rejects, final)
 
 
 def _original(values: list[str | None], row: int) -> str:

@@ -11,6 +11,10 @@ counters, the shard list and the length of ``rejects.csv``, all written atomical
 shard files. A resumed run drops anything written after that point, rebuilds the dedup set
 from the committed shards' ``.hash`` files and skips the consumed chunks, so it finishes
 with exactly the molecules (and byte-identical shards) of an uninterrupted run.
+
+With ``descriptors="rdkit2d"`` the workers also compute the descriptors of each kept molecule;
+they are written with its token shard and normalised on the train split at the end
+(:mod:`smiexlm.data.descriptors`).
 """
 
 from __future__ import annotations
@@ -27,17 +31,26 @@ from pathlib import Path
 import numpy as np
 
 from smiexlm.data.dedup import HashSet64
+from smiexlm.data.descriptors import (
+    check_kind,
+    compute_descriptors,
+    count_nan,
+    descriptor_version,
+    finish_descriptors,
+)
 from smiexlm.data.normalize import REJECT_REASONS, NormalizeConfig, process_chunk
 from smiexlm.data.readers import detect_format, file_sha256, read_chunks
+from smiexlm.data.resume import check_resume as _check_resume
+from smiexlm.data.resume import drop_uncommitted as _drop_uncommitted
+from smiexlm.data.resume import remove_run as _remove_run
 from smiexlm.data.shards import (
-    SHARD_SUFFIXES,
     ShardInfo,
     atomic_write_json,
     read_hashes,
     write_shard,
 )
-from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
-from smiexlm.paths import check_output, is_temporary_name
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.paths import check_output
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.tokenizer.fast import ChunkEncoder
 
@@ -54,6 +67,7 @@ class PreprocessConfig(NormalizeConfig):
     smiles_col: str | None = None  # CSV/TSV/Parquet column (LMDB key); None = guess "smiles"
     shard_size: int = 1_000_000  # molecules per shard (a shard closes at a chunk end)
     chunk_size: int = 4096  # rows per work unit
+    descriptors: str | None = None  # "rdkit2d": descriptor targets per molecule (.desc shards)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -63,6 +77,7 @@ class PreprocessConfig(NormalizeConfig):
             raise ConfigError("shard_size", self.shard_size, "a positive integer")
         if self.chunk_size < 1:
             raise ConfigError("chunk_size", self.chunk_size, "a positive integer")
+        check_kind(self.descriptors)
 
 
 @dataclass
@@ -80,11 +95,14 @@ class PreprocessResult:
         m = self.manifest
         rejected = ", ".join(f"{k}={v}" for k, v in m["rejected"].items() if v) or "none"
         splits = ", ".join(f"{s}={m['splits'][s]['molecules']:,}" for s in SPLITS)
+        desc = m.get("descriptors")
+        nan = sum(sum(c.values()) for c in desc["nan"].values()) if desc else 0
+        described = f"{desc['count']} descriptors ({nan:,} NaN values); " if desc else ""
         return (
             f"{m['molecules_in']:,} in -> {m['molecules_out']:,} out ({splits}); "
             f"{m['duplicates']:,} duplicates; rejected: {rejected}; "
             f"[UNK] tokens: {m['unk_tokens']:,} in {m['molecules_with_unk']:,} molecules; "
-            f"{self.elapsed_s:.1f} s, {self.rate:,.0f} molecules/s -> {self.out_dir}"
+            f"{described}{self.elapsed_s:.1f} s, {self.rate:,.0f} molecules/s -> {self.out_dir}"
         )
 
 
@@ -98,6 +116,7 @@ class _State:
     molecules_with_unk: int = 0
     shards: dict = field(default_factory=lambda: {s: [] for s in SPLITS})
     rejects_bytes: int = 0
+    descriptor_nan: dict = field(default_factory=dict)  # split -> NaN values per descriptor
 
 
 # ---------------------------------------------------------------------- worker side
@@ -117,7 +136,9 @@ def _init_worker(tokens: list[str], config: NormalizeConfig) -> None:
 
 def _work(items: list):
     assert _WORKER is not None  # set by _init_worker (internal invariant)
-    return process_chunk(items, _WORKER[0], _WORKER[1])
+    result = process_chunk(items, _WORKER[0], _WORKER[1])
+    kind = getattr(_WORKER[0], "descriptors", None)
+    return result, (compute_descriptors(result.smiles, kind) if kind else None)
 
 
 # ---------------------------------------------------------------------- main side
@@ -150,6 +171,8 @@ def preprocess(
         for p, role in sources
     ]
     cfg_doc = asdict(config)
+    if config.descriptors:  # another RDKit gives other columns or values: resume refuses it
+        cfg_doc["descriptor_version"] = descriptor_version(config.descriptors)
     state = _State()
     progress_path = out / "progress.json"
     folder_existed = out.exists()
@@ -199,6 +222,10 @@ def preprocess(
             f"(one per line, or a --smiles-col column); nothing was written to {str(out)!r}"
         )
     manifest = _manifest(state, tokenizer, cfg_doc, source_docs)
+    if config.descriptors:
+        manifest["descriptors"] = finish_descriptors(
+            out, config.descriptors, state.shards, state.descriptor_nan
+        )
     atomic_write_json(out / "manifest.json", manifest)
     _save_progress(out, state, tokenizer.vocab_hash, cfg_doc, source_docs, complete=True)
     return PreprocessResult(out, manifest, elapsed, processed)
@@ -224,8 +251,9 @@ def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_do
                     yield str(path), role, lines, items
                 index += 1
 
-    def handle(source, role, lines, result):
+    def handle(source, role, lines, work):
         nonlocal processed
+        result, desc = work  # desc: (n, D) float32 descriptor rows, or None
         state.molecules_in += result.n_rows
         processed += result.n_rows
         for row, text, reason in result.rejects:
@@ -236,6 +264,7 @@ def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_do
         state.duplicates += int(len(is_new) - is_new.sum())
         keep_tok = np.repeat(is_new, result.lengths)
         ids, lengths, hashes = result.ids[keep_tok], result.lengths[is_new], result.hashes[is_new]
+        desc = None if desc is None else desc[is_new]
         if len(ids):
             unk = ids == tokenizer.unk_id
             state.unk_tokens += int(unk.sum())
@@ -249,7 +278,11 @@ def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_do
             valid = (hashes >> np.uint64(11)) < threshold
         for split, mask in (("train", ~valid), ("valid", valid)):
             if mask.any():
-                buffers[split].append((ids[np.repeat(mask, lengths)], lengths[mask], hashes[mask]))
+                rows = None if desc is None else desc[mask]
+                if rows is not None:
+                    count_nan(state.descriptor_nan, split, rows)
+                part = (ids[np.repeat(mask, lengths)], lengths[mask], hashes[mask], rows)
+                buffers[split].append(part)
                 pending[split] += int(mask.sum())
         state.chunks_done += 1
         bar.update(result.n_rows)
@@ -260,11 +293,12 @@ def _run(out, config, tokenizer, sources, state, seen, workers, progress, cfg_do
         for split in SPLITS:
             if not buffers[split]:
                 continue
-            ids, lengths, hashes = (
-                np.concatenate(parts) for parts in zip(*buffers[split], strict=False)
-            )
+            ids, lengths, hashes, desc = zip(*buffers[split], strict=True)
+            ids, lengths, hashes = (np.concatenate(parts) for parts in (ids, lengths, hashes))
+            desc = None if desc[0] is None else np.concatenate(desc)
             name = f"{split}-{len(state.shards[split]):05d}"
-            state.shards[split].append(write_shard(out, name, ids, lengths, hashes).to_dict())
+            shard = write_shard(out, name, ids, lengths, hashes, desc)
+            state.shards[split].append(shard.to_dict())
             buffers[split].clear()
             pending[split] = 0
         rejects.flush()
@@ -308,60 +342,6 @@ def _save_progress(out, state, vocab_hash, cfg_doc, source_docs, complete=False)
         "state": asdict(state),
     }
     atomic_write_json(out / "progress.json", doc)
-
-
-def _check_resume(saved, vocab_hash, cfg_doc, source_docs, out) -> None:
-    if saved.get("vocab_hash") != vocab_hash:
-        raise VocabularyMismatchError(
-            f"dataset {str(out)!r} was started with vocabulary hash {saved.get('vocab_hash')!r} "
-            f"but this run uses {vocab_hash!r}: resume with the same vocabulary "
-            f"(its copy is {str(out / 'vocab.json')!r}) or start a new folder"
-        )
-    saved_cfg = dict(saved["config"])
-    if "max_tokens" in saved_cfg:  # a dataset started before max_length had its name
-        saved_cfg["max_length"] = saved_cfg.pop("max_tokens")
-    for key, value in cfg_doc.items():
-        if saved_cfg.get(key) != value:
-            raise ConfigError(
-                key, value, f"{saved_cfg.get(key)!r}, the value the interrupted run used"
-            )
-    old = [(s["path"], s["role"], s["sha256"]) for s in saved["sources"]]
-    new = [(s["path"], s["role"], s["sha256"]) for s in source_docs]
-    if old != new:
-        raise DataError(
-            f"inputs {new!r} differ from those of the interrupted run {old!r} (paths, roles or "
-            "sha256): resume with the same files or start a new folder"
-        )
-
-
-def _drop_uncommitted(out: Path, state: _State) -> None:
-    """Remove what an interrupted run wrote after its last recorded commit."""
-    committed = {s["name"] for split in SPLITS for s in state.shards[split]}
-    for path in out.iterdir():
-        stem, suffix = os.path.splitext(path.name)
-        if (
-            is_temporary_name(path.name)
-            or path.name.endswith(".tmp")
-            or (suffix in SHARD_SUFFIXES and stem.split("-")[0] in SPLITS and stem not in committed)
-        ):
-            path.unlink()
-    with open(out / "rejects.csv", "r+b") as handle:
-        handle.truncate(state.rejects_bytes)
-
-
-def _remove_run(out: Path, folder_existed: bool) -> None:
-    """Delete what a run that committed no shard wrote (only the pipeline's own files)."""
-    if not out.is_dir():
-        return
-    for path in out.iterdir():
-        stem, suffix = os.path.splitext(path.name)
-        ours = path.name in ("vocab.json", "rejects.csv", "progress.json", "manifest.json") or (
-            suffix in SHARD_SUFFIXES and stem.split("-")[0] in SPLITS
-        )
-        if path.is_file() and (ours or is_temporary_name(path.name)):
-            path.unlink()
-    if not folder_existed and not any(out.iterdir()):
-        out.rmdir()
 
 
 def _manifest(state: _State, tokenizer, cfg_doc, source_docs) -> dict:

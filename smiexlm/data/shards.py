@@ -8,6 +8,8 @@ A dataset folder holds, per split (``train``, ``valid``) and shard number ``k``:
   starting at 0 (molecule ``i`` is ``bin[idx[i]:idx[i+1]]``);
 - ``{split}-{k:05d}.hash`` uint64 hash of each molecule's SMILES (used for deduplication and
   for rebuilding the dedup state when a run is resumed);
+- ``{split}-{k:05d}.desc`` (with ``--descriptors``) the (n, D) float32 descriptor rows of the
+  shard's molecules in NumPy's ``.npy`` layout (see :mod:`smiexlm.data.descriptors`);
 
 plus ``manifest.json`` (counts, vocabulary hash, sources, config, shard list), ``vocab.json``
 and ``rejects.csv``. Every file is written to a temporary name, flushed and renamed, so a
@@ -17,6 +19,7 @@ crash never leaves a half-written shard under its final name.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +32,7 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.paths import read_json_file, write_bytes_atomic
 
 Split = Literal["train", "valid"]
-SHARD_SUFFIXES = (".bin", ".idx", ".hash")
+SHARD_SUFFIXES = (".bin", ".idx", ".hash", ".desc")
 SHA_SUFFIXES = ("bin", "idx")  # checked when a split is opened (.hash only feeds dedup)
 COUNT_FIELDS = ("molecules_in", "molecules_out", "duplicates", "unk_tokens", "molecules_with_unk")
 
@@ -57,22 +60,34 @@ class ShardInfo:
 
 
 def write_shard(
-    out_dir: Path, name: str, ids: np.ndarray, lengths: np.ndarray, hashes: np.ndarray
-) -> ShardInfo:
-    """Write one shard (three files) atomically; ``ids`` (T,) uint16, ``lengths`` (n,)."""
+    out_dir: Path, name: str, ids: np.ndarray, lengths: np.ndarray, hashes: np.ndarray,
+    descriptors: np.ndarray | None = None,
+) -> ShardInfo:  # fmt: skip
+    """Write one shard (three files, four with ``descriptors`` (n, D)) atomically; ``ids``
+    (T,) uint16, ``lengths`` (n,)."""
     offsets = np.zeros(len(lengths) + 1, dtype="<i8")
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] != len(ids):
         raise ValueError(f"shard {name}: lengths sum to {offsets[-1]} but there are {len(ids)} ids")
-    payloads = {
-        "bin": np.asarray(ids, dtype="<u2").tobytes(),
-        "hash": np.asarray(hashes, dtype="<u8").tobytes(),
-        "idx": offsets.tobytes(),
-    }
+    payloads = {} if descriptors is None else {"desc": _npy_bytes(descriptors, len(lengths))}
+    payloads["bin"] = np.asarray(ids, dtype="<u2").tobytes()
+    payloads["hash"] = np.asarray(hashes, dtype="<u8").tobytes()
+    payloads["idx"] = offsets.tobytes()
     for suffix, payload in payloads.items():  # .idx last: it is what a reader opens first
         atomic_write_bytes(out_dir / f"{name}.{suffix}", payload)
-    digests = {suffix: hashlib.sha256(payloads[suffix]).hexdigest() for suffix in SHA_SUFFIXES}
+    summed = [*SHA_SUFFIXES, *(["desc"] if descriptors is not None else [])]
+    digests = {suffix: hashlib.sha256(payloads[suffix]).hexdigest() for suffix in summed}
     return ShardInfo(name, len(lengths), len(ids), digests)
+
+
+def _npy_bytes(rows: np.ndarray, n: int) -> bytes:
+    """(n, D) float32 rows in NumPy's .npy layout (header + raw little-endian values)."""
+    rows = np.ascontiguousarray(rows, dtype="<f4")
+    if rows.ndim != 2 or len(rows) != n:
+        raise ValueError(f"descriptor rows of shape {rows.shape}: expected ({n}, D)")
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, rows, version=(1, 0), allow_pickle=False)
+    return buffer.getvalue()
 
 
 def read_hashes(out_dir: Path, name: str) -> np.ndarray:
