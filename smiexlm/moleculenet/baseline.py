@@ -4,9 +4,10 @@
 ``rdkit.Chem.Descriptors.descList``, the same code as the hybrid fine-tuning features and the
 descriptor pretraining targets) or ``both`` (the two side by side). Descriptors go through the
 hybrid features' :class:`~smiexlm.moleculenet.features.FeatureScaler` fitted on the train
-rows of each split: missing values take the train median, and values beyond ``DESCRIPTOR_CLIP``
-train standard deviations are clipped (a forest only sees the order of values, so this changes
-nothing but the few astronomically large ones, such as ``Ipc``, which float32 trees cannot hold).
+rows of each split: missing values (and the astronomically large ones, such as ``Ipc``, that
+``rdkit2d_descriptors`` turns into NaN) take the train median, and values beyond
+``DESCRIPTOR_CLIP`` train standard deviations are clipped (a forest only sees the order of
+values, so the scaling changes nothing else).
 Same data, same splits and same seeds as fine-tuning. One forest per task, trained on the
 train rows whose label for that task is known; a task whose train labels hold one class only
 predicts that class's prior. No model selection: the valid score is reported, not used.
