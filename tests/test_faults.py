@@ -347,6 +347,7 @@ def test_resume_from_a_bad_checkpoint(dataset, tmp_path, damage):
 
 def test_export_without_data_writes_its_card_and_failures_leave_the_old_folder(dataset, tmp_path):
     from smiexlm import Featurizer
+    from smiexlm.model.integrity import verify_checksum
     from smiexlm.training.trainer import pretrain
     from tests.test_training import _config
 
@@ -358,6 +359,7 @@ def test_export_without_data_writes_its_card_and_failures_leave_the_old_folder(d
     card = (model / "MODEL_CARD.md").read_text()
     assert "molecules: ? train / ? valid" in card
     assert Featurizer.from_pretrained(model).featurize(["CCO"]).shape == (1, 32)
+    assert verify_checksum(model / "model.safetensors")  # the weights' sha256 is recorded
     before = {p.name: p.read_bytes() for p in model.iterdir()}
     (run / "checkpoints" / "last" / "train_config.json").write_text("{")
     res = run_cli("export", run, "--out", model)

@@ -363,6 +363,7 @@ def test_save_load_roundtrip(tmp_path, objective):
     model = ExLMModel(micro(objective, vocab_size=tok.vocab_size)).eval()
     model.save_pretrained(tmp_path / "ckpt", tokenizer=tok)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "checksums.json",
         "config.json",
         "model.safetensors",
         "vocab.json",

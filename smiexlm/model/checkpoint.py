@@ -1,19 +1,33 @@
 """Self-describing checkpoints: ``config.json`` + ``vocab.json`` + ``model.safetensors``.
 
-No pickle anywhere. Loading checks the vocabulary against the config (size, and hash when the
-config records one) and every tensor's name and shape against the model the config builds, and
-fails with an error that names the mismatch.
+No pickle anywhere. ``checksums.json`` records the sha256 of ``model.safetensors``
+(:mod:`smiexlm.model.integrity`). Loading checks, in this order and before the model is
+allocated: the vocabulary against the config (size, and hash when the config records one); the
+sizes the config implies (``d_model``, ``n_layers``, ``max_positions``...) and every tensor's
+name, dtype and shape against the weight file's header; the file against its recorded sha256.
+The loaded tensors must be finite. Each failure is an error that names the file and the
+mismatch.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.config import ExLMConfig
+from smiexlm.model.integrity import (
+    Header,
+    check_finite,
+    read_header,
+    record_checksums,
+    unreadable,
+    verify_checksum,
+)
 from smiexlm.paths import read_json_file
 from smiexlm.tokenizer import SmilesTokenizer
 
@@ -74,6 +88,7 @@ def save_model_folder(
             value = value.to(dtype)
         tensors[name] = value.contiguous().cpu()
     save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+    record_checksums(directory, WEIGHTS_NAME)
     return directory
 
 
@@ -96,21 +111,49 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise DataError(f"{str(path)!r} does not exist") from None
     except (SafetensorError, OSError, ValueError) as err:
-        raise DataError(
-            f"{str(path)!r} is not a readable safetensors file ({err}): the file is truncated "
-            "or corrupted"
-        ) from None
+        raise unreadable(path, str(err)) from None
 
 
 def load_model_folder(
     cls: type[ExLMModel], directory: Path, map_location: str | torch.device = "cpu"
 ) -> ExLMModel:
+    """The model of a folder, every file checked before the model is allocated."""
     if not directory.is_dir():
         raise DataError(f"checkpoint folder {str(directory)!r} does not exist")
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():
         raise DataError(f"checkpoint folder {str(directory)!r} has no {CONFIG_NAME}")
     config = ExLMConfig.load(config_path)
+    _check_vocabulary(directory, config)
+    weights_path = directory / WEIGHTS_NAME
+    if not weights_path.is_file():
+        raise DataError(f"checkpoint folder {str(directory)!r} has no {WEIGHTS_NAME}")
+    header = read_header(weights_path)
+    check_config_sizes(config, header, config_path, weights_path)
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        skeleton = cls(config)
+    check_tensors(skeleton.state_dict(), header, weights_path, CONFIG_NAME)
+    verify_checksum(weights_path)
+    loaded = load_tensors(weights_path)
+    check_finite(loaded, weights_path)
+    model = cls(config)
+    model.load_state_dict(loaded)  # casts fp16 weights back to the model's dtype
+    return model.to(map_location).eval()
+
+
+def load_module_weights(module: nn.Module, path: Path, source: str) -> None:
+    """Load a safetensors file into ``module`` with the checks of :func:`load_model_folder`;
+    ``source`` names what decided the module's shapes (for errors)."""
+    if not path.is_file():
+        raise DataError(f"folder {str(path.parent)!r} has no {path.name}")
+    check_tensors(module.state_dict(), read_header(path), path, source)
+    verify_checksum(path)
+    loaded = load_tensors(path)
+    check_finite(loaded, path)
+    module.load_state_dict(loaded)
+
+
+def _check_vocabulary(directory: Path, config: ExLMConfig) -> None:
     size, vocab_hash = read_vocabulary(directory / VOCAB_NAME)
     if size != config.vocab_size:
         raise VocabularyMismatchError(
@@ -122,24 +165,78 @@ def load_model_folder(
             f"{VOCAB_NAME} hash {vocab_hash} differs from vocab_hash {config.vocab_hash} in "
             f"{CONFIG_NAME}: the vocabulary does not belong to this checkpoint"
         )
-    model = cls(config)
-    expected = model.state_dict()
-    weights_path = directory / WEIGHTS_NAME
-    if not weights_path.is_file():
-        raise DataError(f"checkpoint folder {str(directory)!r} has no {WEIGHTS_NAME}")
-    loaded = load_tensors(weights_path)
-    missing = sorted(set(expected) - set(loaded))
-    unexpected = sorted(set(loaded) - set(expected))
+
+
+_LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
+
+
+def _sizes_in_header(config: ExLMConfig, header: Header) -> list[tuple[str, float, str]]:
+    """(config field, value the weights imply, the tensors that say so)."""
+    shapes = {name: shape for name, (_, shape) in header.items()}
+
+    def matrix(name: str) -> tuple[int, ...]:
+        return shapes[name] if len(shapes.get(name, ())) == 2 else ()
+
+    def said(name: str) -> str:
+        return f"{name} of shape {shapes[name]}"
+
+    found: list[tuple[str, float, str]] = []
+    if embed := matrix("embed.weight"):
+        found += [("vocab_size", embed[0], said("embed.weight"))]
+        found += [("d_model", embed[1], said("embed.weight"))]
+    if fc1 := matrix("encoder.layers.0.ffn.fc1.weight"):
+        found.append(("d_ff", fc1[0], said("encoder.layers.0.ffn.fc1.weight")))
+    layers: dict[str, int] = {}
+    for name in shapes:
+        if match := _LAYER.match(name):
+            stack, index = match.group(1), int(match.group(2))
+            layers[stack] = max(layers.get(stack, 0), index + 1)
+    for stack, field in (("encoder", "n_layers"), ("decoder", "maelm_decoder_layers")):
+        if stack in layers and (stack == "encoder" or config.objective == "maelm"):
+            found.append((field, layers[stack], f"{stack}.layers.0 to {layers[stack] - 1}"))
+    if table := matrix("transitions.position.weight"):  # k * max_positions rows
+        implied = table[0] // config.k if table[0] % config.k == 0 else table[0] / config.k
+        evidence = f"{said('transitions.position.weight')}, k = {config.k}"
+        found.append(("max_positions", implied, evidence))
+    if gate := matrix("transitions.gate.weight"):
+        found.append(("n_transition_heads", gate[0], said("transitions.gate.weight")))
+    return found
+
+
+def check_config_sizes(
+    config: ExLMConfig, header: Header, config_path: Path, weights_path: Path
+) -> None:
+    """DataError naming the first config field whose value the weights contradict."""
+    for field, implied, evidence in _sizes_in_header(config, header):
+        value = getattr(config, field)
+        if value != implied:
+            raise DataError(
+                f"{str(config_path)!r} field {field!r} = {value!r}, but {weights_path.name} "
+                f"holds {evidence}: {field} = {implied!r}; the config does not belong to "
+                "these weights"
+            )
+
+
+def check_tensors(
+    expected: dict[str, torch.Tensor], header: Header, path: Path, source: str
+) -> None:
+    """Every tensor of ``expected`` (a state dict) in ``header``, none more, with its shape,
+    and a floating dtype for floating parameters."""
+    missing = sorted(set(expected) - set(header))
+    unexpected = sorted(set(header) - set(expected))
     if missing or unexpected:
         raise DataError(
-            f"{WEIGHTS_NAME} does not match {CONFIG_NAME}: missing tensors {missing[:5]}, "
-            f"unexpected tensors {unexpected[:5]}"
+            f"{str(path)!r} does not match {source}: missing tensors {missing[:5]}, unexpected "
+            f"tensors {unexpected[:5]}"
         )
-    for name, tensor in loaded.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
+    for name, (dtype, shape) in header.items():
+        want = tuple(expected[name].shape)
+        if shape != want:
             raise DataError(
-                f"{WEIGHTS_NAME} tensor {name!r} has shape {tuple(tensor.shape)}: expected "
-                f"{tuple(expected[name].shape)} from {CONFIG_NAME}"
+                f"{path.name} tensor {name!r} has shape {shape}: expected {want} from {source}"
             )
-    model.load_state_dict(loaded)  # casts fp16 weights back to the model's dtype
-    return model.to(map_location).eval()
+        if expected[name].is_floating_point() and dtype not in ("F16", "BF16", "F32", "F64"):
+            raise DataError(
+                f"{path.name} tensor {name!r} has dtype {dtype}: expected a floating type "
+                "(F16, BF16, F32 or F64)"
+            )

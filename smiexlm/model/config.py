@@ -31,6 +31,9 @@ SHIPPED_VOCAB_SIZE = 333
 # The paper's molecular vocabulary: ExLMConfig.mol_base(vocab_size=PAPER_MOL_VOCAB_SIZE) has
 # the paper's 50,503,281 parameters (Table 7).
 PAPER_MOL_VOCAB_SIZE = 369
+# Longest input a config may declare: the paper uses 512 (512·k in the repeated-MLM analysis);
+# far above it, an untrusted config.json would size position tables of terabytes.
+MAX_POSITIONS_LIMIT = 65536
 
 
 @dataclass
@@ -76,6 +79,10 @@ class ExLMConfig:
 
         for name in ("vocab_size", "n_layers", "n_heads", "d_model", "d_ff", "max_positions"):
             positive(name)
+        if self.max_positions > MAX_POSITIONS_LIMIT:
+            raise ConfigError(
+                "max_positions", self.max_positions, f"at most {MAX_POSITIONS_LIMIT:,} tokens"
+            )
         positive("k")
         positive("n_transition_heads")
         for name in ("dropout", "attention_dropout"):

@@ -287,11 +287,14 @@ def run_finetune(
 def save_finetuned(model, tokenizer, directory: Path, meta: dict[str, Any]) -> Path:
     from safetensors.torch import save_file
 
+    from smiexlm.model.integrity import record_checksums
+
     directory = Path(directory)
     with atomic_dir(directory) as tmp:  # the folder appears complete or not at all
         model.model.save_pretrained(tmp, tokenizer=tokenizer)
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
+        record_checksums(tmp, HEAD_NAME)  # beside the backbone's model.safetensors
         meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
                        "n_features": model.n_features}  # fmt: skip
         (tmp / META_NAME).write_text(json.dumps(meta, indent=1))
@@ -299,11 +302,12 @@ def save_finetuned(model, tokenizer, directory: Path, meta: dict[str, Any]) -> P
 
 
 def load_finetuned(directory: Path | str, device: str = "auto"):
-    """(model, tokenizer, meta) from a folder written by ``finetune`` (see module docstring)."""
-    from safetensors.torch import load_file
-
+    """(model, tokenizer, meta) from a folder written by ``finetune`` (see module docstring);
+    each file is checked first (``finetune.json``'s keys, the weights' shapes and sha256)."""
+    from smiexlm.model.checkpoint import load_module_weights
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
+    from smiexlm.moleculenet.folder import read_finetune_meta
     from smiexlm.tokenizer import SmilesTokenizer
 
     directory = Path(directory)
@@ -312,13 +316,13 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
             f"--checkpoint {str(directory)!r}: no {META_NAME}; expected a folder written by "
             "`smiexlm finetune --save-dir DIR`, which writes DIR/seed0, DIR/seed1, ..."
         )
-    meta = json.loads((directory / META_NAME).read_text())
+    meta = read_finetune_meta(directory / META_NAME)
     head_type = "multilabel" if meta["task_type"] == "classification" else "regression"
     model = ExLMForSequencePrediction(
         ExLMModel.from_pretrained(directory), meta["n_outputs"], head_type, 0.0, meta["pooling"],
-        n_features=int(meta.get("n_features", 0)),
+        n_features=meta["n_features"],
     )  # fmt: skip
-    model.head.load_state_dict(load_file(str(directory / HEAD_NAME)))
+    load_module_weights(model.head, directory / HEAD_NAME, f"{META_NAME} and the backbone")
     return (
         model.to(resolve_device(device)).eval(),
         SmilesTokenizer.load(directory / "vocab.json"),

@@ -1,9 +1,10 @@
 """Package a pretraining run as a self-describing model folder with a model card.
 
 The folder holds what ``ExLMModel.from_pretrained`` and ``Featurizer.from_pretrained`` read
-(``config.json``, ``vocab.json``, ``model.safetensors``), plus ``normalization.json`` (how the
-corpus SMILES were normalised, so the featurizer applies the same) and ``MODEL_CARD.md``: the
-training data, steps, tokens seen, final train/valid losses and the exact command.
+(``config.json``, ``vocab.json``, ``model.safetensors`` and ``checksums.json``, its sha256,
+checked on every load), plus ``normalization.json`` (how the corpus SMILES were normalised, so
+the featurizer applies the same) and ``MODEL_CARD.md``: the training data, steps, tokens seen,
+final train/valid losses and the exact command.
 """
 
 from __future__ import annotations

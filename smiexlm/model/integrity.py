@@ -1,0 +1,165 @@
+"""Checks of weight files before their tensors are trusted.
+
+- ``checksums.json`` in a model folder records the sha256 of each weight file in it::
+
+      {"format": "smiexlm-checksums/1", "sha256": {"model.safetensors": "<64 hex digits>"}}
+
+  ``save_pretrained`` writes it (and so do ``smiexlm export``, training checkpoints and
+  fine-tuned folders, which add ``head.safetensors``). Loading recomputes each digest, so
+  weights overwritten in place (same size, intact header) fail instead of giving NaN. A
+  folder without ``checksums.json`` (written before it existed) loads unverified.
+- :func:`read_header` reads a safetensors header alone (names, dtypes, shapes): a config can
+  be checked against the weights before any model is allocated.
+- :func:`check_finite`: loaded weights must hold no NaN or infinite value, digest or not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from pathlib import Path
+
+import torch
+
+from smiexlm.errors import DataError
+from smiexlm.paths import read_json_file, write_text_atomic
+
+CHECKSUMS_NAME = "checksums.json"
+CHECKSUMS_FORMAT = "smiexlm-checksums/1"
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+Header = dict[str, tuple[str, tuple[int, ...]]]  # tensor name -> (dtype, shape)
+
+
+def unreadable(path: Path, reason: str) -> DataError:
+    return DataError(
+        f"{str(path)!r} is not a readable safetensors file ({reason}): the file is truncated "
+        "or corrupted"
+    )
+
+
+# ------------------------------------------------------------------ safetensors header
+def read_header(path: Path) -> Header:
+    """Names, dtypes and shapes of a safetensors file, reading its header only.
+
+    The header must describe the file exactly: each tensor's byte range fits its dtype and
+    shape, and the ranges end where the file ends (so a truncated file is caught here)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            n = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
+            if not 0 < n <= min(MAX_HEADER_BYTES, size - 8):
+                raise unreadable(path, f"header length {n} in a file of {size} bytes")
+            doc = json.loads(handle.read(n).decode("utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{str(path)!r} does not exist") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise unreadable(path, "header is not JSON") from None
+    if not isinstance(doc, dict):
+        raise unreadable(path, "header is not a JSON object")
+    doc.pop("__metadata__", None)
+    header, end = {}, 0
+    for name, entry in doc.items():
+        header[name] = _entry(path, name, entry)
+        end = max(end, entry["data_offsets"][1])
+    if end != size - 8 - n:
+        raise unreadable(path, f"tensor data ends at byte {end} of {size - 8 - n}")
+    return header
+
+
+def _entry(path: Path, name: str, entry: object) -> tuple[str, tuple[int, ...]]:
+    """(dtype, shape) of one header entry whose byte range matches its dtype and shape."""
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]  # type: ignore[index]
+        ints = [*shape, begin, end]
+        if dtype not in _DTYPE_BYTES or not all(type(v) is int and v >= 0 for v in ints):
+            raise ValueError
+    except (TypeError, KeyError, ValueError):
+        raise unreadable(path, f"bad header entry for tensor {name!r}") from None
+    if end - begin != _DTYPE_BYTES[dtype] * _numel(shape):
+        raise unreadable(path, f"tensor {name!r} {dtype} {tuple(shape)} spans {end - begin} bytes")
+    return dtype, tuple(shape)
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+# ------------------------------------------------------------------ sha256 records
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_checksums(directory: Path) -> dict[str, str] | None:
+    """File name -> sha256 recorded in ``directory``; None when it records none."""
+    path = Path(directory) / CHECKSUMS_NAME
+    if not path.is_file():
+        return None
+    path, doc = read_json_file(path, "checksums file", CHECKSUMS_FORMAT)
+    digests = doc.get("sha256")
+    if not isinstance(digests, dict) or not all(
+        isinstance(v, str) and _SHA256.fullmatch(v) for v in digests.values()
+    ):
+        raise DataError(
+            f"checksums file {str(path)!r}: expected 'sha256' to map file names to 64 "
+            "lower-case hex digits"
+        )
+    return digests
+
+
+def record_checksums(directory: Path, *names: str) -> Path:
+    """Record the sha256 of ``directory/<name>`` for each name, keeping other records."""
+    directory = Path(directory)
+    digests = read_checksums(directory) or {}
+    digests.update({name: file_sha256(directory / name) for name in names})
+    doc = {"format": CHECKSUMS_FORMAT, "sha256": dict(sorted(digests.items()))}
+    return write_text_atomic(directory / CHECKSUMS_NAME, json.dumps(doc, indent=1) + "\n")
+
+
+def verify_checksum(path: Path) -> bool:
+    """True when ``path`` matches the sha256 its folder records; False when the folder records
+    none. A different digest, or a record that leaves the file out, raises DataError."""
+    path = Path(path)
+    digests = read_checksums(path.parent)
+    if digests is None:
+        return False
+    expected = digests.get(path.name)
+    if expected is None:
+        raise DataError(
+            f"{str(path.parent / CHECKSUMS_NAME)!r} records no sha256 for {path.name}: "
+            "expected one for every weight file of the folder"
+        )
+    actual = file_sha256(path)
+    if actual != expected:
+        raise DataError(
+            f"{str(path)!r} does not match the sha256 recorded in {CHECKSUMS_NAME} (file "
+            f"{actual[:12]}…, recorded {expected[:12]}…): the file is truncated or corrupted"
+        )
+    return True
+
+
+# ------------------------------------------------------------------ values
+def check_finite(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """DataError naming the first floating tensor of ``path`` with a NaN or infinite value."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise DataError(
+                    f"{str(path)!r} tensor {name!r} has {bad:,} NaN or infinite values of "
+                    f"{tensor.numel():,}: the weights are corrupted (or come from a diverged run)"
+                )
