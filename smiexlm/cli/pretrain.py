@@ -82,8 +82,10 @@ def pretrain(
     cfg = load_config(config, overrides)
     info = distributed.detect()
     launched = os.environ.get(distributed.LAUNCHED_ENV) == "1"
-    if not launched and not info.enabled:
-        code = distributed.run_on_free_cores(cfg, nproc, sys.argv[1:])
+    if launched:
+        distributed.follow_launcher()  # no orphan keeps training after a kill -9 of its launcher
+    elif not info.enabled:
+        code = distributed.run_on_free_cores(cfg, nproc, sys.argv[1:], out)
         if code is not None:  # the processes it started did the run
             _record_command(out)
             raise typer.Exit(code=code)
@@ -91,14 +93,24 @@ def pretrain(
 
     result = run_pretraining(cfg, data, out, max_steps, resume, skip_bad_checkpoints)
     if info.is_main:  # rank 0 reports; a launcher records its own command
-        if not launched:
+        if not launched and not result.already_finished:
             _record_command(out)
-        typer.echo(
-            f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "
-            f"{result.tokens_seen:,} tokens; checkpoint {result.last_checkpoint}"
-        )
+        typer.echo(_report(result, max_steps if max_steps is not None else cfg.max_steps))
     if result.interrupted_by is not None:
         raise typer.Exit(code=143 if result.interrupted_by == "SIGTERM" else 130)
+
+
+def _report(result, max_steps: int) -> str:
+    if result.already_finished:
+        return (
+            f"run {str(result.run_dir)!r} already reached max_steps = {max_steps} "
+            f"(step {result.step}, checkpoint {result.last_checkpoint}); nothing to train: "
+            "raise --max-steps to continue it"
+        )
+    return (
+        f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "
+        f"{result.tokens_seen:,} tokens; checkpoint {result.last_checkpoint}"
+    )
 
 
 def _record_command(out: Path) -> None:

@@ -213,8 +213,9 @@ class ExLMModel(nn.Module):
         if labels is None:
             return out
         rows = ex.target_lengths > 0  # sequences with something to align
-        if not bool(rows.any()):
-            out.loss = logits.sum() * 0.0
+        if not bool(rows.any()):  # a zero that still reaches every parameter, as DDP expects
+            links = log_links.masked_fill(~torch.isfinite(log_links), 0.0)
+            out.loss = (logits.sum() + links.sum()) * 0.0
             return out
         if not bool(rows.all()):
             logits, log_links = logits[rows], log_links[rows]

@@ -7,19 +7,22 @@
 * ``optimizer.safetensors`` — Adam's moment and step tensors, keyed ``state.<i>.<name>``;
 * ``rng.safetensors`` — torch CPU (and CUDA) generator states as uint8 tensors;
 * ``trainer_state.json`` — step, data position, schedule, optimiser hyper-parameters, the
-  numpy / Python RNG states as lists, best validation loss, vocabulary hash;
+  numpy / Python RNG states as lists, best validation loss, vocabulary hash, the dataset's
+  folder and content id;
 * ``train_config.json`` — the resolved :class:`TrainConfig`.
 
 No pickle anywhere. A folder is written under a temporary name and renamed into place, so a
 crash never leaves a half-written checkpoint under a real name. ``best/`` and ``last/`` are
-copies made of hard links (plain copies where links are unsupported); only the newest
-``keep_last`` ``step_*`` folders are kept.
+independent copies (never hard links: a file damaged in one folder stays whole in the others);
+only the newest ``keep_last`` ``step_*`` folders are kept.
+
+``--resume`` restores only a checkpoint of the same model: its ``config.json`` is compared
+with the run's model config before any weight is loaded (:class:`ResumeMismatchError`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -30,7 +33,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from smiexlm.errors import DataError
+from smiexlm.errors import DataError, SmiexlmError, VocabularyMismatchError
 from smiexlm.model.checkpoint import load_tensors
 from smiexlm.paths import atomic_dir, read_json_file
 
@@ -51,6 +54,8 @@ class TrainerState:
     best_valid_loss: float | None = None
     best_step: int | None = None
     vocab_hash: str | None = None
+    data_dir: str | None = None  # the dataset folder the run trains on
+    data_id: str | None = None  # its content id (see resume.dataset_id)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,6 +152,30 @@ class CheckpointError(DataError):
     """A training checkpoint that cannot be read back (truncated, corrupted, incomplete)."""
 
 
+class ResumeMismatchError(SmiexlmError, ValueError):
+    """``--resume`` with settings the run was not started with (model config, dataset)."""
+
+
+def check_model_config(folder: Path, saved: dict[str, Any], model) -> None:
+    """Raise when the checkpoint's ``config.json`` (``saved``) describes another model than
+    ``model``; fields absent from an older checkpoint are not compared."""
+    current = model.config.to_dict()
+    if saved.get("vocab_hash") not in (None, current.get("vocab_hash")):
+        raise VocabularyMismatchError(
+            f"checkpoint {str(folder)!r} was trained with vocabulary {saved['vocab_hash']} but "
+            f"the dataset has {current.get('vocab_hash')}"
+        )
+    changed = [k for k in current if k != "vocab_hash" and k in saved and saved[k] != current[k]]
+    if changed:
+        was = ", ".join(f"model.{k} = {saved[k]!r}" for k in changed[:3])
+        now = ", ".join(f"model.{k} = {current[k]!r}" for k in changed[:3])
+        more = f" (and {len(changed) - 3} more fields)" if len(changed) > 3 else ""
+        raise ResumeMismatchError(
+            f"--resume: checkpoint {str(folder)!r} holds a model with {was}{more} but the "
+            f"config gives {now}; resume with the run's model settings or start a new --out"
+        )
+
+
 def restore_training_state(folder: Path, model, optimizer: torch.optim.Optimizer) -> TrainerState:
     """Restore weights, optimiser and RNG state in place; returns the trainer state.
 
@@ -155,9 +184,10 @@ def restore_training_state(folder: Path, model, optimizer: torch.optim.Optimizer
     optimiser untouched."""
     folder = Path(folder)
     try:
-        for name in ("model.safetensors", OPTIMIZER_FILE, STATE_FILE):
+        for name in ("config.json", "model.safetensors", OPTIMIZER_FILE, STATE_FILE):
             if not (folder / name).is_file():
                 raise DataError(f"{name} is missing")
+        _, saved_config = read_json_file(folder / "config.json", "checkpoint config.json")
         weights = load_tensors(folder / "model.safetensors")
         _, payload = read_json_file(folder / STATE_FILE, STATE_FILE)
         if not all(k in payload for k in ("state", "optimizer_groups", "rng")):
@@ -167,6 +197,7 @@ def restore_training_state(folder: Path, model, optimizer: torch.optim.Optimizer
         rng = load_tensors(folder / RNG_FILE) if (folder / RNG_FILE).is_file() else None
     except (DataError, TypeError) as err:
         raise CheckpointError(f"checkpoint {str(folder)!r} is unreadable: {err}") from None
+    check_model_config(folder, saved_config, model)
     try:
         model.load_state_dict(weights)
         optimizer_from_tensors(optimizer, optim_tensors, payload["optimizer_groups"])
@@ -222,14 +253,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def link_copy(source: Path, target: Path) -> Path:
-    """Replace ``target`` with a copy of ``source`` made of hard links, atomically."""
+def copy_checkpoint(source: Path, target: Path) -> Path:
+    """Replace ``target`` with an independent copy of the folder ``source``, atomically."""
     with atomic_dir(target) as tmp:
         for item in Path(source).iterdir():
-            try:
-                os.link(item, tmp / item.name)
-            except OSError:
-                shutil.copy2(item, tmp / item.name)
+            shutil.copy2(item, tmp / item.name)
     return Path(target)
 
 

@@ -10,13 +10,16 @@ micro-batches one process with ``update_freq = N·u`` would, in the same optimis
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -82,9 +85,9 @@ def wrap(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
     if not info.enabled:
         return model
     ids = [device.index] if device.type == "cuda" else None
-    # Objectives leave some parameters without gradient in some batches (e.g. the
-    # transition head when a batch has no mask), so unused parameters are tolerated.
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+    # Every forward reaches every parameter (a batch without targets gives a zero loss that
+    # still belongs to the whole graph), so DDP need not search the graph for unused ones.
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
 def shard_batches(n_batches: int, world_size: int, update_freq: int) -> int:
@@ -110,6 +113,8 @@ def barrier(info: DistInfo) -> None:
 # ------------------------------------------------------------- one machine, several cores
 #: set in the processes :func:`launch_local` starts (they must not start more)
 LAUNCHED_ENV = "SMIEXLM_LAUNCHED"
+#: the launcher's PID, in the processes it starts: they end when it does
+LAUNCHER_PID_ENV = "SMIEXLM_LAUNCHER_PID"
 #: beyond this, gloo's all-reduce of a small model costs more than another core gives
 MAX_LOCAL_PROCESSES = 8
 
@@ -139,11 +144,12 @@ def local_processes(requested: int | None, update_freq: int, cores: int) -> int:
     return max(n for n in range(1, limit + 1) if update_freq % n == 0)
 
 
-def run_on_free_cores(config, requested: int | None, argv: list[str]) -> int | None:
+def run_on_free_cores(config, requested: int | None, argv: list[str], run_dir: Path) -> int | None:
     """Run ``smiexlm ARGV`` (a CPU run of ``config``) as N processes when N > 1 fit (see
-    :func:`local_processes`) and return their exit code; None when this process should train
-    alone (a GPU run, or one process)."""
+    :func:`local_processes`), holding ``run_dir``'s lock, and return their exit code; None
+    when this process should train alone (a GPU run, or one process)."""
     from smiexlm.device import resolve_device
+    from smiexlm.training.runlock import RunLock
 
     if resolve_device(config.device).type != "cpu":
         return None
@@ -152,7 +158,8 @@ def run_on_free_cores(config, requested: int | None, argv: list[str]) -> int | N
     if n == 1:
         return None
     threads = config.num_threads or max(1, cores // n)
-    return launch_local(n, [*argv, f"update_freq={config.update_freq // n}"], threads)
+    with RunLock(run_dir):
+        return launch_local(n, [*argv, f"update_freq={config.update_freq // n}"], threads)
 
 
 def _free_port() -> int:
@@ -166,7 +173,8 @@ def launch_local(n_processes: int, argv: list[str], threads: int) -> int:
     each, and return the first non-zero exit code (0 when all succeed).
 
     Rank 0 prints as a single process would; the other ranks' output is discarded, except
-    their errors. SIGINT and SIGTERM reach every process, which checkpoint and stop together.
+    their errors. SIGINT and SIGTERM reach every process, which checkpoint and stop together;
+    so does the launcher's death, even by SIGKILL (see :func:`follow_launcher`).
     """
     port = str(_free_port())
     procs = []
@@ -175,7 +183,7 @@ def launch_local(n_processes: int, argv: list[str], threads: int) -> int:
         env.update(
             RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n_processes),
             MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS=str(threads),
-            **{LAUNCHED_ENV: "1"},
+            **{LAUNCHED_ENV: "1", LAUNCHER_PID_ENV: str(os.getpid())},
         )  # fmt: skip
         out = None if rank == 0 else subprocess.DEVNULL
         cmd = [sys.executable, "-m", "smiexlm.cli.main", *argv]
@@ -210,3 +218,35 @@ def _stop(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
             p.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def follow_launcher(poll_s: float = 1.0) -> None:
+    """In a process :func:`launch_local` started: receive SIGTERM (checkpoint and stop) when
+    the launcher dies, however it dies, instead of training on as an orphan.
+
+    Linux delivers the signal itself (``prctl(PR_SET_PDEATHSIG)``); elsewhere, and for a
+    launcher that died before that call, a watchdog thread sees the parent PID change."""
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    if not launcher:
+        return
+    _parent_death_signal(signal.SIGTERM)
+    watchdog = threading.Thread(
+        target=_watch_parent, args=(launcher, poll_s), name="launcher-watchdog", daemon=True
+    )
+    watchdog.start()
+
+
+def _parent_death_signal(sig: signal.Signals) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    with contextlib.suppress(OSError, AttributeError):  # no libc prctl: the watchdog alone
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
+
+
+def _watch_parent(launcher: int, poll_s: float) -> None:
+    while os.getppid() == launcher:
+        time.sleep(poll_s)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from smiexlm.device import autocast
-from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
+from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.model import ExLMModel
 from smiexlm.training import checkpoint as ckpt
 from smiexlm.training import distributed as dist_utils
@@ -48,6 +49,8 @@ from smiexlm.training.batches import (
 )
 from smiexlm.training.config import TrainConfig
 from smiexlm.training.optim import build_optimizer, build_schedule, clip_gradients, set_lr
+from smiexlm.training.resume import cut_metrics, start_state
+from smiexlm.training.runlock import RunLock
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ class TrainResult:
     last_checkpoint: Path | None
     best_checkpoint: Path | None
     interrupted_by: str | None = None  # "SIGTERM" / "SIGINT" when stopped by a signal
+    already_finished: bool = False  # --resume of a run at max_steps: nothing was trained
     elapsed_s: float = 0.0
     model: Any = field(default=None, repr=False)  # the trained ExLMModel (this process's copy)
 
@@ -130,7 +134,9 @@ def pretrain(
     ``config.total_steps`` or, when unset, the config's ``max_steps``). With ``resume`` the
     newest checkpoint in ``out_dir/checkpoints`` is restored first; a truncated or corrupted
     one is an error naming it, unless ``skip_bad_checkpoints`` (then the newest good one is
-    restored).
+    restored). A checkpoint already at ``max_steps`` is reported (``already_finished``), not
+    trained further. The main process holds ``out_dir/.lock`` throughout (see
+    :mod:`~smiexlm.training.runlock`): a second run in the same folder is refused.
     """
     if max_steps is not None:  # a copy: the caller's config stays as it was
         config = dataclasses.replace(config, max_steps=max_steps, total_steps=config.decay_steps)
@@ -140,7 +146,11 @@ def pretrain(
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     dist_utils.init(info, device)
+    launched = os.environ.get(dist_utils.LAUNCHED_ENV) == "1"  # the launcher holds the lock
+    lock = RunLock(out_dir) if info.is_main and not launched else None
     try:
+        if lock is not None:
+            lock.acquire()
         data = open_dataset(data_dir)
         check_vocabulary(config, data)
         model_config = config.model_config(
@@ -154,21 +164,15 @@ def pretrain(
         model = ExLMModel(model_config).to(device)
         optimizer = build_optimizer(model, config)
         schedule = build_schedule(config)
-        state = ckpt.TrainerState(vocab_hash=data.vocab_hash)
-        start, restored = (
-            ckpt.resume_checkpoint(out_dir, model, optimizer, skip_bad_checkpoints)
-            if resume
-            else (None, None)
+        start, state = start_state(
+            out_dir, data_dir, data.vocab_hash, model, optimizer, resume, skip_bad_checkpoints
         )
         if resume and start is None and info.is_main:
             logger.warning("--resume: no checkpoint in %s, starting from scratch", out_dir)
-        if start is not None and restored is not None:
-            state = restored
-            if state.vocab_hash not in (None, data.vocab_hash):
-                raise VocabularyMismatchError(
-                    f"checkpoint {start} was trained with vocabulary {state.vocab_hash} but the "
-                    f"dataset {str(data_dir)!r} has {data.vocab_hash}"
-                )
+        if info.is_main:  # each step logged once: none after the one training goes on from
+            cut_metrics(out_dir / METRICS_FILE, state.step)
+        if start is not None and state.step >= config.max_steps:
+            return _finished(out_dir, start, state, model)
         trainer = _Loop(config, data, model, optimizer, schedule, state, info, device, out_dir)
         if info.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +185,19 @@ def pretrain(
             )
         return trainer.run()
     finally:
+        if lock is not None:
+            lock.release()
         dist_utils.shutdown()
+
+
+def _finished(out_dir: Path, start: Path, state: ckpt.TrainerState, model) -> TrainResult:
+    """The result of resuming a run that has already reached its max_steps."""
+    best = out_dir / "checkpoints" / "best"
+    return TrainResult(
+        run_dir=out_dir, step=state.step, tokens_seen=state.tokens_seen, last_loss=None,
+        last_valid_loss=None, best_valid_loss=state.best_valid_loss, last_checkpoint=start,
+        best_checkpoint=best if best.is_dir() else None, already_finished=True, model=model,
+    )  # fmt: skip
 
 
 class _Loop:
@@ -312,9 +328,9 @@ class _Loop:
                 self.data.tokenizer,
             )
             root = self.out_dir / "checkpoints"
-            ckpt.link_copy(folder, root / "last")
+            ckpt.copy_checkpoint(folder, root / "last")
             if best:
-                ckpt.link_copy(folder, root / "best")
+                ckpt.copy_checkpoint(folder, root / "best")
             ckpt.prune_checkpoints(self.out_dir, self.config.keep_last)
         dist_utils.barrier(self.info)
         return folder
