@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from smiexlm.descriptor_stats import STATS_NAME, load_model_descriptor_stats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.config import ExLMConfig
 from smiexlm.model.integrity import (
@@ -81,6 +82,8 @@ def save_model_folder(
     directory.mkdir(parents=True, exist_ok=True)
     config.save(directory / CONFIG_NAME)
     tokenizer.save(directory / VOCAB_NAME)
+    if getattr(model, "descriptor_stats", None) is not None:  # how to denormalise its head
+        model.descriptor_stats.save(directory / STATS_NAME)
     tensors = {}
     for name, value in model.state_dict().items():
         value = value.detach()
@@ -125,6 +128,7 @@ def load_model_folder(
         raise DataError(f"checkpoint folder {str(directory)!r} has no {CONFIG_NAME}")
     config = ExLMConfig.load(config_path)
     _check_vocabulary(directory, config)
+    descriptor_stats = load_model_descriptor_stats(directory, config.n_descriptors)
     weights_path = directory / WEIGHTS_NAME
     if not weights_path.is_file():
         raise DataError(f"checkpoint folder {str(directory)!r} has no {WEIGHTS_NAME}")
@@ -138,6 +142,7 @@ def load_model_folder(
     check_finite(loaded, weights_path)
     model = cls(config)
     model.load_state_dict(loaded)  # casts fp16 weights back to the model's dtype
+    model.descriptor_stats = descriptor_stats
     return model.to(map_location).eval()
 
 

@@ -16,12 +16,12 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.paths import read_json_file, write_text_atomic
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, N_SPECIAL_TOKENS, PAD_ID
 
-Objective = Literal["mlm", "exlm", "maelm"]
+Objective = Literal["mlm", "exlm", "maelm", "mtr"]
 PresetName = Literal["tiny", "small", "mol_base", "text_base", "text_large"]
 PRESETS: tuple[str, ...] = get_args(PresetName)  # the classmethods of the same names
 MaskPolicy = Literal["all_mask", "bert_80_10_10"]
 
-_OBJECTIVES = ("mlm", "exlm", "maelm")
+_OBJECTIVES = ("mlm", "exlm", "maelm", "mtr")
 _POLICIES = ("all_mask", "bert_80_10_10")
 _TRANSITIONS = ("learned", "uniform")
 _DAGS = ("full", "sparse")
@@ -34,6 +34,7 @@ PAPER_MOL_VOCAB_SIZE = 369
 # Longest input a config may declare: the paper uses 512 (512·k in the repeated-MLM analysis);
 # far above it, an untrusted config.json would size position tables of terabytes.
 MAX_POSITIONS_LIMIT = 65536
+MAX_DESCRIPTORS = 100_000  # descriptor targets a config may declare (RDKit 2D has ~210)
 
 
 @dataclass
@@ -63,6 +64,17 @@ class ExLMConfig:
     mask_prob: float = 0.15
     # ExLM's official run replaces every selected token by [MASK] (no 80/10/10).
     mask_policy: MaskPolicy = "all_mask"
+    # Descriptor regression: objective "mtr" alone (no masking), or an auxiliary loss added to
+    # mlm/exlm/maelm with aux_descriptor_weight > 0. A head on the pooled state predicts the
+    # dataset's normalised descriptors; NaN targets are masked out of the loss.
+    n_descriptors: int = 0  # regression targets; 0 = none yet (pretrain sets the dataset's)
+    descriptor_pooling: Literal["cls", "mean"] = "cls"
+    descriptor_loss: Literal["mse", "huber"] = "mse"  # huber: delta 1 in normalised units
+    aux_descriptor_weight: float = 0.0  # mlm/exlm/maelm: weight of the descriptor loss; 0 = off
+    # What the auxiliary head sees: "masked" pools the masked pass the LM loss already ran
+    # (free); "clean" runs the encoder once more on the unmasked input, as fine-tuning sees it
+    # (one more forward and backward). Which one helps more is to be measured.
+    aux_descriptor_input: Literal["masked", "clean"] = "masked"
     rope_theta: float = 10000.0
     layer_norm_eps: float = 1e-5
     pad_id: int = PAD_ID
@@ -99,6 +111,7 @@ class ExLMConfig:
             raise ConfigError("transitions", self.transitions, f"one of {_TRANSITIONS}")
         if self.dag not in _DAGS:
             raise ConfigError("dag", self.dag, f"one of {_DAGS}")
+        self._check_descriptor_fields()
         if not isinstance(self.rope_2d, bool):
             raise ConfigError("rope_2d", self.rope_2d, "True or False")
         if self.d_model % self.n_heads:
@@ -128,6 +141,31 @@ class ExLMConfig:
             raise ConfigError("pad_id/bos_id/eos_id/mask_id", ids, "four distinct ids")
         if self.vocab_size <= N_SPECIAL_TOKENS:
             raise ConfigError("vocab_size", self.vocab_size, f"more than {N_SPECIAL_TOKENS}")
+
+    def _check_descriptor_fields(self) -> None:
+        n = self.n_descriptors
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_DESCRIPTORS:
+            raise ConfigError("n_descriptors", n, f"an integer in [0, {MAX_DESCRIPTORS:,}]")
+        choices = {
+            "descriptor_pooling": ("cls", "mean"),
+            "descriptor_loss": ("mse", "huber"),
+            "aux_descriptor_input": ("masked", "clean"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(name, getattr(self, name), f"one of {allowed}")
+        w = self.aux_descriptor_weight
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0.0 <= w < float("inf"):
+            raise ConfigError("aux_descriptor_weight", w, "a finite number >= 0 (0 = off)")
+        if self.objective == "mtr" and w > 0:
+            raise ConfigError(
+                "aux_descriptor_weight", w, "0 with objective 'mtr' (its loss is the descriptors')"
+            )
+
+    @property
+    def uses_descriptors(self) -> bool:
+        """True when the model has a descriptor head (``mtr``, or an auxiliary weight > 0)."""
+        return self.objective == "mtr" or self.aux_descriptor_weight > 0
 
     @property
     def head_dim(self) -> int:

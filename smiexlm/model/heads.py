@@ -43,12 +43,18 @@ class LMHead(nn.Module):
         return F.linear(x, embedding_weight, self.bias)
 
 
-def task_loss(logits: Tensor, labels: Tensor, task_type: TaskType) -> Tensor:
+def task_loss(
+    logits: Tensor,
+    labels: Tensor,
+    task_type: TaskType,
+    regression_loss: Literal["mse", "huber"] = "mse",
+) -> Tensor:
     """Mean loss over the *present* labels.
 
     ``classification``: logits (B, C), labels (B,) long, −100 = missing.
     ``multilabel``: logits (B, T), labels (B, T) float in {0, 1}, NaN = missing (BCE).
-    ``regression``: logits (B, T), labels (B, T) float, NaN = missing (MSE).
+    ``regression``: logits (B, T), labels (B, T) float, NaN = missing (MSE, or Huber with
+    delta 1 when ``regression_loss="huber"``).
     A batch without any present label gives a zero loss that still carries a gradient graph.
     """
     if task_type == "classification":
@@ -65,6 +71,8 @@ def task_loss(logits: Tensor, labels: Tensor, task_type: TaskType) -> Tensor:
     target = torch.where(present, labels, torch.zeros_like(labels))
     if task_type == "multilabel":
         per_entry = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+    elif regression_loss == "huber":
+        per_entry = F.huber_loss(logits, target, reduction="none", delta=1.0)
     else:
         per_entry = F.mse_loss(logits, target, reduction="none")
     return (per_entry * present).sum() / present.sum()

@@ -6,6 +6,9 @@
   (DAG edges); the loss is the DAG alignment loss with targets [BOS, masked tokens…, EOS].
 - ``maelm``: the encoder sees the real tokens only (RoPE keeps their original positions); a
   shallow decoder sees the encoder output plus [MASK] embeddings at the masked positions.
+- ``mtr``: multi-task regression, no masking: a head on the pooled encoder state predicts the
+  dataset's normalised descriptors (masked MSE or Huber; NaN targets are left out). With
+  ``aux_descriptor_weight`` > 0 the same head and loss are added to mlm, exlm or maelm.
 
 ``encode`` is the fine-tuning/embedding path: the encoder alone, on inputs of the same form
 as in pre-training (for exlm, BOS and EOS are still expanded into k states).
@@ -34,7 +37,7 @@ from smiexlm.model.expansion import (
     expand_states,
     gather_states,
 )
-from smiexlm.model.heads import LMHead
+from smiexlm.model.heads import LMHead, SequenceHead, task_loss
 from smiexlm.model.rope import rope_angles, rope_angles_2d
 from smiexlm.model.transitions import TransitionHead, uniform_log_links, valid_successors
 from smiexlm.tokenizer.special import IGNORE_INDEX
@@ -49,7 +52,9 @@ class PretrainOutput:
     """Result of ``ExLMModel.forward``.
 
     ``logits``: mlm/maelm — (N, V) at the N labelled positions (row-major order) when labels
-    are given, else (B, T, V); exlm — (B, S, V) over the compact expanded states.
+    are given, else (B, T, V); exlm — (B, S, V) over the compact expanded states; mtr — (B, D)
+    normalised descriptor predictions. With a descriptor auxiliary, ``loss`` is ``lm_loss +
+    aux_descriptor_weight * desc_loss``.
     """
 
     loss: Tensor | None
@@ -60,6 +65,10 @@ class PretrainOutput:
     state_lengths: Tensor | None = None  # exlm: (B,)
     target_lengths: Tensor | None = None  # exlm: (B,)
     targets: Tensor | None = None  # exlm: (B, M) [BOS, masked tokens…, EOS]
+    lm_loss: Tensor | None = None  # with a descriptor auxiliary: the LM part of loss
+    desc_loss: Tensor | None = None  # descriptor loss (mtr: the loss itself)
+    n_descriptor_targets: int = 0  # present (non-NaN) descriptor targets scored
+    descriptor_predictions: Tensor | None = None  # (B, D) fp32, normalised units
 
 
 @dataclass
@@ -77,13 +86,28 @@ class ExLMModel(nn.Module):
         self.dropout = Dropout(config.dropout)
         self.encoder = Encoder(config, config.n_layers)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.lm_head = LMHead(config.d_model, config.vocab_size, config.layer_norm_eps)
+        self.lm_head = (
+            None
+            if config.objective == "mtr"
+            else LMHead(config.d_model, config.vocab_size, config.layer_norm_eps)
+        )
         self.decoder = self.decoder_norm = self.transitions = None
         if config.objective == "maelm":
             self.decoder = Encoder(config, config.maelm_decoder_layers)
             self.decoder_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         if config.objective == "exlm" and config.transitions == "learned":
             self.transitions = TransitionHead(config)
+        self.descriptor_head = None
+        if config.uses_descriptors:
+            if config.n_descriptors < 1:
+                raise ConfigError(
+                    "n_descriptors", config.n_descriptors, "a positive number of descriptor "
+                    "targets for objective 'mtr' or aux_descriptor_weight > 0",
+                )  # fmt: skip
+            self.descriptor_head = SequenceHead(
+                config.d_model, config.n_descriptors, config.dropout
+            )
+        self.descriptor_stats = None  # DescriptorStats, saved beside the weights
         init_weights(self)
 
     # ------------------------------------------------------------------ helpers
@@ -154,22 +178,48 @@ class ExLMModel(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        labels: Tensor | None = None,
+        descriptors: Tensor | None = None,
     ) -> PretrainOutput:
         """``input_ids`` (B, T) already masked, ``attention_mask`` (B, T) (True = real token),
-        ``labels`` (B, T) original ids at masked positions and −100 elsewhere."""
+        ``labels`` (B, T) original ids at masked positions and −100 elsewhere, ``descriptors``
+        (B, D) normalised descriptor targets, NaN = missing (mtr, or the auxiliary loss)."""
         mask = self._check_inputs(input_ids, attention_mask)
         if labels is not None and labels.shape != input_ids.shape:
             raise DataError(f"labels {tuple(labels.shape)}: expected {tuple(input_ids.shape)}")
         objective = self.config.objective
+        if objective == "mtr":
+            return self._forward_mtr(input_ids, mask, descriptors)
         if objective == "exlm":
-            return self._forward_exlm(input_ids, mask, labels)
-        if objective == "maelm":
-            hidden = self._forward_maelm_decoder(input_ids, mask)
+            out, enc, enc_mask = self._forward_exlm(input_ids, mask, labels)
         else:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-            rotary = self._rotary_1d(positions.expand_as(input_ids))
-            hidden = self._run_encoder(input_ids, mask, rotary)
+            if objective == "maelm":
+                hidden, enc, enc_mask = self._forward_maelm_decoder(input_ids, mask)
+            else:
+                positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+                rotary = self._rotary_1d(positions.expand_as(input_ids))
+                hidden = enc = self._run_encoder(input_ids, mask, rotary)
+                enc_mask = mask
+            out = self._lm_output(hidden, mask, labels)
+        if self.descriptor_head is None or descriptors is None or out.loss is None:
+            return out
+        if self.config.aux_descriptor_input == "clean":  # one more pass, on the real tokens
+            assert labels is not None  # out.loss is set (internal invariant)
+            pooled = self._pooled(torch.where(labels != IGNORE_INDEX, labels, input_ids), mask)
+        else:  # the encoder states of the masked pass the LM loss ran
+            pooled = pool(enc, enc_mask, self.config.descriptor_pooling)
+        pred, desc_loss, n = self._descriptor_loss(pooled, descriptors)
+        out.lm_loss, out.desc_loss, out.n_descriptor_targets = out.loss, desc_loss, n
+        out.loss = out.loss + self.config.aux_descriptor_weight * desc_loss
+        out.descriptor_predictions = pred
+        return out
+
+    def _lm_output(self, hidden: Tensor, mask: Tensor, labels: Tensor | None) -> PretrainOutput:
+        """mlm/maelm: LM-head logits (and cross-entropy at the labelled positions)."""
+        assert self.lm_head is not None  # every objective but mtr has one (internal invariant)
         if labels is None:
             return PretrainOutput(None, self.lm_head(hidden, self.embed.weight), 0)
         selected = (labels != IGNORE_INDEX) & mask  # (B, T)
@@ -178,7 +228,10 @@ class ExLMModel(nn.Module):
         loss = F.cross_entropy(logits.float(), labels[selected]) if n else logits.sum() * 0.0
         return PretrainOutput(loss, logits, n)
 
-    def _forward_maelm_decoder(self, input_ids: Tensor, mask: Tensor) -> Tensor:
+    def _forward_maelm_decoder(
+        self, input_ids: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Decoder states (B, T, d); the encoder's states (B, Te, d) and their mask (B, Te)."""
         hidden, index, valid = self._encode_real_tokens(input_ids, mask)  # (B, Te, d)
         b, t = input_ids.shape
         mask_vec = self.embed.weight[self.config.mask_id].to(hidden.dtype)
@@ -187,11 +240,12 @@ class ExLMModel(nn.Module):
         x = x.scatter(1, dest[..., None].expand_as(hidden), hidden)[:, :t]  # (B, T, d)
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
         x = self.decoder(self.dropout(x), self._rotary_1d(positions), mask)
-        return self.decoder_norm(x)  # (B, T, d)
+        return self.decoder_norm(x), hidden, valid  # (B, T, d)
 
     def _forward_exlm(
         self, input_ids: Tensor, mask: Tensor, labels: Tensor | None
-    ) -> PretrainOutput:
+    ) -> tuple[PretrainOutput, Tensor, Tensor]:
+        """The output; the expanded states (B, Lx, d) and their mask (B, Lx)."""
         ex = self._expand(input_ids, mask, labels)
         hidden = self._encode_expanded(ex)  # (B, Lx, d)
         states = gather_states(hidden, ex.state_index)  # (B, S, d) compact
@@ -211,12 +265,12 @@ class ExLMModel(nn.Module):
             targets=ex.targets,
         )
         if labels is None:
-            return out
+            return out, hidden, ex.attention_mask
         rows = ex.target_lengths > 0  # sequences with something to align
         if not bool(rows.any()):  # a zero that still reaches every parameter, as DDP expects
             links = log_links.masked_fill(~torch.isfinite(log_links), 0.0)
             out.loss = (logits.sum() + links.sum()) * 0.0
-            return out
+            return out, hidden, ex.attention_mask
         if not bool(rows.all()):
             logits, log_links = logits[rows], log_links[rows]
         ll = dag_logits_log_likelihood(
@@ -229,7 +283,54 @@ class ExLMModel(nn.Module):
         out.loss, out.n_invalid = dag_loss(ll, ex.target_lengths[rows])
         if out.n_invalid:
             logger.warning("ExLM: %d of %d sequences have no DAG path", out.n_invalid, len(ll))
-        return out
+        return out, hidden, ex.attention_mask
+
+    # ------------------------------------------------------------------ descriptors
+    def _pooled(self, input_ids: Tensor, mask: Tensor) -> Tensor:
+        """(B, d): the encoder on (B, T) ids, pooled as the descriptor head expects."""
+        pooling = self.config.descriptor_pooling
+        return self.encode(input_ids, mask, pooling=pooling, pooled_only=True).pooled
+
+    def _descriptor_loss(self, pooled: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
+        """(B, D) fp32 predictions, the masked loss over the non-NaN targets, their count."""
+        assert self.descriptor_head is not None  # internal invariant
+        pred = self.descriptor_head(pooled).float()  # (B, D) normalised
+        if targets.shape != pred.shape:
+            raise DataError(f"descriptors {tuple(targets.shape)}: expected {tuple(pred.shape)}")
+        loss = task_loss(pred, targets, "regression", self.config.descriptor_loss)
+        return pred, loss, int((~torch.isnan(targets)).sum())
+
+    def _forward_mtr(self, input_ids: Tensor, mask: Tensor, targets: Tensor | None):
+        pooled = self._pooled(input_ids, mask)
+        if targets is None:
+            pred = self.descriptor_head(pooled).float()  # type: ignore[misc]
+            return PretrainOutput(None, pred, 0, descriptor_predictions=pred)
+        pred, loss, n = self._descriptor_loss(pooled, targets)
+        return PretrainOutput(
+            loss, pred, n, desc_loss=loss, n_descriptor_targets=n, descriptor_predictions=pred
+        )
+
+    @torch.no_grad()
+    def predict_descriptors(
+        self, input_ids: Tensor, attention_mask: Tensor, denormalize: bool = True
+    ) -> Tensor:
+        """(B, D) descriptors predicted from (B, T) token ids, in descriptor units (turned back
+        with ``descriptor_stats``, the training set's statistics), or normalised with
+        ``denormalize=False``. Needs a model with a descriptor head."""
+        if self.descriptor_head is None:
+            raise ConfigError(
+                "objective", self.config.objective,
+                "'mtr', or aux_descriptor_weight > 0 (a model with a descriptor head)",
+            )  # fmt: skip
+        z = self.descriptor_head(self._pooled(input_ids, attention_mask)).float()  # (B, D)
+        if not denormalize:
+            return z
+        if self.descriptor_stats is None:
+            raise DataError(
+                "the model has no descriptor statistics (descriptors.json beside its weights): "
+                "only normalised predictions are available (denormalize=False)"
+            )
+        return self.descriptor_stats.denormalize(z)
 
     # ------------------------------------------------------------------ encode
     @torch.no_grad()

@@ -4,6 +4,11 @@ The pipeline's ``TokenBudgetSampler`` orders an epoch (seeded by ``seed`` and th
 micro-batches of at most ``max_tokens`` padded tokens. Every process computes the same order;
 the global index of a micro-batch picks the process that consumes it and seeds its masking
 generator, so masks do not depend on how a global batch is split between processes.
+
+A model with a descriptor head (objective ``mtr``, or ``aux_descriptor_weight`` > 0) reads the
+dataset's descriptor rows with its tokens: each item is ``(ids, normalised row)`` and a batch
+gains a (B, D) float32 target tensor aligned with its token rows (NaN = missing). ``mtr``
+batches are not masked.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import numpy as np
 import torch
 
 from smiexlm.data.collate import collate
+from smiexlm.data.descriptors import DescriptorTable, load_dataset_stats
 from smiexlm.data.sampler import TokenBudgetSampler
 from smiexlm.data.shards import TokenDataset, read_manifest
+from smiexlm.descriptor_stats import DescriptorStats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.masking import mask_tokens
 from smiexlm.tokenizer import Tokenizer, load_tokenizer
+from smiexlm.tokenizer.special import IGNORE_INDEX
 from smiexlm.training.config import TrainConfig
 
 
@@ -40,6 +48,31 @@ class TrainingData:
     valid_lengths: np.ndarray | None
     tokenizer: Tokenizer
     vocab_hash: str
+    descriptor_stats: DescriptorStats | None = None  # the train split's, when read
+
+    @property
+    def n_descriptors(self) -> int:
+        return 0 if self.descriptor_stats is None else self.descriptor_stats.n_descriptors
+
+
+class WithDescriptors:
+    """A split's tokens and descriptor rows: ``item[i]`` = ((L,) uint16 ids, (D,) float32
+    normalised descriptors, NaN = missing); ``lengths`` as the token dataset's."""
+
+    def __init__(self, tokens: TokenDataset, table: DescriptorTable, stats: DescriptorStats):
+        if table.names != stats.names:
+            raise DataError(
+                f"dataset {str(tokens.path)!r}: the descriptor columns of the manifest differ "
+                "from those of descriptors.json; rebuild the dataset"
+            )
+        self.tokens, self.table, self.stats = tokens, table, stats
+        self.lengths = tokens.lengths
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.tokens[index], self.stats.normalize(self.table[index])
 
 
 def _lengths(dataset) -> np.ndarray:
@@ -49,8 +82,9 @@ def _lengths(dataset) -> np.ndarray:
     return np.asarray(lengths, dtype=np.int64)
 
 
-def open_dataset(data_dir: Path) -> TrainingData:
-    """Open a dataset folder written by the corpus pipeline, with clear errors when absent."""
+def open_dataset(data_dir: Path, descriptors: bool = False) -> TrainingData:
+    """Open a dataset folder written by the corpus pipeline, with clear errors when absent;
+    with ``descriptors`` its items carry their normalised descriptor rows too."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(
@@ -78,6 +112,11 @@ def open_dataset(data_dir: Path) -> TrainingData:
     if "valid" in manifest["splits"]:
         valid = TokenDataset(data_dir, split="valid")
         valid = valid if len(valid) > 0 else None
+    stats = load_dataset_stats(data_dir) if descriptors else None
+    if stats is not None:
+        train = WithDescriptors(train, DescriptorTable(data_dir, "train", manifest), stats)
+        if valid is not None:
+            valid = WithDescriptors(valid, DescriptorTable(data_dir, "valid", manifest), stats)
     return TrainingData(
         train=train,
         valid=valid,
@@ -85,6 +124,7 @@ def open_dataset(data_dir: Path) -> TrainingData:
         valid_lengths=_lengths(valid) if valid is not None else None,
         tokenizer=tokenizer,
         vocab_hash=vocab_hash,
+        descriptor_stats=stats,
     )
 
 
@@ -126,19 +166,34 @@ class MaskingCollator:
 
     def __call__(self, items):
         index = items[0][0]
-        input_ids, attention_mask = collate([np.asarray(a) for _, a in items])  # (B, T)
-        generator = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, index, 7))
+        rows = [a for _, a in items]
+        targets = None
+        if isinstance(rows[0], tuple):  # (ids, descriptor row) items
+            targets = torch.from_numpy(np.stack([d for _, d in rows]))  # (B, D) float32
+            rows = [ids for ids, _ in rows]
+        input_ids, attention_mask = collate([np.asarray(a) for a in rows])  # (B, T)
         c = self.model_config
-        masked, labels = mask_tokens(
-            input_ids.long(),
-            attention_mask.bool(),
-            mask_prob=c.mask_prob,
-            policy=c.mask_policy,
-            vocab_size=c.vocab_size,
-            generator=generator,
-            mask_id=c.mask_id,
-        )
-        return masked, attention_mask.bool(), labels
+        if c.objective == "mtr":  # no masking: the targets are the descriptors
+            masked, labels = input_ids, torch.full_like(input_ids, IGNORE_INDEX)
+        else:
+            generator = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, index, 7))
+            masked, labels = mask_tokens(
+                input_ids.long(),
+                attention_mask.bool(),
+                mask_prob=c.mask_prob,
+                policy=c.mask_policy,
+                vocab_size=c.vocab_size,
+                generator=generator,
+                mask_id=c.mask_id,
+            )
+        batch = (masked, attention_mask.bool(), labels)
+        return batch if targets is None else (*batch, targets)
+
+
+def model_inputs(batch: tuple, device: torch.device) -> dict[str, torch.Tensor]:
+    """``ExLMModel.forward``'s keyword arguments for a collated batch, moved to ``device``."""
+    names = ("input_ids", "attention_mask", "labels", "descriptors")
+    return {n: t.to(device, non_blocking=True) for n, t in zip(names, batch, strict=False)}
 
 
 def epoch_batches(

@@ -45,6 +45,7 @@ from smiexlm.training.batches import (
     epoch_batches,
     make_loader,
     mix_seed,
+    model_inputs,
     open_dataset,
 )
 from smiexlm.training.config import TrainConfig
@@ -151,17 +152,19 @@ def pretrain(
     try:
         if lock is not None:
             lock.acquire()
-        data = open_dataset(data_dir)
+        data = open_dataset(data_dir, descriptors=config.model.config.uses_descriptors)
         check_vocabulary(config, data)
         model_config = config.model_config(
-            vocab_size=data.tokenizer.vocab_size, vocab_hash=data.vocab_hash
-        )
+            vocab_size=data.tokenizer.vocab_size, vocab_hash=data.vocab_hash,
+            n_descriptors=data.n_descriptors,
+        )  # fmt: skip
         if not resume and ckpt.latest_checkpoint(out_dir) is not None:
             raise ConfigError(
                 "out", str(out_dir), "a run folder without checkpoints, or --resume to continue it"
             )
         torch.manual_seed(config.seed)  # identical initial weights on every process
         model = ExLMModel(model_config).to(device)
+        model.descriptor_stats = data.descriptor_stats  # saved with every checkpoint
         optimizer = build_optimizer(model, config)
         schedule = build_schedule(config)
         start, state = start_state(
@@ -211,6 +214,7 @@ class _Loop:
         self.too_long = int((data.train_lengths > limit).sum())
         self.train_lengths = np.where(data.train_lengths > limit, 0, data.train_lengths)
         self.last_valid: float | None = None
+        self.last_valid_desc: float | None = None  # descriptor loss, models with that head
         self.writer = self._tensorboard() if info.is_main else None
 
     # -------------------------------------------------------------- reporting
@@ -302,16 +306,20 @@ class _Loop:
         mine = [(g, b) for g, b in enumerate(plan) if g % self.info.world_size == self.info.rank]
         collator = MaskingCollator(self.raw_model.config, self.config.seed, -1)
         self.raw_model.eval()
-        total, weight = 0.0, 0.0
-        for masked, mask, labels in make_loader(self.data.valid, mine, collator, 0):
+        total, weight, desc, n_desc = 0.0, 0.0, 0.0, 0.0
+        for batch in make_loader(self.data.valid, mine, collator, 0):
             with autocast(self.device, self.config.precision):
-                out = self.raw_model(
-                    masked.to(self.device), mask.to(self.device), labels.to(self.device)
-                )
-            total += float(out.loss) * out.n_predictions
+                out = self.raw_model(**model_inputs(batch, self.device))
+            lm_loss = out.loss if out.lm_loss is None else out.lm_loss  # the LM part only
+            total += float(lm_loss) * out.n_predictions
             weight += out.n_predictions
+            if out.desc_loss is not None:
+                desc += float(out.desc_loss) * out.n_descriptor_targets
+                n_desc += out.n_descriptor_targets
         self.raw_model.train()
-        total, weight = dist_utils.all_reduce_sum([total, weight], self.device, self.info)
+        sums = dist_utils.all_reduce_sum([total, weight, desc, n_desc], self.device, self.info)
+        total, weight, desc, n_desc = sums
+        self.last_valid_desc = desc / n_desc if n_desc > 0 else None
         return total / weight if weight > 0 else None
 
     # -------------------------------------------------------------- checkpoints
@@ -336,12 +344,14 @@ class _Loop:
         return folder
 
     # -------------------------------------------------------------- one step
-    def _step(self, batches) -> tuple[float, int, int, int, float]:
-        """Forward/backward over this process's micro-batches, then one update."""
+    def _step(self, batches) -> tuple[float, int, int, float, float]:
+        """Forward/backward over this process's micro-batches, then one update. Returns the
+        summed LM losses, invalid sequences, tokens, summed descriptor losses, grad norm."""
         config, state = self.config, self.state
         torch.manual_seed(mix_seed(config.seed, state.step, self.info.rank, 11))  # dropout
-        loss_sum, n_invalid, tokens, n_pred = 0.0, 0, 0, 0
-        for micro, (masked, mask, labels) in enumerate(batches):
+        loss_sum, n_invalid, tokens, desc_sum = 0.0, 0, 0, 0.0
+        for micro, batch in enumerate(batches):
+            masked, mask = batch[0], batch[1]
             last = micro == len(batches) - 1
             sync = (
                 self.model.no_sync()
@@ -351,26 +361,22 @@ class _Loop:
             try:
                 with sync:
                     with autocast(self.device, config.precision):
-                        out = self.model(
-                            masked.to(self.device, non_blocking=True),
-                            mask.to(self.device, non_blocking=True),
-                            labels.to(self.device, non_blocking=True),
-                        )
+                        out = self.model(**model_inputs(batch, self.device))
                     (out.loss / config.update_freq).backward()
             except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
                 if _is_oom(error):
                     raise _oom_error(config, tuple(masked.shape), self.device) from error
                 raise
-            loss_sum += float(out.loss.detach())
+            loss_sum += float((out.loss if out.lm_loss is None else out.lm_loss).detach())
+            desc_sum += 0.0 if out.desc_loss is None else float(out.desc_loss.detach())
             n_invalid += out.n_invalid
-            n_pred += int(out.n_predictions)
             tokens += int(mask.sum())
         lr = self.schedule.lr_at(state.step)
         set_lr(self.optimizer, lr)
         grad_norm = clip_gradients(self.raw_model.parameters(), config.clip_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, n_invalid, tokens, n_pred, grad_norm
+        return loss_sum, n_invalid, tokens, desc_sum, grad_norm
 
     def run(self) -> TrainResult:
         from tqdm.auto import tqdm
@@ -402,7 +408,7 @@ class _Loop:
                 for _ in range(config.update_freq):
                     epoch, position, batch = next(stream)
                     batches.append(batch)
-                loss_sum, n_invalid, tokens, _, grad_norm = self._step(batches)
+                loss_sum, n_invalid, tokens, desc_sum, grad_norm = self._step(batches)
                 state.step += 1
                 state.epoch, state.batch_in_epoch = epoch, position
                 stats = [
@@ -411,9 +417,10 @@ class _Loop:
                     tokens,
                     n_invalid,
                     1.0 if stop.signal_name else 0.0,
+                    desc_sum,
                 ]
-                loss_sum, n_micro, tokens, n_invalid, stopping = dist_utils.all_reduce_sum(
-                    stats, self.device, info
+                loss_sum, n_micro, tokens, n_invalid, stopping, desc_sum = (
+                    dist_utils.all_reduce_sum(stats, self.device, info)
                 )
                 state.tokens_seen += int(tokens)
                 last_loss = loss_sum / n_micro
@@ -423,6 +430,7 @@ class _Loop:
                 window["micro"] += n_micro
                 window["tokens"] += tokens
                 window["invalid"] += n_invalid
+                window["desc"] = window.get("desc", 0.0) + desc_sum
                 validate_now = (
                     state.step % config.valid_every == 0 or state.step == config.max_steps
                 )
@@ -440,10 +448,14 @@ class _Loop:
                     }
                     if self.raw_model.config.objective == "exlm":
                         record["n_invalid"] = int(window["invalid"])
+                    if self.raw_model.descriptor_head is not None:
+                        record["desc_loss"] = window["desc"] / max(window["micro"], 1)
                     if validate_now:
                         self.last_valid = self.validate()
                         if self.last_valid is not None:
                             record["valid_loss"] = self.last_valid
+                        if self.last_valid_desc is not None:
+                            record["valid_desc_loss"] = self.last_valid_desc
                     self._log(record)
                     bar.set_postfix(
                         loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}"
