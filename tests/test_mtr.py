@@ -172,14 +172,15 @@ def test_tiny_model_memorises_the_descriptors_of_32_molecules(shared_data):
     try:
         for _ in range(STEPS):
             loss = model(batch.input_ids, batch.attention_mask, descriptors=target).loss
-            first = float(loss) if first is None else first
+            first = float(loss.detach()) if first is None else first
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
     finally:
         torch.set_num_threads(threads)
     model.eval()
-    final = float(model(batch.input_ids, batch.attention_mask, descriptors=target).loss)
+    with torch.no_grad():
+        final = float(model(batch.input_ids, batch.attention_mask, descriptors=target).loss)
     assert first > 0.5 and final < 0.05, (first, final)
     predicted = model.predict_descriptors(batch.input_ids, batch.attention_mask).numpy()
     reference = stats.denormalize(target.numpy())  # the clipped targets in descriptor units
