@@ -222,6 +222,8 @@ def test_auxiliary_training_logs_resumes_exactly_and_exports(dataset, tmp_path):
     export_run(tmp_path / "full", model_dir, dataset=dataset)
     model = ExLMModel.from_pretrained(model_dir)
     assert model.config.aux_descriptor_weight == 1.0 and model.descriptor_stats is not None
+    card = (model_dir / "MODEL_CARD.md").read_text()
+    assert "| descriptor regression | auxiliary, weight 1, on the masked input: MSE" in card
     tokenizer = SmilesTokenizer.load(model_dir / "vocab.json")
     batch = tokenizer.encode_batch(["CCO", "c1ccccc1O"])
     values = model.predict_descriptors(batch.input_ids, batch.attention_mask)

@@ -115,6 +115,17 @@ def _read_manifest(dataset: Path | None) -> dict:
     return read_manifest(Path(dataset))
 
 
+def _descriptor_line(c) -> str:
+    """What the model was taught about RDKit 2D descriptors, for the card."""
+    what = f"{c.descriptor_loss.upper()} on the {c.descriptor_pooling} state, median/IQR-normalised"
+    if c.objective == "mtr":
+        return f"the whole objective: {what} (`descriptors.json`)"
+    if c.aux_descriptor_weight > 0:
+        return (f"auxiliary, weight {c.aux_descriptor_weight:g}, on the {c.aux_descriptor_input} "
+                f"input: {what} (`descriptors.json`)")  # fmt: skip
+    return "none"
+
+
 def _card(model, s: RunSummary, manifest, normalization, train_config, command, fp16) -> str:
     c = model.config
     n_params = model.num_parameters()
@@ -129,12 +140,14 @@ def _card(model, s: RunSummary, manifest, normalization, train_config, command, 
         for src in manifest.get("sources", [])
     )
     valid = f"{s.valid_loss:.4f}" if s.valid_loss is not None else "not evaluated"
+    descriptors = _descriptor_line(c)
     best = f"{s.best_valid_loss:.4f}" if s.best_valid_loss is not None else "–"
     return f"""# Model card: {c.objective} ({c.n_layers} layers, d {c.d_model}, {n_params / 1e6:.2f}M parameters)
 
 | field | value |
 |---|---|
 | objective | `{c.objective}`{f" (k = {c.k}, 2D RoPE {c.rope_2d}, transitions {c.transitions}, DAG {c.dag})" if c.objective == "exlm" else ""} |
+| descriptor regression | {descriptors} |
 | architecture | {c.n_layers} layers, {c.n_heads} heads, d_model {c.d_model}, FFN {c.d_ff}, pre-norm, RoPE |
 | parameters | {n_params:,} (weights stored in {"fp16" if fp16 else "fp32"}) |
 | vocabulary | {c.vocab_size} tokens, hash `{c.vocab_hash}` |
