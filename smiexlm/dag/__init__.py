@@ -17,6 +17,7 @@ fused Triton kernels for CUDA tensors when triton is installed, the banded matri
 from __future__ import annotations
 
 import os
+import sys
 from typing import Literal
 
 import torch
@@ -64,7 +65,7 @@ def resolve_impl(device: torch.device) -> Impl:
         raise ConfigError(IMPL_ENV, choice, "one of " + ", ".join(map(repr, IMPLS)))
     if choice in ("matmul", "reference"):
         return choice
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    interpret = _interpreting()
     runnable = _triton_available() and (device.type == "cuda" or interpret)
     if choice == "triton":
         if not runnable:
@@ -76,7 +77,18 @@ def resolve_impl(device: torch.device) -> Impl:
         return "triton"
     if device.type == "cpu":
         return "matmul"
-    return "triton" if runnable and device.type == "cuda" else "reference"
+    # interpreted kernels on CUDA tensors would copy every tensor to the host: use the reference
+    return "triton" if runnable and device.type == "cuda" and not interpret else "reference"
+
+
+def _interpreting() -> bool:
+    """Whether the Triton kernels run in Triton's CPU interpreter. ``@triton.jit`` reads
+    ``TRITON_INTERPRET`` when the kernel module is first imported, so once it is imported its
+    mode decides, not the variable's current value; before that, the variable does."""
+    kernels = sys.modules.get("smiexlm.dag.triton_kernels")
+    if kernels is not None:
+        return bool(kernels.INTERPRETED)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _trim(emissions, log_links, m_max: int, s_max: int):

@@ -7,7 +7,10 @@ buffers that the backward needs anyway). Tiles are (BLOCK, BLOCK) of states with
 logsumexp, so every logsumexp is guarded against −inf − (−inf). All arithmetic is fp32.
 
 For CPU tensors the kernels run under ``TRITON_INTERPRET=1``, which must be set before this
-module is imported (the ``@triton.jit`` decorator reads it).
+module is imported (the ``@triton.jit`` decorator reads it). :data:`INTERPRETED` records the
+mode the kernels were defined in, for the dispatch in :func:`smiexlm.dag.resolve_impl`: a
+process that imported them compiled cannot run them on CPU tensors, whatever the variable
+says later, and one that imported them interpreted runs them slowly on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -238,6 +241,9 @@ def _lse_gather_backward_kernel(
         tl.atomic_add(glogits_ptr + row * V + tgt, gi, mask=in_i)
 
 
+INTERPRETED = type(_dag_forward_kernel).__name__ == "InterpretedFunction"
+
+
 def _block(n_states: int) -> int:
     return max(16, min(64, triton.next_power_of_2(n_states)))
 
@@ -281,8 +287,9 @@ def triton_log_likelihood(
     """(B,) fp32 log-likelihood by the fused kernels (float64 inputs use the reference)."""
     if emissions.dtype == torch.float64 or log_links.dtype == torch.float64:
         return reference_log_likelihood(emissions, log_links, state_lengths, target_lengths)
-    s = state_lengths.to(torch.int64).contiguous()
-    t = target_lengths.to(torch.int64).contiguous()
+    # the kernels read the lengths through pointers: they must live beside the emissions
+    s = state_lengths.to(device=emissions.device, dtype=torch.int64).contiguous()
+    t = target_lengths.to(device=emissions.device, dtype=torch.int64).contiguous()
     return TritonDagLogLikelihood.apply(emissions, log_links, s, t)
 
 
@@ -292,7 +299,7 @@ class TritonLogSoftmaxGather(torch.autograd.Function):
         x = logits.contiguous()
         B, L, V = x.shape
         M = targets.shape[1]
-        tgt = targets.clamp(0, V - 1).to(torch.int64).contiguous()
+        tgt = targets.to(device=x.device, dtype=torch.int64).clamp(0, V - 1).contiguous()
         lse = torch.empty(B, L, dtype=torch.float32, device=x.device)
         em = torch.empty(B, M, L, dtype=torch.float32, device=x.device)
         block_v = min(4096, triton.next_power_of_2(V))

@@ -130,6 +130,10 @@ def load_model_folder(
     _check_vocabulary(directory, config)
     descriptor_stats = load_model_descriptor_stats(directory, config.n_descriptors)
     weights_path = directory / WEIGHTS_NAME
+    if not weights_path.is_file() and (directory / "model.safetensors.index.json").is_file():
+        from smiexlm.model.shards import load_sharded_model  # weights in <= N MiB shards
+
+        return load_sharded_model(cls, directory, map_location)
     if not weights_path.is_file():
         raise DataError(f"checkpoint folder {str(directory)!r} has no {WEIGHTS_NAME}")
     header = read_header(weights_path)
