@@ -5,6 +5,10 @@ a :class:`~smiexlm.featurizer.Featurizer`, and writes either a Parquet table (th
 columns, the SMILES, then ``e0 … e{d-1}``) or a ``.npy`` matrix with the id columns beside it
 in ``<name>.ids.csv``. Rows that fail are NaN and listed in the returned report.
 
+``embed_parts`` writes a folder of Parquet parts instead (:mod:`smiexlm.parts`): resumable
+part by part, and shared among the processes of a ``torchrun`` job; ``read_parts`` reads them
+back as one table in input order.
+
 ``run_demo`` embeds a fixed panel of well-known drugs and finds each one's nearest neighbour
 by cosine similarity, next to the nearest neighbour by ECFP4 Tanimoto similarity.
 """
@@ -20,6 +24,8 @@ import numpy as np
 from smiexlm.errors import DataError
 from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.fingerprints import tanimoto_matrix
+from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
+from smiexlm.parts import read_parts as read_parts  # re-exported: smiexlm.embed.read_parts
 from smiexlm.paths import atomic_paths, check_output
 from smiexlm.tables import iter_table
 
@@ -93,19 +99,16 @@ def embed_file(
     """
     out, input_path = Path(out), Path(input_path)
     if out.suffix not in OUT_SUFFIXES:
-        raise DataError(f"--out {str(out)!r}: expected a file ending in {OUT_SUFFIXES}")
+        raise DataError(
+            f"--out {str(out)!r}: expected a file ending in {OUT_SUFFIXES}, or a folder name "
+            "without a suffix for Parquet parts"
+        )
     check_output(out, "--out")  # before any compute, not after it
     if out.suffix == ".npy":
         check_output(out.with_suffix(".ids.csv"), "--out ids file")
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
-    if id_cols is None:
-        id_cols = [c for c in first.columns if c != smiles_col]
-    missing = [c for c in id_cols if c not in first.columns]
-    if missing:
-        raise DataError(
-            f"id columns {missing} are not in the input: expected some of {list(first.columns)}"
-        )
+    id_cols = _id_columns(first, smiles_col, id_cols)
     feat = Featurizer.from_pretrained(checkpoint, device=device)
     report = FeaturizeReport()
     ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
@@ -139,6 +142,81 @@ def embed_file(
                 bar.close()
     feat.last_report = report
     return EmbedResult(out, report.n_inputs, feat.dim, list(id_cols), report, ids_path)
+
+
+def embed_parts(
+    input_path: Path,
+    out: Path,
+    smiles_col: str = "smiles",
+    id_cols: list[str] | None = None,
+    checkpoint: Path | None = None,
+    pooling: Literal["cls", "mean", "max"] = "cls",
+    errors: Literal["raise", "nan"] = "nan",
+    canonicalize: bool = True,
+    batch_tokens: int = 16384,
+    device: str = "auto",
+    progress: bool = True,
+    chunk_rows: int = 8192,
+    part_rows: int = DEFAULT_PART_ROWS,
+    threads: int | None = None,
+) -> PartsResult:
+    """Embed ``input_path`` into the folder ``out`` as Parquet parts of ``part_rows`` rows.
+
+    Each part holds the id columns, the SMILES and ``e0 … e{d-1}`` of its input rows (NaN
+    rows for bad SMILES, listed with their reasons in ``out/rejects.csv``). Run again after
+    an interruption, the same call resumes: finished parts are kept, the others written.
+    Under ``torchrun`` each process writes its share of the parts (:mod:`smiexlm.workers`;
+    ``threads`` per process, default: the cores over the processes of the node).
+    """
+    from smiexlm.parts import PartsJob, input_record, model_record, run_parts
+    from smiexlm.workers import job_workers
+
+    out, input_path = Path(out), Path(input_path)
+    check_output(out, "--out", kind="folder")  # before any compute, not after it
+    chunks = iter_table(input_path, smiles_col, chunk_rows)
+    first = next(chunks)  # raises DataError for an empty or unreadable input
+    id_cols = _id_columns(first, smiles_col, id_cols)
+    with job_workers(threads) as workers:
+        feat = Featurizer.from_pretrained(checkpoint, device=workers.device(device))
+        settings = {"smiles_col": smiles_col, "id_cols": id_cols, "pooling": pooling,
+                    "errors": errors, "canonicalize": canonicalize}  # fmt: skip
+        job = PartsJob("embed", input_record(input_path), model_record([feat.source]),
+                       settings, part_rows)  # fmt: skip
+
+        def process(frame: Any, start: int) -> ChunkOutput:
+            emb = feat.featurize(frame[smiles_col], pooling=pooling, errors=errors,
+                                 canonicalize=canonicalize, batch_tokens=batch_tokens,
+                                 index_offset=start, log_failures=False)  # fmt: skip
+            report = feat.last_report
+            counts = {"unk_tokens": report.n_unk_tokens,
+                      "changed_by_normalization": report.n_changed_by_normalization}  # fmt: skip
+            table = _embedding_table(frame[[*id_cols, smiles_col]], emb)
+            return ChunkOutput(table, report.failed, counts)
+
+        return run_parts(job, out, _chain(first, chunks), process, workers, progress,
+                         {"device": str(feat.device)})  # fmt: skip
+
+
+def _id_columns(first: Any, smiles_col: str, id_cols: list[str] | None) -> list[str]:
+    """The id columns to keep (default: every column but the SMILES), checked."""
+    if id_cols is None:
+        id_cols = [c for c in first.columns if c != smiles_col]
+    missing = [c for c in id_cols if c not in first.columns]
+    if missing:
+        raise DataError(
+            f"id columns {missing} are not in the input: expected some of {list(first.columns)}"
+        )
+    return list(id_cols)
+
+
+def _embedding_table(ids: Any, emb: np.ndarray) -> Any:
+    """A pyarrow table: the columns of the DataFrame ``ids``, then ``e0 … e{d-1}`` (float32)."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(ids.reset_index(drop=True), preserve_index=False)
+    arrays = [*table.columns, *(pa.array(emb[:, i], type=pa.float32()) for i in range(emb.shape[1]))]  # fmt: skip
+    names = [*table.column_names, *(f"e{i}" for i in range(emb.shape[1]))]
+    return pa.Table.from_arrays(arrays, names=names)
 
 
 def _chain(first: Any, rest: Any) -> Any:

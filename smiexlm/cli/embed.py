@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+PartRows = Annotated[
+    int | None,
+    typer.Option(
+        help="Input rows per part of a folder --out (default 100,000); each part is written "
+        "atomically and a rerun resumes part by part.",
+        show_default=False,
+    ),
+]
+Threads = Annotated[
+    int | None,
+    typer.Option(
+        help="Torch threads per process (default: torch's own; under torchrun the cores over "
+        "the processes of the node).",
+        show_default=False,
+    ),
+]
 Checkpoint = Annotated[
     Path | None,
     typer.Option(
@@ -19,7 +36,15 @@ def embed(
     input: Annotated[
         Path, typer.Argument(help="CSV/TSV/Parquet table or .smi file (optionally .gz).")
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output file: .parquet or .npy.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output file (.parquet or .npy), or a folder (a name without suffix) of "
+            "resumable Parquet parts with a manifest.json: for large inputs and torchrun.",
+        ),
+    ],
     smiles_col: Annotated[str, typer.Option(help="Column holding the SMILES.")] = "smiles",
     id_cols: Annotated[
         str | None, typer.Option(help="Comma-separated columns to keep (default: all but SMILES).")
@@ -35,12 +60,26 @@ def embed(
         ),
     ] = True,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    part_rows: PartRows = None,
+    threads: Threads = None,
 ) -> None:
-    """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv."""
-    from smiexlm.embed import embed_file
+    """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv. A folder
+    --out is written part by part and resumed by the same command; run it under `torchrun
+    --nproc_per_node N` to share the parts among N processes."""
+    from smiexlm.embed import embed_file, embed_parts
     from smiexlm.errors import shorten
+    from smiexlm.parts import DEFAULT_PART_ROWS, wants_parts
 
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols is not None else None
+    if wants_parts(out, part_rows):
+        echo_parts(embed_parts(input, out, smiles_col, cols, checkpoint, pooling, errors,  # type: ignore[arg-type]
+                               canonicalize, device=device, threads=threads,
+                               part_rows=part_rows or DEFAULT_PART_ROWS))  # fmt: skip
+        return
+    if threads is not None:
+        from smiexlm.workers import detect
+
+        detect(threads)
     result = embed_file(input, out, smiles_col, cols, checkpoint, pooling, errors,  # type: ignore[arg-type]
                         canonicalize, device=device)  # fmt: skip
     report = result.report
@@ -51,6 +90,26 @@ def embed(
         typer.echo(f"  ... and {report.n_failed - len(report.failed):,} more (NaN rows)", err=True)
     extra = f" (+ ids in {result.ids_path})" if result.ids_path else ""
     typer.echo(f"wrote {result.out}: {result.n_rows} x {result.dim}{extra}")
+
+
+def echo_parts(result, shown: int = 10) -> None:
+    """The summary of a folder of parts and its first ``shown`` rejects (rank 0 only)."""
+    import csv
+
+    from smiexlm.errors import shorten
+    from smiexlm.parts import REJECTS
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    with open(result.out / REJECTS, encoding="utf-8", newline="") as handle:
+        for n, row in enumerate(csv.DictReader(handle)):
+            if n == shown:
+                typer.echo(f"  ... and {result.n_failed - shown:,} more (NaN rows)", err=True)
+                break
+            typer.echo(
+                f"  row {row['row']}: {shorten(row['smiles'])!r} ({row['reason']})", err=True
+            )
+    typer.echo(result.summary())
 
 
 def demo(

@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "smiexlm.cli.pretrain",
     "smiexlm.cli.moleculenet",
     "smiexlm.cli.embed",
+    "smiexlm.cli.search",
     "smiexlm.cli.analyze",
     "smiexlm.cli.text",
     "smiexlm.cli.glue",

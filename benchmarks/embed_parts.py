@@ -1,0 +1,136 @@
+"""``smiexlm embed`` into parts: one process against two under torchrun, and peak memory.
+
+    SMIEXLM_DATA=../shared/data nice python benchmarks/embed_parts.py --sizes 20000 100000
+
+For each size it writes the first N MOSES training SMILES as a CSV (``id``, ``smiles``) and
+runs the real command in fresh processes, each into a new folder of parts:
+
+- ``1 proc x 1 thread``:  ``smiexlm embed IN.csv --out DIR --device cpu --threads 1``
+- ``1 proc x 2 threads``: the same with ``--threads 2``
+- ``2 procs x 1 thread``: ``python -m torch.distributed.run --nproc_per_node 2 --no-python
+  smiexlm embed IN.csv --out DIR --device cpu`` (each rank takes one thread: 2 cores / 2)
+
+It reports the wall time, molecules per second, the CPU seconds the command used (user +
+system, all its processes), the machine's 1-minute load average at the start and the end, and
+the peak resident memory of each process (``ru_maxrss``, recorded by each rank in the
+manifest). It checks that every run gives the same table (ids, order, values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODES = {
+    "1 proc x 1 thread": (1, 1),
+    "1 proc x 2 threads": (1, 2),
+    "2 procs x 1 thread": (2, None),
+}
+
+
+def smiexlm_command() -> str:
+    beside = Path(sys.executable).with_name("smiexlm")
+    return str(beside) if beside.is_file() else (shutil.which("smiexlm") or "smiexlm")
+
+
+def write_input(source: Path, n: int, path: Path) -> int:
+    with gzip.open(source, "rt") as src, open(path, "w") as out:
+        out.write("id,smiles\n")
+        count = 0
+        for count, line in enumerate(src, start=1):
+            out.write(f"mol{count},{line.strip()}\n")
+            if count == n:
+                break
+    return count
+
+
+def run(mode: str, table: Path, out: Path, part_rows: int) -> dict:
+    procs, threads = MODES[mode]
+    args = [
+        "embed",
+        str(table),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--part-rows",
+        str(part_rows),
+    ]
+    if procs == 1:
+        cmd = [smiexlm_command(), *args, "--threads", str(threads)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+               "--master_addr", "127.0.0.1", "--master_port", "29533", "--no-python",
+               smiexlm_command(), *args]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    manifest = json.loads((out / "manifest.json").read_text())
+    peaks = [w["peak_rss_mib"] for w in manifest["last_run"]["workers"]]
+    return {"mode": mode, "n": manifest["n_rows"], "wall_s": round(wall, 1),
+            "mol_per_s": round(manifest["n_rows"] / wall, 1), "cpu_s": round(cpu, 1),
+            "load_start": round(load, 2), "load_end": round(os.getloadavg()[0], 2),
+            "peak_rss_mib": peaks, "failed": manifest["n_failed"]}  # fmt: skip
+
+
+def embeddings(out: Path) -> tuple[list[str], np.ndarray]:
+    from smiexlm.embed import read_parts
+
+    table = read_parts(out).to_pandas()
+    return table["id"].tolist(), table.filter(regex=r"^e\d+$").to_numpy()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20000, 100000])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--part-rows", type=int, default=10000)
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="keep the last 2-process folder here"
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    source = Path(os.environ["SMIEXLM_DATA"]) / "pretrain" / "moses_train.smi.gz"
+    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for n in args.sizes:
+            table = Path(scratch) / f"moses_{n}.csv"
+            write_input(source, n, table)
+            first = None
+            for mode in args.modes:
+                out = Path(scratch) / f"emb_{n}_{mode.replace(' ', '_')}"
+                row = run(mode, table, out, args.part_rows)
+                ids, emb = embeddings(out)
+                if first is None:
+                    first = (ids, emb)
+                row["same_ids"] = ids == first[0]
+                row["max_abs_diff"] = float(np.nanmax(np.abs(emb - first[1])))
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                if args.keep is not None and mode.startswith("2 procs"):
+                    shutil.rmtree(args.keep, ignore_errors=True)
+                    shutil.copytree(out, args.keep)
+                shutil.rmtree(out)
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

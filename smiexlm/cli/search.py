@@ -1,0 +1,101 @@
+"""``smiexlm index`` (embedding parts -> a search index) and ``smiexlm search``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from typer.core import TyperCommand
+
+
+class QueryList(TyperCommand):
+    """``--query A B C`` means ``--query A --query B --query C``: values run until the next
+    argument that starts with ``-`` (no SMILES does); no splitting at commas."""
+
+    def parse_args(self, ctx, args):
+        spread, inside = [], False
+        for arg in args:
+            if arg in ("--query", "-q"):
+                inside = True
+            elif inside and not arg.startswith("-"):
+                spread += ["--query", arg]
+            else:
+                inside = False
+                spread.append(arg)
+        return super().parse_args(ctx, spread)
+
+
+def index(
+    embeddings: Annotated[
+        Path, typer.Argument(help="Folder of embedding parts (`smiexlm embed IN --out DIR`).")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Index folder to write.")],
+    m: Annotated[int, typer.Option("--m", help="HNSW graph degree (FAISS M).")] = 32,
+    ef_construction: Annotated[
+        int, typer.Option(help="HNSW candidates kept while inserting (FAISS efConstruction).")
+    ] = 100,
+    threads: Annotated[
+        int | None, typer.Option(help="FAISS threads (default: every core).", show_default=False)
+    ] = None,
+) -> None:
+    """Build a similarity-search index over embeddings: an HNSW graph of the cosine
+    similarities (FAISS) and the library's ECFP4 fingerprints for exact Tanimoto search."""
+    from smiexlm.search import build_index
+
+    _threads(threads)
+    info = build_index(embeddings, out, m, ef_construction)
+    typer.echo(f"indexed {info.n_rows:,} rows in {info.out}: {info.n_embedded:,} embeddings "
+               f"({info.seconds['embedding']:.1f} s), {info.n_fingerprinted:,} ECFP4 "
+               f"fingerprints ({info.seconds['ecfp4']:.1f} s)")  # fmt: skip
+
+
+def search(
+    index: Annotated[Path, typer.Argument(help="Index folder (`smiexlm index`).")],
+    query: Annotated[
+        list[str] | None, typer.Option("--query", "-q", help="Query SMILES (one or more).")
+    ] = None,
+    queries: Annotated[
+        Path | None, typer.Option(help="File of query SMILES (.smi, .csv with a smiles column).")
+    ] = None,
+    k: Annotated[int, typer.Option("-k", "--k", help="Neighbours per query.")] = 10,
+    by: Annotated[
+        str, typer.Option(help="embedding (cosine, HNSW), ecfp4 (Tanimoto, exact) or both.")
+    ] = "both",
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option("--checkpoint", "-c", help="Model folder (default: the one recorded)."),
+    ] = None,
+    ef_search: Annotated[int, typer.Option(help="HNSW candidates per query (efSearch).")] = 128,
+    exact: Annotated[bool, typer.Option(help="Exact cosine search (no HNSW).")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the hits as CSV.")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """The k nearest library molecules of each query, by embedding cosine and ECFP4 Tanimoto."""
+    from smiexlm.paths import atomic_path, check_output
+    from smiexlm.search import SearchIndex, format_hits
+    from smiexlm.tables import read_table
+
+    if out is not None:
+        check_output(out, "--out")
+    texts = list(query or []) + ([] if queries is None else read_table(queries, "smiles")["smiles"].tolist())  # fmt: skip
+    found = SearchIndex(index, checkpoint, device)
+    hits = found.search(texts, k, by, ef_search, exact)  # type: ignore[arg-type]
+    settings = found.settings
+    typer.echo(format_hits(hits, settings["id_cols"], settings["smiles_col"]))
+    if out is not None:
+        with atomic_path(out) as tmp:
+            hits.to_csv(tmp, index=False)
+        typer.echo(f"wrote {len(hits)} hits to {out}")
+
+
+def _threads(threads: int | None) -> None:
+    if threads is not None:
+        from smiexlm.search import _faiss
+
+        _faiss().omp_set_num_threads(threads)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("index")(index)
+    app.command("search", cls=QueryList)(search)

@@ -1,0 +1,138 @@
+"""The processes of one batch job: a single process, or ranks started by ``torchrun``.
+
+``torchrun --nproc_per_node N smiexlm embed ...`` (or ``python -m torch.distributed.run``)
+sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT`` in each process. :func:`job_workers` reads them and joins a gloo process group,
+which carries nothing but a few barriers and the per-rank counts at the end (never a tensor on
+a GPU), so gloo serves CPU and GPU jobs alike and needs no coordinator of our own. Each rank
+takes the parts ``i`` with ``i % world_size == rank`` (:meth:`Workers.owns`); a GPU job puts
+rank ``LOCAL_RANK`` on GPU ``LOCAL_RANK``.
+
+Threads: torchrun sets ``OMP_NUM_THREADS=1`` by default, which idles most cores of a large
+node; under torchrun each process therefore uses ``cores / LOCAL_WORLD_SIZE`` threads (cores
+= the CPUs this process may run on), unless ``threads`` says otherwise. A single process keeps
+torch's own default (``OMP_NUM_THREADS`` when set, else every core).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from smiexlm.errors import ConfigError
+
+# The final barrier waits for the slowest rank's last part: with few large parts on CPUs that
+# is tens of minutes, past torch's 30-minute default. A rank that dies makes torchrun stop the
+# others, so a long timeout never leaves a job hanging on a dead peer.
+BARRIER_TIMEOUT = datetime.timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class Workers:
+    """This process's place in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    threads: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def owns(self, part: int) -> bool:
+        """Whether part ``part`` is this rank's to write."""
+        return part % self.world_size == self.rank
+
+    def device(self, requested: str) -> str:
+        """``requested`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) with ``auto``/``cuda`` meaning
+        GPU ``LOCAL_RANK`` when CUDA is used."""
+        from smiexlm.device import resolve_device
+
+        return str(resolve_device(requested, local_rank=self.local_rank))
+
+    def barrier(self) -> None:
+        if self.enabled:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def gather(self, value: Any) -> list[Any]:
+        """``value`` of every rank, in rank order (on every rank)."""
+        if not self.enabled:
+            return [value]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(name, value, "an integer (set by torchrun)") from None
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def detect(threads: int | None = None) -> Workers:
+    """This process's rank, world size and thread count, from the torchrun environment."""
+    import torch
+
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError("RANK", rank, f"an integer in [0, {world - 1}] (WORLD_SIZE = {world})")
+    if threads is not None and threads < 1:
+        raise ConfigError("threads", threads, "a positive integer")
+    if threads is None and world > 1:
+        threads = max(1, usable_cores() // max(1, local_world))
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return Workers(rank, world, local_rank, local_world, torch.get_num_threads())
+
+
+@contextmanager
+def job_workers(threads: int | None = None) -> Iterator[Workers]:
+    """:func:`detect`, joined to the job's gloo group under torchrun for the block's length."""
+    workers = detect(threads)
+    if not workers.enabled:
+        yield workers
+        return
+    import torch.distributed as dist
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", timeout=BARRIER_TIMEOUT)
+    try:
+        yield workers
+    finally:
+        if owned and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (MiB; ``ru_maxrss`` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
