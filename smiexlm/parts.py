@@ -176,11 +176,15 @@ class PartsResult:
     def summary(self) -> str:
         m = self.manifest
         workers = m["last_run"]["world_size"]
+        done = (
+            "all already there: nothing to do"
+            if self.parts_resumed == m["n_parts"]
+            else f"{m['last_run']['parts_written']} written by {workers} "
+            f"process{'es' if workers > 1 else ''}, {self.parts_resumed} already there"
+        )
         return (
             f"{m['n_rows']:,} rows in {m['n_parts']} parts of {m['part_rows']:,} in "
-            f"{self.out} ({m['last_run']['parts_written']} written by {workers} "
-            f"process{'es' if workers > 1 else ''}, {self.parts_resumed} already there), "
-            f"{m['n_failed']:,} failed (listed in {self.out / REJECTS})"
+            f"{self.out} ({done}), {m['n_failed']:,} failed (listed in {self.out / REJECTS})"
         )
 
 

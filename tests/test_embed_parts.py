@@ -121,6 +121,7 @@ def test_parts_read_back_as_the_single_file_with_rejects_and_counts(model, table
     again = embed_parts(table, out, checkpoint=model, device="cpu", progress=False,
                         part_rows=700, chunk_rows=256)  # fmt: skip
     assert (again.parts_written, again.parts_resumed) == (0, 4) and _parts(out) == before
+    assert "(all already there: nothing to do)" in again.summary()
 
 
 def test_sigkill_then_the_same_command_resumes_by_part(model, table, reference, tmp_path):
