@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import struct
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from smiexlm.data.readers import file_sha256
 from smiexlm.errors import DataError
 from smiexlm.paths import read_json_file, write_text_atomic
 
@@ -96,14 +96,6 @@ def _numel(shape: list[int]) -> int:
 
 
 # ------------------------------------------------------------------ sha256 records
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_checksums(directory: Path) -> dict[str, str] | None:
     """File name -> sha256 recorded in ``directory``; None when it records none."""
     path = Path(directory) / CHECKSUMS_NAME
