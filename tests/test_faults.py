@@ -144,7 +144,9 @@ def _slow_table(path: Path, n: int = 4000) -> Path:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_embed_interrupted_keeps_the_previous_result(tmp_path, small_model, sig):
-    table = _slow_table(tmp_path / "in.csv")
+    # three reading chunks of 8,192 rows: the signal lands while later chunks are computed,
+    # not in the race between the only chunk's write and the final rename
+    table = _slow_table(tmp_path / "big.csv", n=20000)
     out = tmp_path / "emb.npy"
     out.write_bytes(b"previous embeddings")
     (tmp_path / "emb.ids.csv").write_text("previous ids\n")
@@ -165,6 +167,7 @@ def test_embed_interrupted_keeps_the_previous_result(tmp_path, small_model, sig)
     assert (tmp_path / "emb.ids.csv").read_text() == "previous ids\n"
     assert leftovers(tmp_path) == []
     # the same command run to the end replaces both files as one unit
+    table = _slow_table(tmp_path / "in.csv")
     res = run_cli("embed", table, "--out", out, "-c", small_model, "--device", "cpu")
     assert res.returncode == 0, res.stderr
     assert np.load(out).shape == (4000, 128)
