@@ -70,8 +70,10 @@ CHARS_PER_POSITION = 16
 Pooling = Literal["cls", "mean", "max"]
 Errors = Literal["raise", "nan"]
 Device = Literal["auto", "cpu", "cuda"]
+Backend = Literal["torch", "onnx"]
 
 _POOLINGS = ("cls", "mean", "max")
+_BACKENDS = ("torch", "onnx")
 _ERRORS = ("raise", "nan")
 # A fenced block in the model card: ```json normalization\n{...}\n```
 _CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
@@ -143,14 +145,29 @@ class Featurizer:
         device: str = "auto",
         source: Path | None = None,
         normalization_source: str = "default",
+        backend: Backend = "torch",
     ):
+        """``backend="onnx"`` runs the encoder with onnxruntime on the CPU: the graph of
+        ``source`` (``encoder.onnx``, checked against its recorded sha256), or one exported
+        from ``model`` in memory without a ``source`` (and for the shipped default model,
+        which has no graph file). See docs/featurizer.md."""
+        if backend not in _BACKENDS:
+            raise ConfigError("backend", backend, f"one of {_BACKENDS}")
+        if backend == "onnx" and device not in ("auto", "cpu"):
+            raise ConfigError("device", device, "'auto' or 'cpu' with backend='onnx'")
         if tokenizer.vocab_size != model.config.vocab_size:
             raise VocabularyMismatchError(
                 f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                 f"{model.config.vocab_size}"
             )
-        self.device = resolve_device(device)
+        self.device = resolve_device("cpu" if backend == "onnx" else device)
         self.model = model.to(self.device).eval()
+        self.backend = backend
+        self._onnx = None
+        if backend == "onnx":
+            from smiexlm.serving.onnx_runtime import OnnxEncoder
+
+            self._onnx = OnnxEncoder.for_model(self.model, source)
         self.tokenizer = tokenizer
         self.normalization = normalization
         self.normalization_source = normalization_source  # where the record was read from
@@ -159,10 +176,13 @@ class Featurizer:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: str | Path | None = None, device: str = "auto") -> Featurizer:
+    def from_pretrained(
+        cls, path: str | Path | None = None, device: str = "auto", backend: Backend = "torch"
+    ) -> Featurizer:
         """Load a checkpoint folder (``config.json``, ``vocab.json``, ``model.safetensors``).
 
         ``path=None`` loads the default model shipped inside the package; no network is used.
+        ``backend="onnx"`` serves the folder's ``encoder.onnx`` (``smiexlm export-onnx``).
         """
         if path is None:
             directory = DEFAULT_MODEL_DIR
@@ -177,7 +197,7 @@ class Featurizer:
         model = ExLMModel.from_pretrained(directory)
         tokenizer = SmilesTokenizer.load(directory / "vocab.json")
         normalization, where = read_normalization(directory)
-        return cls(model, tokenizer, normalization, device, directory, where)
+        return cls(model, tokenizer, normalization, device, directory, where, backend)
 
     @property
     def dim(self) -> int:
@@ -233,6 +253,8 @@ class Featurizer:
         n_layers = self.model.config.n_layers
         if not isinstance(layer, int) or not -n_layers <= layer < n_layers:
             raise ConfigError("layer", layer, f"an integer in [{-n_layers}, {n_layers - 1}]")
+        if self._onnx is not None and layer % n_layers != n_layers - 1:
+            raise ConfigError("layer", layer, "-1 with backend='onnx' (the graph ends at the last block)")  # fmt: skip
         if not isinstance(batch_tokens, int) or batch_tokens < 1:
             raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -367,6 +389,8 @@ class Featurizer:
         """Pooled embeddings (B, d) float32 of token-id rows (BOS ... EOS each)."""
         import torch
 
+        if self._onnx is not None:
+            return self._onnx.encode(rows, pooling)
         width = max(map(len, rows))
         ids = np.zeros((len(rows), width), dtype=np.int64)  # (B, T), PAD = 0
         for r, row in enumerate(rows):

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "smiexlm.cli.moleculenet",
     "smiexlm.cli.embed",
     "smiexlm.cli.search",
+    "smiexlm.cli.serving",
     "smiexlm.cli.analyze",
     "smiexlm.cli.text",
     "smiexlm.cli.glue",

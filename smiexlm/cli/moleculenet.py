@@ -261,6 +261,13 @@ def predict(
             "and the model's label columns)."
         ),
     ] = None,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="torch, or onnx: each folder's predictor.onnx with onnxruntime on the CPU "
+            "(written by `smiexlm export-onnx FOLDER`)."
+        ),
+    ] = "torch",
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES."""
@@ -269,7 +276,7 @@ def predict(
 
     output = check_output(output if output is not None else out, "--out")
     frame = read_table(input, smiles_col)  # text cells; a blank cell is ""
-    result = _predict_rows(checkpoint, frame, smiles_col, id_cols)
+    result = _predict_rows(checkpoint, frame, smiles_col, id_cols, backend)
     with atomic_path(output) as tmp:  # a reader never sees half a file
         result.to_csv(tmp, index=False)
     bad = int((~result["valid"]).sum())
@@ -292,7 +299,9 @@ def _echo_failures(result, shown: int = 10) -> None:
         typer.echo(f"  ... and {len(bad) - shown:,} more (NaN rows)", err=True)
 
 
-def _predict_rows(checkpoint: list[Path], frame, smiles_col: str, id_cols: str | None):
+def _predict_rows(
+    checkpoint: list[Path], frame, smiles_col: str, id_cols: str | None, backend: str = "torch"
+):
     """Input id columns, then the model's predictions; empty cells are NaN rows, valid False."""
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.finetune import predict as run_predict
@@ -301,7 +310,7 @@ def _predict_rows(checkpoint: list[Path], frame, smiles_col: str, id_cols: str |
     usable = (texts != "") & ~texts.str.contains(r"\s")
     if not usable.any():
         raise DataError(f"--input: column {smiles_col!r} has no non-empty SMILES")
-    preds = run_predict(checkpoint, texts[usable].tolist())
+    preds = run_predict(checkpoint, texts[usable].tolist(), backend=backend)  # type: ignore[arg-type]
     preds.index = frame.index[usable]
     preds = preds.reindex(frame.index)
     preds["valid"] = preds["valid"].astype("boolean").fillna(False).astype(bool)

@@ -142,10 +142,21 @@ def export(
         Path | None, typer.Option(help="The run's dataset folder (for the card's data section)")
     ] = None,
     fp16: Annotated[bool, typer.Option(help="Store the weights in fp16")] = True,
+    onnx: Annotated[
+        bool, typer.Option(help="Also write encoder.onnx for onnxruntime (the onnx extra)")
+    ] = False,
 ) -> None:
     """Package a run's checkpoint as a model folder with normalization.json and MODEL_CARD.md."""
     from smiexlm.training.export import export_run
 
+    if onnx:  # fail before the export, not after it
+        from smiexlm.serving.onnx_export import require_exporter
+
+        require_exporter()
     commands = run_dir / "command.txt"
     command = commands.read_text().strip() if commands.is_file() else None
     typer.echo(str(export_run(run_dir, out, checkpoint, data, fp16, command)))
+    if onnx:
+        from smiexlm.serving.onnx_export import export_onnx
+
+        typer.echo(str(export_onnx(out, "encoder")))

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -331,14 +331,20 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
 
 
 def _predict_one(
-    directory: Path | str, smiles: list[str], batch_size: int
+    directory: Path | str, smiles: list[str], batch_size: int, backend: str = "torch"
 ) -> tuple[np.ndarray, dict]:
     """(N, T) scores of one fine-tuned folder on parsable SMILES."""
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
     from smiexlm.moleculenet.features import FeatureScaler
 
-    model, tokenizer, meta = load_finetuned(directory)
+    if backend == "onnx":  # the folder's predictor.onnx (smiexlm export-onnx)
+        from smiexlm.serving.onnx_runtime import OnnxPredictor
+
+        model = OnnxPredictor(directory)
+        tokenizer, meta = model.tokenizer, model.meta
+    else:
+        model, tokenizer, meta = load_finetuned(directory)
     cfg = meta["config"]
     inputs = model_inputs(smiles, cfg.get("canonicalize", True))
     rows, _ = encode_rows(tokenizer, inputs, cfg.get("max_length", 256))
@@ -348,14 +354,20 @@ def _predict_one(
 
         scaler = FeatureScaler.from_dict(meta["feature_scaler"])
         features = torch.from_numpy(scaler.transform(molecule_features(inputs, scaler.kind)))
-    logits = engine_predict(model, Examples(rows, None, features), batch_size)
+    if backend == "onnx":
+        logits = model.logits(rows, None if features is None else features.numpy(), batch_size)
+    else:
+        logits = engine_predict(model, Examples(rows, None, features), batch_size)
     mean = np.asarray(meta["target_mean"], dtype=np.float32)
     std = np.asarray(meta["target_std"], dtype=np.float32)
     return _to_scores(logits, meta["task_type"], mean, std), meta
 
 
 def predict(
-    checkpoint: Path | str | Sequence[Path | str], smiles: Sequence[str], batch_size: int = 256
+    checkpoint: Path | str | Sequence[Path | str],
+    smiles: Sequence[str],
+    batch_size: int = 256,
+    backend: Literal["torch", "onnx"] = "torch",
 ) -> pd.DataFrame:
     """Predictions per input SMILES: probabilities (classification) or values (regression).
 
@@ -363,9 +375,15 @@ def predict(
     is the mean over the models and ``<label>_std`` their standard deviation (ddof 0), the
     per-molecule uncertainty. Unparsable SMILES (and those longer than
     :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`) get NaN rows and ``valid = False``, never
-    silently dropped.
+    silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
+    onnxruntime (written by ``smiexlm export-onnx FOLDER``).
     """
     from smiexlm.data.normalize import smiles_problem
+
+    if backend not in ("torch", "onnx"):
+        from smiexlm.errors import ConfigError
+
+        raise ConfigError("backend", backend, "'torch' or 'onnx'")
 
     folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
     if not folders:
@@ -374,7 +392,7 @@ def predict(
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
     runs, metas = [], []
     for folder in folders:
-        values, meta = _predict_one(folder, good, batch_size)
+        values, meta = _predict_one(folder, good, batch_size, backend)
         if metas and (meta["label_cols"], meta["task_type"]) != (
             metas[0]["label_cols"], metas[0]["task_type"]
         ):  # fmt: skip

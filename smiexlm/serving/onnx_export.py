@@ -1,0 +1,224 @@
+"""Write a model folder's encoder (or fine-tuned predictor) as an ONNX graph beside its weights.
+
+A pre-trained folder gets ``encoder.onnx``: ``input_ids`` (B, T) int64, ``attention_mask``
+(B, T) int64 (1 = real token) and ``pooling`` () int64 (0 = cls, 1 = mean, 2 = max) in,
+``pooled`` (B, d) float32 out; B and T are dynamic. Pooling is an input rather than one graph
+per pooling: one file holds the weights once, and for cls the graph still runs the last block
+for the first position only (see :class:`~smiexlm.serving.graph.EncoderGraph`). A fine-tuned
+folder (``finetune.json``) gets ``predictor.onnx``: ids and mask (plus ``features`` (B, F)
+float32 for a hybrid head) in, ``logits`` (B, n_outputs) out, the head on the pooling it was
+trained with.
+
+``onnx.json`` records, per graph, its file, sha256, inputs, outputs and the sha256 of the
+weight files it was exported from; the loader (:mod:`smiexlm.serving.onnx_runtime`) checks
+both before a session starts. How the graphs compute (float32 attention, batch invariance):
+:mod:`smiexlm.serving.graph`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from smiexlm.data.readers import file_sha256
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.paths import write_bytes_atomic, write_text_atomic
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.model import ExLMModel
+
+GraphKind = Literal["encoder", "predictor"]
+MANIFEST_NAME = "onnx.json"
+MANIFEST_FORMAT = "smiexlm-onnx/1"
+GRAPH_FILES: dict[str, str] = {"encoder": "encoder.onnx", "predictor": "predictor.onnx"}
+OPSET = 20  # onnxruntime >= 1.17 runs it; the exporter's Gelu and LayerNormalization need 20
+WEIGHT_FILES = ("model.safetensors", "head.safetensors")
+ENCODER_INPUTS = ["input_ids", "attention_mask", "pooling"]
+FINETUNE_META = "finetune.json"
+
+
+def sha256_bytes(payload: bytes) -> str:
+    return hashlib.sha256(payload).hexdigest()
+
+
+def require_exporter() -> None:
+    """ConfigError naming the extra when torch's ONNX exporter cannot run here."""
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(
+            "onnx", "export", f"the onnx and onnxscript packages ({err.name} is missing): "
+            "pip install 'smiexlm[onnx]'"
+        ) from None  # fmt: skip
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter's progress lines and deprecation warnings, silenced for one export."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnxscript")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(None):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
+
+
+def _example_ids(model: ExLMModel) -> tuple[Any, Any]:
+    """Two rows (BOS x x x EOS, BOS x x EOS PAD): the shapes the exporter traces with."""
+    import torch
+
+    c = model.config
+    token = next(i for i in range(c.vocab_size) if i not in (c.pad_id, c.bos_id, c.eos_id, c.mask_id))  # fmt: skip
+    ids = torch.tensor(
+        [[c.bos_id, token, token, token, c.eos_id], [c.bos_id, token, token, c.eos_id, c.pad_id]]
+    )
+    return ids, (ids != c.pad_id).long()
+
+
+def _predictor_inputs(n_features: int) -> list[str]:
+    return ["input_ids", "attention_mask"] + (["features"] if n_features else [])
+
+
+def _on_cpu_fp32(module: nn.Module) -> nn.Module:
+    """``module`` itself when its weights are float32 on the CPU, else a CPU float32 copy."""
+    import copy
+
+    import torch
+
+    params = list(module.parameters())
+    if all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params):
+        return module
+    return copy.deepcopy(module).cpu().float()
+
+
+def _export(graph: nn.Module, args: tuple, inputs: list[str], outputs: list[str]) -> bytes:
+    """Serialized ONNX model of ``graph`` with dynamic batch and length (torch.export based).
+
+    ``args``: ids and mask (B, T), then ``pooling`` () or ``features`` (B, F)."""
+    import torch
+
+    require_exporter()
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    shapes: list[dict[int, Any] | None] = [{0: batch, 1: length}, {0: batch, 1: length}]
+    shapes += [{0: batch} if extra.dim() else None for extra in args[2:]]
+    with _quiet_exporter(), torch.inference_mode(False), torch.no_grad():
+        program = torch.onnx.export(
+            graph.eval(),
+            args,
+            dynamo=True,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_shapes=tuple(shapes),
+            opset_version=OPSET,
+            external_data=False,
+            verbose=False,
+        )
+    proto = program.model_proto
+    proto.producer_name = "smiexlm"
+    return proto.SerializeToString()
+
+
+def encoder_onnx(model: ExLMModel) -> bytes:
+    """The encoder graph of ``model`` as serialized ONNX: ``input_ids``, ``attention_mask``
+    (B, T) int64 and ``pooling`` () int64 (:data:`~smiexlm.serving.graph.POOLING_CODES`) in,
+    ``pooled`` (B, d) float32 out."""
+    import torch
+
+    from smiexlm.serving.graph import POOLING_CODES, EncoderGraph
+
+    graph = EncoderGraph(_on_cpu_fp32(model))
+    args = (*_example_ids(model), torch.tensor(POOLING_CODES["mean"]))
+    return _export(graph, args, ENCODER_INPUTS, ["pooled"])
+
+
+def predictor_onnx(model: ExLMForSequencePrediction) -> bytes:
+    """A fine-tuned model's graph: ids, mask (+ ``features``) -> ``logits`` (B, n_outputs)."""
+    import torch
+
+    from smiexlm.serving.graph import PredictorGraph
+
+    graph = PredictorGraph(_on_cpu_fp32(model))
+    args: tuple = _example_ids(model.model)
+    if model.n_features:
+        args += (torch.zeros(2, model.n_features),)
+    return _export(graph, args, _predictor_inputs(model.n_features), ["logits"])
+
+
+def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
+    """Write the ONNX graph of the model folder ``directory`` into it and record it in
+    ``onnx.json``; returns the graph's path.
+
+    ``kind`` defaults to ``predictor`` for a fine-tuned folder (``finetune.json``), else
+    ``encoder``. Re-exporting replaces the graph and its record; other records are kept.
+    """
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise DataError(
+            f"model folder {str(directory)!r} has no config.json: expected a folder written by "
+            "`smiexlm export` or `smiexlm finetune --save-dir`"
+        )
+    finetuned = (directory / FINETUNE_META).is_file()
+    kind = kind or ("predictor" if finetuned else "encoder")
+    if kind not in GRAPH_FILES:
+        raise ConfigError("kind", kind, f"one of {tuple(GRAPH_FILES)}")
+    record: dict[str, Any] = {"file": GRAPH_FILES[kind]}
+    if kind == "predictor":
+        if not finetuned:
+            raise DataError(
+                f"model folder {str(directory)!r} has no {FINETUNE_META}: a predictor graph "
+                "needs a fine-tuned folder (`smiexlm finetune --save-dir`)"
+            )
+        from smiexlm.moleculenet.finetune import load_finetuned
+
+        model, _, meta = load_finetuned(directory, device="cpu")
+        payload = predictor_onnx(model)
+        record |= {"inputs": _predictor_inputs(model.n_features), "outputs": ["logits"],
+                   "pooling": meta["pooling"], "n_features": model.n_features}  # fmt: skip
+    else:
+        from smiexlm.model.model import ExLMModel
+        from smiexlm.serving.graph import POOLING_CODES
+
+        payload = encoder_onnx(ExLMModel.from_pretrained(directory))
+        record |= {"inputs": ENCODER_INPUTS, "outputs": ["pooled"], "pooling_codes": POOLING_CODES}
+    record |= {
+        "sha256": sha256_bytes(payload),
+        "weights_sha256": {
+            name: file_sha256(directory / name)
+            for name in WEIGHT_FILES
+            if (directory / name).is_file()
+        },
+        "opset": OPSET,
+    }
+    path = write_bytes_atomic(directory / record["file"], payload)
+    manifest = read_manifest(directory) or {"format": MANIFEST_FORMAT, "graphs": {}}
+    manifest["graphs"][kind] = record
+    write_text_atomic(directory / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """``onnx.json`` of a model folder, or None when it has none."""
+    from smiexlm.paths import read_json_file
+
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    _, doc = read_json_file(path, "ONNX record", MANIFEST_FORMAT)
+    if not isinstance(doc.get("graphs"), dict):
+        raise DataError(f"ONNX record {str(path)!r}: expected 'graphs' to be a JSON object")
+    return doc
