@@ -38,6 +38,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
+from smiexlm.data.readers import file_sha256
 from smiexlm.errors import DataError
 from smiexlm.paths import (
     atomic_paths,
@@ -91,17 +92,9 @@ def wants_parts(out: Path, part_rows: int | None) -> bool:
     return parts
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def input_record(path: Path) -> dict[str, Any]:
     path = Path(path)
-    return {"path": str(path.resolve()), "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return {"path": str(path.resolve()), "sha256": file_sha256(path), "bytes": path.stat().st_size}
 
 
 def model_record(folders: Iterable[Path]) -> dict[str, Any]:
@@ -114,7 +107,7 @@ def model_record(folders: Iterable[Path]) -> dict[str, Any]:
     for folder in map(Path, folders):
         digests = read_checksums(folder)
         if digests is None:
-            digests = {p.name: sha256_file(p) for p in sorted(folder.glob("*.safetensors"))}
+            digests = {p.name: file_sha256(p) for p in sorted(folder.glob("*.safetensors"))}
         entries.append({"path": str(folder.resolve()), "sha256": dict(sorted(digests.items()))})
     joined = json.dumps([e["sha256"] for e in entries], sort_keys=True).encode()
     return {"sha256": hashlib.sha256(joined).hexdigest(), "folders": entries}
