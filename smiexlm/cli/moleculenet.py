@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from smiexlm.cli.embed import PartRows, Threads, echo_parts
 from smiexlm.cli.options import multi_value
 
 Seeds = Annotated[
@@ -35,7 +36,11 @@ FinetunedDirs = Annotated[
                  "(e.g. seed0 seed1 seed2) give the ensemble mean and a <label>_std column."),
 ]  # fmt: skip
 InputCsv = Annotated[Path, typer.Option("--input", help="CSV with a SMILES column.")]
-OutputCsv = Annotated[Path, typer.Option("--out", "-o", help="Predictions CSV.")]
+OutputCsv = Annotated[
+    Path,
+    typer.Option("--out", "-o", help="Predictions CSV, or a folder (a name without suffix) of "
+                 "resumable Parquet parts with a manifest.json: for large inputs and torchrun."),
+]  # fmt: skip
 OutputAlias = Annotated[Path | None, typer.Option("--output", hidden=True)]  # the old name of --out
 Split = Annotated[
     str,
@@ -268,13 +273,30 @@ def predict(
             "(written by `smiexlm export-onnx FOLDER`)."
         ),
     ] = "torch",
+    part_rows: PartRows = None,
+    threads: Threads = None,
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
-    unparsable SMILES."""
+    unparsable SMILES. A folder --out is written part by part and resumed by the same
+    command; under `torchrun --nproc_per_node N` N processes share the parts."""
+    from smiexlm.parts import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.paths import atomic_path, check_output
     from smiexlm.tables import read_table
 
-    output = check_output(output if output is not None else out, "--out")
+    output = output if output is not None else out
+    if wants_parts(output, part_rows):
+        from smiexlm.moleculenet.predict_parts import predict_parts
+
+        cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols else None
+        echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols,
+                                 part_rows or DEFAULT_PART_ROWS, backend=backend,  # type: ignore[arg-type]
+                                 threads=threads))  # fmt: skip
+        return
+    output = check_output(output, "--out")
+    if threads is not None:
+        from smiexlm.workers import detect
+
+        detect(threads)
     frame = read_table(input, smiles_col)  # text cells; a blank cell is ""
     result = _predict_rows(checkpoint, frame, smiles_col, id_cols, backend)
     with atomic_path(output) as tmp:  # a reader never sees half a file

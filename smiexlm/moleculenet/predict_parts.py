@@ -1,0 +1,119 @@
+"""``smiexlm predict`` into a folder of Parquet parts: library-scale, resumable, torchrun-ready.
+
+The same predictions as :func:`~smiexlm.moleculenet.finetune.predict` (one row per input: the
+id columns, the SMILES, ``valid``, then the label columns, ``<label>_std`` for an ensemble),
+written part by part by :func:`~smiexlm.parts.run_parts`; bad rows get NaN predictions and
+are listed with their reasons in ``rejects.csv``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
+
+
+def predict_parts(
+    checkpoint: Path | str | Sequence[Path | str],
+    input_path: Path,
+    out: Path,
+    smiles_col: str = "smiles",
+    id_cols: list[str] | None = None,
+    part_rows: int = DEFAULT_PART_ROWS,
+    chunk_rows: int = 8192,
+    backend: Literal["torch", "onnx"] = "torch",
+    progress: bool = True,
+    threads: int | None = None,
+) -> PartsResult:
+    """Predict every SMILES of ``input_path`` with the fine-tuned folder(s) ``checkpoint``
+    into the folder ``out``; the same call resumes an interrupted job. ``id_cols`` (default:
+    every input column but the SMILES and the predicted ones) are kept."""
+    from smiexlm.errors import DataError
+    from smiexlm.moleculenet.finetune import predict
+    from smiexlm.parts import PartsJob, input_record, model_record, run_parts
+    from smiexlm.paths import check_output
+    from smiexlm.tables import iter_table
+    from smiexlm.workers import job_workers
+
+    folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
+    if not folders:
+        raise DataError("--checkpoint: expected at least one fine-tuned folder")
+    out, input_path = Path(out), Path(input_path)
+    check_output(out, "--out", kind="folder")  # before any compute, not after it
+    chunks = iter_table(input_path, smiles_col, chunk_rows)
+    first = next(chunks)  # raises DataError for an empty or unreadable input
+    with job_workers(threads) as workers:
+        # One molecule gives the output columns (labels, and their _std for an ensemble).
+        outputs = [c for c in predict(folders, ["C"], backend=backend).columns
+                   if c not in ("smiles", "valid")]  # fmt: skip
+        keep = _id_columns(first, smiles_col, outputs, id_cols)
+        settings = {"smiles_col": smiles_col, "id_cols": keep, "backend": backend}
+        job = PartsJob("predict", input_record(input_path), model_record(map(Path, folders)),
+                       settings, part_rows)  # fmt: skip
+
+        def process(frame: Any, start: int) -> ChunkOutput:
+            table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, start,
+                                            backend)  # fmt: skip
+            return ChunkOutput(table, rejects)
+
+        return run_parts(job, out, _chain(first, chunks), process, workers, progress)
+
+
+def _predict_chunk(
+    folders: list, frame: Any, smiles_col: str, keep: list[str], outputs: list[str],
+    start: int, backend: str,
+) -> tuple[Any, list[tuple[int, str, str]]]:  # fmt: skip
+    """The output rows of ``frame`` (a pyarrow table) and its bad rows (row, SMILES, reason)."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    from smiexlm.data.normalize import smiles_problem
+    from smiexlm.moleculenet.finetune import predict
+
+    frame = frame.reset_index(drop=True)
+    texts = frame[smiles_col].astype(str).str.strip()
+    usable = (texts != "") & ~texts.str.contains(r"\s")
+    preds = pd.DataFrame(np.nan, index=frame.index, columns=outputs)
+    valid = pd.Series(False, index=frame.index)
+    if usable.any():
+        got = predict(folders, texts[usable].tolist(), backend=backend)  # type: ignore[arg-type]
+        got.index = frame.index[usable]
+        preds.loc[usable, outputs] = got[outputs]
+        valid[usable] = got["valid"].to_numpy(dtype=bool)
+    rejects = []
+    for i in np.flatnonzero(~valid.to_numpy()):
+        text = texts.iloc[i]
+        reason = ("empty string" if not text else "whitespace inside the SMILES"
+                  if not usable.iloc[i] else smiles_problem(text) or "no prediction")  # fmt: skip
+        rejects.append((start + int(i), str(frame[smiles_col].iloc[i]), reason))
+    result = frame[keep].copy()
+    result["smiles"] = frame[smiles_col].astype(str)
+    result["valid"] = valid.to_numpy()
+    for column in outputs:
+        result[column] = preds[column].astype("float64")
+    return pa.Table.from_pandas(result, preserve_index=False), rejects
+
+
+def _id_columns(
+    first: Any, smiles_col: str, outputs: list[str], id_cols: list[str] | None
+) -> list[str]:
+    from smiexlm.errors import DataError
+
+    if id_cols is None:
+        return [c for c in first.columns if c not in (smiles_col, "smiles", "valid", *outputs)]
+    missing = [c for c in id_cols if c not in first.columns]
+    clash = [c for c in id_cols if c in ("smiles", "valid", *outputs)]
+    if missing or clash:
+        raise DataError(
+            f"--id-cols {missing or clash}: expected input columns other than the SMILES and "
+            f"the predicted {outputs}, among {list(first.columns)}"
+        )
+    return list(id_cols)
+
+
+def _chain(first: Any, rest: Any) -> Any:
+    yield first
+    yield from rest
