@@ -251,7 +251,8 @@ def test_preprocess_with_no_molecule_fails_and_leaves_nothing(tmp_path, content)
 
 def test_preprocess_interrupted_before_its_first_shard_leaves_nothing(tmp_path):
     raw = tmp_path / "in.smi"
-    raw.write_text("\n".join(["CCO", "c1ccccc1", "CC(=O)O"] * 40000) + "\n")
+    # 1.2M lines: still reading the first chunk when the signal comes, however fast the CPU
+    raw.write_text("\n".join(["CCO", "c1ccccc1", "CC(=O)O"] * 400000) + "\n")
     out = tmp_path / "ds"
     proc = subprocess.Popen([smiexlm_command(), "preprocess", str(raw), "--out", str(out),
                              "--no-progress"], stderr=subprocess.PIPE, text=True)  # fmt: skip

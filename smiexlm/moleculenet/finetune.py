@@ -223,7 +223,9 @@ def finetune_once(
         return score(task_type, y[split.valid], _to_scores(logits, task_type, mean, std)).mean
 
     fitted = fit(model, train, valid, loop, valid_score, seed, progress, f"{name} seed {seed}")
-    logits = engine_predict(model, test, cfg.eval_batch_size, cfg.amp)
+    # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
+    # score is the one a user gets back from the saved model
+    logits = engine_predict(model, test, cfg.eval_batch_size)
     test_score = score(task_type, y[split.test], _to_scores(logits, task_type, mean, std))
     if save_dir is not None:
         save_finetuned(model, tokenizer, save_dir, dict(
