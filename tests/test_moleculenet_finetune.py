@@ -243,3 +243,21 @@ def test_baseline_features_match_a_forest_trained_by_hand(features):
     forest.fit(x[split.train], y[split.train])
     expected = roc_auc_score(y[split.test], forest.predict_proba(x[split.test])[:, 1]) * 100
     assert result.test == pytest.approx(expected)
+
+
+def test_predict_with_no_parsable_smiles_gives_nan_rows(tmp_path):
+    """A file of nothing but bad SMILES still gets one NaN row per input, valid False."""
+    from smiexlm.featurizer import DEFAULT_MODEL_DIR
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.moleculenet.finetune import predict, save_finetuned
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    model = ExLMForSequencePrediction(
+        ExLMModel.from_pretrained(DEFAULT_MODEL_DIR), 1, "regression", 0.0, "cls"
+    )
+    meta = {"task_type": "regression", "n_outputs": 1, "pooling": "cls", "label_cols": ["y"],
+            "target_mean": [0.0], "target_std": [1.0], "config": {}}  # fmt: skip
+    save_finetuned(model, SmilesTokenizer.load(DEFAULT_MODEL_DIR / "vocab.json"), tmp_path, meta)
+    frame = predict(tmp_path, ["not a smiles", ""])
+    assert frame["valid"].tolist() == [False, False] and frame["y"].isna().all()

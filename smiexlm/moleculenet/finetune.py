@@ -405,7 +405,7 @@ def predict(
         runs.append(values)
         metas.append(meta)
     labels = meta["label_cols"]
-    stack = np.stack(runs)  # (M, N_good, T)
+    stack = np.stack(runs).reshape(len(runs), len(good), len(labels))  # (M, N_good, T)
     valid_rows = np.asarray(ok, dtype=bool)
     out = np.full((len(smiles), len(labels)), np.nan)
     out[valid_rows] = stack.mean(axis=0)
