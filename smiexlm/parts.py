@@ -68,10 +68,12 @@ def record_name(index: int) -> str:
 
 
 def is_parts_output(out: Path) -> bool:
-    """Whether ``--out`` names a folder of parts: an existing folder or a name without a
-    suffix (``emb/``, ``runs/emb``), as opposed to a file such as ``emb.parquet``."""
+    """Whether ``--out`` names a folder of parts: a name without a suffix (``emb/``,
+    ``runs/emb``) or a folder that already holds parts (its ``manifest.json``), as opposed to a
+    file such as ``emb.parquet``. A folder in the way of a file name (a directory ``x.npy``) is
+    not taken for parts: the file writer refuses it in one line."""
     out = Path(out)
-    return out.is_dir() or not out.suffix
+    return not out.suffix or (out / MANIFEST).is_file()
 
 
 def wants_parts(out: Path, part_rows: int | None) -> bool:

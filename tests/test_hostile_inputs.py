@@ -142,8 +142,9 @@ def test_embed_out_that_is_a_directory_is_one_line(tmp_path):
     (tmp_path / "x.npy").mkdir()
     res = run_cli("embed", table, "--out", tmp_path / "x.npy", timeout=60)
     assert_one_line_error(res, "x.npy", "is a directory")
-    res = run_cli("predict", "--checkpoint", tmp_path, "--input", table, "--out", tmp_path,
-                  timeout=60)  # fmt: skip
+    (tmp_path / "y.csv").mkdir()  # a folder without a suffix would be a folder of parts
+    res = run_cli("predict", "--checkpoint", tmp_path, "--input", table,
+                  "--out", tmp_path / "y.csv", timeout=60)  # fmt: skip
     assert_one_line_error(res, "--out", "is a directory")
 
 
