@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from smiexlm.data.shards import locate_row
 from smiexlm.descriptor_stats import STATS_NAME, DescriptorStats, fit_descriptor_stats
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 
@@ -133,13 +134,8 @@ class DescriptorTable:
         return int(self._starts[-1])
 
     def __getitem__(self, index: int) -> np.ndarray:
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"index {index} out of range for {n} molecules")
-        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return np.array(self._rows[shard][index - int(self._starts[shard])])
+        shard, local = locate_row(self._starts, index)
+        return np.array(self._rows[shard][local])
 
 
 def finish_descriptors(

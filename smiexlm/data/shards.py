@@ -249,15 +249,21 @@ class TokenDataset:
         return int(self._starts[-1])
 
     def __getitem__(self, index: int) -> np.ndarray:
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"index {index} out of range for {n} molecules")
-        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
-        local = index - int(self._starts[shard])
+        shard, local = locate_row(self._starts, index)
         offsets = self._offsets[shard]
         return np.array(self._bins[shard][offsets[local] : offsets[local + 1]])
 
     def __repr__(self) -> str:
         return f"TokenDataset({str(self.path)!r}, split={self.split!r}, molecules={len(self)})"
+
+
+def locate_row(starts: np.ndarray, index: int) -> tuple[int, int]:
+    """(shard, row within it) of molecule ``index`` (negative counts from the end) over shards
+    whose first rows are ``starts`` (n_shards + 1 cumulative counts); IndexError outside."""
+    n = int(starts[-1])
+    if index < 0:
+        index += n
+    if not 0 <= index < n:
+        raise IndexError(f"index {index} out of range for {n} molecules")
+    shard = int(np.searchsorted(starts, index, side="right")) - 1
+    return shard, index - int(starts[shard])
