@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from smiexlm import Featurizer
+from smiexlm.data.collate import collate
 from smiexlm.data.sampler import token_budget_batches
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.paths import data_dir
@@ -29,15 +30,12 @@ from smiexlm.paths import data_dir
 
 def embed(feat: Featurizer, rows: list[list[int]], invariant: bool) -> np.ndarray:
     out = np.empty((len(rows), feat.dim), dtype=np.float32)
-    lengths = [len(r) + feat._expanded_extra() for r in rows]
+    lengths = feat.inputs.encoder_lengths(rows)
     for batch in token_budget_batches(lengths, 16384, None):
-        ids = np.zeros((len(batch), max(len(rows[j]) for j in batch)), dtype=np.int64)
-        for r, j in enumerate(batch):
-            ids[r, : len(rows[j])] = rows[j]
-        x = torch.from_numpy(ids)
+        x, mask = collate([rows[j] for j in batch])
         scope = batch_invariant() if invariant else contextlib.nullcontext()
         with torch.inference_mode(), scope:
-            out[batch] = feat.model.encode(x, x != 0, "cls").pooled.numpy()
+            out[batch] = feat.model.encode(x, mask, "cls").pooled.numpy()
     return out
 
 

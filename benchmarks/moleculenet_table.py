@@ -69,8 +69,9 @@ def _done(out: Path) -> list:
 def run(args: argparse.Namespace) -> None:
     import torch
 
-    from smiexlm.moleculenet.finetune import Backbone, run_finetune
-    from smiexlm.moleculenet.loaders import load_dataset
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.finetune import run_finetune
+    from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.report import write_report
 
     torch.set_num_threads(args.threads)
@@ -80,11 +81,11 @@ def run(args: argparse.Namespace) -> None:
         random_init=random_init,
     )  # fmt: skip
     results = _done(args.out)
-    frames = {task: load_dataset(task) for task in args.tasks}
+    frames = {task: load_task(task) for task in args.tasks}
     for seed in args.seeds:  # seed-major: an interrupted run still covers every dataset
         for task, df in frames.items():
             cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant])
-            if any(r.dataset == df.attrs["name"] and r.seed == seed for r in results):
+            if any(r.dataset == df.name and r.seed == seed for r in results):
                 continue
             start = time.perf_counter()
             (r,) = run_finetune(df, cfg, backbone, seeds=[seed], progress=False)
@@ -96,19 +97,21 @@ def run(args: argparse.Namespace) -> None:
 
 
 def probe(args: argparse.Namespace) -> None:
-    """The linear probe on the shipped model (or --checkpoint), every task."""
+    """The linear probe on the shipped model (or --checkpoint), every task; ``--pooling``
+    chooses the embedding, ``--features`` appends ECFP4 and/or RDKit 2D (a hybrid probe)."""
     import torch
 
-    from smiexlm.moleculenet.finetune import Backbone
-    from smiexlm.moleculenet.loaders import load_dataset
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.probe import ProbeConfig, run_probe
     from smiexlm.moleculenet.report import write_report
 
     torch.set_num_threads(args.threads)
     results = []
     for task in args.tasks:
-        for r in run_probe(load_dataset(task), Backbone(args.checkpoint), args.seeds,
-                           ProbeConfig(device="cpu")):  # fmt: skip
+        for r in run_probe(load_task(task), Backbone(args.checkpoint), args.seeds,
+                           ProbeConfig(device="cpu", pooling=args.pooling,
+                                       features=args.features)):  # fmt: skip
             r.model = args.name
             results.append(r)
             print(f"{args.name} {task} seed {r.seed}: test {r.test:.1f} valid {r.valid:.1f}")
@@ -117,14 +120,14 @@ def probe(args: argparse.Namespace) -> None:
 
 def baseline(args: argparse.Namespace) -> None:
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
-    from smiexlm.moleculenet.loaders import load_dataset
+    from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.report import write_report
 
     results = []
     for task in args.tasks:
         trees = args.n_trees if task not in ("muv", "toxcast") else args.n_trees_large
         seeds = args.seeds if task not in ("muv", "toxcast") else args.seeds[:1]
-        results += run_baseline(load_dataset(task), seeds, BaselineConfig(n_trees=trees))
+        results += run_baseline(load_task(task), seeds, BaselineConfig(n_trees=trees))
         write_report(results, args.out, "MoleculeNet, RF-ECFP4")
 
 
@@ -159,6 +162,8 @@ def main() -> None:
     p_probe.add_argument("--name", default="linear probe (logistic)")
     p_probe.add_argument("--checkpoint", type=Path, default=None)
     p_probe.add_argument("--threads", type=int, default=1)
+    p_probe.add_argument("--pooling", choices=["cls", "mean", "max"], default="cls")
+    p_probe.add_argument("--features", choices=["ecfp4", "rdkit2d"], default=None)
     p_base = sub.add_parser("baseline", help="RF-ECFP4 on every task")
     p_base.add_argument("--n-trees", type=int, default=500)
     p_base.add_argument("--n-trees-large", type=int, default=100, help="MUV and ToxCast")

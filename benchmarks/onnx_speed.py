@@ -53,7 +53,7 @@ def cpu_name() -> str:
 
 
 def batches(feat: Featurizer, rows: list[list[int]]) -> list[range]:
-    return token_budget_batches([len(r) + feat._expanded_extra() for r in rows], 16384, None)
+    return token_budget_batches(feat.inputs.encoder_lengths(rows), 16384, None)
 
 
 def encode_all(feat: Featurizer, rows: list[list[int]], pooling: str) -> np.ndarray:

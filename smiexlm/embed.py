@@ -21,13 +21,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from smiexlm.data.readers import iter_table
 from smiexlm.errors import DataError
 from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.fingerprints import tanimoto_matrix
 from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.parts import read_parts as read_parts  # re-exported: smiexlm.embed.read_parts
 from smiexlm.paths import atomic_paths, check_output
-from smiexlm.tables import iter_table
 
 OUT_SUFFIXES = (".parquet", ".npy")
 

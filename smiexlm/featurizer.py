@@ -22,11 +22,7 @@ records them in :attr:`Featurizer.last_report`.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +30,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from smiexlm.data.normalize import (
-    MAX_SMILES_CHARS,
-    NormalizeConfig,
-    normalize_smiles,
-    text_problem,
-)
+from smiexlm.data.collate import collate
+from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.data.sampler import token_budget_batches
 from smiexlm.device import resolve_device
 from smiexlm.errors import (
@@ -50,22 +42,17 @@ from smiexlm.errors import (
     shorten,
 )
 from smiexlm.model.encoder import batch_invariant
+from smiexlm.model.inputs import ModelInputs
 from smiexlm.model.model import ExLMModel
-from smiexlm.paths import ASSETS_DIR
+from smiexlm.model.pretrained import (
+    DEFAULT_MODEL_DIR,
+    DEFAULT_NORMALIZATION,
+    load_pretrained,
+    read_normalization,
+)
 from smiexlm.tokenizer import SmilesTokenizer
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"
-NORMALIZATION_FILE = "normalization.json"
-CARD_FILE = "MODEL_CARD.md"
-# The preprocessing defaults without the corpus' size limits (featurizing rejects nothing
-# for size here; the model's max_positions is checked on its own).
-FEATURIZE_DEFAULT = NormalizeConfig(max_length=None)
-# Inputs longer than this many characters per model position are rejected before RDKit or
-# the tokenizer sees them: twice the longest token of the shipped vocabulary ("[SbH6+3]"),
-# so such an input could never fit the model's positions anyway.
-CHARS_PER_POSITION = 16
 
 Pooling = Literal["cls", "mean", "max"]
 Errors = Literal["raise", "nan"]
@@ -75,45 +62,7 @@ Backend = Literal["torch", "onnx"]
 _POOLINGS = ("cls", "mean", "max")
 _BACKENDS = ("torch", "onnx")
 _ERRORS = ("raise", "nan")
-# A fenced block in the model card: ```json normalization\n{...}\n```
-_CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
-
-
-def read_normalization(directory: Path) -> tuple[NormalizeConfig, str]:
-    """How a checkpoint's corpus was normalised, and where that was read from.
-
-    From ``normalization.json`` in the checkpoint folder, or from a fenced
-    ````` ```json normalization ````` block in its ``MODEL_CARD.md``; without either, the
-    preprocessing defaults apply (RDKit canonical SMILES, stereo kept, salts kept). Only the
-    steps that rewrite a SMILES (``canonicalize``, ``strip_salts``) are applied when
-    featurizing; the corpus' size limits are not.
-    """
-    path = directory / NORMALIZATION_FILE
-    if path.is_file():
-        return _normalization_from_json(path.read_text(encoding="utf-8"), str(path)), str(path)
-    card = directory / CARD_FILE
-    if card.is_file():
-        match = _CARD_BLOCK.search(card.read_text(encoding="utf-8"))
-        if match:
-            source = f"{card} (normalization block)"
-            return _normalization_from_json(match.group(1), source), source
-    return FEATURIZE_DEFAULT, "default"
-
-
-def _normalization_from_json(text: str, source: str) -> NormalizeConfig:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataError(f"normalisation record {source!r} is not valid JSON: {err}") from None
-    if not isinstance(doc, dict):
-        raise DataError(f"normalisation record {source!r}: expected a JSON object")
-    values = {}
-    for key in ("canonicalize", "strip_salts"):
-        value = doc.get(key, getattr(FEATURIZE_DEFAULT, key))
-        if not isinstance(value, bool):
-            raise ConfigError(key, value, f"true or false (in {source})")
-        values[key] = value
-    return dataclasses.replace(FEATURIZE_DEFAULT, **values)
+__all__ = ["DEFAULT_MODEL_DIR", "FeaturizeReport", "Featurizer", "read_normalization"]
 
 
 @dataclass
@@ -141,7 +90,7 @@ class Featurizer:
         self,
         model: ExLMModel,
         tokenizer: SmilesTokenizer,
-        normalization: NormalizeConfig = FEATURIZE_DEFAULT,
+        normalization: NormalizeConfig = DEFAULT_NORMALIZATION,
         device: str = "auto",
         source: Path | None = None,
         normalization_source: str = "default",
@@ -170,6 +119,7 @@ class Featurizer:
             self._onnx = OnnxEncoder.for_model(self.model, source)
         self.tokenizer = tokenizer
         self.normalization = normalization
+        self.inputs = ModelInputs(tokenizer, self.model.config, normalization)
         self.normalization_source = normalization_source  # where the record was read from
         self.source = source
         self.last_report = FeaturizeReport()
@@ -184,20 +134,9 @@ class Featurizer:
         ``path=None`` loads the default model shipped inside the package; no network is used.
         ``backend="onnx"`` serves the folder's ``encoder.onnx`` (``smiexlm export-onnx``).
         """
-        if path is None:
-            directory = DEFAULT_MODEL_DIR
-            if not (directory / "model.safetensors").is_file():
-                raise DataError(
-                    "the default model is not installed: expected config.json, vocab.json and "
-                    "model.safetensors in smiexlm/assets/default_model/ inside the package; "
-                    "pass a checkpoint folder instead, Featurizer.from_pretrained('path/to/ckpt')"
-                )
-        else:
-            directory = Path(path).expanduser()
-        model = ExLMModel.from_pretrained(directory)
-        tokenizer = SmilesTokenizer.load(directory / "vocab.json")
-        normalization, where = read_normalization(directory)
-        return cls(model, tokenizer, normalization, device, directory, where, backend)
+        pre = load_pretrained(path)
+        return cls(pre.model, pre.tokenizer, pre.normalization, device, pre.path,
+                   pre.normalization_source, backend)  # fmt: skip
 
     @property
     def dim(self) -> int:
@@ -207,7 +146,7 @@ class Featurizer:
     @property
     def max_chars(self) -> int:
         """Longest SMILES (characters) accepted; longer ones fail before any parsing."""
-        return min(MAX_SMILES_CHARS, CHARS_PER_POSITION * self.model.config.max_positions)
+        return self.inputs.max_chars
 
     def __repr__(self) -> str:
         c = self.model.config
@@ -307,37 +246,8 @@ class Featurizer:
     ) -> tuple[list[list[int] | None], list[str | None], int]:
         """Normalise and tokenize: ids (with BOS/EOS) or None per input, the reason of each
         failure (None where it worked), and how many inputs normalisation rewrote."""
-        norm = self.normalization
-        checked = [_check_text(s, self.max_chars) for s in smiles]
-        texts = [text for text, _ in checked]
-        reasons = [reason for _, reason in checked]
-        changed = 0
-        if canonicalize and (norm.canonicalize or norm.strip_salts):
-            for i, new in enumerate(_normalize_all(texts, norm)):
-                if texts[i] is None:
-                    continue
-                if new is None:
-                    texts[i], reasons[i] = None, "RDKit cannot parse it"
-                else:
-                    changed += new != texts[i]
-                    texts[i] = new
-        ids: list[list[int] | None] = [None] * len(texts)
-        good = [i for i, t in enumerate(texts) if t is not None]
-        try:
-            encoded = self.tokenizer.encode_many([texts[i] for i in good])
-            for i, row in zip(good, encoded, strict=True):
-                ids[i] = row
-        except InvalidSmilesError:  # rare: find the culprits one by one
-            for i in good:
-                try:
-                    ids[i] = self.tokenizer.encode(texts[i])
-                except InvalidSmilesError as err:
-                    reasons[i] = f"untokenizable: {err.reason}"
-        limit = self.model.config.max_positions
-        for i, row in enumerate(ids):
-            if row is not None and len(row) > limit:
-                ids[i], reasons[i] = None, f"{len(row)} tokens exceed the model's {limit}"
-        return ids, reasons, changed
+        prepared = self.inputs.prepare(smiles, canonicalize)
+        return prepared.rows, prepared.reasons, prepared.n_changed
 
     def _featurize_chunk(
         self,
@@ -367,8 +277,7 @@ class Featurizer:
         good.sort(key=lambda i: len(ids[i]))  # stable: ties keep input order
         seqs = [ids[i] for i in good]
         report.n_unk_tokens += sum(row.count(self.tokenizer.unk_id) for row in seqs)
-        width = self._expanded_extra()
-        lengths = [len(row) + width for row in seqs]
+        lengths = self.inputs.encoder_lengths(seqs)
         for batch in token_budget_batches(lengths, batch_tokens, batch_size):
             pooled = self.encode_ids([seqs[j] for j in batch], pooling, layer)
             out[[good[j] for j in batch]] = pooled
@@ -378,11 +287,6 @@ class Featurizer:
             bar.update(len(chunk) - len(good))  # the failed rows
         return out
 
-    def _expanded_extra(self) -> int:
-        """Extra positions per sequence in the encoder (ExLM expands BOS and EOS k-fold)."""
-        c = self.model.config
-        return 2 * (c.k - 1) if c.objective == "exlm" else 0
-
     def encode_ids(
         self, rows: list[list[int]], pooling: str = "cls", layer: int = -1
     ) -> np.ndarray:
@@ -391,12 +295,8 @@ class Featurizer:
 
         if self._onnx is not None:
             return self._onnx.encode(rows, pooling)
-        width = max(map(len, rows))
-        ids = np.zeros((len(rows), width), dtype=np.int64)  # (B, T), PAD = 0
-        for r, row in enumerate(rows):
-            ids[r, : len(row)] = row
-        input_ids = torch.from_numpy(ids).to(self.device)
-        mask = input_ids != self.tokenizer.pad_id  # (B, T) True = real token
+        ids, mask = collate(rows, self.tokenizer.pad_id)  # (B, T), True = real token
+        input_ids, mask = ids.to(self.device), mask.to(self.device)
         with torch.inference_mode(), batch_invariant():
             pooled = self.model.encode(input_ids, mask, pooling=pooling, layer=layer).pooled
         return pooled.float().cpu().numpy()
@@ -432,27 +332,3 @@ def _as_list(smiles: Any) -> list[Any]:
     if hasattr(smiles, "tolist") and hasattr(smiles, "dtype"):  # pandas Series, numpy array
         return list(smiles.tolist())
     return list(smiles)
-
-
-def _check_text(value: Any, max_chars: int) -> tuple[str | None, str | None]:
-    if not isinstance(value, str):
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return None, "missing value"
-        return None, f"expected str, got {type(value).__name__}"
-    text = value.strip()
-    if not text:
-        return None, "empty string"
-    if reason := text_problem(text, max_chars):  # too long, or not encodable
-        return None, reason
-    if any(c.isspace() for c in text):
-        return None, "whitespace inside the SMILES"
-    return text, None
-
-
-def _normalize_all(texts: list[str | None], norm: NormalizeConfig) -> list[str | None]:
-    """The corpus normalisation of each SMILES (the same code path as preprocessing), None
-    where RDKit cannot parse it or the input was already rejected."""
-    from rdkit import rdBase
-
-    with rdBase.BlockLogs():  # RDKit's parse errors become our report, not stderr noise
-        return [None if t is None else normalize_smiles(t, norm)[0] for t in texts]

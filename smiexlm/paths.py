@@ -22,6 +22,7 @@ from smiexlm.errors import DataError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR / "assets"
+VOCAB_NAME = "vocab.json"  # the tokenizer file of a model folder or a dataset
 
 
 def data_dir(required: bool = True) -> Path | None:
@@ -89,7 +90,7 @@ def read_json_file(
     ``format`` other than ``expected_format``, raises DataError."""
     path = Path(path)
     if path.is_dir():
-        path = path / "vocab.json"
+        path = path / VOCAB_NAME
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

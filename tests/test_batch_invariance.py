@@ -55,7 +55,7 @@ def finetuned_folder(tmp_path_factory):
 def test_predict_gives_each_molecule_its_value_whatever_the_file(molecules, finetuned_folder):
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
-    from smiexlm.moleculenet.finetune import encode_rows, load_finetuned, model_inputs, predict
+    from smiexlm.moleculenet.finetune import load_finetuned, predict
 
     whole = predict(finetuned_folder, molecules)["logS"].to_numpy()
     assert np.isfinite(whole).all()
@@ -67,8 +67,8 @@ def test_predict_gives_each_molecule_its_value_whatever_the_file(molecules, fine
         alone = predict(finetuned_folder, [molecules[i]])["logS"].to_numpy()
         np.testing.assert_allclose(alone, whole[i : i + 1], atol=ATOL, rtol=0)
     # every molecule alone in its batch, on the loaded model
-    model, tokenizer, _ = load_finetuned(finetuned_folder, device="cpu")
-    rows, _ = encode_rows(tokenizer, model_inputs(molecules, True), 256)
+    model, inputs, _ = load_finetuned(finetuned_folder, device="cpu")
+    rows, _ = inputs.rows(inputs.texts(molecules), 256)
     one_by_one = np.concatenate([engine_predict(model, Examples([r]), 1) for r in rows])
     together = engine_predict(model, Examples(rows), 256)
     np.testing.assert_allclose(one_by_one, together, atol=ATOL, rtol=0)

@@ -195,7 +195,7 @@ def test_bad_options(feat):
 
 
 def test_default_model_missing_is_a_clear_error(monkeypatch, tmp_path):
-    import smiexlm.featurizer as module
+    import smiexlm.model.pretrained as module
 
     monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", tmp_path / "default_model")
     with pytest.raises(DataError, match="default model is not installed"):
@@ -203,7 +203,7 @@ def test_default_model_missing_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_default_model_loads_when_installed(monkeypatch, checkpoint):
-    import smiexlm.featurizer as module
+    import smiexlm.model.pretrained as module
 
     monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", checkpoint)
     assert Featurizer.from_pretrained(device="cpu").featurize(["CCO"]).shape == (1, 128)

@@ -63,7 +63,7 @@ def test_embed_npy_writes_ids_beside(checkpoint, table, tmp_path):
 def test_embed_bad_input_is_one_clear_line(checkpoint, table, tmp_path):
     res = run_cli("embed", str(table), "--smiles-col", "SMILES", "--out", str(tmp_path / "x.npy"),
                   "-c", str(checkpoint))  # fmt: skip
-    assert res.returncode == 2 and "no column 'SMILES'" in res.stderr
+    assert res.returncode == 2 and "no SMILES column 'SMILES'" in res.stderr
     with pytest.raises(DataError, match=r"\.parquet"):
         embed_file(table, tmp_path / "x.txt", checkpoint=checkpoint)
     with pytest.raises(InvalidSmilesError, match="input index 2"):
@@ -96,7 +96,7 @@ def test_demo_neighbours_are_the_brute_force_argmax(checkpoint):
 
 
 def test_demo_without_default_model_says_so(monkeypatch, tmp_path):
-    import smiexlm.featurizer as module
+    import smiexlm.model.pretrained as module
 
     monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", tmp_path / "none")
     with pytest.raises(DataError, match="not installed"):

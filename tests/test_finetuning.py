@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from smiexlm.data.collate import collate
 from smiexlm.errors import ConfigError
 from smiexlm.finetuning import Examples, LoopConfig, fit, predict
-from smiexlm.finetuning.batches import bucketed_batches, pad_batch, sorted_batches
+from smiexlm.finetuning.batches import bucketed_batches, sorted_batches
 
 SMILES = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O", "CCN", "CCCCCCCCCC", "O=C=O", "CCCl",
           "c1ccncc1", "CC(C)Cc1ccc(cc1)C(C)C(=O)O", "CNC", "OCCO", "CC#N"] * 2  # fmt: skip
@@ -52,8 +53,8 @@ def test_sorted_batches_cap_padded_positions():
     assert all(c <= 100 or len(b) == 1 for c, b in zip(cost, batches, strict=True))
 
 
-def test_pad_batch_mask_and_values():
-    ids, mask = pad_batch([[1, 5, 2], [1, 2]], pad_id=0)
+def test_collate_mask_and_values():
+    ids, mask = collate([[1, 5, 2], [1, 2]], pad_id=0)
     assert ids.tolist() == [[1, 5, 2], [1, 2, 0]]
     assert mask.tolist() == [[True, True, True], [True, True, False]]
 

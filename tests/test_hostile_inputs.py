@@ -291,8 +291,7 @@ def _accounted(values: list) -> None:
 @given(rows=ROWS, suffix=st.sampled_from([".csv", ".smi"]))
 def test_fuzz_table_readers_and_normalisation_account_for_every_row(tmp_path, rows, suffix):
     from smiexlm.data.normalize import NormalizeConfig, process_chunk
-    from smiexlm.data.readers import read_chunks
-    from smiexlm.tables import iter_table
+    from smiexlm.data.readers import iter_table, read_chunks
     from smiexlm.tokenizer import SmilesTokenizer
     from smiexlm.tokenizer.fast import ChunkEncoder
 
@@ -326,7 +325,7 @@ def test_fuzz_featurizer_and_predict_checks_take_any_python_value(values):
 
 
 def test_embed_on_generated_hostile_files_exits_0_or_2_and_accounts_for_rows(tmp_path):
-    from smiexlm.tables import read_table
+    from smiexlm.data.readers import read_table
 
     rng = random.Random(7)
     pool = [v for v in HOSTILE if len(v) < 9000] + [LONG.encode()]

@@ -11,9 +11,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smiexlm.finetuning.batches import pad_batch
-from smiexlm.moleculenet.finetune import encode_rows
-
 
 def test_multilabel_loss_masks_missing_labels_by_hand():
     from smiexlm.model.heads import task_loss
@@ -23,16 +20,6 @@ def test_multilabel_loss_masks_missing_labels_by_hand():
     # present entries: (0,0) y=1 z=0; (1,0) y=0 z=1; (1,1) y=1 z=-1
     by_hand = (math.log(2) + math.log(1 + math.e) + math.log(1 + math.e)) / 3
     assert task_loss(logits, labels, "multilabel").item() == pytest.approx(by_hand, rel=1e-6)
-
-
-def test_encode_rows_truncates_keeping_eos():
-    from smiexlm.tokenizer import EOS_ID, SmilesTokenizer
-
-    tok = SmilesTokenizer.build(["CCO", "c1ccccc1CCCCCCCC"])
-    rows, n_cut = encode_rows(tok, ["CCO", "c1ccccc1CCCCCCCC"], max_length=6)
-    assert n_cut == 1 and len(rows[1]) == 6 and rows[1][-1] == EOS_ID
-    ids, mask = pad_batch(rows)
-    assert ids.shape == (2, 6) and mask.sum().item() == len(rows[0]) + 6
 
 
 @pytest.mark.slow

@@ -180,10 +180,12 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None)
     """A fine-tuned folder as ``finetune --save-dir`` writes it: the shipped encoder and a
     random head (the weights do not matter for parity, only that both backends share them)."""
     from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.inputs import model_texts
     from smiexlm.model.model import ExLMModel
+    from smiexlm.model.pretrained import DEFAULT_NORMALIZATION
     from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.moleculenet.features import FeatureScaler
-    from smiexlm.moleculenet.finetune import model_inputs, save_finetuned
+    from smiexlm.moleculenet.finetune import save_finetuned
     from smiexlm.tokenizer import SmilesTokenizer
 
     scaler = None
@@ -191,7 +193,8 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None)
         from smiexlm.data.normalize import smiles_problem
         from smiexlm.fingerprints import molecule_features
 
-        parsable = model_inputs([s for s in smiles if smiles_problem(s) is None], True)
+        parsable = [s for s in smiles if smiles_problem(s) is None]
+        parsable = model_texts(parsable, DEFAULT_NORMALIZATION)
         scaler = FeatureScaler.fit(molecule_features(parsable, features), features)
     torch.manual_seed(1)
     head_type = "multilabel" if task_type == "classification" else "regression"

@@ -22,10 +22,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def load_task(cache: Path, task: str):
-    """(DataFrame with attrs, Split, model inputs) of a cached task."""
+    """(MoleculeTask, Split, model inputs) of a cached task."""
     import pandas as pd
 
     from smiexlm.moleculenet.splits import Split
+    from smiexlm.moleculenet.task import MoleculeTask
 
     attrs = json.loads((cache / f"{task}.json").read_text())
     frame = pd.read_csv(cache / f"{task}.csv", low_memory=False)
@@ -36,8 +37,8 @@ def load_task(cache: Path, task: str):
     split = Split("scaffold", None, *(parts[p].tolist() for p in ("train", "valid", "test")))
     inputs = frame["input"].tolist()
     df = frame.drop(columns=["input", "part", "rank"])
-    df.attrs.update(attrs)
-    return df, split, inputs
+    df.attrs.update(attrs)  # the record prepare.py wrote from the task's to_frame()
+    return MoleculeTask.from_frame(df), split, inputs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.configs import finetune_config
-    from smiexlm.moleculenet.finetune import Backbone, finetune_once
+    from smiexlm.moleculenet.finetune import finetune_once
 
     torch.set_num_threads(1)
     df, split, inputs = load_task(args.cache, args.task)

@@ -158,7 +158,7 @@ def build_moses_dataset(data_root: Path, out_file: Path, workers: int, dry_run: 
 
 def build_finetune_cache(out_file: Path, tasks: tuple[str, ...], rows: int | None) -> dict:
     """Per task: cleaned rows, canonical SMILES (``input``) and the scaffold split."""
-    from smiexlm.moleculenet.finetune import model_inputs
+    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.loaders import load_dataset
     from smiexlm.moleculenet.splits import make_split
 
@@ -172,7 +172,7 @@ def build_finetune_cache(out_file: Path, tasks: tuple[str, ...], rows: int | Non
         smiles = df["smiles"].tolist()
         split = make_split(smiles, "scaffold", 0)
         frame = df.copy()
-        frame.insert(1, "input", list(model_inputs(smiles, canonicalize=True)))
+        frame.insert(1, "input", Backbone().model_texts(smiles, canonicalize=True))
         frame["part"], frame["rank"] = "", -1
         for part in ("train", "valid", "test"):
             index = list(getattr(split, part))

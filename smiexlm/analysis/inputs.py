@@ -15,9 +15,8 @@ from torch import Tensor
 
 from smiexlm.data.readers import iter_smiles
 from smiexlm.errors import DataError
-from smiexlm.model.model import ExLMModel
+from smiexlm.model.pretrained import load_pretrained
 from smiexlm.paths import data_dir
-from smiexlm.tokenizer import SmilesTokenizer
 
 DEFAULT_SMILES = Path("pretrain") / "moses_test.smi.gz"
 
@@ -34,19 +33,20 @@ def load_model_and_tokenizer(directory: Path):
             f"checkpoint {str(directory)!r}: no config.json; expected a folder written by "
             "save_pretrained (config.json, vocab.json, model.safetensors)"
         )
-    model = ExLMModel.from_pretrained(directory).eval()
-    return model, SmilesTokenizer.load(directory / "vocab.json")
+    pre = load_pretrained(directory)
+    return pre.model.eval(), pre.tokenizer
 
 
 def read_smiles(path: Path, max_molecules: int | None = None) -> list[str]:
     """The first ``max_molecules`` non-blank SMILES of a file that ``smiexlm preprocess``
     reads (one per line, optionally gzipped, or a table with a SMILES column)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"--smiles-file {str(path)!r}: file not found; expected SMILES text/CSV")
-    out = list(islice((s for s in iter_smiles(path) if s), max_molecules))
+    smiles = (s for s in iter_smiles(Path(path), what="--smiles-file") if s)
+    out = list(islice(smiles, max_molecules))
     if not out:
-        raise DataError(f"{path.name}: no SMILES found; expected one per line or a smiles column")
+        raise DataError(
+            f"--smiles-file {str(path)!r}: no SMILES found; expected one per line or a "
+            "table with a SMILES column"
+        )
     return out
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor, nn
 
@@ -43,11 +44,11 @@ from smiexlm.data.shards import TokenDataset, atomic_write_json, write_shard
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.expansion import repeat_layout
 from smiexlm.model.masking import mask_tokens, repeat_tokens
-from smiexlm.moleculenet import load_dataset
+from smiexlm.moleculenet import MoleculeTask, load_task
 from smiexlm.moleculenet.configs import finetune_config
 from smiexlm.moleculenet.finetune import Backbone, finetune_once
 from smiexlm.moleculenet.splits import make_split
-from smiexlm.paths import write_json
+from smiexlm.paths import VOCAB_NAME, write_json
 from smiexlm.tokenizer.special import IGNORE_INDEX, N_SPECIAL_TOKENS
 from smiexlm.training.config import load_config
 from smiexlm.training.trainer import pretrain
@@ -157,7 +158,7 @@ def write_repeated_dataset(
         )  # fmt: skip
         info = write_shard(out, f"{split}-00000", ids, lengths, hashes)
         splits[split] = {"molecules": n, "tokens": int(lengths.sum()), "shards": [info.to_dict()]}
-    shutil.copyfile(source / "vocab.json", out / "vocab.json")
+    shutil.copyfile(source / VOCAB_NAME, out / VOCAB_NAME)
     doc = {
         k_: manifest[k_] for k_ in ("format", "dtype", "vocab_hash", "vocab_size") if k_ in manifest
     }
@@ -259,25 +260,25 @@ def _repeated_backbone(checkpoint: Path, k: int):
     return RepeatedBackbone(checkpoint=Path(checkpoint))
 
 
-def bbbp_frame(rows: int | None, seed: int):
-    """BBBP as the MoleculeNet loader gives it, or a seeded subset of ``rows`` molecules."""
-    df = load_dataset("bbbp", allow_download=False)
-    if rows is not None and rows < len(df):
-        attrs = dict(df.attrs)
-        df = df.sample(n=rows, random_state=seed).reset_index(drop=True)
-        df.attrs.update(attrs)
-    return df
+def bbbp_task(rows: int | None, seed: int) -> MoleculeTask:
+    """BBBP as the MoleculeNet loader gives it, or a seeded subset of ``rows`` molecules
+    (the rows ``DataFrame.sample(n=rows, random_state=seed)`` picks)."""
+    task = load_task("bbbp", allow_download=False)
+    if rows is not None and rows < len(task):
+        picked = pd.RangeIndex(len(task)).to_series().sample(n=rows, random_state=seed)
+        task = task.subset(picked.tolist())
+    return task
 
 
-def downstream_bbbp(checkpoint: Path, k: int, config: RepeatedMLMConfig, df) -> dict[str, Any]:
+def downstream_bbbp(checkpoint: Path, k: int, config: RepeatedMLMConfig, task: MoleculeTask) -> dict[str, Any]:  # fmt: skip
     """Mean valid/test ROC-AUC (×100) over ``bbbp_seeds`` on the deterministic scaffold split."""
     cfg = finetune_config(
         "bbbp", epochs=config.bbbp_epochs, max_train_steps=config.bbbp_max_steps,
         device=config.device, split="scaffold",
     )  # fmt: skip
-    split = make_split(df["smiles"].tolist(), "scaffold", config.seed)
+    split = make_split(task.smiles, "scaffold", config.seed)
     backbone = _repeated_backbone(checkpoint, k)
-    runs = [finetune_once(df, split, cfg, seed, backbone) for seed in config.bbbp_seeds]
+    runs = [finetune_once(task, split, cfg, seed, backbone) for seed in config.bbbp_seeds]
     return {
         "bbbp_valid_auc": float(np.mean([r.valid for r in runs])),
         "bbbp_test_auc": float(np.mean([r.test for r in runs])),
@@ -303,7 +304,7 @@ def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig) -
     if len(valid) == 0:
         valid = TokenDataset(data_dir, split="train")
     items = [valid[i] for i in range(min(len(valid), config.eval_molecules))]
-    df = bbbp_frame(config.bbbp_rows, config.seed) if config.downstream else None
+    task = bbbp_task(config.bbbp_rows, config.seed) if config.downstream else None
     rows = []
     for k, p in tqdm(config.cells(), desc="repeated MLM", unit="cell"):
         cell = out_dir / "cells" / f"k{k}_p{p:g}"
@@ -322,8 +323,8 @@ def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig) -
         row |= measure_cell(result.model, items, k, p, config.seed, config.eval_batch_size)
         row |= {"train_loss": result.last_loss, "valid_loss": result.last_valid_loss}
         checkpoint = cell / "run" / "checkpoints" / "last"
-        if df is not None:
-            row |= downstream_bbbp(checkpoint, k, config, df)
+        if task is not None:
+            row |= downstream_bbbp(checkpoint, k, config, task)
         row["checkpoint"] = str(checkpoint)
         rows.append(row)
         if not config.keep_data:

@@ -38,36 +38,17 @@ def glue(
 ) -> None:
     """Fine-tune a checkpoint on GLUE and print dev scores (median over seeds) next to the
     majority-class baseline. 'all' runs every task whose train and dev files are present."""
-    from smiexlm.glue.finetune import (
-        PAPER_SEEDS,
-        GlueConfig,
-        grid_search,
-        run_glue,
-        save_result,
-    )
-    from smiexlm.glue.tasks import TASKS, get_task, task_path
+    from smiexlm.glue.finetune import run_tasks
 
-    names = list(TASKS) if task.lower() == "all" else [get_task(task).name]
-    seed_list = tuple(seeds or PAPER_SEEDS)
-    for name in names:
-        t = get_task(name)
-        missing = [s for s in ("train", "dev") if not task_path(t, s).is_file()]
-        if task.lower() == "all" and missing:
-            typer.echo(f"{name}: skipped, no {', '.join(t.files[s] for s in missing)}", err=True)
-            continue
-        config = GlueConfig(
-            name, lr, batch_size, epochs, warmup_ratio, seed_list, max_length=max_length,
-            max_steps=max_steps, max_train_rows=max_train_rows, max_eval_rows=max_eval_rows,
-            threads=threads, device=device,
-        )  # fmt: skip
-        result = (grid_search if grid else run_glue)(checkpoint, config)
-        shown = "  ".join(f"{k} {100 * v:.1f}" for k, v in result.median.items())
-        base = "  ".join(f"{k} {100 * v:.1f}" for k, v in result.majority.items())
-        typer.echo(
-            f"{name}: {shown}  (majority: {base}; {len(seed_list)} seeds, n_dev={result.n_eval})"
-        )
-        if out is not None:
-            save_result(result, out / f"{name}.json")
+    settings = dict(lr=lr, batch_size=batch_size, epochs=epochs, warmup_ratio=warmup_ratio,
+                    seeds=tuple(seeds) if seeds else None, max_length=max_length,
+                    max_steps=max_steps, max_train_rows=max_train_rows,
+                    max_eval_rows=max_eval_rows, threads=threads, device=device)  # fmt: skip
+    for name, result, skipped in run_tasks(task, checkpoint, settings, grid, out):
+        if skipped:
+            typer.echo(f"{name}: {skipped}", err=True)
+        else:
+            typer.echo(result.summary())
 
 
 def register(app: typer.Typer) -> None:

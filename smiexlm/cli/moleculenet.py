@@ -279,9 +279,9 @@ def predict(
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES. A folder --out is written part by part and resumed by the same
     command; under `torchrun --nproc_per_node N` N processes share the parts."""
+    from smiexlm.data.readers import read_table
     from smiexlm.parts import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.paths import atomic_path, check_output
-    from smiexlm.tables import read_table
 
     output = output if output is not None else out
     if wants_parts(output, part_rows):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -68,56 +67,22 @@ def pretrain(
     list_configs: Annotated[bool, typer.Option(help="List the shipped configs and exit")] = False,
 ) -> None:
     """Pre-train an MLM / ExLM / MAE-LM model (one CPU, GPUs, or torchrun DDP)."""
-    import os
-
-    from smiexlm.training import distributed
-    from smiexlm.training.config import load_config, shipped_configs
+    from smiexlm.training.config import describe_shipped_configs
+    from smiexlm.training.launch import PretrainJob, record_command
 
     if list_configs:
-        for name, path in sorted(shipped_configs().items()):
-            typer.echo(f"{name:18s} {path.read_text().splitlines()[1].lstrip('# ')}")
-        return
+        return typer.echo("\n".join(describe_shipped_configs()))
     if config is None or data is None or out is None:
         raise typer.BadParameter("--config, --data and --out are required (or --list-configs)")
-    cfg = load_config(config, overrides)
-    info = distributed.detect()
-    launched = os.environ.get(distributed.LAUNCHED_ENV) == "1"
-    if launched:
-        distributed.follow_launcher()  # no orphan keeps training after a kill -9 of its launcher
-    elif not info.enabled:
-        code = distributed.run_on_free_cores(cfg, nproc, sys.argv[1:], out)
-        if code is not None:  # the processes it started did the run
-            _record_command(out)
-            raise typer.Exit(code=code)
-    from smiexlm.training.trainer import pretrain as run_pretraining
-
-    result = run_pretraining(cfg, data, out, max_steps, resume, skip_bad_checkpoints)
-    if info.is_main:  # rank 0 reports; a launcher records its own command
-        if not launched and not result.already_finished:
-            _record_command(out)
-        typer.echo(_report(result, max_steps if max_steps is not None else cfg.max_steps))
-    if result.interrupted_by is not None:
-        raise typer.Exit(code=143 if result.interrupted_by == "SIGTERM" else 130)
-
-
-def _report(result, max_steps: int) -> str:
-    if result.already_finished:
-        return (
-            f"run {str(result.run_dir)!r} already reached max_steps = {max_steps} "
-            f"(step {result.step}, checkpoint {result.last_checkpoint}); nothing to train: "
-            "raise --max-steps to continue it"
-        )
-    return (
-        f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "
-        f"{result.tokens_seen:,} tokens; checkpoint {result.last_checkpoint}"
-    )
-
-
-def _record_command(out: Path) -> None:
-    """Append the command line to RUN/command.txt; the export's model card quotes it."""
-    if out.is_dir():
-        with open(out / "command.txt", "a") as handle:
-            handle.write(shlex.join(["smiexlm", *sys.argv[1:]]) + "\n")
+    job = PretrainJob(config, data, out, list(overrides or []), max_steps, resume,
+                      skip_bad_checkpoints, nproc)  # fmt: skip
+    outcome = job.run()
+    if outcome.record:
+        record_command(out, ["smiexlm", *sys.argv[1:]])
+    if outcome.message:
+        typer.echo(outcome.message)
+    if outcome.code:
+        raise typer.Exit(code=outcome.code)
 
 
 def plot_run(

@@ -72,9 +72,9 @@ def search(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """The k nearest library molecules of each query, by embedding cosine and ECFP4 Tanimoto."""
+    from smiexlm.data.readers import read_table
     from smiexlm.paths import atomic_path, check_output
     from smiexlm.search import SearchIndex, format_hits
-    from smiexlm.tables import read_table
 
     if out is not None:
         check_output(out, "--out")

@@ -13,7 +13,13 @@ vocab_app = typer.Typer(help="Build and inspect SMILES vocabularies.", no_args_i
 def tokenize(
     smiles: Annotated[list[str] | None, typer.Argument(help="SMILES strings to tokenize.")] = None,
     file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="Read one SMILES per line from this file.")
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="Read SMILES from this file: one per line (.smi/.txt) "
+            "or a table's SMILES column (.csv/.tsv/.parquet), optionally .gz.",
+        ),
     ] = None,
     ids: Annotated[bool, typer.Option("--ids", help="Print token ids (with BOS/EOS).")] = False,
     vocab: Annotated[
@@ -45,26 +51,11 @@ def tokenize(
 
 
 def read_smiles_lines(path: Path) -> list[str]:
-    """The SMILES of each line of ``path`` (``""`` for a blank line), as preprocessing reads
-    them; a missing or non-UTF-8 file raises DataError."""
-    from smiexlm.data.readers import split_smiles_line
-    from smiexlm.errors import DataError
+    """The SMILES of each line (or table row) of ``path``, ``""`` for a blank one, read as
+    preprocessing reads them; an unusable file raises DataError naming ``--file``."""
+    from smiexlm.data.readers import iter_smiles
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"--file {str(path)!r} does not exist") from None
-    except IsADirectoryError:
-        raise DataError(f"--file {str(path)!r} is a folder: expected a text file") from None
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"--file {str(path)!r} is not UTF-8 text (byte offset {err.start}): expected one "
-            "SMILES per line"
-        ) from None
-    lines = text.split("\n")  # only line feeds end a line, as in preprocessing
-    if lines[-1] == "":
-        lines.pop()
-    return [split_smiles_line(line)[0] for line in lines]
+    return list(iter_smiles(path, what="--file"))
 
 
 @vocab_app.command("build")

@@ -2,6 +2,7 @@
 
 ``preprocess`` builds a dataset folder; ``TokenDataset`` reads one split with random access;
 ``TokenBudgetSampler`` batches by token budget; ``collate`` pads a batch. Names load lazily.
+:mod:`smiexlm.data.readers` reads every table of molecules the package is given.
 """
 
 from __future__ import annotations

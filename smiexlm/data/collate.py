@@ -1,4 +1,4 @@
-"""Pad a list of token-id arrays into a batch."""
+"""Pad a list of token-id rows into a torch batch (:mod:`smiexlm.tokenizer.padding`)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from smiexlm.tokenizer.padding import pad_rows
+from smiexlm.tokenizer.special import PAD_ID
 
-def collate(arrays: Sequence[np.ndarray], pad_id: int = 0):
+
+def collate(rows: Sequence[Sequence[int] | np.ndarray], pad_id: int = PAD_ID):
     """``(input_ids, attention_mask)``: (B, T) torch.long padded with ``pad_id`` and (B, T)
-    torch.bool, True = real token; T is the longest item."""
+    torch.bool, True = real token; T is the longest row."""
     import torch
 
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    width = int(lengths.max()) if len(arrays) else 0
-    mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T)
-    ids = np.full((len(arrays), width), pad_id, dtype=np.int64)
-    if len(arrays):
-        ids[mask] = np.concatenate([np.asarray(a, dtype=np.int64) for a in arrays])
+    ids, mask = pad_rows(rows, pad_id)
     return torch.from_numpy(ids), torch.from_numpy(mask)

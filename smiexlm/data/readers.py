@@ -1,17 +1,32 @@
-"""Streamed readers of raw SMILES files, yielding fixed-size chunks of rows.
+"""Reading a user's table of molecules: the one home of the input formats.
 
-Formats (a ``.gz`` suffix or gzip magic bytes is decompressed on the fly):
+One suffix table (:data:`SUFFIXES`; a trailing ``.gz`` is ignored, and gzip magic bytes are
+decompressed on the fly) and one SMILES-column rule (:func:`smiles_column`) serve two readers:
 
-- ``.smi`` / ``.smiles`` / ``.txt``: one SMILES per line, the first whitespace-separated field;
-  chunks carry raw bytes so that UTF-8 decoding (and its failures) happen in the workers.
-- ``.csv`` / ``.tsv``: a header row and a named SMILES column.
-- ``.parquet``: a named string column, read one record batch at a time.
-- Uni-Mol LMDB archives (a ``.lmdb`` file or a folder holding ``data.mdb``), behind the
-  optional ``lmdb`` extra. Uni-Mol stores each record as a Python pickle, and unpickling can
-  run arbitrary code: only read archives you trust. Nothing else is ever unpickled.
+- :func:`iter_table` / :func:`read_table`: pandas DataFrames of at most ``chunk_rows`` rows,
+  for embed, predict, search and fine-tuning on a user's table. CSV/TSV cells are text exactly
+  as written (``"007"`` stays ``"007"``, a blank cell is ``""``), unless ``infer_types`` asks
+  pandas to type them as a label table needs.
+- :func:`read_chunks` / :func:`iter_smiles`: raw rows for preprocessing. A chunk is
+  ``(lines, items)``: 1-based line (or row/record) numbers and the raw values (``bytes`` for
+  text files, so that UTF-8 decoding and its failures happen in the workers; ``str | None``
+  otherwise). Chunks never mix sources.
 
-A chunk is ``(lines, items)``: 1-based line (or row/record) numbers and the raw values
-(``bytes`` for text files, ``str | None`` otherwise). Chunks never mix sources.
+Formats:
+
+- ``.smi`` / ``.smiles`` / ``.txt``: a line is ``SMILES [name]``, split by
+  :func:`split_smiles_line`; only a line feed ends a line. The DataFrame reader skips blank
+  lines and names the columns ``<smiles_col>`` and ``name``.
+- ``.csv`` / ``.tsv``: a header row and a SMILES column.
+- ``.parquet`` / ``.pq``: read one record batch at a time.
+- Uni-Mol LMDB archives (a ``.lmdb`` file or a folder holding ``data.mdb``; preprocessing
+  only), behind the optional ``lmdb`` extra. Uni-Mol stores each record as a Python pickle,
+  and unpickling can run arbitrary code: only read archives you trust. Nothing else is ever
+  unpickled.
+
+Every way a file can be unusable (missing, a folder, an unknown suffix, empty, header only,
+not UTF-8, truncated, not the format its suffix says, no SMILES column) raises one
+:class:`~smiexlm.errors.DataError` naming the file, the problem and what was expected.
 """
 
 from __future__ import annotations
@@ -21,17 +36,19 @@ import gzip
 import hashlib
 import io
 import re
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from smiexlm.errors import DataError
 
 Format = Literal["smi", "csv", "tsv", "parquet", "lmdb"]
 Chunk = tuple[list[int], list]
 
-_SUFFIXES: dict[str, Format] = {
+SUFFIXES: dict[str, Format] = {
     ".smi": "smi",
     ".smiles": "smi",
     ".txt": "smi",
@@ -41,7 +58,8 @@ _SUFFIXES: dict[str, Format] = {
     ".pq": "parquet",
     ".lmdb": "lmdb",
 }
-
+# Tried in order when no SMILES column is named: as written, then in any case (if unique).
+SMILES_COLUMNS = ("smiles", "SMILES", "Smiles", "mol", "canonical_smiles", "smi")
 
 _FIELD_SEPARATOR = re.compile(r"[ \t]+")
 
@@ -55,25 +73,46 @@ def split_smiles_line(line: str) -> tuple[str, str]:
     return parts[0], parts[1] if len(parts) > 1 else ""
 
 
-def detect_format(path: Path) -> Format:
-    """The input format of ``path`` from its suffix (a trailing ``.gz`` is ignored)."""
-    if path.is_dir() and (path / "data.mdb").is_file():
+def detect_format(path: Path, what: str = "input", lmdb: bool = True) -> Format:
+    """The format of ``path`` from its suffix (a trailing ``.gz`` is ignored); DataError for
+    a missing file, a folder (but an LMDB one, when ``lmdb``) or a suffix not in the table."""
+    path = Path(path)
+    if lmdb and path.is_dir() and (path / "data.mdb").is_file():
         return "lmdb"
     if path.is_dir():
+        kind = "a SMILES file (or an LMDB folder holding data.mdb)" if lmdb else "a file"
+        raise DataError(f"{what} {str(path)!r} is a directory: expected {kind}")
+    if not path.is_file():
+        raise DataError(f"{what} {str(path)!r} does not exist")
+    formats = {s: f for s, f in SUFFIXES.items() if lmdb or f != "lmdb"}
+    suffix = Path(path.name.lower().removesuffix(".gz")).suffix
+    if suffix not in formats:
         raise DataError(
-            f"input {str(path)!r} is a directory: expected a SMILES file (or an LMDB folder "
-            "holding data.mdb)"
+            f"{what} {str(path)!r} has suffix {suffix!r}: expected one of {sorted(formats)} "
+            f"(optionally + .gz){' or an LMDB folder' if lmdb else ''}"
         )
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    suffix = Path(name).suffix
-    if suffix not in _SUFFIXES:
-        raise DataError(
-            f"input {str(path)!r} has suffix {suffix!r}: expected one of "
-            f"{sorted(_SUFFIXES)} (optionally + .gz) or an LMDB folder"
-        )
-    return _SUFFIXES[suffix]
+    return formats[suffix]
+
+
+def smiles_column(
+    header: Sequence[Any], wanted: str | None, path: Path, what: str = "input"
+) -> str:
+    """The SMILES column of a table with the column names ``header``: ``wanted`` exactly as
+    written when given, else the first of :data:`SMILES_COLUMNS` present as written, else the
+    first present in any case (when only one column matches it)."""
+    columns = [str(c) for c in header]
+    names = [wanted] if wanted else list(SMILES_COLUMNS)
+    for name in names:
+        if name in columns:
+            return name
+    lowered = [c.lower() for c in columns]
+    for name in [] if wanted else names:
+        if lowered.count(name.lower()) == 1:
+            return columns[lowered.index(name.lower())]
+    raise DataError(
+        f"{what} {str(path)!r} has no SMILES column {wanted or 'smiles'!r}: not found among "
+        f"its columns {columns[:20]!r}; pass --smiles-col with one of them"
+    )
 
 
 def file_sha256(path: Path) -> str:
@@ -89,47 +128,125 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _open_binary(path: Path) -> io.BufferedIOBase:
-    handle = open(path, "rb")  # noqa: SIM115 - returned to the caller
-    if handle.peek(2)[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
-    return handle
+# ---------------------------------------------------------------------- DataFrames
+def iter_table(
+    path: Path, smiles_col: str = "smiles", chunk_rows: int = 8192, what: str = "input"
+) -> Iterator[Any]:
+    """DataFrames of up to ``chunk_rows`` rows of ``path``; at least one, none empty."""
+    return _frames(Path(path), smiles_col, chunk_rows, what, infer_types=False)
 
 
+def read_table(
+    path: Path, smiles_col: str = "smiles", what: str = "input", infer_types: bool = False
+) -> Any:
+    """The whole table as one DataFrame (for inputs that fit in memory).
+
+    ``infer_types`` lets pandas type the CSV/TSV columns of the whole file at once (numbers
+    as numbers, its missing-value markers such as ``NA`` as NaN), as label tables need."""
+    import pandas as pd
+
+    frames = list(_frames(Path(path), smiles_col, 8192, what, infer_types))
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def _frames(path: Path, smiles_col: str, chunk_rows: int, what: str, infer_types: bool):
+    fmt = detect_format(path, what, lmdb=False)
+    seen = False
+    with _reading(path, what):
+        if fmt == "parquet":
+            frames = _parquet_frames(path, smiles_col, chunk_rows, what)
+        elif fmt == "smi":
+            frames = _smi_frames(path, smiles_col, chunk_rows, what)
+        else:
+            rows = None if infer_types else chunk_rows
+            frames = _csv_frames(path, "\t" if fmt == "tsv" else ",", smiles_col, rows, what)
+        for frame in frames:
+            if len(frame):
+                seen = True
+                yield frame
+    if not seen:
+        raise DataError(f"{what} {str(path)!r} has no rows: expected at least one SMILES")
+
+
+def _csv_frames(
+    path: Path, sep: str, smiles_col: str, chunk_rows: int | None, what: str
+) -> Iterator[Any]:
+    """Text cells in chunks of ``chunk_rows``, or (``None``) the whole file typed by pandas."""
+    import pandas as pd
+
+    if chunk_rows is None:
+        options: dict[str, Any] = {"low_memory": False}
+    else:
+        options = {"chunksize": chunk_rows, "dtype": str, "keep_default_na": False}
+    with _open_binary(path) as handle:
+        try:
+            read = pd.read_csv(handle, sep=sep, encoding="utf-8-sig", **options)
+        except pd.errors.EmptyDataError:
+            raise DataError(_empty(path, what)) from None
+        frames = [read] if chunk_rows is None else read
+        try:
+            for number, frame in enumerate(frames):
+                if number == 0:
+                    smiles_column(frame.columns, smiles_col, path, what)
+                yield frame
+        finally:
+            if chunk_rows is not None:
+                read.close()
+
+
+def _smi_frames(path: Path, smiles_col: str, chunk_rows: int, what: str) -> Iterator[Any]:
+    import pandas as pd
+
+    for lines, raw in _smi_chunks(path, chunk_rows):
+        rows = [
+            split_smiles_line(_decode(item, n, path, what))
+            for n, item in zip(lines, raw, strict=True)
+        ]
+        rows = [row for row in rows if row[0]]
+        yield pd.DataFrame({smiles_col: [r[0] for r in rows], "name": [r[1] for r in rows]})
+
+
+def _parquet_frames(path: Path, smiles_col: str, chunk_rows: int, what: str) -> Iterator[Any]:
+    handle = _parquet_file(path, what)
+    smiles_column(handle.schema_arrow.names, smiles_col, path, what)
+    for batch in handle.iter_batches(batch_size=chunk_rows):
+        yield batch.to_pandas()
+
+
+# ---------------------------------------------------------------------- raw chunks
 def read_chunks(
-    path: Path, chunk_size: int, smiles_col: str | None = None, fmt: Format | None = None
+    path: Path,
+    chunk_size: int,
+    smiles_col: str | None = None,
+    fmt: Format | None = None,
+    what: str = "input",
 ) -> Iterator[Chunk]:
     """Chunks of ``chunk_size`` rows of ``path``; raises DataError for unreadable input."""
-    fmt = fmt or detect_format(path)
-    try:
+    path = Path(path)
+    fmt = fmt or detect_format(path, what)
+    with _reading(path, what):
         if fmt == "smi":
             yield from _smi_chunks(path, chunk_size)
         elif fmt in ("csv", "tsv"):
-            yield from _csv_chunks(path, chunk_size, smiles_col, "\t" if fmt == "tsv" else ",")
+            sep = "\t" if fmt == "tsv" else ","
+            yield from _csv_chunks(path, chunk_size, smiles_col, sep, what)
         elif fmt == "parquet":
-            yield from _parquet_chunks(path, chunk_size, smiles_col)
+            yield from _parquet_chunks(path, chunk_size, smiles_col, what)
         else:
             yield from _lmdb_chunks(path, chunk_size, smiles_col)
-    except (OSError, EOFError, gzip.BadGzipFile, csv.Error) as err:
-        raise DataError(f"input {str(path)!r} is unreadable or truncated: {err}") from None
 
 
-def iter_smiles(path: Path, smiles_col: str | None = None, chunk_size: int = 8192) -> Iterator[str]:
+def iter_smiles(
+    path: Path, smiles_col: str | None = None, chunk_size: int = 8192, what: str = "input"
+) -> Iterator[str]:
     """The SMILES of every line (row, record) of ``path``, in order; ``""`` where there is none.
 
     Any format :func:`read_chunks` reads; a text line is split by :func:`split_smiles_line`,
     a table cell is stripped. A line that is not UTF-8 raises DataError naming it."""
-    for lines, items in read_chunks(Path(path), chunk_size, smiles_col):
+    for lines, items in read_chunks(Path(path), chunk_size, smiles_col, what=what):
         for line, item in zip(lines, items, strict=True):
             if isinstance(item, bytes):
-                try:
-                    item = item.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    raise DataError(
-                        f"input {str(path)!r} line {line} is not UTF-8 text (byte offset "
-                        f"{err.start}): expected one SMILES per line"
-                    ) from None
-                yield split_smiles_line(item)[0]
+                yield split_smiles_line(_decode(item, line, path, what))[0]
             else:
                 yield item.strip() if item else ""
 
@@ -142,22 +259,9 @@ def _smi_chunks(path: Path, chunk_size: int) -> Iterator[Chunk]:
             line += len(rows)
 
 
-def _pick_column(columns: list[str], wanted: str | None, path: Path) -> int:
-    names = [wanted] if wanted else ["smiles", "SMILES", "Smiles", "mol", "canonical_smiles", "smi"]
-    for name in names:
-        if name in columns:
-            return columns.index(name)
-    lowered = [c.lower() for c in columns]
-    for name in names:
-        if lowered.count(name.lower()) == 1:
-            return lowered.index(name.lower())
-    raise DataError(
-        f"input {str(path)!r} has no SMILES column {wanted or 'smiles'!r}: its columns are "
-        f"{columns[:20]!r}; pass --smiles-col with one of them"
-    )
-
-
-def _csv_chunks(path: Path, chunk_size: int, col: str | None, delimiter: str) -> Iterator[Chunk]:
+def _csv_chunks(
+    path: Path, chunk_size: int, col: str | None, delimiter: str, what: str
+) -> Iterator[Chunk]:
     # surrogateescape keeps undecodable bytes visible; the worker rejects them as non-UTF-8.
     with io.TextIOWrapper(
         _open_binary(path), encoding="utf-8-sig", errors="surrogateescape", newline=""
@@ -165,8 +269,8 @@ def _csv_chunks(path: Path, chunk_size: int, col: str | None, delimiter: str) ->
         reader = csv.reader(text, delimiter=delimiter)
         header = next(reader, None)
         if header is None:
-            raise DataError(f"input {str(path)!r} is empty: expected a header row")
-        index = _pick_column(header, col, path)
+            raise DataError(_empty(path, what))
+        index = header.index(smiles_column(header, col, path, what))
         lines: list[int] = []
         items: list[str | None] = []
         for row in reader:
@@ -179,15 +283,9 @@ def _csv_chunks(path: Path, chunk_size: int, col: str | None, delimiter: str) ->
             yield lines, items
 
 
-def _parquet_chunks(path: Path, chunk_size: int, col: str | None) -> Iterator[Chunk]:
-    import pyarrow.parquet as pq
-
-    try:
-        handle = pq.ParquetFile(path)
-    except Exception as err:  # pyarrow raises several types for a bad file
-        raise DataError(f"input {str(path)!r} is not a readable Parquet file: {err}") from None
-    index = _pick_column(handle.schema_arrow.names, col, path)
-    name = handle.schema_arrow.names[index]
+def _parquet_chunks(path: Path, chunk_size: int, col: str | None, what: str) -> Iterator[Chunk]:
+    handle = _parquet_file(path, what)
+    name = smiles_column(handle.schema_arrow.names, col, path, what)
     row = 1
     for batch in handle.iter_batches(batch_size=chunk_size, columns=[name]):
         values = batch.column(0).to_pylist()
@@ -225,3 +323,64 @@ def _lmdb_chunks(path: Path, chunk_size: int, col: str | None) -> Iterator[Chunk
                 yield lines, items
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------------- shared plumbing
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    handle = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    if handle.peek(2)[:2] == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
+    return handle
+
+
+def _parquet_file(path: Path, what: str) -> Any:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as err:  # pyarrow raises several types for a file that is not Parquet
+        raise DataError(f"{what} {str(path)!r} is not a readable Parquet file: {err}") from None
+
+
+def _decode(raw: bytes, line: int, path: Path, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{what} {str(path)!r} line {line} is not UTF-8 text (byte offset {err.start}): "
+            "expected one SMILES per line"
+        ) from None
+
+
+def _empty(path: Path, what: str) -> str:
+    return f"{what} {str(path)!r} is empty: expected a header row and at least one SMILES"
+
+
+@contextmanager
+def _reading(path: Path, what: str) -> Iterator[None]:
+    """Every way reading ``path`` fails, as one DataError naming the file."""
+    try:
+        yield
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{what} {str(path)!r} is not UTF-8 text (byte {err.object[err.start : err.start + 1]!r} "
+            f"at offset {err.start}): expected a CSV/TSV/.smi text file"
+        ) from None
+    except (EOFError, OSError, zlib.error, csv.Error) as err:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{what} {str(path)!r} is unreadable or truncated: {err}") from None
+    except _parse_errors() as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataError(f"{what} {str(path)!r} cannot be parsed: {first}") from None
+
+
+def _parse_errors() -> tuple[type[BaseException], ...]:
+    import pandas as pd
+
+    errors: list[type[BaseException]] = [pd.errors.ParserError, pd.errors.EmptyDataError]
+    try:
+        import pyarrow as pa
+
+        errors.append(pa.ArrowException)
+    except ImportError:  # pragma: no cover - pyarrow comes with the Parquet support
+        pass
+    return tuple(errors)

@@ -13,11 +13,11 @@ from typing import Any, get_args
 
 from smiexlm.data.shards import SHARD_SUFFIXES, Split
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
-from smiexlm.paths import is_temporary_name
+from smiexlm.paths import VOCAB_NAME, is_temporary_name
 
 SPLITS: tuple[str, ...] = get_args(Split)
 # The pipeline's own files besides the shards (a run that committed nothing removes them).
-WRITTEN = ("vocab.json", "rejects.csv", "progress.json", "manifest.json", "descriptors.json")
+WRITTEN = (VOCAB_NAME, "rejects.csv", "progress.json", "manifest.json", "descriptors.json")
 
 
 def check_resume(saved, vocab_hash, cfg_doc, source_docs, out) -> None:
@@ -25,7 +25,7 @@ def check_resume(saved, vocab_hash, cfg_doc, source_docs, out) -> None:
         raise VocabularyMismatchError(
             f"dataset {str(out)!r} was started with vocabulary hash {saved.get('vocab_hash')!r} "
             f"but this run uses {vocab_hash!r}: resume with the same vocabulary "
-            f"(its copy is {str(out / 'vocab.json')!r}) or start a new folder"
+            f"(its copy is {str(out / VOCAB_NAME)!r}) or start a new folder"
         )
     saved_cfg = dict(saved["config"])
     if "max_tokens" in saved_cfg:  # a dataset started before max_length had its name

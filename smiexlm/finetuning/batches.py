@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from smiexlm.data.collate import collate
 from smiexlm.data.sampler import token_budget_batches
 from smiexlm.errors import DataError
 
@@ -66,16 +67,6 @@ class Examples:
         )
 
 
-def pad_batch(rows: list[list[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
-    """(B, T) long ids padded with ``pad_id`` and (B, T) bool mask, True = real token."""
-    lengths = torch.tensor([len(r) for r in rows])
-    ids = torch.full((len(rows), int(lengths.max())), pad_id, dtype=torch.long)
-    flat = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-    mask = torch.arange(ids.shape[1]) < lengths[:, None]  # (B, T)
-    ids[mask] = flat
-    return ids, mask
-
-
 def bucketed_batches(
     lengths: np.ndarray, batch_size: int, rng: np.random.Generator, window: int = 50
 ) -> list[np.ndarray]:
@@ -111,7 +102,7 @@ def to_batch(
     pick = torch.from_numpy(np.asarray(index, dtype=np.int64))
     batch: dict[str, Tensor] = {}
     if examples.rows is not None:
-        ids, mask = pad_batch([examples.rows[i] for i in index], pad_id)
+        ids, mask = collate([examples.rows[i] for i in index], pad_id)
         batch["input_ids"], batch["attention_mask"] = ids.to(device), mask.to(device)
     else:
         batch["pooled"] = examples.pooled[pick].to(device)

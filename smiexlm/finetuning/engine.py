@@ -200,89 +200,131 @@ def fit(
     desc: str = "fine-tune",
 ) -> FitResult:
     """Train ``model`` in place on ``train``; select on ``score(valid logits)`` per epoch."""
-    from tqdm.auto import tqdm
+    return _Fit(model, train, valid, config, score, seed).run(progress, desc)
 
-    from smiexlm.training.optim import PolynomialDecaySchedule, adamw_with_decay_groups, set_lr
 
-    start, cpu_start = time.perf_counter(), time.process_time()
-    torch.manual_seed(seed)
-    device = resolve_device(config.device)
-    model.to(device)
-    if config.freeze:
-        freeze_encoder(model, None)
-        # the frozen encoder runs once in eval mode; the head trains on its features
-        train = _cached(model, train, config)
-        valid = None if valid is None else _cached(model, valid, config)
-    elif config.freeze_layers:
-        freeze_encoder(model, config.freeze_layers)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = adamw_with_decay_groups(
-        model, config.lr, config.weight_decay, config.adam_betas, config.adam_eps
-    )
-    total = config.epochs * math.ceil(len(train) / config.batch_size)
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
-    schedule = PolynomialDecaySchedule(config.lr, int(config.warmup_ratio * total), total)
-    rng = np.random.default_rng(seed)
-    lengths = train.lengths()
-    better = (lambda a, b: a > b) if config.higher_is_better else (lambda a, b: a < b)
-    result = FitResult(0, float("nan"), 0, 0, False, 0.0)
-    result.precision = "bf16" if uses_bf16(device, config.amp) else "fp32"
-    best_state, since_best = None, 0
-    bar = tqdm(total=total, desc=desc, leave=False, unit="step", disable=not progress)
-    while result.steps < total:
-        result.epochs_run += 1
-        model.train()
+class _Fit:
+    """One :func:`fit` run in named steps: :meth:`_epoch` (one pass of :meth:`_update`),
+    :meth:`_validate` (score and selection), :meth:`_patience_spent` (early stop) and
+    :meth:`_select` (the weights kept)."""
+
+    def __init__(self, model, train, valid, config: LoopConfig, score, seed: int):
+        from smiexlm.training.optim import PolynomialDecaySchedule, adamw_with_decay_groups
+
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
+        torch.manual_seed(seed)
+        self.device = resolve_device(config.device)
+        model.to(self.device)
         if config.freeze:
-            model.model.eval()  # no dropout inside a frozen encoder
+            freeze_encoder(model, None)
+            # the frozen encoder runs once in eval mode; the head trains on its features
+            train = _cached(model, train, config)
+            valid = None if valid is None else _cached(model, valid, config)
+        elif config.freeze_layers:
+            freeze_encoder(model, config.freeze_layers)
+        self.model, self.train, self.valid, self.config = model, train, valid, config
+        self.score = score
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = adamw_with_decay_groups(
+            model, config.lr, config.weight_decay, config.adam_betas, config.adam_eps
+        )
+        total = config.epochs * math.ceil(len(train) / config.batch_size)
+        if config.max_steps is not None:
+            total = min(total, config.max_steps)
+        self.total = total
+        self.schedule = PolynomialDecaySchedule(config.lr, int(config.warmup_ratio * total), total)
+        self.rng = np.random.default_rng(seed)
+        self.lengths = train.lengths()
+        self.result = FitResult(0, float("nan"), 0, 0, False, 0.0)
+        self.result.precision = "bf16" if uses_bf16(self.device, config.amp) else "fp32"
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.since_best = 0  # epochs since the best validation score
+
+    def run(self, progress: bool, desc: str) -> FitResult:
+        from tqdm.auto import tqdm
+
+        result = self.result
+        bar = tqdm(total=self.total, desc=desc, leave=False, unit="step", disable=not progress)
+        while result.steps < self.total:
+            record = self._epoch(bar)
+            if self.valid is not None and self.score is not None:
+                self._validate(record, bar)
+            result.history.append(record)
+            if self._patience_spent():
+                result.stopped_early = True
+                break
+        bar.close()
+        self._select()
+        result.seconds = time.perf_counter() - self.start
+        result.cpu_seconds = time.process_time() - self.cpu_start
+        return result
+
+    def _epoch(self, bar) -> dict[str, float]:
+        """One pass over the training batches, cut at the step budget; the epoch's record."""
+        config, result = self.config, self.result
+        result.epochs_run += 1
+        self.model.train()
+        if config.freeze:
+            self.model.model.eval()  # no dropout inside a frozen encoder
         losses = []
-        batches = bucketed_batches(lengths, config.batch_size, rng, config.bucket_window)
-        for _, batch in iterate(train, batches, device, config.pad_id):
-            set_lr(optimizer, schedule.lr_at(result.steps))
-            with autocast(device, config.amp):
-                loss = model(**batch).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.clip_norm > 0:
-                nn.utils.clip_grad_norm_(trainable, config.clip_norm)
-            optimizer.step()
-            losses.append(loss.detach())
+        batches = bucketed_batches(self.lengths, config.batch_size, self.rng, config.bucket_window)
+        for _, batch in iterate(self.train, batches, self.device, config.pad_id):
+            losses.append(self._update(batch))
             result.steps += 1
             bar.update(1)
-            if result.steps >= total:
+            if result.steps >= self.total:
                 break
-        record = {"epoch": result.epochs_run, "step": result.steps,
-                  "train_loss": float(torch.stack(losses).float().mean()) if losses else math.nan}  # fmt: skip
-        if valid is not None and score is not None:
-            logits = predict(model, valid, config.eval_batch_size, config.amp, config.pad_id)
-            record["valid"] = value = float(score(logits))
-            improved = not math.isnan(value) and (
-                math.isnan(result.best_valid) or better(value, result.best_valid)
-            )
-            if improved or best_state is None:
-                result.best_valid, result.best_epoch, since_best = value, result.epochs_run, 0
-                if config.select == "best":
-                    best_state = {n: p.detach().clone() for n, p in _trainable(model)}
-            else:
-                since_best += 1
-            bar.set_postfix(
-                valid=f"{value:.3f}", best=f"{result.best_valid:.3f}@{result.best_epoch}"
-            )
-        result.history.append(record)
-        if config.patience is not None and since_best >= config.patience and result.steps < total:
-            result.stopped_early = True
-            break
-    bar.close()
-    if config.select == "last" or best_state is None:
-        result.best_epoch = result.epochs_run
-        result.best_valid = result.history[-1].get("valid", math.nan)
-    else:
-        with torch.no_grad():
-            for name, param in _trainable(model):
-                param.copy_(best_state[name])
-    result.seconds = time.perf_counter() - start
-    result.cpu_seconds = time.process_time() - cpu_start
-    return result
+        train_loss = float(torch.stack(losses).float().mean()) if losses else math.nan
+        return {"epoch": result.epochs_run, "step": result.steps, "train_loss": train_loss}
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One optimiser step on one batch; its (detached) loss."""
+        from smiexlm.training.optim import set_lr
+
+        set_lr(self.optimizer, self.schedule.lr_at(self.result.steps))
+        with autocast(self.device, self.config.amp):
+            loss = self.model(**batch).loss
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.clip_norm > 0:
+            nn.utils.clip_grad_norm_(self.trainable, self.config.clip_norm)
+        self.optimizer.step()
+        return loss.detach()
+
+    def _validate(self, record: dict[str, float], bar) -> None:
+        """Score the validation split into ``record``; keep the weights of a better epoch."""
+        config, result = self.config, self.result
+        logits = predict(self.model, self.valid, config.eval_batch_size, config.amp, config.pad_id)
+        record["valid"] = value = float(self.score(logits))
+        improved = not math.isnan(value) and (
+            math.isnan(result.best_valid) or self._better(value, result.best_valid)
+        )
+        if improved or self.best_state is None:
+            result.best_valid, result.best_epoch, self.since_best = value, result.epochs_run, 0
+            if config.select == "best":
+                self.best_state = {n: p.detach().clone() for n, p in _trainable(self.model)}
+        else:
+            self.since_best += 1
+        bar.set_postfix(valid=f"{value:.3f}", best=f"{result.best_valid:.3f}@{result.best_epoch}")
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.config.higher_is_better else a < b
+
+    def _patience_spent(self) -> bool:
+        """Early stop: ``patience`` epochs without a better score, with steps still to go."""
+        patience, steps_left = self.config.patience, self.result.steps < self.total
+        return patience is not None and self.since_best >= patience and steps_left
+
+    def _select(self) -> None:
+        """``select="best"``: put the best epoch's weights back; else report the last epoch."""
+        result = self.result
+        if self.config.select == "last" or self.best_state is None:
+            result.best_epoch = result.epochs_run
+            result.best_valid = result.history[-1].get("valid", math.nan)
+        else:
+            with torch.no_grad():
+                for name, param in _trainable(self.model):
+                    param.copy_(self.best_state[name])
 
 
 def _trainable(model: nn.Module):

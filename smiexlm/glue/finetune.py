@@ -8,18 +8,21 @@ linear decay to 0, no clipping) and scores the dev split after every epoch. A ta
 the **median over seeds** (5 by default, as in the paper) of the end-of-training dev scores
 (``select="last"``: the dev split is the reported one, so it picks no epoch).
 
-Table 11 of the paper is :data:`TABLE11_GRID`; :func:`grid_search` runs every point of it
-(5 seeds each) and keeps the point with the best median primary metric. On CPU use
+Table 11 of the paper is :func:`table11_grid` (read from ``configs/finetune/glue.toml`` on
+first use); :func:`grid_search` runs every point of it (5 seeds each) on the task loaded and
+tokenised once, and keeps the point with the best median primary metric. On CPU use
 ``max_steps`` / ``max_train_rows`` to keep runs small.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import statistics
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,23 +39,31 @@ from smiexlm.paths import PACKAGE_DIR, write_json
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "glue.toml"
 
 
-with open(CONFIG_PATH, "rb") as _handle:
-    _CONFIG = tomllib.load(_handle)
-_DEFAULTS = _CONFIG["defaults"]
-#: Table 11: grid search space, read from ``configs/finetune/glue.toml``. ``large``: MNLI,
-#: QNLI, QQP, SST-2; ``small``: RTE, MRPC, CoLA, STS-B (and WNLI, not in the paper's table).
-TABLE11_GRID: dict[str, dict[str, tuple]] = {
-    size: {key: tuple(values) for key, values in grid.items() if key != "tasks"}
-    for size, grid in _CONFIG["grid"].items()
-}
-LARGE_TASKS = tuple(_CONFIG["grid"]["large"]["tasks"])
-PAPER_SEEDS = tuple(_DEFAULTS["seeds"])
+@functools.cache
+def glue_settings() -> dict[str, Any]:
+    """``configs/finetune/glue.toml``: the shared ``defaults`` and Table 11's ``grid``."""
+    with open(CONFIG_PATH, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def table11_grid() -> dict[str, dict[str, tuple]]:
+    """Table 11's search space: ``large`` (MNLI, QNLI, QQP, SST-2) and ``small`` (RTE, MRPC,
+    CoLA, STS-B, and WNLI, not in the paper's table)."""
+    return {
+        size: {key: tuple(values) for key, values in grid.items() if key != "tasks"}
+        for size, grid in glue_settings()["grid"].items()
+    }
+
+
+def paper_seeds() -> tuple[int, ...]:
+    return tuple(glue_settings()["defaults"]["seeds"])
 
 
 def grid_points(task: str | GlueTask) -> list[dict[str, Any]]:
     """Every hyper-parameter combination of Table 11 for ``task``."""
     task = task if isinstance(task, GlueTask) else get_task(task)
-    grid = TABLE11_GRID["large" if task.name in LARGE_TASKS else "small"]
+    large = task.name in glue_settings()["grid"]["large"]["tasks"]
+    grid = table11_grid()["large" if large else "small"]
     keys = list(grid)
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
 
@@ -67,13 +78,14 @@ class GlueConfig:
     batch_size: int = 16
     epochs: int = 10
     warmup_ratio: float = 0.06
-    seeds: tuple[int, ...] = PAPER_SEEDS
-    weight_decay: float = _DEFAULTS["weight_decay"]
-    adam_betas: tuple[float, float] = tuple(_DEFAULTS["adam_betas"])
-    adam_eps: float = _DEFAULTS["adam_eps"]
-    clip_norm: float = _DEFAULTS["clip_norm"]  # 0 = no clipping
-    pooler_dropout: float = _DEFAULTS["pooler_dropout"]
-    max_length: int = _DEFAULTS["max_length"]  # tokens incl. specials; longer pairs truncated
+    # None = the shared setting of glue.toml's [defaults]
+    seeds: tuple[int, ...] | None = None  # the paper's 5
+    weight_decay: float | None = None
+    adam_betas: tuple[float, float] | None = None
+    adam_eps: float | None = None
+    clip_norm: float | None = None  # 0 = no clipping
+    pooler_dropout: float | None = None
+    max_length: int | None = None  # tokens incl. specials; longer pairs truncated
     max_steps: int | None = None  # cap on updates per run (small CPU runs)
     max_train_rows: int | None = None  # first N training rows only (small CPU runs)
     max_eval_rows: int | None = None
@@ -82,6 +94,11 @@ class GlueConfig:
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda[:N]; bf16 autocast on CUDA
 
     def __post_init__(self) -> None:
+        defaults = glue_settings()["defaults"]
+        for name in ("seeds", "weight_decay", "adam_betas", "adam_eps", "clip_norm",
+                     "pooler_dropout", "max_length"):  # fmt: skip
+            if getattr(self, name) is None:
+                setattr(self, name, defaults[name])
         self.task = get_task(self.task).name
         self.seeds = tuple(int(s) for s in self.seeds)
         self.adam_betas = tuple(float(b) for b in self.adam_betas)
@@ -136,6 +153,14 @@ class GlueResult:
     def score(self) -> float:
         """Median of the task's primary metric (the paper's number, as a fraction)."""
         return self.median[get_task(self.task).primary_metric]
+
+    def summary(self) -> str:
+        """One line: the medians next to the majority-class baseline."""
+        shown = "  ".join(f"{k} {100 * v:.1f}" for k, v in self.median.items())
+        base = "  ".join(f"{k} {100 * v:.1f}" for k, v in self.majority.items())
+        return (
+            f"{self.task}: {shown}  (majority: {base}; {len(self.runs)} seeds, n_dev={self.n_eval})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -210,6 +235,58 @@ def _clean(scores: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in scores.items() if k not in ("epoch", "step", "train_loss")}
 
 
+@dataclass
+class _PreparedTask:
+    """A GLUE task tokenised for one checkpoint: what every seed and grid point shares."""
+
+    task: GlueTask
+    checkpoint: str
+    base_state: dict[str, torch.Tensor]
+    model_config: Any
+    train_rows: list[list[int]]
+    train_labels: list
+    eval_rows: list[list[int]]
+    eval_labels: list
+    majority: dict[str, float]
+    extra: dict[str, Any]
+
+    @classmethod
+    def load(cls, checkpoint: str | Path, config: GlueConfig, root: str | Path | None):
+        from smiexlm.model.pretrained import load_pretrained
+
+        task = get_task(config.task)
+        pre = load_pretrained(checkpoint)
+        train = load_task(task.name, "train", root).subset(config.max_train_rows)
+        evaluation = load_task(task.name, config.eval_split, root).subset(config.max_eval_rows)
+        if evaluation.labels is None:
+            raise ConfigError("eval_split", config.eval_split, "a split with labels (dev)")
+        max_length = min(config.max_length, pre.model.config.max_positions)
+        return cls(
+            task, str(checkpoint), {k: v.clone() for k, v in pre.model.state_dict().items()},
+            pre.model.config, _encode(pre.tokenizer, train, max_length), train.labels,
+            _encode(pre.tokenizer, evaluation, max_length), evaluation.labels,
+            majority_baseline(task, train.labels, evaluation.labels),
+            {"vocab_hash": pre.tokenizer.vocab_hash, "objective": pre.model.config.objective},
+        )  # fmt: skip
+
+    def run(self, config: GlueConfig, progress: bool) -> GlueResult:
+        """Every seed of one hyper-parameter point; medians over seeds."""
+        runs = []
+        for seed in config.seeds:
+            run = finetune_seed(
+                self.base_state, self.model_config, self.task, config, seed, self.train_rows,
+                self.train_labels, self.eval_rows, self.eval_labels, progress,
+            )  # fmt: skip
+            run.metrics = _clean(run.metrics)
+            runs.append(run)
+        median = {m: float(statistics.median(r.metrics[m] for r in runs)) for m in runs[0].metrics}
+        return GlueResult(
+            task=self.task.name, config=config.to_dict(), runs=runs, median=median,
+            majority=self.majority, n_train=len(self.train_rows), n_eval=len(self.eval_rows),
+            checkpoint=self.checkpoint, extra=dict(self.extra),
+        )  # fmt: skip
+
+
 def run_glue(
     checkpoint: str | Path,
     config: GlueConfig,
@@ -217,42 +294,9 @@ def run_glue(
     progress: bool = True,
 ) -> GlueResult:
     """Fine-tune ``checkpoint`` on ``config.task`` for every seed; medians over seeds."""
-    from smiexlm.model.model import ExLMModel
-    from smiexlm.tokenizer import load_tokenizer
-
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    task = get_task(config.task)
-    base = ExLMModel.from_pretrained(checkpoint)
-    tokenizer = load_tokenizer(Path(checkpoint))
-    train = load_task(task.name, "train", root).subset(config.max_train_rows)
-    evaluation = load_task(task.name, config.eval_split, root).subset(config.max_eval_rows)
-    if evaluation.labels is None:
-        raise ConfigError("eval_split", config.eval_split, "a split with labels (dev)")
-    max_length = min(config.max_length, base.config.max_positions)
-    train_rows = _encode(tokenizer, train, max_length)
-    eval_rows = _encode(tokenizer, evaluation, max_length)
-    state = {k: v.clone() for k, v in base.state_dict().items()}
-    runs = []
-    for seed in config.seeds:
-        run = finetune_seed(
-            state, base.config, task, config, seed, train_rows, train.labels,
-            eval_rows, evaluation.labels, progress,
-        )  # fmt: skip
-        run.metrics = _clean(run.metrics)
-        runs.append(run)
-    median = {m: float(statistics.median(r.metrics[m] for r in runs)) for m in runs[0].metrics}
-    return GlueResult(
-        task=task.name,
-        config=config.to_dict(),
-        runs=runs,
-        median=median,
-        majority=majority_baseline(task, train.labels, evaluation.labels),
-        n_train=len(train),
-        n_eval=len(evaluation),
-        checkpoint=str(checkpoint),
-        extra={"vocab_hash": tokenizer.vocab_hash, "objective": base.config.objective},
-    )
+    return _PreparedTask.load(checkpoint, config, root).run(config, progress)
 
 
 def grid_search(
@@ -261,12 +305,15 @@ def grid_search(
     root: str | Path | None = None,
     progress: bool = True,
 ) -> GlueResult:
-    """Every point of Table 11 (each with ``config.seeds``); the best median primary score
-    wins. The other points' medians are kept in ``extra["grid"]``."""
-    task = get_task(config.task)
+    """Every point of Table 11 (each with ``config.seeds``) on the task loaded and tokenised
+    once; the best median primary score wins. The other points' medians are kept in
+    ``extra["grid"]``."""
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    prepared = _PreparedTask.load(checkpoint, config, root)
     best, table = None, []
-    for point in grid_points(task):
-        result = run_glue(checkpoint, dataclasses.replace(config, **point), root, progress)
+    for point in grid_points(prepared.task):
+        result = prepared.run(dataclasses.replace(config, **point), progress)
         table.append({**point, **result.median})
         if best is None or _better(result.score, best.score):
             best = result
@@ -281,3 +328,31 @@ def _better(a: float, b: float) -> bool:
 def save_result(result: GlueResult, path: str | Path) -> Path:
     """Write the result as JSON (NaN written as null)."""
     return write_json(result.to_dict(), path)
+
+
+def run_tasks(
+    task: str,
+    checkpoint: str | Path,
+    settings: dict[str, Any],
+    grid: bool = False,
+    out: Path | None = None,
+    root: str | Path | None = None,
+) -> Iterator[tuple[str, GlueResult | None, str | None]]:
+    """``(name, result, None)`` per task of ``task`` ("all": every task whose train and dev
+    files are present; the others give ``(name, None, why)``); ``settings`` are the
+    :class:`GlueConfig` fields besides the task; ``grid`` searches Table 11; each result is
+    saved to ``out/NAME.json`` when ``out`` is given."""
+    from smiexlm.glue.tasks import TASKS, task_path
+
+    every = task.lower() == "all"
+    for name in list(TASKS) if every else [get_task(task).name]:
+        spec = get_task(name)
+        missing = [s for s in ("train", "dev") if not task_path(spec, s, root).is_file()]
+        if every and missing:
+            yield name, None, f"skipped, no {', '.join(spec.files[s] for s in missing)}"
+            continue
+        config = GlueConfig(name, **settings)
+        result = (grid_search if grid else run_glue)(checkpoint, config, root)
+        if out is not None:
+            save_result(result, Path(out) / f"{name}.json")
+        yield name, result, None

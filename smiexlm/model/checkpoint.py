@@ -29,15 +29,16 @@ from smiexlm.model.integrity import (
     unreadable,
     verify_checksum,
 )
-from smiexlm.paths import read_json_file
+from smiexlm.paths import VOCAB_NAME, read_json_file
 from smiexlm.tokenizer import SmilesTokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
 
 CONFIG_NAME = "config.json"
-VOCAB_NAME = "vocab.json"
 WEIGHTS_NAME = "model.safetensors"
+NORMALIZATION_NAME = "normalization.json"  # how the corpus SMILES were normalised
+CARD_NAME = "MODEL_CARD.md"
 
 
 def _default_tokenizer(config: ExLMConfig) -> Any:

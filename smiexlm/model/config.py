@@ -167,6 +167,11 @@ class ExLMConfig:
         """True when the model has a descriptor head (``mtr``, or an auxiliary weight > 0)."""
         return self.objective == "mtr" or self.aux_descriptor_weight > 0
 
+    def encoder_length(self, n_tokens: int) -> int:
+        """Positions the encoder sees for a row of ``n_tokens`` ids (BOS ... EOS): an ExLM
+        model expands BOS and EOS into ``k`` states each."""
+        return n_tokens + (2 * (self.k - 1) if self.objective == "exlm" else 0)
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads

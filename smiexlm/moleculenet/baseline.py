@@ -28,9 +28,10 @@ from tqdm.auto import tqdm
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import morgan_fingerprints, rdkit2d_descriptors
 from smiexlm.moleculenet.features import FeatureScaler
-from smiexlm.moleculenet.metrics import check_scorable, score
+from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
-from smiexlm.moleculenet.splits import SPLIT_KINDS, make_split
+from smiexlm.moleculenet.splits import SPLIT_KINDS
+from smiexlm.moleculenet.task import MoleculeTask, as_task, run_seeds
 
 BASELINE_FEATURES = ("ecfp4", "rdkit2d", "both")
 FEATURE_LABELS = {"ecfp4": "ECFP4", "rdkit2d": "RDKit2D", "both": "ECFP4+RDKit2D"}
@@ -119,47 +120,31 @@ class _Features:
 
 
 def run_baseline(
-    df: pd.DataFrame, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None
-) -> list[RunResult]:
-    """Train and score the RF baseline on ``df`` (from load_dataset/load_csv) for each seed."""
+    data: MoleculeTask | pd.DataFrame, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None
+) -> list[RunResult]:  # fmt: skip
+    """Train and score the RF baseline on a task (or a frame from load_dataset/load_csv)
+    for each seed."""
     cfg = cfg or BaselineConfig()
-    name, task_type = df.attrs.get("name", "data"), df.attrs.get("task_type", "classification")
-    labels = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
-    y = df[labels].to_numpy(dtype=float)
+    task = as_task(data)
     start = time.perf_counter()
-    features = _Features(df["smiles"].tolist(), cfg)
-    feature_time = time.perf_counter() - start
-    results = []
-    split = x = None
-    for seed in tqdm(list(seeds), desc=f"{cfg.model_name} {name}", leave=False):
-        t0 = time.perf_counter()
-        if split is None or split.seed is not None:  # deterministic splits are made once
-            split = make_split(df["smiles"].tolist(), cfg.split, seed)
-            x = features.split(split.train)
-        if task_type == "classification":
-            check_scorable(y[split.test], labels, name, split.label)
-        x_eval = x[split.valid + split.test]
-        pred = _fit_predict(x[split.train], y[split.train], x_eval, task_type, seed, cfg)
+    features = _Features(task.smiles, cfg)
+    feature_s = time.perf_counter() - start
+    scaled: dict[tuple[int, ...], np.ndarray] = {}  # per train split (deterministic: one)
+    seeds = list(seeds)
+    bar = tqdm(total=len(seeds), desc=f"{cfg.model_name} {task.name}", leave=False)
+
+    def one_seed(split, seed: int) -> RunResult:
+        key = tuple(split.train)
+        x = scaled[key] if key in scaled else scaled.setdefault(key, features.split(split.train))
+        pred = _fit_predict(x[split.train], task.labels[split.train], x[split.valid + split.test],
+                            task.task_type, seed, cfg)  # fmt: skip
         n_valid = len(split.valid)
-        valid = score(task_type, y[split.valid], pred[:n_valid])
-        test = score(task_type, y[split.test], pred[n_valid:])
-        scale = 100.0 if task_type == "classification" else 1.0
-        results.append(
-            RunResult(
-                model=cfg.model_name,
-                dataset=name,
-                seed=seed,
-                split=split.label,
-                metric="roc_auc" if task_type == "classification" else "rmse",
-                test=test.mean * scale,
-                valid=valid.mean * scale,
-                sizes=split.sizes,
-                n_invalid=int(df.attrs.get("n_invalid", 0)),
-                n_tasks_scored=test.n_scored,
-                n_tasks=len(labels),
-                wall_s=time.perf_counter() - t0 + feature_time / len(seeds),
-                data_sha256=df.attrs.get("sha256"),
-                config=asdict(cfg),
-            )
-        )
-    return results
+        valid = score(task.task_type, task.labels[split.valid], pred[:n_valid])
+        test = score(task.task_type, task.labels[split.test], pred[n_valid:])
+        bar.update()
+        return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, asdict(cfg))
+
+    try:
+        return run_seeds(task, seeds, cfg.split, one_seed, shared_s=feature_s)
+    finally:
+        bar.close()

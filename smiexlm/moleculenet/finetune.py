@@ -9,8 +9,8 @@ its inputs and its results into a :class:`RunResult`. Inputs have the pretrainin
 (BOS ... EOS; the model expands them for ExLM), from canonical SMILES unless
 ``canonicalize=False``.
 
-Without a checkpoint the backbone is the shipped default model; a random init of a preset
-is used only when asked (``Backbone(random_init=True)``).
+Where the encoder comes from, with its vocabulary and SMILES normalisation, is a
+:class:`~smiexlm.moleculenet.backbone.Backbone`.
 
 A fine-tuned folder holds the backbone (``config.json``, ``vocab.json``, ``model.safetensors``),
 ``head.safetensors`` and ``finetune.json`` (task, label columns, config, target scaling, the
@@ -31,104 +31,24 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
 
+from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.device import resolve_device
 from smiexlm.errors import DataError
+from smiexlm.model.pretrained import DEFAULT_NORMALIZATION, write_normalization
+from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
-from smiexlm.moleculenet.metrics import check_scorable, score
+from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
-from smiexlm.moleculenet.splits import Split, make_split
-from smiexlm.paths import ASSETS_DIR, atomic_dir, check_output
+from smiexlm.moleculenet.splits import Split
+from smiexlm.moleculenet.task import MoleculeTask, as_task, run_seeds
+from smiexlm.paths import atomic_dir, check_output
 
 log = logging.getLogger(__name__)
 
 HEAD_NAME = "head.safetensors"
 META_NAME = "finetune.json"
-DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"
-
-
-def model_inputs(smiles: Sequence[str], canonicalize: bool) -> Sequence[str]:
-    """What the model reads: the RDKit canonical SMILES of each input (each must already be
-    parsable) when ``canonicalize``, else the inputs as written."""
-    if not canonicalize:
-        return smiles
-    from smiexlm.data.normalize import canonical_smiles as canonical
-    from smiexlm.errors import InvalidSmilesError
-
-    out = []
-    for s in smiles:
-        c = canonical(s)
-        if c is None:
-            raise InvalidSmilesError(s, reason="RDKit cannot parse it")
-        out.append(c)
-    return out
-
-
-@dataclass
-class Backbone:
-    """Where the encoder comes from: a checkpoint folder (default: the shipped model), or,
-    only with ``random_init=True``, a preset initialised at random."""
-
-    checkpoint: Path | None = None
-    preset: str = "tiny"
-    objective: str = "mlm"  # only for random init
-    random_init: bool = False
-
-    def __post_init__(self) -> None:
-        if self.random_init and self.checkpoint is not None:
-            from smiexlm.errors import ConfigError
-
-            raise ConfigError("random_init", True, "no checkpoint (it ignores the weights)")
-        if self.checkpoint is None and not self.random_init:
-            self.checkpoint = DEFAULT_MODEL_DIR
-
-    @property
-    def name(self) -> str:
-        if self.checkpoint is not None:
-            return Path(self.checkpoint).name
-        return f"random-init {self.preset} ({self.objective})"
-
-    def tokenizer(self, corpus: Sequence[str]):
-        """The checkpoint's vocabulary; for random init the shipped one, else one built from
-        ``corpus`` (the dataset's SMILES: vocabulary only, no labels)."""
-        from smiexlm.tokenizer import SmilesTokenizer
-
-        if self.checkpoint is not None:
-            return SmilesTokenizer.load(Path(self.checkpoint) / "vocab.json")
-        try:
-            return SmilesTokenizer()
-        except DataError:
-            return SmilesTokenizer.build(corpus)
-
-    def build(self, tokenizer, dropout: float):
-        from smiexlm.model.config import ExLMConfig
-        from smiexlm.model.model import ExLMModel
-
-        if self.checkpoint is not None:
-            model = ExLMModel.from_pretrained(self.checkpoint)
-        else:
-            cfg = ExLMConfig.preset(
-                self.preset, vocab_size=tokenizer.vocab_size, objective=self.objective,
-                vocab_hash=tokenizer.vocab_hash,
-            )  # fmt: skip
-            model = ExLMModel(cfg)
-        model.config.dropout = dropout
-        for module in model.modules():
-            if isinstance(module, nn.Dropout):
-                module.p = dropout
-        return model
-
-
-def encode_rows(tokenizer, smiles: Sequence[str], max_length: int) -> tuple[list[list[int]], int]:
-    """Ids (BOS ... EOS) per SMILES, cut to ``max_length`` keeping EOS; and the number cut."""
-    rows = tokenizer.encode_many(list(smiles))
-    n_cut = 0
-    for i, row in enumerate(rows):
-        if len(row) > max_length:
-            rows[i] = [*row[: max_length - 1], row[-1]]
-            n_cut += 1
-    return rows, n_cut
+__all__ = ["Backbone", "finetune_once", "load_finetuned", "predict", "run_finetune"]
 
 
 def loop_config(cfg: FinetuneConfig, higher_is_better: bool):
@@ -161,8 +81,48 @@ def _to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.nda
     return logits * std + mean
 
 
+@dataclass
+class _Targets:
+    """Labels as the head is trained on them: standardised on train for regression."""
+
+    y: np.ndarray  # (N, T) float32, NaN = missing
+    mean: np.ndarray
+    std: np.ndarray
+    task_type: str
+
+    @classmethod
+    def fit(cls, task: MoleculeTask, split: Split) -> _Targets:
+        y = task.labels.astype(np.float32)
+        mean = np.zeros(y.shape[1], dtype=np.float32)
+        std = np.ones(y.shape[1], dtype=np.float32)
+        if not task.is_classification:
+            mean = np.nanmean(y[split.train], axis=0)
+            std = np.nanstd(y[split.train], axis=0) + 1e-6
+        return cls(y, mean, std, task.task_type)
+
+    def scaled(self) -> torch.Tensor:
+        return torch.from_numpy((self.y - self.mean) / self.std)
+
+    def score(self, rows: Sequence[int], logits: np.ndarray):
+        return score(self.task_type, self.y[rows], _to_scores(logits, self.task_type, self.mean, self.std))  # fmt: skip
+
+
+def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | None, split: Split):
+    """(features tensor, scaler) of the hybrid head, scaled on train; (None, None) without."""
+    from smiexlm.moleculenet.features import FeatureScaler
+
+    if not cfg.features:
+        return None, None
+    if raw is None:
+        from smiexlm.fingerprints import molecule_features
+
+        raw = molecule_features(inputs, cfg.features)
+    scaler = FeatureScaler.fit(raw[np.asarray(split.train)], cfg.features)
+    return torch.from_numpy(scaler.transform(raw)), scaler
+
+
 def finetune_once(
-    df: pd.DataFrame,
+    data: MoleculeTask | pd.DataFrame,
     split: Split,
     cfg: FinetuneConfig,
     seed: int,
@@ -174,119 +134,82 @@ def finetune_once(
 ) -> RunResult:
     """One seed: train on ``split.train``, select on valid per epoch, score test.
 
-    ``inputs`` are the model-side SMILES when already prepared (canonical or as written);
+    ``inputs`` are the model-side SMILES when already prepared (:meth:`Backbone.model_texts`);
     ``raw_features`` the unscaled hybrid features of every row, when already computed.
     """
     from smiexlm.finetuning import Examples, fit
     from smiexlm.finetuning import predict as engine_predict
     from smiexlm.model.heads import ExLMForSequencePrediction
-    from smiexlm.moleculenet.features import FeatureScaler
 
     t0 = time.perf_counter()
-    name, task_type = df.attrs.get("name", "data"), df.attrs.get("task_type", "classification")
-    label_cols = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
-    smiles = df["smiles"].tolist()
-    if inputs is None:
-        inputs = model_inputs(smiles, cfg.canonicalize)
+    task = as_task(data)
+    inputs = inputs if inputs is not None else backbone.model_texts(task.smiles, cfg.canonicalize)
     tokenizer = backbone.tokenizer(inputs)
-    rows, n_cut = encode_rows(tokenizer, inputs, cfg.max_length)
-    y = df[label_cols].to_numpy(dtype=np.float32)  # (N, T), NaN = missing
-    if task_type == "classification":
-        check_scorable(y[split.test], label_cols, name, split.label)
-    mean = np.zeros(len(label_cols), dtype=np.float32)
-    std = np.ones(len(label_cols), dtype=np.float32)
-    if task_type == "regression":
-        mean = np.nanmean(y[split.train], axis=0)
-        std = np.nanstd(y[split.train], axis=0) + 1e-6
-    features, scaler = None, None
-    if cfg.features:
-        if raw_features is None:
-            from smiexlm.fingerprints import molecule_features
-
-            raw_features = molecule_features(inputs, cfg.features)
-        scaler = FeatureScaler.fit(raw_features[np.asarray(split.train)], cfg.features)
-        features = torch.from_numpy(scaler.transform(raw_features))
-
+    rows, n_cut = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
+    targets = _Targets.fit(task, split)
+    features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
     torch.manual_seed(seed)
-    head_type = "multilabel" if task_type == "classification" else "regression"
     model = ExLMForSequencePrediction(
-        backbone.build(tokenizer, cfg.dropout), len(label_cols), head_type, cfg.pooler_dropout,
+        backbone.build(tokenizer, cfg.dropout), len(task.label_cols),
+        "multilabel" if task.is_classification else "regression", cfg.pooler_dropout,
         cfg.pooling, n_features=0 if features is None else features.shape[1],  # type: ignore[arg-type]
     )  # fmt: skip
-    data = Examples(rows, torch.from_numpy((y - mean) / std), features)
-    train, valid, test = (
-        data.subset(np.asarray(part)) for part in (split.train, split.valid, split.test)
-    )
-    loop = loop_config(cfg, higher_is_better=task_type == "classification")
-
-    def valid_score(logits: np.ndarray) -> float:
-        return score(task_type, y[split.valid], _to_scores(logits, task_type, mean, std)).mean
-
-    fitted = fit(model, train, valid, loop, valid_score, seed, progress, f"{name} seed {seed}")
+    examples = Examples(rows, targets.scaled(), features)
+    train, valid, test = (examples.subset(np.asarray(p)) for p in (split.train, split.valid, split.test))  # fmt: skip
+    loop = loop_config(cfg, higher_is_better=task.is_classification)
+    fitted = fit(model, train, valid, loop, lambda logits: targets.score(split.valid, logits).mean,
+                 seed, progress, f"{task.name} seed {seed}")  # fmt: skip
     # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
     # score is the one a user gets back from the saved model
-    logits = engine_predict(model, test, cfg.eval_batch_size)
-    test_score = score(task_type, y[split.test], _to_scores(logits, task_type, mean, std))
+    test_score = targets.score(split.test, engine_predict(model, test, cfg.eval_batch_size))
     if save_dir is not None:
-        save_finetuned(model, tokenizer, save_dir, dict(
-            dataset=name, task_type=task_type, label_cols=label_cols, config=cfg.to_dict(),
-            seed=seed, split=split.label, target_mean=mean.tolist(), target_std=std.tolist(),
-            backbone=backbone.name, best_epoch=fitted.best_epoch,
+        save_finetuned(model, tokenizer, save_dir, normalization=backbone.normalization, meta=dict(
+            dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,
+            config=cfg.to_dict(), seed=seed, split=split.label, target_mean=targets.mean.tolist(),
+            target_std=targets.std.tolist(), backbone=backbone.name, best_epoch=fitted.best_epoch,
             feature_scaler=None if scaler is None else scaler.to_dict(),
         ))  # fmt: skip
-    scale = 100.0 if task_type == "classification" else 1.0
     config = cfg.to_dict() | {"backbone": backbone.name, "n_truncated": n_cut} | fitted.summary()
-    return RunResult(
-        model=variant_name(backbone, cfg),
-        dataset=name,
-        seed=seed,
-        split=split.label,
-        metric="roc_auc" if task_type == "classification" else "rmse",
-        test=test_score.mean * scale,
-        valid=fitted.best_valid * scale,
-        sizes=split.sizes,
-        n_invalid=int(df.attrs.get("n_invalid", 0)),
-        n_tasks_scored=test_score.n_scored,
-        n_tasks=len(label_cols),
-        wall_s=time.perf_counter() - t0,
-        data_sha256=df.attrs.get("sha256"),
-        best_epoch=fitted.best_epoch,
-        config=config,
-    )
+    return task.result(variant_name(backbone, cfg), split, seed, fitted.best_valid, test_score,
+                       time.perf_counter() - t0, config, fitted.best_epoch)  # fmt: skip
 
 
 def run_finetune(
-    df: pd.DataFrame,
+    data: MoleculeTask | pd.DataFrame,
     cfg: FinetuneConfig,
     backbone: Backbone | None = None,
     seeds: Sequence[int] = (0, 1, 2),
     save_dir: Path | None = None,
     progress: bool = True,
 ) -> list[RunResult]:
-    """``finetune_once`` per seed on one split (deterministic kinds are computed once)."""
+    """``finetune_once`` per seed (a deterministic split is made once); ``save_dir`` gets one
+    fine-tuned folder per seed (``seed0``, ``seed1``, ...)."""
+    task = as_task(data)
     backbone = backbone or Backbone()
     if save_dir is not None:
         check_output(save_dir, "--save-dir", "folder")  # before training, not after it
-    results = []
-    split = None
-    smiles = df["smiles"].tolist()
-    inputs = model_inputs(smiles, cfg.canonicalize)
+    inputs = backbone.model_texts(task.smiles, cfg.canonicalize)
     raw = None
     if cfg.features:
         from smiexlm.fingerprints import molecule_features
 
         raw = molecule_features(inputs, cfg.features)
-    for seed in seeds:
-        if split is None or split.seed is not None:
-            split = make_split(smiles, cfg.split, seed)
+
+    def one_seed(split: Split, seed: int) -> RunResult:
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
-        results.append(finetune_once(df, split, cfg, seed, backbone, target, inputs, raw, progress))
-        r = results[-1]
+        r = finetune_once(task, split, cfg, seed, backbone, target, inputs, raw, progress)
         log.info("%s seed %d: valid %.2f test %.2f", r.dataset, seed, r.valid, r.test)
-    return results
+        return r
+
+    return run_seeds(task, seeds, cfg.split, one_seed)
 
 
-def save_finetuned(model, tokenizer, directory: Path, meta: dict[str, Any]) -> Path:
+def save_finetuned(
+    model, tokenizer, directory: Path, meta: dict[str, Any],
+    normalization: NormalizeConfig = DEFAULT_NORMALIZATION,
+) -> Path:  # fmt: skip
+    """The folder ``predict`` reads: the backbone as a model folder (with its normalisation),
+    the head and ``finetune.json``."""
     from safetensors.torch import save_file
 
     from smiexlm.model.integrity import record_checksums
@@ -294,6 +217,7 @@ def save_finetuned(model, tokenizer, directory: Path, meta: dict[str, Any]) -> P
     directory = Path(directory)
     with atomic_dir(directory) as tmp:  # the folder appears complete or not at all
         model.model.save_pretrained(tmp, tokenizer=tokenizer)
+        write_normalization(tmp, normalization)
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
         record_checksums(tmp, HEAD_NAME)  # beside the backbone's model.safetensors
@@ -304,13 +228,14 @@ def save_finetuned(model, tokenizer, directory: Path, meta: dict[str, Any]) -> P
 
 
 def load_finetuned(directory: Path | str, device: str = "auto"):
-    """(model, tokenizer, meta) from a folder written by ``finetune`` (see module docstring);
-    each file is checked first (``finetune.json``'s keys, the weights' shapes and sha256)."""
+    """(model, inputs, meta) from a folder written by ``finetune`` (see module docstring):
+    the model in eval mode, its :class:`~smiexlm.model.inputs.ModelInputs` (vocabulary and
+    normalisation) and ``finetune.json``; each file is checked first (``finetune.json``'s
+    keys, the weights' shapes and sha256)."""
     from smiexlm.model.checkpoint import load_module_weights
     from smiexlm.model.heads import ExLMForSequencePrediction
-    from smiexlm.model.model import ExLMModel
+    from smiexlm.model.pretrained import load_pretrained
     from smiexlm.moleculenet.folder import read_finetune_meta
-    from smiexlm.tokenizer import SmilesTokenizer
 
     directory = Path(directory)
     if not (directory / META_NAME).is_file():
@@ -320,16 +245,12 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
         )
     meta = read_finetune_meta(directory / META_NAME)
     head_type = "multilabel" if meta["task_type"] == "classification" else "regression"
+    pre = load_pretrained(directory)
     model = ExLMForSequencePrediction(
-        ExLMModel.from_pretrained(directory), meta["n_outputs"], head_type, 0.0, meta["pooling"],
-        n_features=meta["n_features"],
+        pre.model, meta["n_outputs"], head_type, 0.0, meta["pooling"], n_features=meta["n_features"]
     )  # fmt: skip
     load_module_weights(model.head, directory / HEAD_NAME, f"{META_NAME} and the backbone")
-    return (
-        model.to(resolve_device(device)).eval(),
-        SmilesTokenizer.load(directory / "vocab.json"),
-        meta,
-    )
+    return model.to(resolve_device(device)).eval(), pre.inputs(), meta
 
 
 def _predict_one(
@@ -344,18 +265,18 @@ def _predict_one(
         from smiexlm.serving.onnx_runtime import OnnxPredictor
 
         model = OnnxPredictor(directory)
-        tokenizer, meta = model.tokenizer, model.meta
+        inputs, meta = model.inputs, model.meta
     else:
-        model, tokenizer, meta = load_finetuned(directory)
+        model, inputs, meta = load_finetuned(directory)
     cfg = meta["config"]
-    inputs = model_inputs(smiles, cfg.get("canonicalize", True))
-    rows, _ = encode_rows(tokenizer, inputs, cfg.get("max_length", 256))
+    texts = inputs.texts(smiles, cfg.get("canonicalize", True))
+    rows, _ = inputs.rows(texts, cfg.get("max_length", 256))
     features = None
     if meta.get("feature_scaler"):
         from smiexlm.fingerprints import molecule_features
 
         scaler = FeatureScaler.from_dict(meta["feature_scaler"])
-        features = torch.from_numpy(scaler.transform(molecule_features(inputs, scaler.kind)))
+        features = torch.from_numpy(scaler.transform(molecule_features(texts, scaler.kind)))
     if backend == "onnx":
         logits = model.logits(rows, None if features is None else features.numpy(), batch_size)
     else:

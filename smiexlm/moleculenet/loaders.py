@@ -1,11 +1,13 @@
-"""Read MoleculeNet CSVs (and users' own CSVs) into a clean DataFrame.
+"""Read MoleculeNet CSVs (and users' own CSVs) into a clean :class:`MoleculeTask`.
 
-The result has a ``smiles`` column (stripped of surrounding whitespace) followed by the label
-columns as float (NaN = missing label). Molecules that RDKit cannot parse, or longer than
-:data:`~smiexlm.data.normalize.MAX_SMILES_CHARS` characters (never handed to RDKit), are
-dropped and counted, never silently: ``df.attrs`` holds ``n_invalid``, ``invalid`` (the
-first rows as ``(row, smiles)``), ``n_raw``, ``name``, ``task_type``, ``label_cols``,
-``source`` and ``sha256``.
+A task holds the SMILES (stripped of surrounding whitespace), the labels as float (NaN =
+missing label), the task type and the file's provenance. Molecules that RDKit cannot parse,
+or longer than :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS` characters (never handed to
+RDKit), are dropped and counted, never silently: ``n_invalid``, ``invalid`` (the first rows
+as ``(row, smiles)``) and ``n_raw``. This is the one place a task's SMILES are validated.
+
+``load_task``/``read_task`` give the task; ``load_dataset``/``load_csv`` give the same as a
+DataFrame (``smiles`` + label columns) for display, with the metadata in ``df.attrs``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.data.normalize import smiles_problem
-from smiexlm.data.readers import file_sha256
+from smiexlm.data.readers import file_sha256, read_table
 from smiexlm.errors import DataError
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
+from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import cache_dir, check_input_file, data_dir
 
 log = logging.getLogger(__name__)
@@ -96,15 +99,20 @@ def dataset_path(spec: DatasetSpec, allow_download: bool = True) -> Path:
     return download(spec)
 
 
-def load_dataset(name: str, allow_download: bool = True) -> pd.DataFrame:
-    """The MoleculeNet dataset ``name`` as a DataFrame: ``smiles`` + float label columns."""
+def load_task(name: str, allow_download: bool = True) -> MoleculeTask:
+    """The MoleculeNet dataset ``name`` (see :func:`~smiexlm.moleculenet.registry.get_spec`)."""
     spec = get_spec(name)
     path = dataset_path(spec, allow_download)
-    raw = pd.read_csv(path, low_memory=False)
+    raw = read_table(path, spec.smiles_col, f"dataset {spec.name!r} file", infer_types=True)
     labels = list(spec.label_cols) or [c for c in raw.columns if c != spec.smiles_col]
-    df = clean_frame(raw, spec.smiles_col, labels, spec.task_type, name=spec.name, strict=False)
-    df.attrs.update(source=str(path), sha256=_verify(spec, path), spec=spec.name)
-    return df
+    task = clean_task(raw, spec.smiles_col, labels, spec.task_type, name=spec.name, strict=False)
+    task.source, task.sha256 = str(path), _verify(spec, path)
+    return task
+
+
+def load_dataset(name: str, allow_download: bool = True) -> pd.DataFrame:
+    """The MoleculeNet dataset ``name`` as a DataFrame: ``smiles`` + float label columns."""
+    return load_task(name, allow_download).to_frame()
 
 
 def load_csv(
@@ -114,8 +122,20 @@ def load_csv(
     task_type: TaskType = "classification",
     name: str | None = None,
 ) -> pd.DataFrame:
-    """A user's CSV, checked as strictly as the built-in sets; ``name`` (default: the file
-    name without suffix) titles the results.
+    """:func:`read_task` as a DataFrame: ``smiles`` + float label columns."""
+    return read_task(path, smiles_col, label_cols, task_type, name).to_frame()
+
+
+def read_task(
+    path: Path | str,
+    smiles_col: str,
+    label_cols: Sequence[str],
+    task_type: TaskType = "classification",
+    name: str | None = None,
+) -> MoleculeTask:
+    """A user's table (CSV, TSV or Parquet, read by :func:`~smiexlm.data.readers.read_table`),
+    checked as strictly as the built-in sets; ``name`` (default: the file name without
+    suffix) titles the results.
 
     Raises DataError for a missing file or column, classification labels other than 0/1
     (``true``/``false`` in any case are read as 1/0), a classification task with no positives
@@ -125,24 +145,22 @@ def load_csv(
     path = check_input_file(path, "--data")
     if task_type not in ("classification", "regression"):
         raise DataError(f"task_type {task_type!r}: expected 'classification' or 'regression'")
-    raw = pd.read_csv(path, low_memory=False)
     if not label_cols:
         raise DataError(f"label_cols of {path.name}: expected at least one label column")
-    df = clean_frame(
-        raw, smiles_col, list(label_cols), task_type, name=name or path.stem, strict=True
-    )
-    df.attrs.update(source=str(path), sha256=file_sha256(path), spec=None)
-    return df
+    raw = read_table(path, smiles_col, "--data", infer_types=True)  # CSV, TSV or Parquet
+    task = clean_task(raw, smiles_col, list(label_cols), task_type, name=name or path.stem, strict=True)  # fmt: skip
+    task.source, task.sha256 = str(path), file_sha256(path)
+    return task
 
 
-def clean_frame(
+def clean_task(
     raw: pd.DataFrame,
     smiles_col: str,
     label_cols: list[str],
     task_type: TaskType,
     name: str,
     strict: bool,
-) -> pd.DataFrame:
+) -> MoleculeTask:
     """Select, type-check and RDKit-filter the columns of a raw CSV (see module docstring)."""
     missing = [c for c in [smiles_col, *label_cols] if c not in raw.columns]
     if missing:
@@ -165,16 +183,16 @@ def clean_frame(
                     ", ".join(f"{why}: {n}" for why, n in reasons.items()))  # fmt: skip
     if task_type == "regression":
         _check_regression(labels, valid, name)
-    df = pd.concat([smiles.rename("smiles"), labels], axis=1)[valid].reset_index(drop=True)
-    df.attrs = dict(
+    return MoleculeTask(
         name=name,
-        task_type=task_type,
+        smiles=smiles[valid].tolist(),
+        labels=labels.to_numpy(dtype=float)[valid],
         label_cols=list(label_cols),
+        task_type=task_type,
         n_raw=len(raw),
         n_invalid=len(invalid_rows),
         invalid=[(int(r), smiles.iloc[r]) for r in invalid_rows[:_MAX_LISTED_INVALID]],
     )
-    return df
 
 
 def _label_values(column: pd.Series, col: str, task_type: TaskType, name: str) -> pd.Series:

@@ -30,11 +30,11 @@ def predict_parts(
     """Predict every SMILES of ``input_path`` with the fine-tuned folder(s) ``checkpoint``
     into the folder ``out``; the same call resumes an interrupted job. ``id_cols`` (default:
     every input column but the SMILES and the predicted ones) are kept."""
+    from smiexlm.data.readers import iter_table
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.finetune import predict
     from smiexlm.parts import PartsJob, input_record, model_record, run_parts
     from smiexlm.paths import check_output
-    from smiexlm.tables import iter_table
     from smiexlm.workers import job_workers
 
     folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)

@@ -20,9 +20,10 @@ import pandas as pd
 
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.moleculenet.metrics import check_scorable, score
+from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
-from smiexlm.moleculenet.splits import SPLIT_KINDS, make_split
+from smiexlm.moleculenet.splits import SPLIT_KINDS
+from smiexlm.moleculenet.task import MoleculeTask, as_task, run_seeds
 
 
 @dataclass
@@ -59,10 +60,9 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
     from smiexlm.model.heads import ExLMForSequencePrediction
-    from smiexlm.moleculenet.finetune import encode_rows
 
     tokenizer = backbone.tokenizer(inputs)
-    rows, _ = encode_rows(tokenizer, inputs, cfg.max_length)
+    rows, _ = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
     model = ExLMForSequencePrediction(backbone.build(tokenizer, 0.0), 1, pooling=cfg.pooling)  # type: ignore[arg-type]
     model.to(resolve_device(cfg.device))
     return engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
@@ -105,47 +105,31 @@ def probe_split(x: np.ndarray, y: np.ndarray, split, task_type: str, cfg: ProbeC
 
 
 def run_probe(
-    df: pd.DataFrame,
+    data: MoleculeTask | pd.DataFrame,
     backbone=None,
     seeds: Sequence[int] = (0, 1, 2),
     cfg: ProbeConfig | None = None,
 ) -> list[RunResult]:
-    """The linear probe on ``df`` (from load_dataset/load_csv) for each seed."""
-    from smiexlm.moleculenet.finetune import Backbone, model_inputs
+    """The linear probe on a task (or a frame from load_dataset/load_csv) for each seed."""
+    from smiexlm.moleculenet.backbone import Backbone
 
     cfg = cfg or ProbeConfig()
     backbone = backbone or Backbone()
+    task = as_task(data)
     start = time.perf_counter()
-    name, task_type = df.attrs.get("name", "data"), df.attrs.get("task_type", "classification")
-    labels = df.attrs.get("label_cols") or [c for c in df.columns if c != "smiles"]
-    smiles = df["smiles"].tolist()
-    inputs = model_inputs(smiles, cfg.canonicalize)
+    inputs = backbone.model_texts(task.smiles, cfg.canonicalize)
     x = pooled_embeddings(backbone, inputs, cfg)
     if cfg.features:
         from smiexlm.fingerprints import molecule_features
 
         raw = molecule_features(inputs, cfg.features)
         x = np.hstack([x, np.where(np.isnan(raw), np.nanmedian(raw, 0), raw)])
-    y = df[labels].to_numpy(dtype=float)
-    embed_s = time.perf_counter() - start
-    results, split = [], None
-    for seed in seeds:
-        t0 = time.perf_counter()
-        if split is None or split.seed is not None:
-            split = make_split(smiles, cfg.split, seed)
-        if task_type == "classification":
-            check_scorable(y[split.test], labels, name, split.label)
-        valid, test, chosen = probe_split(x, y, split, task_type, cfg, seed)
-        scale = 100.0 if task_type == "classification" else 1.0
-        kind = "logistic" if task_type == "classification" else "ridge"
-        results.append(RunResult(
-            model=f"{backbone.name} linear probe ({kind})" + (f" + {cfg.features}" if cfg.features else ""),
-            dataset=name, seed=seed, split=split.label,
-            metric="roc_auc" if task_type == "classification" else "rmse",
-            test=test.mean * scale, valid=valid.mean * scale, sizes=split.sizes,
-            n_invalid=int(df.attrs.get("n_invalid", 0)), n_tasks_scored=test.n_scored,
-            n_tasks=len(labels), wall_s=time.perf_counter() - t0 + embed_s / len(seeds),
-            data_sha256=df.attrs.get("sha256"),
-            config=asdict(cfg) | {"backbone": backbone.name, "chosen_c": chosen},
-        ))  # fmt: skip
-    return results
+    kind = "logistic" if task.is_classification else "ridge"
+    name = f"{backbone.name} linear probe ({kind})" + (f" + {cfg.features}" if cfg.features else "")
+
+    def one_seed(split, seed: int) -> RunResult:
+        valid, test, chosen = probe_split(x, task.labels, split, task.task_type, cfg, seed)
+        config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": chosen}
+        return task.result(name, split, seed, valid.mean, test, 0.0, config)
+
+    return run_seeds(task, seeds, cfg.split, one_seed, shared_s=time.perf_counter() - start)

@@ -86,7 +86,7 @@ class EncoderGraph(nn.Module):
         expand = ((input_ids == c.bos_id) | (input_ids == c.eos_id)) & mask  # (B, T)
         counts = torch.where(expand, c.k, 1) * mask  # (B, T) positions each token takes
         ends = counts.cumsum(1)  # (B, T)
-        width = t + 2 * (c.k - 1)
+        width = c.encoder_length(t)
         p = torch.arange(width, device=input_ids.device)  # (L,)
         # Token covering expanded position p: how many tokens end at or before p.
         source = (ends[:, None, :] <= p[None, :, None]).sum(-1)  # (B, L)
@@ -158,7 +158,7 @@ class EncoderGraph(nn.Module):
 
     def width(self, t: int) -> int:
         """Encoder positions of an input of width ``t``."""
-        return t + 2 * (self.model.config.k - 1) if self.exlm else t
+        return self.model.config.encoder_length(t)
 
 
 def pool(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:

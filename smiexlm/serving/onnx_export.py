@@ -190,10 +190,10 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
         record |= {"inputs": _predictor_inputs(model.n_features), "outputs": ["logits"],
                    "pooling": meta["pooling"], "n_features": model.n_features}  # fmt: skip
     else:
-        from smiexlm.model.model import ExLMModel
+        from smiexlm.model.pretrained import load_pretrained
         from smiexlm.serving.graph import POOLING_CODES
 
-        payload = encoder_onnx(ExLMModel.from_pretrained(directory))
+        payload = encoder_onnx(load_pretrained(directory).model)
         record |= {"inputs": ENCODER_INPUTS, "outputs": ["pooled"], "pooling_codes": POOLING_CODES}
     record |= {
         "sha256": sha256_bytes(payload),

@@ -33,6 +33,7 @@ from smiexlm.serving.onnx_export import (
     read_manifest,
     sha256_bytes,
 )
+from smiexlm.tokenizer.padding import pad_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.config import ExLMConfig
@@ -102,12 +103,9 @@ def read_graph(directory: Path | str, kind: str) -> tuple[bytes, dict[str, Any]]
     return payload, record
 
 
-def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """(B, T) int64 ids padded with ``pad_id`` and (B, T) int64 mask, 1 = real token."""
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    ids = np.full((len(rows), int(lengths.max())), pad_id, dtype=np.int64)
-    mask = np.arange(ids.shape[1]) < lengths[:, None]  # (B, T)
-    ids[mask] = np.fromiter((t for r in rows for t in r), dtype=np.int64, count=int(lengths.sum()))
+def padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The graph's inputs: (B, T) int64 ids and (B, T) int64 mask, 1 = real token."""
+    ids, mask = pad_rows(rows, pad_id)
     return ids, mask.astype(np.int64)
 
 
@@ -167,7 +165,7 @@ class OnnxEncoder:
         """Pooled features (B, d) float32 of token-id rows (BOS ... EOS each)."""
         if pooling not in POOLINGS:
             raise ConfigError("pooling", pooling, f"one of {POOLINGS}")
-        ids, mask = pad_rows(rows, self.config.pad_id)
+        ids, mask = padded(rows, self.config.pad_id)
         check_rows(ids, mask, self.config)
         code = np.array(POOLING_CODES[pooling], dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": mask, "pooling": code}
@@ -179,7 +177,10 @@ class OnnxPredictor:
     and the checked graph; :meth:`logits` batches like the torch engine's ``predict``."""
 
     def __init__(self, directory: Path | str, threads: int | None = None):
+        from smiexlm.model.checkpoint import CONFIG_NAME, VOCAB_NAME
         from smiexlm.model.config import ExLMConfig
+        from smiexlm.model.inputs import ModelInputs
+        from smiexlm.model.pretrained import read_normalization
         from smiexlm.moleculenet.finetune import META_NAME
         from smiexlm.tokenizer import SmilesTokenizer
 
@@ -193,8 +194,10 @@ class OnnxPredictor:
         payload, record = read_graph(directory, "predictor")
         self.directory = directory
         self.meta = json.loads(meta_path.read_text())
-        self.config = ExLMConfig.load(directory / "config.json")
-        self.tokenizer = SmilesTokenizer.load(directory / "vocab.json")
+        self.config = ExLMConfig.load(directory / CONFIG_NAME)
+        self.tokenizer = SmilesTokenizer.load(directory / VOCAB_NAME)
+        normalization = read_normalization(directory)[0]
+        self.inputs = ModelInputs(self.tokenizer, self.config, normalization)
         self.n_features = int(record.get("n_features", 0))
         self.session = open_session(payload, threads)
 
@@ -215,7 +218,7 @@ class OnnxPredictor:
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         out = np.zeros((len(rows), int(self.meta["n_outputs"])), dtype=np.float32)
         for index in sorted_batches(lengths, batch_size, EVAL_MAX_TOKENS):
-            ids, mask = pad_rows([rows[i] for i in index], self.config.pad_id)
+            ids, mask = padded([rows[i] for i in index], self.config.pad_id)
             check_rows(ids, mask, self.config)
             feeds = {"input_ids": ids, "attention_mask": mask}
             if features is not None:

@@ -25,6 +25,7 @@ from smiexlm.data.pipeline import FORMAT
 from smiexlm.data.readers import file_sha256
 from smiexlm.data.shards import atomic_write_json, write_shard
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.paths import VOCAB_NAME
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID
 
 Frame = Literal["bos", "bos_eos"]
@@ -174,7 +175,7 @@ def build_text_dataset(
             "shards": shards,
         }
         sources += [{"path": str(p), "role": split, "sha256": file_sha256(Path(p))} for p in inputs]
-    tokenizer.save(out / "vocab.json")
+    tokenizer.save(out / VOCAB_NAME)
     manifest = {
         "format": FORMAT,
         "dtype": "uint16",

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from smiexlm.errors import DataError, InvalidSmilesError
-from smiexlm.paths import ASSETS_DIR, read_json_file, write_text_atomic
+from smiexlm.paths import ASSETS_DIR, VOCAB_NAME, read_json_file, write_text_atomic
 from smiexlm.tokenizer.fast import ChunkEncoder, EncodedChunk
+from smiexlm.tokenizer.padding import pad_flat
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +45,7 @@ _PATTERN = re.compile(SMILES_REGEX)
 
 VOCAB_FORMAT = "smiexlm-vocab/1"
 _CHUNK = 2048  # SMILES per call of the vectorised encoder
-DEFAULT_VOCAB_PATH = ASSETS_DIR / "vocab.json"
+DEFAULT_VOCAB_PATH = ASSETS_DIR / VOCAB_NAME
 
 Truncation = Literal["error", "truncate"]
 
@@ -306,10 +307,8 @@ class SmilesTokenizer:
             raise DataError(f"truncation={truncation!r}: expected 'error' or 'truncate'")
         unk_before = self.n_unk
         flat, lengths = self._encode_flat(smiles)
-        width = int(lengths.max()) if len(lengths) else 0
-        mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T) True = real token
-        ids = np.zeros((len(lengths), width), dtype=np.int64)
-        ids[mask] = flat
+        ids, mask = pad_flat(flat, lengths)
+        width = ids.shape[1]
         n_truncated = 0
         if max_length is not None and width > max_length:
             long_rows = np.flatnonzero(lengths > max_length)

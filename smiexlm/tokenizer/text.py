@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Literal
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import read_json_file, write_text_atomic
+from smiexlm.paths import VOCAB_NAME, read_json_file, write_text_atomic
+from smiexlm.tokenizer.padding import pad_rows
 from smiexlm.tokenizer.smiles import BatchEncoding, Truncation
 from smiexlm.tokenizer.special import (
     BOS_ID,
@@ -204,7 +205,7 @@ class TextTokenizer:
         """Write the tokenizer as one JSON file (a directory gets ``vocab.json``)."""
         path = Path(path)
         if path.is_dir():
-            path = path / "vocab.json"
+            path = path / VOCAB_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = {
             "format": TEXT_VOCAB_FORMAT,
@@ -358,7 +359,7 @@ class TextTokenizer:
                     rows[i] = [*row[: max_length - 1], EOS_ID]
                     n_truncated += 1
         self.n_truncated += n_truncated
-        return pad_rows(rows, n_truncated, self.n_unk - unk_before, return_tensors)
+        return _batch_encoding(rows, n_truncated, self.n_unk - unk_before, return_tensors)
 
     def encode_pair_batch(
         self,
@@ -376,24 +377,16 @@ class TextTokenizer:
             self.encode_pair(a, b, max_length=max_length, truncation=truncation)
             for a, b in zip(texts_a, texts_b, strict=True)
         ]
-        return pad_rows(
+        return _batch_encoding(
             rows, self.n_truncated - trunc_before, self.n_unk - unk_before, return_tensors
         )
 
 
-def pad_rows(
+def _batch_encoding(
     rows: list[list[int]], n_truncated: int, n_unk: int, return_tensors: str = "pt"
 ) -> BatchEncoding:
     """Right-pad id rows with PAD = 0 into a :class:`BatchEncoding`."""
-    import numpy as np
-
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    width = int(lengths.max()) if len(rows) else 0
-    mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T) True = real token
-    ids = np.full((len(rows), width), PAD_ID, dtype=np.int64)
-    ids[mask] = np.fromiter(
-        (i for row in rows for i in row), dtype=np.int64, count=int(lengths.sum())
-    )
+    ids, mask = pad_rows(rows, PAD_ID)
     if return_tensors == "np":
         return BatchEncoding(ids, mask, n_truncated, n_unk)
     import torch

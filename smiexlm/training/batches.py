@@ -27,6 +27,7 @@ from smiexlm.data.shards import TokenDataset, read_manifest
 from smiexlm.descriptor_stats import DescriptorStats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.masking import mask_tokens
+from smiexlm.paths import VOCAB_NAME
 from smiexlm.tokenizer import Tokenizer, load_tokenizer
 from smiexlm.tokenizer.special import IGNORE_INDEX
 from smiexlm.training.config import TrainConfig
@@ -97,10 +98,10 @@ def open_dataset(data_dir: Path, descriptors: bool = False) -> TrainingData:
             f"dataset folder {str(data_dir)!r} has no manifest.json: expected a folder built by "
             "the corpus pipeline"
         )
-    if not (data_dir / "vocab.json").is_file():
+    if not (data_dir / VOCAB_NAME).is_file():
         raise DataError(f"dataset folder {str(data_dir)!r} has no vocab.json")
     manifest = read_manifest(data_dir)
-    tokenizer = load_tokenizer(data_dir / "vocab.json")  # SMILES or text vocabulary
+    tokenizer = load_tokenizer(data_dir / VOCAB_NAME)  # SMILES or text vocabulary
     vocab_hash = manifest.get("vocab_hash") or tokenizer.vocab_hash
     if vocab_hash != tokenizer.vocab_hash:
         raise VocabularyMismatchError(

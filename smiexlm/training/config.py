@@ -208,6 +208,14 @@ def shipped_configs() -> dict[str, Path]:
     }
 
 
+def describe_shipped_configs() -> list[str]:
+    """One line per shipped config: its name and the first line of its own description."""
+    return [
+        f"{name:18s} {path.read_text().splitlines()[1].lstrip('# ')}"
+        for name, path in sorted(shipped_configs().items())
+    ]
+
+
 def resolve_config_path(name_or_path: str | Path) -> Path:
     """A config file path, or the path of a shipped config named without a path."""
     path = Path(name_or_path)

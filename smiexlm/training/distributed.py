@@ -1,5 +1,5 @@
-"""Distributed data parallel training: under ``torchrun``, or started by ``smiexlm pretrain``
-itself on the cores of one machine (:func:`launch_local`).
+"""Distributed data parallel training: under ``torchrun``, or started by a pretraining job
+itself on the cores of one machine (:func:`launch_local`, :mod:`smiexlm.training.launch`).
 
 ``torchrun`` (or :func:`launch_local`) sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT``; without them the run is a single process. The process group uses NCCL on
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,10 +145,12 @@ def local_processes(requested: int | None, update_freq: int, cores: int) -> int:
     return max(n for n in range(1, limit + 1) if update_freq % n == 0)
 
 
-def run_on_free_cores(config, requested: int | None, argv: list[str], run_dir: Path) -> int | None:
-    """Run ``smiexlm ARGV`` (a CPU run of ``config``) as N processes when N > 1 fit (see
-    :func:`local_processes`), holding ``run_dir``'s lock, and return their exit code; None
-    when this process should train alone (a GPU run, or one process)."""
+def run_on_free_cores(
+    config, requested: int | None, worker: Callable[[int], list[str]], run_dir: Path
+) -> int | None:
+    """Run a CPU run of ``config`` as N processes when N > 1 fit (see :func:`local_processes`),
+    holding ``run_dir``'s lock, and return their exit code; None when this process should
+    train alone (a GPU run, or one process). ``worker(update_freq)`` is a worker's command."""
     from smiexlm.device import resolve_device
     from smiexlm.training.runlock import RunLock
 
@@ -159,7 +162,7 @@ def run_on_free_cores(config, requested: int | None, argv: list[str], run_dir: P
         return None
     threads = config.num_threads or max(1, cores // n)
     with RunLock(run_dir):
-        return launch_local(n, [*argv, f"update_freq={config.update_freq // n}"], threads)
+        return launch_local(n, worker(config.update_freq // n), threads)
 
 
 def _free_port() -> int:
@@ -168,9 +171,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_local(n_processes: int, argv: list[str], threads: int) -> int:
-    """Run ``smiexlm ARGV`` as ``n_processes`` DDP processes (gloo) with ``threads`` threads
-    each, and return the first non-zero exit code (0 when all succeed).
+def launch_local(n_processes: int, command: list[str], threads: int) -> int:
+    """Run ``command`` as ``n_processes`` DDP processes (gloo) with ``threads`` threads each,
+    and return the first non-zero exit code (0 when all succeed).
 
     Rank 0 prints as a single process would; the other ranks' output is discarded, except
     their errors. SIGINT and SIGTERM reach every process, which checkpoint and stop together;
@@ -186,8 +189,7 @@ def launch_local(n_processes: int, argv: list[str], threads: int) -> int:
             **{LAUNCHED_ENV: "1", LAUNCHER_PID_ENV: str(os.getpid())},
         )  # fmt: skip
         out = None if rank == 0 else subprocess.DEVNULL
-        cmd = [sys.executable, "-m", "smiexlm.cli.main", *argv]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=out))
+        procs.append(subprocess.Popen(command, env=env, stdout=out))
     try:
         return _wait_all(procs)
     except (KeyboardInterrupt, SystemExit):  # a terminal's Ctrl-C reached them too, SIGTERM not

@@ -9,18 +9,16 @@ final train/valid losses and the exact command.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
-from smiexlm.model.model import ExLMModel
+from smiexlm.model.checkpoint import CARD_NAME, NORMALIZATION_NAME
+from smiexlm.model.pretrained import DEFAULT_NORMALIZATION, load_pretrained, write_normalization
 from smiexlm.paths import atomic_dir, read_json_file
-from smiexlm.tokenizer import load_tokenizer
-
-CARD_NAME = "MODEL_CARD.md"
-NORMALIZATION_NAME = "normalization.json"
 
 
 @dataclass
@@ -91,20 +89,20 @@ def export_run(
             f"--out {str(out_dir)!r} is a folder with other files in it: expected a new folder "
             "or a model folder written by an earlier export (which is replaced)"
         )
-    model = ExLMModel.from_pretrained(source)
-    tokenizer = load_tokenizer(source / "vocab.json")
+    pre = load_pretrained(source)
     manifest = _read_manifest(dataset)
-    normalization = {
-        "canonicalize": bool(manifest.get("config", {}).get("canonicalize", True)),
-        "strip_salts": bool(manifest.get("config", {}).get("strip_salts", False)),
-    }
+    normalization = dataclasses.replace(
+        DEFAULT_NORMALIZATION,
+        canonicalize=bool(manifest.get("config", {}).get("canonicalize", True)),
+        strip_salts=bool(manifest.get("config", {}).get("strip_salts", False)),
+    )
     summary = summarise_run(run_dir, source)
     _, train_config = read_json_file(source / "train_config.json", "training config")
-    card = _card(model, summary, manifest, normalization, train_config, command, fp16)
+    card = _card(pre.model, summary, manifest, normalization, train_config, command, fp16)
     # The folder appears complete or not at all: written under a temporary name, renamed.
     with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp, tokenizer=tokenizer, dtype=torch.float16 if fp16 else None)
-        (tmp / NORMALIZATION_NAME).write_text(json.dumps(normalization, indent=1) + "\n")
+        pre.model.save_pretrained(tmp, tokenizer=pre.tokenizer, dtype=torch.float16 if fp16 else None)  # fmt: skip
+        write_normalization(tmp, normalization)
         (tmp / CARD_NAME).write_text(card)
     return out_dir / CARD_NAME
 
@@ -163,7 +161,7 @@ def _card(model, s: RunSummary, manifest, normalization, train_config, command, 
 - molecules: {count("train", "molecules")} train / {count("valid", "molecules")} valid, {count("train", "tokens")} train tokens
 - sources:
 {sources or "  - (dataset manifest not given)"}
-- normalisation: RDKit canonical SMILES {"on" if normalization["canonicalize"] else "off"} (stereo kept), salt stripping {"on" if normalization["strip_salts"] else "off"}. The featurizer applies the same (`{NORMALIZATION_NAME}`).
+- normalisation: RDKit canonical SMILES {"on" if normalization.canonicalize else "off"} (stereo kept), salt stripping {"on" if normalization.strip_salts else "off"}. The featurizer applies the same (`{NORMALIZATION_NAME}`).
 
 ## Command
 

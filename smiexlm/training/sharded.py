@@ -32,7 +32,7 @@ import torch
 
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.shards import MIB, index_name, is_sharded, load_sharded, save_sharded
-from smiexlm.paths import read_json_file, write_text_atomic
+from smiexlm.paths import VOCAB_NAME, read_json_file, write_text_atomic
 from smiexlm.training import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 SHARDED_FILE = "sharded.json"
 FORMAT = "smiexlm-sharded-checkpoint/1"
 OPTIMIZER_STEM = "optimizer"
-_COPIED = (ckpt.STATE_FILE, ckpt.CONFIG_FILE, ckpt.RNG_FILE, "config.json", "vocab.json")
+_COPIED = (ckpt.STATE_FILE, ckpt.CONFIG_FILE, ckpt.RNG_FILE, "config.json", VOCAB_NAME)
 
 
 @dataclass
@@ -77,7 +77,7 @@ def export_sharded(
     keeps the default, the training dtype). When weights and optimizer state together exceed
     ``max_total_mib``, the optimizer state is left behind (see :func:`restore_sharded`)."""
     source, out = Path(checkpoint), Path(out)
-    for name in ("model.safetensors", ckpt.STATE_FILE, "config.json", "vocab.json"):
+    for name in ("model.safetensors", ckpt.STATE_FILE, "config.json", VOCAB_NAME):
         if not (source / name).is_file():
             raise DataError(f"checkpoint {str(source)!r} has no {name}: expected a step_* folder")
     weights = ckpt.load_tensors(source / "model.safetensors")
@@ -138,7 +138,7 @@ def restore_sharded(
     from smiexlm.training.optim import build_optimizer
 
     sharded, run_dir = Path(sharded), Path(run_dir)
-    for name in (ckpt.STATE_FILE, ckpt.CONFIG_FILE, "config.json", "vocab.json"):
+    for name in (ckpt.STATE_FILE, ckpt.CONFIG_FILE, "config.json", VOCAB_NAME):
         if not (sharded / name).is_file():
             raise DataError(f"sharded checkpoint {str(sharded)!r} has no {name}")
     if not is_sharded(sharded):
@@ -181,7 +181,7 @@ def restore_sharded(
         state,
         payload.get("schedule", {}),
         train_doc,
-        load_tokenizer(sharded / "vocab.json"),
+        load_tokenizer(sharded / VOCAB_NAME),
     )
     return RestoreReport(folder, state.step, how)
 

@@ -20,43 +20,34 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
-import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from smiexlm.device import autocast
-from smiexlm.errors import ConfigError, DataError
+from smiexlm.errors import ConfigError
 from smiexlm.model.model import ExLMModel
 from smiexlm.training import checkpoint as ckpt
 from smiexlm.training import distributed as dist_utils
-from smiexlm.training.batches import (
-    MaskingCollator,
-    check_vocabulary,
-    epoch_batches,
-    make_loader,
-    mix_seed,
-    model_inputs,
-    open_dataset,
-)
+from smiexlm.training.batches import check_vocabulary, mix_seed, model_inputs, open_dataset
 from smiexlm.training.config import TrainConfig
+from smiexlm.training.guards import StopRequest, is_oom, oom_error
 from smiexlm.training.optim import build_optimizer, build_schedule, clip_gradients, set_lr
+from smiexlm.training.reporting import METRICS_FILE, MetricsLog, Window, progress_bar, say
 from smiexlm.training.resume import cut_metrics, start_state
 from smiexlm.training.runlock import RunLock
+from smiexlm.training.stream import TrainStream, validation_loader
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 RESOLVED_CONFIG = "config.resolved.toml"
+__all__ = ["METRICS_FILE", "RESOLVED_CONFIG", "TrainResult", "pretrain"]
 
 
 @dataclass
@@ -77,50 +68,7 @@ class TrainResult:
     model: Any = field(default=None, repr=False)  # the trained ExLMModel (this process's copy)
 
 
-# ----------------------------------------------------------------------- helpers
-class _StopRequest:
-    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and leaves at the step's end."""
-
-    def __init__(self):
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):  # signals only reach the main thread
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.signal_name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C leaves at once
-        self.signal_name = signal.Signals(signum).name
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def _is_oom(error: BaseException) -> bool:
-    if isinstance(error, torch.cuda.OutOfMemoryError):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and (
-        "out of memory" in text or "can't allocate memory" in text
-    )
-
-
-def _oom_error(config: TrainConfig, shape: tuple[int, ...], device: torch.device) -> ConfigError:
-    return ConfigError(
-        "max_tokens",
-        config.max_tokens,
-        f"a smaller token budget: a micro-batch of shape {shape} ran out of memory on {device}; "
-        f"try max_tokens={max(64, config.max_tokens // 2)} (raise update_freq to keep the "
-        "global batch)",
-    )
-
-
-# ----------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------- the run
 def pretrain(
     config: TrainConfig,
     data_dir: Path,
@@ -152,45 +100,50 @@ def pretrain(
     try:
         if lock is not None:
             lock.acquire()
-        data = open_dataset(data_dir, descriptors=config.model.config.uses_descriptors)
-        check_vocabulary(config, data)
-        model_config = config.model_config(
-            vocab_size=data.tokenizer.vocab_size, vocab_hash=data.vocab_hash,
-            n_descriptors=data.n_descriptors,
-        )  # fmt: skip
-        if not resume and ckpt.latest_checkpoint(out_dir) is not None:
-            raise ConfigError(
-                "out", str(out_dir), "a run folder without checkpoints, or --resume to continue it"
-            )
-        torch.manual_seed(config.seed)  # identical initial weights on every process
-        model = ExLMModel(model_config).to(device)
-        model.descriptor_stats = data.descriptor_stats  # saved with every checkpoint
-        optimizer = build_optimizer(model, config)
-        schedule = build_schedule(config)
-        start, state = start_state(
-            out_dir, data_dir, data.vocab_hash, model, optimizer, resume, skip_bad_checkpoints
-        )
-        if resume and start is None and info.is_main:
-            logger.warning("--resume: no checkpoint in %s, starting from scratch", out_dir)
-        if info.is_main:  # each step logged once: none after the one training goes on from
-            cut_metrics(out_dir / METRICS_FILE, state.step)
-        if start is not None and state.step >= config.max_steps:
-            return _finished(out_dir, start, state, model)
-        trainer = _Loop(config, data, model, optimizer, schedule, state, info, device, out_dir)
-        if info.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            config.save(out_dir / RESOLVED_CONFIG)
-            trainer.say(
-                f"{model_config.objective} model, {model.num_parameters():,} parameters, "
-                f"{len(data.train):,} training sequences, device {device}, "
-                f"{info.world_size} process(es)"
-                + (f"; resumed from {start.name}" if start is not None else "")
-            )
-        return trainer.run()
+        return _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device)
     finally:
         if lock is not None:
             lock.release()
         dist_utils.shutdown()
+
+
+def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device) -> TrainResult:
+    """Open the dataset, build the model and optimiser, restore a checkpoint, run the loop."""
+    data = open_dataset(data_dir, descriptors=config.model.config.uses_descriptors)
+    check_vocabulary(config, data)
+    model_config = config.model_config(
+        vocab_size=data.tokenizer.vocab_size, vocab_hash=data.vocab_hash,
+        n_descriptors=data.n_descriptors,
+    )  # fmt: skip
+    if not resume and ckpt.latest_checkpoint(out_dir) is not None:
+        raise ConfigError(
+            "out", str(out_dir), "a run folder without checkpoints, or --resume to continue it"
+        )
+    torch.manual_seed(config.seed)  # identical initial weights on every process
+    model = ExLMModel(model_config).to(device)
+    model.descriptor_stats = data.descriptor_stats  # saved with every checkpoint
+    optimizer = build_optimizer(model, config)
+    schedule = build_schedule(config)
+    start, state = start_state(
+        out_dir, data_dir, data.vocab_hash, model, optimizer, resume, skip_bad_checkpoints
+    )
+    if resume and start is None and info.is_main:
+        logger.warning("--resume: no checkpoint in %s, starting from scratch", out_dir)
+    if info.is_main:  # each step logged once: none after the one training goes on from
+        cut_metrics(out_dir / METRICS_FILE, state.step)
+    if start is not None and state.step >= config.max_steps:
+        return _finished(out_dir, start, state, model)
+    trainer = _Loop(config, data, model, optimizer, schedule, state, info, device, out_dir)
+    if info.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        config.save(out_dir / RESOLVED_CONFIG)
+        trainer.say(
+            f"{model_config.objective} model, {model.num_parameters():,} parameters, "
+            f"{len(data.train):,} training sequences, device {device}, "
+            f"{info.world_size} process(es)"
+            + (f"; resumed from {start.name}" if start is not None else "")
+        )
+    return trainer.run()
 
 
 def _finished(out_dir: Path, start: Path, state: ckpt.TrainerState, model) -> TrainResult:
@@ -203,111 +156,41 @@ def _finished(out_dir: Path, start: Path, state: ckpt.TrainerState, model) -> Tr
     )  # fmt: skip
 
 
+# ----------------------------------------------------------------------- the loop
 class _Loop:
+    """The training loop of one process. :meth:`run` repeats named steps until ``max_steps``
+    or a stop request: :meth:`_advance` (one optimiser update over its micro-batches),
+    :meth:`_report` (a metrics record, with :meth:`validate` when due), :meth:`_track_best`,
+    :meth:`save`, and :meth:`_finish`."""
+
     def __init__(self, config, data, model, optimizer, schedule, state, info, device, out_dir):
         self.config, self.data, self.optimizer, self.schedule = config, data, optimizer, schedule
         self.state, self.info, self.device, self.out_dir = state, info, device, out_dir
         self.raw_model = model
         self.model = dist_utils.wrap(model, info, device)
-        self.per_step = info.world_size * config.update_freq
-        limit = model.config.max_positions
-        self.too_long = int((data.train_lengths > limit).sum())
-        self.train_lengths = np.where(data.train_lengths > limit, 0, data.train_lengths)
+        self.train_stream = TrainStream(config, data, model.config, info)
         self.last_valid: float | None = None
         self.last_valid_desc: float | None = None  # descriptor loss, models with that head
-        self.writer = self._tensorboard() if info.is_main else None
+        self.metrics = MetricsLog(out_dir, info.is_main, config.tensorboard)
+        # set by run() and its steps
+        self.last_loss: float | None = None
+        self.last_saved: Path | None = None
+        self.grad_norm = 0.0
+        self.started = 0.0
+        self.window = Window(0.0)
 
-    # -------------------------------------------------------------- reporting
     def say(self, message: str) -> None:
-        if self.info.is_main:
-            from tqdm.auto import tqdm
-
-            tqdm.write(message, file=sys.stderr)
-
-    def _tensorboard(self):
-        if not self.config.tensorboard:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as error:
-            raise ConfigError(
-                "tensorboard",
-                True,
-                "false, or install the extra: pip install 'smiexlm[tensorboard]'",
-            ) from error
-        return SummaryWriter(str(self.out_dir / "tensorboard"))
-
-    def _log(self, record: dict[str, Any]) -> None:
-        if not self.info.is_main:
-            return
-        with open(self.out_dir / METRICS_FILE, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, record["step"])
-
-    # -------------------------------------------------------------- batches
-    def _epoch_plan(self, epoch: int) -> list[list[int]]:
-        batches = epoch_batches(
-            self.train_lengths, self.config.max_tokens, self.config.seed, epoch, shuffle=True
-        )
-        if self.too_long:  # sequences over max_positions have length 0 here: leave them out
-            batches = [[i for i in b if self.train_lengths[i] > 0] for b in batches]
-            batches = [b for b in batches if b]
-        usable = dist_utils.shard_batches(
-            len(batches), self.info.world_size, self.config.update_freq
-        )
-        if usable == 0:
-            raise DataError(
-                f"the training split yields {len(batches)} micro-batches per epoch at "
-                f"max_tokens={self.config.max_tokens}, fewer than one optimiser step needs "
-                f"({self.per_step}); lower max_tokens or update_freq"
-            )
-        return batches[:usable]
-
-    def _micro_batches(self):
-        """Yield (epoch, next position, tensors) for this process, forever, from the state."""
-        epoch, position = self.state.epoch, self.state.batch_in_epoch
-        collator_model = self.raw_model.config
-        while True:
-            plan = self._epoch_plan(epoch)
-            if position >= len(plan):
-                epoch, position = epoch + 1, 0
-                continue
-            mine = [
-                (g, plan[g])
-                for g in range(position, len(plan))
-                if (g % self.per_step) % self.info.world_size == self.info.rank
-            ]
-            collator = MaskingCollator(collator_model, self.config.seed, epoch)
-            loader = make_loader(self.data.train, mine, collator, self.config.num_workers)
-            for n, batch in enumerate(loader, start=1):
-                done = position + (n // self.config.update_freq) * self.per_step
-                yield epoch, done, batch
-            epoch, position = epoch + 1, 0
+        say(message, self.info.is_main)
 
     # -------------------------------------------------------------- validation
     @torch.no_grad()
     def validate(self) -> float | None:
         if self.data.valid is None:
             return None
-        limit = self.raw_model.config.max_positions
-        lengths = np.where(self.data.valid_lengths > limit, 0, self.data.valid_lengths)
-        # A fixed random sample of batches (shuffled once with the run's seed): every
-        # evaluation scores the same molecules, of all lengths.
-        plan = [
-            [i for i in b if lengths[i] > 0]
-            for b in epoch_batches(lengths, self.config.max_tokens, self.config.seed, 0, True)
-        ]
-        plan = [b for b in plan if b]
-        if self.config.valid_batches:
-            plan = plan[: self.config.valid_batches]
-        mine = [(g, b) for g, b in enumerate(plan) if g % self.info.world_size == self.info.rank]
-        collator = MaskingCollator(self.raw_model.config, self.config.seed, -1)
         self.raw_model.eval()
         total, weight, desc, n_desc = 0.0, 0.0, 0.0, 0.0
-        for batch in make_loader(self.data.valid, mine, collator, 0):
+        loader = validation_loader(self.config, self.data, self.raw_model.config, self.info)
+        for batch in loader:
             with autocast(self.device, self.config.precision):
                 out = self.raw_model(**model_inputs(batch, self.device))
             lm_loss = out.loss if out.lm_loss is None else out.lm_loss  # the LM part only
@@ -344,6 +227,22 @@ class _Loop:
         return folder
 
     # -------------------------------------------------------------- one step
+    def _backward(self, batch, last: bool):
+        """Forward and backward of one micro-batch (gradients synchronised on the ``last``)."""
+        sync = (
+            self.model.no_sync() if (self.info.enabled and not last) else contextlib.nullcontext()
+        )
+        try:
+            with sync:
+                with autocast(self.device, self.config.precision):
+                    out = self.model(**model_inputs(batch, self.device))
+                (out.loss / self.config.update_freq).backward()
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+            if is_oom(error):
+                raise oom_error(self.config, tuple(batch[0].shape), self.device) from error
+            raise
+        return out
+
     def _step(self, batches) -> tuple[float, int, int, float, float]:
         """Forward/backward over this process's micro-batches, then one update. Returns the
         summed LM losses, invalid sequences, tokens, summed descriptor losses, grad norm."""
@@ -351,26 +250,11 @@ class _Loop:
         torch.manual_seed(mix_seed(config.seed, state.step, self.info.rank, 11))  # dropout
         loss_sum, n_invalid, tokens, desc_sum = 0.0, 0, 0, 0.0
         for micro, batch in enumerate(batches):
-            masked, mask = batch[0], batch[1]
-            last = micro == len(batches) - 1
-            sync = (
-                self.model.no_sync()
-                if (self.info.enabled and not last)
-                else contextlib.nullcontext()
-            )
-            try:
-                with sync:
-                    with autocast(self.device, config.precision):
-                        out = self.model(**model_inputs(batch, self.device))
-                    (out.loss / config.update_freq).backward()
-            except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-                if _is_oom(error):
-                    raise _oom_error(config, tuple(masked.shape), self.device) from error
-                raise
+            out = self._backward(batch, last=micro == len(batches) - 1)
             loss_sum += float((out.loss if out.lm_loss is None else out.lm_loss).detach())
             desc_sum += 0.0 if out.desc_loss is None else float(out.desc_loss.detach())
             n_invalid += out.n_invalid
-            tokens += int(mask.sum())
+            tokens += int(batch[1].sum())
         lr = self.schedule.lr_at(state.step)
         set_lr(self.optimizer, lr)
         grad_norm = clip_gradients(self.raw_model.parameters(), config.clip_norm)
@@ -378,118 +262,117 @@ class _Loop:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, n_invalid, tokens, desc_sum, grad_norm
 
-    def run(self) -> TrainResult:
-        from tqdm.auto import tqdm
+    def _advance(self, stream, stop: StopRequest) -> float:
+        """One optimiser step on the next ``update_freq`` micro-batches; its sums over all
+        processes go into the window. Returns the number of processes asked to stop."""
+        state = self.state
+        batches = []
+        for _ in range(self.config.update_freq):
+            epoch, position, batch = next(stream)
+            batches.append(batch)
+        loss_sum, n_invalid, tokens, desc_sum, self.grad_norm = self._step(batches)
+        state.step += 1
+        state.epoch, state.batch_in_epoch = epoch, position
+        stats = [loss_sum, len(batches), tokens, n_invalid, 1.0 if stop.signal_name else 0.0,
+                 desc_sum]  # fmt: skip
+        loss_sum, n_micro, tokens, n_invalid, stopping, desc_sum = dist_utils.all_reduce_sum(
+            stats, self.device, self.info
+        )
+        state.tokens_seen += int(tokens)
+        self.last_loss = loss_sum / n_micro
+        if not math.isfinite(self.last_loss):
+            self.say(f"step {state.step}: loss is {self.last_loss}")
+        self.window.add(loss_sum, n_micro, tokens, n_invalid, desc_sum)
+        return stopping
 
-        config, state, info = self.config, self.state, self.info
-        if self.too_long:
+    # -------------------------------------------------------------- after a step
+    def _due(self, every: int) -> bool:
+        return self.state.step % every == 0 or self.state.step == self.config.max_steps
+
+    def _report(self, validate: bool, bar) -> None:
+        """Log the window's record (with a validation when ``validate``), start a new one."""
+        now = time.perf_counter()
+        w, state = self.window, self.state
+        record = {
+            "step": state.step,
+            "loss": w.loss / max(w.micro, 1),
+            "lr": self.schedule.lr_at(state.step - 1),
+            "grad_norm": self.grad_norm,
+            "tokens_per_s": w.tokens / max(now - w.t0, 1e-9),
+            "tokens_seen": state.tokens_seen,
+            "epoch": state.epoch,
+            "elapsed_s": now - self.started,
+        }
+        if self.raw_model.config.objective == "exlm":
+            record["n_invalid"] = int(w.invalid)
+        if self.raw_model.descriptor_head is not None:
+            record["desc_loss"] = w.desc / max(w.micro, 1)
+        if validate:
+            self.last_valid = self.validate()
+            if self.last_valid is not None:
+                record["valid_loss"] = self.last_valid
+            if self.last_valid_desc is not None:
+                record["valid_desc_loss"] = self.last_valid_desc
+        self.metrics.log(record)
+        bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        self.window = Window(now)
+
+    def _track_best(self, validated: bool) -> bool:
+        """Whether the validation just run is the best so far (then recorded in the state)."""
+        state = self.state
+        new_best = (
+            validated
+            and self.last_valid is not None
+            and (state.best_valid_loss is None or self.last_valid < state.best_valid_loss)
+        )
+        if new_best:
+            state.best_valid_loss, state.best_step = self.last_valid, state.step
+        return new_best
+
+    # -------------------------------------------------------------- the run
+    def run(self) -> TrainResult:
+        config, state = self.config, self.state
+        if self.train_stream.too_long:
             self.say(
-                f"{self.too_long} training sequences are longer than max_positions="
+                f"{self.train_stream.too_long} training sequences are longer than max_positions="
                 f"{self.raw_model.config.max_positions} and are left out"
             )
         self.raw_model.train()
-        stream = self._micro_batches()
-        bar = tqdm(
-            total=config.max_steps,
-            initial=state.step,
-            disable=not (info.is_main and config.progress),
-            dynamic_ncols=True,
-            unit="step",
-            file=sys.stderr,
-        )
-        started = time.perf_counter()
-        window = {"loss": 0.0, "micro": 0, "tokens": 0, "invalid": 0, "t0": started}
-        last_loss = None
-        last_saved: Path | None = None
+        stream = self.train_stream.batches(state.epoch, state.batch_in_epoch)
+        bar = progress_bar(config.max_steps, state.step, self.info.is_main and config.progress)
+        self.started = time.perf_counter()
+        self.window = Window(self.started)
         interrupted = None
-        with _StopRequest() as stop:
+        with StopRequest() as stop:
             while state.step < config.max_steps:
-                batches = []
-                for _ in range(config.update_freq):
-                    epoch, position, batch = next(stream)
-                    batches.append(batch)
-                loss_sum, n_invalid, tokens, desc_sum, grad_norm = self._step(batches)
-                state.step += 1
-                state.epoch, state.batch_in_epoch = epoch, position
-                stats = [
-                    loss_sum,
-                    len(batches),
-                    tokens,
-                    n_invalid,
-                    1.0 if stop.signal_name else 0.0,
-                    desc_sum,
-                ]
-                loss_sum, n_micro, tokens, n_invalid, stopping, desc_sum = (
-                    dist_utils.all_reduce_sum(stats, self.device, info)
-                )
-                state.tokens_seen += int(tokens)
-                last_loss = loss_sum / n_micro
-                if not math.isfinite(last_loss):
-                    self.say(f"step {state.step}: loss is {last_loss}")
-                window["loss"] += loss_sum
-                window["micro"] += n_micro
-                window["tokens"] += tokens
-                window["invalid"] += n_invalid
-                window["desc"] = window.get("desc", 0.0) + desc_sum
-                validate_now = (
-                    state.step % config.valid_every == 0 or state.step == config.max_steps
-                )
+                stopping = self._advance(stream, stop)
+                validate_now = self._due(config.valid_every)
                 if state.step % config.log_every == 0 or validate_now or stopping:
-                    now = time.perf_counter()
-                    record = {
-                        "step": state.step,
-                        "loss": window["loss"] / max(window["micro"], 1),
-                        "lr": self.schedule.lr_at(state.step - 1),
-                        "grad_norm": grad_norm,
-                        "tokens_per_s": window["tokens"] / max(now - window["t0"], 1e-9),
-                        "tokens_seen": state.tokens_seen,
-                        "epoch": state.epoch,
-                        "elapsed_s": now - started,
-                    }
-                    if self.raw_model.config.objective == "exlm":
-                        record["n_invalid"] = int(window["invalid"])
-                    if self.raw_model.descriptor_head is not None:
-                        record["desc_loss"] = window["desc"] / max(window["micro"], 1)
-                    if validate_now:
-                        self.last_valid = self.validate()
-                        if self.last_valid is not None:
-                            record["valid_loss"] = self.last_valid
-                        if self.last_valid_desc is not None:
-                            record["valid_desc_loss"] = self.last_valid_desc
-                    self._log(record)
-                    bar.set_postfix(
-                        loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}"
-                    )
-                    window = {"loss": 0.0, "micro": 0, "tokens": 0, "invalid": 0, "t0": now}
+                    self._report(validate_now, bar)
                 bar.update(1)
-                new_best = (
-                    validate_now
-                    and self.last_valid is not None
-                    and (state.best_valid_loss is None or self.last_valid < state.best_valid_loss)
-                )
-                if new_best:
-                    state.best_valid_loss, state.best_step = self.last_valid, state.step
-                save_now = state.step % config.save_every == 0 or state.step == config.max_steps
-                if save_now or stopping or new_best:
-                    last_saved = self.save(best=new_best)
+                new_best = self._track_best(validate_now)
+                if self._due(config.save_every) or stopping or new_best:
+                    self.last_saved = self.save(best=new_best)
                 if stopping:
                     interrupted = stop.signal_name or "SIGTERM"
                     self.say(f"{interrupted}: checkpoint saved at step {state.step}; stopping")
                     break
         bar.close()
-        if self.writer is not None:
-            self.writer.close()
-        root = self.out_dir / "checkpoints"
+        return self._finish(interrupted)
+
+    def _finish(self, interrupted: str | None) -> TrainResult:
+        self.metrics.close()
+        best = self.out_dir / "checkpoints" / "best"
         return TrainResult(
             run_dir=self.out_dir,
-            step=state.step,
-            tokens_seen=state.tokens_seen,
-            last_loss=last_loss,
+            step=self.state.step,
+            tokens_seen=self.state.tokens_seen,
+            last_loss=self.last_loss,
             last_valid_loss=self.last_valid,
-            best_valid_loss=state.best_valid_loss,
-            last_checkpoint=last_saved,
-            best_checkpoint=(root / "best") if (root / "best").is_dir() else None,
+            best_valid_loss=self.state.best_valid_loss,
+            last_checkpoint=self.last_saved,
+            best_checkpoint=best if best.is_dir() else None,
             interrupted_by=interrupted,
-            elapsed_s=time.perf_counter() - started,
+            elapsed_s=time.perf_counter() - self.started,
             model=self.raw_model,
         )

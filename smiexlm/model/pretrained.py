@@ -1,0 +1,141 @@
+"""A model folder and the one way to load it: :func:`load_pretrained`.
+
+A model folder holds ``config.json``, ``vocab.json`` and ``model.safetensors`` (or its
+shards), ``checksums.json``, and optionally ``normalization.json`` (how the corpus SMILES were
+normalised), ``descriptors.json`` (the descriptor head's statistics) and ``MODEL_CARD.md``.
+Every caller that needs a model with its tokenizer (featurizer, fine-tuning, probe, predict,
+export, the analyses, GLUE) loads it here, so a model is always served with the vocabulary
+and the SMILES normalisation it was trained with.
+
+>>> pre = load_pretrained()                      # the shipped default model
+>>> prepared = pre.inputs().prepare(["OCC", "CCO"])
+>>> prepared.texts                               # the corpus normalisation: canonical SMILES
+['CCO', 'CCO']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from smiexlm.data.normalize import NormalizeConfig
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.checkpoint import CARD_NAME, NORMALIZATION_NAME, VOCAB_NAME, WEIGHTS_NAME
+from smiexlm.paths import ASSETS_DIR, write_text_atomic
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smiexlm.model.inputs import ModelInputs
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.tokenizer import Tokenizer
+
+DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"
+# The preprocessing defaults without the corpus' size limits (serving rejects nothing for
+# size here; the model's max_positions is checked on its own).
+DEFAULT_NORMALIZATION = NormalizeConfig(max_length=None)
+# A fenced block in the model card: ```json normalization\n{...}\n```
+_CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """A model with what serves it: tokenizer, SMILES normalisation, and where it came from.
+
+    ``path`` is None for a model built in memory (a random initialisation)."""
+
+    model: ExLMModel
+    tokenizer: Tokenizer
+    normalization: NormalizeConfig = DEFAULT_NORMALIZATION
+    normalization_source: str = "default"
+    path: Path | None = None
+
+    @property
+    def card(self) -> str | None:
+        """The text of the folder's ``MODEL_CARD.md``, or None."""
+        card = None if self.path is None else self.path / CARD_NAME
+        return card.read_text(encoding="utf-8") if card is not None and card.is_file() else None
+
+    @property
+    def is_default(self) -> bool:
+        return self.path is not None and self.path.resolve() == DEFAULT_MODEL_DIR.resolve()
+
+    def inputs(self) -> ModelInputs:
+        """The input path of this model: SMILES to rows as its corpus was prepared."""
+        from smiexlm.model.inputs import ModelInputs
+
+        return ModelInputs(self.tokenizer, self.model.config, self.normalization)
+
+
+def model_folder(path: str | Path | None) -> Path:
+    """The folder to load: ``path``, or the shipped default model when None."""
+    if path is not None:
+        return Path(path).expanduser()
+    if not (DEFAULT_MODEL_DIR / WEIGHTS_NAME).is_file():
+        raise DataError(
+            "the default model is not installed: expected config.json, vocab.json and "
+            "model.safetensors in smiexlm/assets/default_model/ inside the package; "
+            "pass a model folder instead (e.g. Featurizer.from_pretrained('path/to/model'))"
+        )
+    return DEFAULT_MODEL_DIR
+
+
+def load_pretrained(path: str | Path | None = None) -> Pretrained:
+    """The model (eval mode, on the CPU), tokenizer and normalisation of a model folder;
+    ``path=None`` loads the shipped default model. No network is used; every file is checked
+    (vocabulary, shapes, sha256, finite weights) before the model is allocated."""
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.tokenizer import load_tokenizer
+
+    directory = model_folder(path)
+    model = ExLMModel.from_pretrained(directory)
+    tokenizer = load_tokenizer(directory / VOCAB_NAME)
+    normalization, source = read_normalization(directory)
+    return Pretrained(model, tokenizer, normalization, source, directory)
+
+
+def read_normalization(directory: Path) -> tuple[NormalizeConfig, str]:
+    """How a model's corpus was normalised, and where that was read from.
+
+    From ``normalization.json`` in the folder, or from a fenced ````` ```json normalization `````
+    block in its ``MODEL_CARD.md``; without either, the preprocessing defaults apply (RDKit
+    canonical SMILES, stereo kept, salts kept). Only the steps that rewrite a SMILES
+    (``canonicalize``, ``strip_salts``) are applied when serving; the corpus' size limits
+    are not.
+    """
+    path = Path(directory) / NORMALIZATION_NAME
+    if path.is_file():
+        return _normalization_from_json(path.read_text(encoding="utf-8"), str(path)), str(path)
+    card = Path(directory) / CARD_NAME
+    if card.is_file():
+        match = _CARD_BLOCK.search(card.read_text(encoding="utf-8"))
+        if match:
+            source = f"{card} (normalization block)"
+            return _normalization_from_json(match.group(1), source), source
+    return DEFAULT_NORMALIZATION, "default"
+
+
+def write_normalization(directory: Path, normalization: NormalizeConfig) -> Path:
+    """``normalization.json`` of a model folder (what :func:`read_normalization` reads)."""
+    doc = {"canonicalize": normalization.canonicalize, "strip_salts": normalization.strip_salts}
+    path = Path(directory) / NORMALIZATION_NAME
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def _normalization_from_json(text: str, source: str) -> NormalizeConfig:
+    try:
+        doc: Any = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"normalisation record {source!r} is not valid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise DataError(f"normalisation record {source!r}: expected a JSON object")
+    values = {}
+    for key in ("canonicalize", "strip_salts"):
+        value = doc.get(key, getattr(DEFAULT_NORMALIZATION, key))
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, f"true or false (in {source})")
+        values[key] = value
+    return dataclasses.replace(DEFAULT_NORMALIZATION, **values)

@@ -1,0 +1,153 @@
+"""A molecule property task as one typed record, and the seed loop every model shares.
+
+:class:`MoleculeTask` is what the loaders read and what fine-tuning, the linear probe and the
+random-forest baseline consume: the (already validated) SMILES, the label matrix, the task
+type and where the table came from. It replaces metadata carried in ``DataFrame.attrs``,
+which pandas drops on many operations. :func:`run_seeds` is the one per-seed loop (the split,
+cached when it does not depend on the seed; the scorability check; the result record), so
+each model keeps only its own training code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from smiexlm.moleculenet.metrics import TaskScores, check_scorable
+from smiexlm.moleculenet.registry import TaskType
+from smiexlm.moleculenet.report import RunResult
+from smiexlm.moleculenet.splits import Split, make_split
+
+
+@dataclass
+class MoleculeTask:
+    """SMILES (each parsable by RDKit: checked when the table was read), labels (N, T) float
+    with NaN for a missing label, and the table's provenance."""
+
+    name: str
+    smiles: list[str]
+    labels: np.ndarray
+    label_cols: list[str]
+    task_type: TaskType = "classification"
+    source: str | None = None
+    sha256: str | None = None
+    n_raw: int | None = None
+    n_invalid: int = 0
+    invalid: list[tuple[int, str]] = field(default_factory=list)  # the first dropped rows
+
+    def __post_init__(self) -> None:
+        self.labels = np.asarray(self.labels, dtype=np.float64).reshape(len(self.smiles), -1)
+        if self.labels.shape[1] != len(self.label_cols):
+            raise ValueError(
+                f"task {self.name!r}: {self.labels.shape[1]} label columns but "
+                f"label_cols names {len(self.label_cols)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.smiles)
+
+    @property
+    def is_classification(self) -> bool:
+        return self.task_type == "classification"
+
+    @property
+    def metric(self) -> str:
+        return "roc_auc" if self.is_classification else "rmse"
+
+    @property
+    def scale(self) -> float:
+        """Reported scores are ROC-AUC x 100, or RMSE as it is."""
+        return 100.0 if self.is_classification else 1.0
+
+    @classmethod
+    def from_frame(cls, df: pd.DataFrame) -> MoleculeTask:
+        """A task from a frame with a ``smiles`` column and its labels; the metadata that the
+        loaders of earlier versions kept in ``df.attrs`` is read when present."""
+        attrs = df.attrs
+        label_cols = list(attrs.get("label_cols") or [c for c in df.columns if c != "smiles"])
+        return cls(
+            name=attrs.get("name", "data"),
+            smiles=df["smiles"].tolist(),
+            labels=df[label_cols].to_numpy(dtype=float),
+            label_cols=label_cols,
+            task_type=attrs.get("task_type", "classification"),
+            source=attrs.get("source"),
+            sha256=attrs.get("sha256"),
+            n_raw=attrs.get("n_raw"),
+            n_invalid=int(attrs.get("n_invalid", 0)),
+            invalid=list(attrs.get("invalid", [])),
+        )
+
+    def to_frame(self) -> pd.DataFrame:
+        """``smiles`` and the label columns, for display and export; ``attrs`` carries the
+        metadata so that :meth:`from_frame` gives the task back."""
+        frame = pd.DataFrame(self.labels, columns=self.label_cols)
+        frame.insert(0, "smiles", self.smiles)
+        frame.attrs = dict(
+            name=self.name, task_type=self.task_type, label_cols=list(self.label_cols),
+            source=self.source, sha256=self.sha256, n_raw=self.n_raw,
+            n_invalid=self.n_invalid, invalid=list(self.invalid),
+        )  # fmt: skip
+        return frame
+
+    def subset(self, rows: Sequence[int]) -> MoleculeTask:
+        """The task on ``rows`` only (provenance kept)."""
+        rows = list(rows)
+        return MoleculeTask(
+            self.name, [self.smiles[i] for i in rows], self.labels[rows], self.label_cols,
+            self.task_type, self.source, self.sha256, self.n_raw, self.n_invalid, self.invalid,
+        )  # fmt: skip
+
+    def result(
+        self,
+        model: str,
+        split: Split,
+        seed: int,
+        valid: float,
+        test: TaskScores,
+        wall_s: float,
+        config: dict[str, Any],
+        best_epoch: int | None = None,
+    ) -> RunResult:
+        """The report's record of one seed: ``valid`` is the selection score (unscaled),
+        ``test`` the test split's scores."""
+        return RunResult(
+            model=model, dataset=self.name, seed=seed, split=split.label, metric=self.metric,
+            test=test.mean * self.scale, valid=valid * self.scale, sizes=split.sizes,
+            n_invalid=self.n_invalid, n_tasks_scored=test.n_scored, n_tasks=len(self.label_cols),
+            wall_s=wall_s, data_sha256=self.sha256, best_epoch=best_epoch, config=config,
+        )  # fmt: skip
+
+
+def as_task(data: MoleculeTask | pd.DataFrame) -> MoleculeTask:
+    """A :class:`MoleculeTask` from either a task or a frame (see :meth:`from_frame`)."""
+    return data if isinstance(data, MoleculeTask) else MoleculeTask.from_frame(data)
+
+
+def run_seeds(
+    task: MoleculeTask,
+    seeds: Sequence[int],
+    split_kind: str,
+    one_seed: Callable[[Split, int], RunResult],
+    shared_s: float = 0.0,
+) -> list[RunResult]:
+    """``one_seed(split, seed)`` for each seed on its split (a deterministic split is made
+    once); each result's wall time gets an equal share of ``shared_s``, the seconds spent on
+    work common to all seeds (features, embeddings)."""
+    results: list[RunResult] = []
+    split = None
+    for seed in seeds:
+        t0 = time.perf_counter()
+        if split is None or split.seed is not None:
+            split = make_split(task.smiles, split_kind, seed)
+        if task.is_classification:
+            check_scorable(task.labels[split.test], task.label_cols, task.name, split.label)
+        result = one_seed(split, seed)
+        result.wall_s = time.perf_counter() - t0 + shared_s / len(seeds)
+        results.append(result)
+    return results
