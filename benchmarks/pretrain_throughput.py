@@ -38,7 +38,7 @@ def hardware() -> str:
 
 def build_dataset(out: Path, n: int) -> Path:
     from smiexlm.paths import data_dir
-    from tests.test_training_support import build_dataset as build
+    from tests.unit.training.test_training_support import build_dataset as build
 
     return build(data_dir() / "pretrain" / "moses_test.smi.gz", out, n=n)
 

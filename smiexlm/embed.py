@@ -75,21 +75,48 @@ class EmbedResult:
 SHOWN_FAILURES = 10  # bad rows kept in the report (all of them are NaN in the output)
 
 
+@dataclass(frozen=True)
+class EmbedOptions:
+    """How a table's SMILES are embedded (the keyword arguments of :func:`embed_file` and
+    :func:`embed_parts`): the model folder (None = the shipped one), the pooling, bad rows as
+    NaN or an error, the model's normalisation or SMILES as written, padded tokens per batch,
+    the device, and the backend (``onnx``: onnxruntime on the CPU)."""
+
+    checkpoint: Path | None = None
+    pooling: Literal["cls", "mean", "max"] = "cls"
+    errors: Literal["raise", "nan"] = "nan"
+    canonicalize: bool = True
+    batch_tokens: int = 16384
+    device: str = "auto"
+    backend: Literal["torch", "onnx"] = "torch"
+
+    def featurizer(self, device: str | None = None) -> Featurizer:
+        return Featurizer.from_pretrained(self.checkpoint, device or self.device, self.backend)
+
+    def embed(self, feat: Featurizer, smiles: Any, index_offset: int) -> np.ndarray:
+        """(n, d) rows of ``smiles``; the bad ones are in ``feat.last_report``."""
+        return feat.featurize(smiles, pooling=self.pooling, errors=self.errors,
+                              canonicalize=self.canonicalize, batch_tokens=self.batch_tokens,
+                              index_offset=index_offset, log_failures=False)  # fmt: skip
+
+    def settings(self) -> dict[str, Any]:
+        """What a folder of parts records, so that a resume cannot mix two kinds of rows."""
+        kept = {"pooling": self.pooling, "errors": self.errors, "canonicalize": self.canonicalize}
+        return kept | ({"backend": self.backend} if self.backend != "torch" else {})
+
+
 def embed_file(
     input_path: Path,
     out: Path,
     smiles_col: str = "smiles",
     id_cols: list[str] | None = None,
-    checkpoint: Path | None = None,
-    pooling: Literal["cls", "mean", "max"] = "cls",
-    errors: Literal["raise", "nan"] = "nan",
-    canonicalize: bool = True,
-    batch_tokens: int = 16384,
-    device: str = "auto",
+    *,
     progress: bool = True,
     chunk_rows: int = 8192,
+    **options: Any,
 ) -> EmbedResult:
-    """Embed the SMILES column of ``input_path`` and write ``out`` (.parquet or .npy).
+    """Embed the SMILES column of ``input_path`` and write ``out`` (.parquet or .npy);
+    ``options`` are :class:`EmbedOptions` fields (``checkpoint``, ``pooling``, ``device``, ...).
 
     ``id_cols`` (default: every column but the SMILES one) are kept beside the embeddings.
     The input is read ``chunk_rows`` rows at a time and each chunk's rows are appended to the
@@ -97,6 +124,7 @@ def embed_file(
     temporary names and renamed into place at the end (``.npy`` and its ``.ids.csv``
     together): an interrupted run leaves the previous output whole.
     """
+    how = EmbedOptions(**options)
     out, input_path = Path(out), Path(input_path)
     if out.suffix not in OUT_SUFFIXES:
         raise DataError(
@@ -109,7 +137,7 @@ def embed_file(
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     id_cols = _id_columns(first, smiles_col, id_cols)
-    feat = Featurizer.from_pretrained(checkpoint, device=device)
+    feat = how.featurizer()
     report = FeaturizeReport()
     ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
     finals = [out] if ids_path is None else [out, ids_path]
@@ -122,15 +150,7 @@ def embed_file(
         writer = _writer(out.suffix, tmps, feat.dim)
         try:
             for frame in _chain(first, chunks):
-                emb = feat.featurize(
-                    frame[smiles_col],
-                    pooling=pooling,
-                    errors=errors,
-                    canonicalize=canonicalize,
-                    batch_tokens=batch_tokens,
-                    index_offset=report.n_inputs,
-                    log_failures=False,
-                )  # (n, d)
+                emb = how.embed(feat, frame[smiles_col], report.n_inputs)  # (n, d)
                 _merge(report, feat.last_report)
                 writer.write(frame[[*id_cols, smiles_col]].reset_index(drop=True), emb)
                 if bar is not None:
@@ -149,18 +169,15 @@ def embed_parts(
     out: Path,
     smiles_col: str = "smiles",
     id_cols: list[str] | None = None,
-    checkpoint: Path | None = None,
-    pooling: Literal["cls", "mean", "max"] = "cls",
-    errors: Literal["raise", "nan"] = "nan",
-    canonicalize: bool = True,
-    batch_tokens: int = 16384,
-    device: str = "auto",
+    *,
     progress: bool = True,
     chunk_rows: int = 8192,
     part_rows: int = DEFAULT_PART_ROWS,
     threads: int | None = None,
+    **options: Any,
 ) -> PartsResult:
-    """Embed ``input_path`` into the folder ``out`` as Parquet parts of ``part_rows`` rows.
+    """Embed ``input_path`` into the folder ``out`` as Parquet parts of ``part_rows`` rows;
+    ``options`` are :class:`EmbedOptions` fields.
 
     Each part holds the id columns, the SMILES and ``e0 … e{d-1}`` of its input rows (NaN
     rows for bad SMILES, listed with their reasons in ``out/rejects.csv``). Run again after
@@ -171,22 +188,20 @@ def embed_parts(
     from smiexlm.parts import PartsJob, input_record, model_record, run_parts
     from smiexlm.workers import job_workers
 
+    how = EmbedOptions(**options)
     out, input_path = Path(out), Path(input_path)
     check_output(out, "--out", kind="folder")  # before any compute, not after it
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     id_cols = _id_columns(first, smiles_col, id_cols)
     with job_workers(threads) as workers:
-        feat = Featurizer.from_pretrained(checkpoint, device=workers.device(device))
-        settings = {"smiles_col": smiles_col, "id_cols": id_cols, "pooling": pooling,
-                    "errors": errors, "canonicalize": canonicalize}  # fmt: skip
+        feat = how.featurizer(workers.device(how.device))
+        settings = {"smiles_col": smiles_col, "id_cols": id_cols, **how.settings()}
         job = PartsJob("embed", input_record(input_path), model_record([feat.source]),
                        settings, part_rows)  # fmt: skip
 
         def process(frame: Any, start: int) -> ChunkOutput:
-            emb = feat.featurize(frame[smiles_col], pooling=pooling, errors=errors,
-                                 canonicalize=canonicalize, batch_tokens=batch_tokens,
-                                 index_offset=start, log_failures=False)  # fmt: skip
+            emb = how.embed(feat, frame[smiles_col], start)
             report = feat.last_report
             counts = {"unk_tokens": report.n_unk_tokens,
                       "changed_by_normalization": report.n_changed_by_normalization}  # fmt: skip

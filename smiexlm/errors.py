@@ -35,6 +35,26 @@ class ConfigError(SmiexlmError, ValueError):
         super().__init__(f"config field {field!r} = {value!r}: expected {expected}")
 
 
+def check_choice(field: str, value: object, choices: tuple) -> None:
+    """ConfigError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(field, value, "one of " + ", ".join(repr(c) for c in choices))
+
+
+def check_positive_int(field: str, value: object, optional: bool = False) -> None:
+    """ConfigError unless ``value`` is an integer >= 1 (or None when ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, value, "a positive integer" + (" or None" if optional else ""))
+
+
+def check_fraction(field: str, value: object) -> None:
+    """ConfigError unless ``value`` is a number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ConfigError(field, value, "a number in [0, 1)")
+
+
 class VocabularyMismatchError(SmiexlmError, ValueError):
     """Two artefacts (dataset, checkpoint, config) were built with different vocabularies."""
 

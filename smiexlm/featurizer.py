@@ -39,11 +39,12 @@ from smiexlm.errors import (
     DataError,
     InvalidSmilesError,
     VocabularyMismatchError,
+    check_choice,
     shorten,
 )
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.inputs import ModelInputs
-from smiexlm.model.model import ExLMModel
+from smiexlm.model.model import POOLINGS, ExLMModel
 from smiexlm.model.pretrained import (
     DEFAULT_MODEL_DIR,
     DEFAULT_NORMALIZATION,
@@ -59,7 +60,6 @@ Errors = Literal["raise", "nan"]
 Device = Literal["auto", "cpu", "cuda"]
 Backend = Literal["torch", "onnx"]
 
-_POOLINGS = ("cls", "mean", "max")
 _BACKENDS = ("torch", "onnx")
 _ERRORS = ("raise", "nan")
 __all__ = ["DEFAULT_MODEL_DIR", "FeaturizeReport", "Featurizer", "read_normalization"]
@@ -185,19 +185,7 @@ class Featurizer:
         that streams a file in pieces reports file rows); ``log_failures=False`` leaves the
         listing of bad inputs to the caller.
         """
-        if pooling not in _POOLINGS:
-            raise ConfigError("pooling", pooling, f"one of {_POOLINGS}")
-        if errors not in _ERRORS:
-            raise ConfigError("errors", errors, f"one of {_ERRORS}")
-        n_layers = self.model.config.n_layers
-        if not isinstance(layer, int) or not -n_layers <= layer < n_layers:
-            raise ConfigError("layer", layer, f"an integer in [{-n_layers}, {n_layers - 1}]")
-        if self._onnx is not None and layer % n_layers != n_layers - 1:
-            raise ConfigError("layer", layer, "-1 with backend='onnx' (the graph ends at the last block)")  # fmt: skip
-        if not isinstance(batch_tokens, int) or batch_tokens < 1:
-            raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ConfigError("batch_size", batch_size, "a positive integer or None")
+        self._check_options(pooling, layer, errors, batch_tokens, batch_size)
         items = _as_list(smiles)
         self.model.eval()  # dropout off, whatever the caller did to the model since loading
         out = np.empty((len(items), self.dim), dtype=np.float32)
@@ -209,36 +197,33 @@ class Featurizer:
             bar = tqdm(total=len(items), unit="mol", desc="featurize")
         for start in range(0, len(items), chunk_size):
             chunk = items[start : start + chunk_size]
-            rows = self._featurize_chunk(
-                chunk,
-                index_offset + start,
-                pooling,
-                layer,
-                errors,
-                batch_tokens,
-                batch_size,
-                canonicalize,
-                report,
-                bar,
-            )
-            out[start : start + len(chunk)] = rows
+            out[start : start + len(chunk)] = self._featurize_chunk(
+                chunk, index_offset + start, pooling, layer, errors, batch_tokens, batch_size,
+                canonicalize, report, bar,
+            )  # fmt: skip
             release_free_memory()
         if bar is not None:
             bar.close()
         self.last_report = report
         if report.n_failed and log_failures:
-            shown = ", ".join(f"#{i} {shorten(s)!r} ({why})" for i, s, why in report.failed[:10])
-            more = f" and {report.n_failed - 10} more" if report.n_failed > 10 else ""
-            logger.warning(
-                "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",
-                report.n_failed,
-                len(items),
-                shown,
-                more,
-            )
+            _log_failures(report)
         return out
 
     __call__ = featurize
+
+    def _check_options(self, pooling, layer, errors, batch_tokens, batch_size) -> None:
+        check_choice("pooling", pooling, POOLINGS)
+        if errors not in _ERRORS:
+            raise ConfigError("errors", errors, f"one of {_ERRORS}")
+        n_layers = self.model.config.n_layers
+        if not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+            raise ConfigError("layer", layer, f"an integer in [{-n_layers}, {n_layers - 1}]")
+        if self._onnx is not None and layer % n_layers != n_layers - 1:
+            raise ConfigError("layer", layer, "-1 with backend='onnx' (the graph ends at the last block)")  # fmt: skip
+        if not isinstance(batch_tokens, int) or batch_tokens < 1:
+            raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ConfigError("batch_size", batch_size, "a positive integer or None")
 
     # ------------------------------------------------------------------ internals
     def prepare(
@@ -321,6 +306,15 @@ def release_free_memory() -> None:
             _MALLOC_TRIM = False
     if _MALLOC_TRIM:
         _MALLOC_TRIM(0)
+
+
+def _log_failures(report: FeaturizeReport) -> None:
+    shown = ", ".join(f"#{i} {shorten(s)!r} ({why})" for i, s, why in report.failed[:10])
+    more = f" and {report.n_failed - 10} more" if report.n_failed > 10 else ""
+    logger.warning(
+        "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",
+        report.n_failed, report.n_inputs, shown, more,
+    )  # fmt: skip
 
 
 def _as_list(smiles: Any) -> list[Any]:

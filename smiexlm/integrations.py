@@ -124,6 +124,25 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
 _FEATURIZER_CLASS: type | None = None
 
 
+def _deepchem_rows(feat, datapoints: Any, pooling: str, layer: int, canonicalize: bool) -> np.ndarray:  # fmt: skip
+    """Embeddings of SMILES or RDKit ``Mol`` objects, as DeepChem expects them: a float
+    matrix, or an object array with an empty array for each molecule that failed."""
+    from rdkit import Chem
+
+    if isinstance(datapoints, (str, Chem.Mol)):
+        datapoints = [datapoints]
+    smiles = [Chem.MolToSmiles(m) if isinstance(m, Chem.Mol) else m for m in list(datapoints)]
+    emb = feat.featurize(smiles, pooling=pooling, layer=layer, errors="nan",
+                         canonicalize=canonicalize)  # fmt: skip
+    failed = np.isnan(emb).any(axis=1)
+    if not failed.any():
+        return emb
+    out = np.empty(len(smiles), dtype=object)
+    for i, row in enumerate(emb):
+        out[i] = np.array([]) if failed[i] else row
+    return out
+
+
 def _featurizer_class() -> type:
     """Build ``ExLMFeaturizer`` on first use, so that importing this module stays light."""
     global _FEATURIZER_CLASS
@@ -158,27 +177,8 @@ def _featurizer_class() -> type:
             return load_featurizer(self.checkpoint, self.device)
 
         def featurize(self, datapoints: Any, log_every_n: int = 1000, **kwargs: Any) -> np.ndarray:
-            from rdkit import Chem
-
-            if isinstance(datapoints, (str, Chem.Mol)):
-                datapoints = [datapoints]
-            smiles = [
-                Chem.MolToSmiles(m) if isinstance(m, Chem.Mol) else m for m in list(datapoints)
-            ]
-            emb = self.featurizer.featurize(
-                smiles,
-                pooling=self.pooling,
-                layer=self.layer,
-                errors="nan",
-                canonicalize=self.canonicalize,
-            )
-            failed = np.isnan(emb).any(axis=1)
-            if not failed.any():
-                return emb
-            out = np.empty(len(smiles), dtype=object)
-            for i, row in enumerate(emb):
-                out[i] = np.array([]) if failed[i] else row
-            return out
+            return _deepchem_rows(self.featurizer, datapoints, self.pooling, self.layer,
+                                  self.canonicalize)  # fmt: skip
 
         def _featurize(self, datapoint: Any, **kwargs: Any) -> np.ndarray:
             row = self.featurize([datapoint])[0]

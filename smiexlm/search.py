@@ -111,9 +111,7 @@ def build_index(
     HNSW parameters: larger gives better recall for a slower build and a larger graph. The
     folder is written under a temporary name and renamed into place when complete.
     """
-    from pyarrow import parquet as pq
-
-    from smiexlm.parts import iter_parts, read_manifest
+    from smiexlm.parts import read_manifest
 
     faiss = _faiss()
     for name, value in (("m", m), ("ef_construction", ef_construction)):
@@ -124,46 +122,17 @@ def build_index(
         raise DataError(f"{str(embeddings)!r} holds {manifest['kind']} parts: expected the "
                         "output of `smiexlm embed --out DIR`")  # fmt: skip
     out = check_output(out, "--out", kind="folder")
-    settings = manifest["settings"]
-    smiles_col, id_cols = settings["smiles_col"], settings["id_cols"]
     ecols = [c for c in manifest["columns"] if re.fullmatch(r"e\d+", c)]
     n, dim = manifest["n_rows"], len(ecols)
     bar = _bar(progress, n)
-    seconds = {"embedding": 0.0, "ecfp4": 0.0}
     with atomic_dir(out) as tmp:
         graph = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
         graph.hnsw.efConstruction = ef_construction
         index = faiss.IndexIDMap2(graph)
-        fps = np.lib.format.open_memmap(tmp / ECFP4_FILE, mode="w+", dtype=np.uint64,
-                                        shape=(n, WORDS))  # fmt: skip
-        writer, start, n_fp = None, 0, 0
-        for table in iter_parts(Path(embeddings)):
-            rows = np.arange(start, start + table.num_rows, dtype=np.int64)
-            t = time.perf_counter()
-            vectors = np.column_stack([table[c].to_numpy() for c in ecols]).astype(np.float32)
-            finite = np.isfinite(vectors).all(axis=1)
-            vectors = np.ascontiguousarray(vectors[finite])  # (n_part, d)
-            faiss.normalize_L2(vectors)
-            index.add_with_ids(vectors, rows[finite])
-            seconds["embedding"] += time.perf_counter() - t
-            t = time.perf_counter()
-            smiles = table[smiles_col].to_pylist()
-            fps[start : start + table.num_rows] = ecfp4_packed(smiles)
-            n_fp += int((popcount(fps[start : start + table.num_rows]) > 0).sum())
-            seconds["ecfp4"] += time.perf_counter() - t
-            library = table.select([*id_cols, smiles_col])
-            if writer is None:
-                writer = pq.ParquetWriter(tmp / LIBRARY_FILE, library.schema)
-            writer.write_table(library)
-            start += table.num_rows
-            if bar is not None:
-                bar.update(table.num_rows)
-        writer.close()
-        fps.flush()
-        del fps
+        n_fp, seconds = _add_parts(Path(embeddings), manifest, ecols, index, tmp, bar)
         faiss.write_index(index, str(tmp / EMBEDDING_FILE))
         doc = {"format": INDEX_FORMAT, "embeddings": str(Path(embeddings).resolve()),
-               "job": manifest["job"], "model": manifest["model"], "settings": settings,
+               "job": manifest["job"], "model": manifest["model"], "settings": manifest["settings"],
                "n_rows": n, "dim": dim, "n_embedded": int(index.ntotal), "n_fingerprinted": n_fp,
                "hnsw": {"m": m, "ef_construction": ef_construction}, "ecfp4": {"radius": 2,
                "bits": ECFP4_BITS}, "build_seconds": {k: round(v, 2) for k, v in seconds.items()}}  # fmt: skip
@@ -171,6 +140,48 @@ def build_index(
     if bar is not None:
         bar.close()
     return IndexInfo(out, n, int(doc["n_embedded"]), n_fp, seconds)
+
+
+def _add_parts(
+    embeddings: Path, manifest: dict, ecols: list[str], index: Any, tmp: Path, bar: Any
+) -> tuple[int, dict[str, float]]:
+    """Each part into the graph (finite rows, L2-normalised), its ECFP4 bits into the
+    memory-mapped matrix and its id columns and SMILES into the library table; the number of
+    fingerprinted rows and the seconds spent on each kind."""
+    from pyarrow import parquet as pq
+
+    from smiexlm.parts import iter_parts
+
+    faiss = _faiss()
+    smiles_col, id_cols = manifest["settings"]["smiles_col"], manifest["settings"]["id_cols"]
+    fps = np.lib.format.open_memmap(tmp / ECFP4_FILE, mode="w+", dtype=np.uint64,
+                                    shape=(manifest["n_rows"], WORDS))  # fmt: skip
+    seconds = {"embedding": 0.0, "ecfp4": 0.0}
+    writer, start, n_fp = None, 0, 0
+    for table in iter_parts(embeddings):
+        rows = np.arange(start, start + table.num_rows, dtype=np.int64)
+        t = time.perf_counter()
+        vectors = np.column_stack([table[c].to_numpy() for c in ecols]).astype(np.float32)
+        finite = np.isfinite(vectors).all(axis=1)
+        vectors = np.ascontiguousarray(vectors[finite])  # (n_part, d)
+        faiss.normalize_L2(vectors)
+        index.add_with_ids(vectors, rows[finite])
+        seconds["embedding"] += time.perf_counter() - t
+        t = time.perf_counter()
+        fps[start : start + table.num_rows] = ecfp4_packed(table[smiles_col].to_pylist())
+        n_fp += int((popcount(fps[start : start + table.num_rows]) > 0).sum())
+        seconds["ecfp4"] += time.perf_counter() - t
+        library = table.select([*id_cols, smiles_col])
+        if writer is None:
+            writer = pq.ParquetWriter(tmp / LIBRARY_FILE, library.schema)
+        writer.write_table(library)
+        start += table.num_rows
+        if bar is not None:
+            bar.update(table.num_rows)
+    writer.close()
+    fps.flush()
+    del fps
+    return n_fp, seconds
 
 
 def _bar(progress: bool, total: int) -> Any:

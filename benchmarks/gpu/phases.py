@@ -137,11 +137,20 @@ def pytest(ctx: Context, name: str, targets: list[str], budget_s: float) -> dict
 
 
 def correctness(ctx: Context) -> tuple[str, dict]:
-    first = ["tests/test_cuda.py", "tests/test_dag_triton.py", "tests/test_dag.py"]
-    rest = ["tests", *(f"--ignore={t}" for t in [*first, "tests/test_gpu_campaign.py"])]
+    first = [
+        "tests/integration/test_cuda.py",
+        "tests/unit/dag/test_dag_triton.py",
+        "tests/unit/dag/test_dag.py",
+    ]
+    rest = ["tests", *(f"--ignore={t}" for t in [*first, "tests/integration/test_gpu_campaign.py"])]
     if ctx.dry_run:  # a few fast tests
-        first = ["tests/test_cuda.py", "tests/test_dag.py", "-k", "counts_and_averages or cuda"]
-        rest = ["tests/test_sharded_checkpoints.py", "-k", "over_the_limit"]
+        first = [
+            "tests/integration/test_cuda.py",
+            "tests/unit/dag/test_dag.py",
+            "-k",
+            "counts_and_averages or cuda",
+        ]
+        rest = ["tests/unit/training/test_sharded_checkpoints.py", "-k", "over_the_limit"]
     cuda = pytest(ctx, "cuda", first, ctx.budgets["phase1_cuda"])
     ctx.report("phase1", "running", "cuda/dag tests: " + counts_line(cuda), cuda=cuda)
     budget = ctx.budgets["phase1"] - cuda["elapsed_s"]

@@ -91,29 +91,8 @@ def rank_by_layer(
             pairs.append((x, masked, m))
         desc = f"rank {Path(path).name}"
         for layer in tqdm(range(c.n_layers), desc=desc, disable=not progress, unit="layer"):
-            with_mask, is_mask, plain = [], [], []
-            for x, masked, m in pairs:
-                h, flags = layer_rows(model, masked, m, layer)
-                with_mask.append(h)
-                is_mask.append(flags)
-                plain.append(layer_rows(model, x, m, layer)[0])
-            h_mask, flags = torch.cat(with_mask), torch.cat(is_mask)
-            h_plain = torch.cat(plain)
-            rows.append(
-                {
-                    "checkpoint": Path(path).name,
-                    "path": str(path),
-                    "objective": c.objective,
-                    "layer": layer + 1,
-                    "with_mask": effective_rank(h_mask, tau),
-                    "without_mask": effective_rank(h_plain, tau),
-                    "mask_only": effective_rank(h_mask[flags], tau) if bool(flags.any()) else None,
-                    "n_rows_with_mask": int(h_mask.shape[0]),
-                    "n_rows_without_mask": int(h_plain.shape[0]),
-                    "n_mask_rows": int(flags.sum()),
-                    "d_model": c.d_model,
-                }
-            )
+            where = {"checkpoint": Path(path).name, "path": str(path)}
+            rows.append(where | _layer_row(model, pairs, layer, tau))
     settings = {
         "n_molecules": len(smiles),
         "mask_prob": mask_prob,
@@ -123,6 +102,29 @@ def rank_by_layer(
         "features": "ExLMModel.encode(layer=l-1): block l output through the final LayerNorm",
     }
     return RankResult(rows, settings)
+
+
+def _layer_row(model, pairs: list, layer: int, tau: float) -> dict:
+    """τ-effective ranks of one block's states over the batches, masked and plain."""
+    with_mask, is_mask, plain = [], [], []
+    for x, masked, m in pairs:
+        h, flags = layer_rows(model, masked, m, layer)
+        with_mask.append(h)
+        is_mask.append(flags)
+        plain.append(layer_rows(model, x, m, layer)[0])
+    h_mask, flags = torch.cat(with_mask), torch.cat(is_mask)
+    h_plain = torch.cat(plain)
+    return {
+        "objective": model.config.objective,
+        "layer": layer + 1,
+        "with_mask": effective_rank(h_mask, tau),
+        "without_mask": effective_rank(h_plain, tau),
+        "mask_only": effective_rank(h_mask[flags], tau) if bool(flags.any()) else None,
+        "n_rows_with_mask": int(h_mask.shape[0]),
+        "n_rows_without_mask": int(h_plain.shape[0]),
+        "n_mask_rows": int(flags.sum()),
+        "d_model": model.config.d_model,
+    }
 
 
 def write_rank(result: RankResult, out_dir: Path) -> list[Path]:

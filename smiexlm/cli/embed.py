@@ -60,6 +60,9 @@ def embed(
         ),
     ] = True,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    backend: Annotated[
+        str, typer.Option(help="torch, or onnx: the folder's encoder.onnx with onnxruntime.")
+    ] = "torch",
     part_rows: PartRows = None,
     threads: Threads = None,
 ) -> None:
@@ -67,27 +70,30 @@ def embed(
     --out is written part by part and resumed by the same command; run it under `torchrun
     --nproc_per_node N` to share the parts among N processes."""
     from smiexlm.embed import embed_file, embed_parts
-    from smiexlm.errors import shorten
     from smiexlm.parts import DEFAULT_PART_ROWS, wants_parts
+    from smiexlm.workers import detect
 
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols is not None else None
+    how = dict(checkpoint=checkpoint, pooling=pooling, errors=errors, canonicalize=canonicalize,
+               device=device, backend=backend)  # fmt: skip
     if wants_parts(out, part_rows):
-        echo_parts(embed_parts(input, out, smiles_col, cols, checkpoint, pooling, errors,  # type: ignore[arg-type]
-                               canonicalize, device=device, threads=threads,
-                               part_rows=part_rows or DEFAULT_PART_ROWS))  # fmt: skip
-        return
+        return echo_parts(embed_parts(input, out, smiles_col, cols, threads=threads,
+                                      part_rows=part_rows or DEFAULT_PART_ROWS, **how))  # fmt: skip
     if threads is not None:
-        from smiexlm.workers import detect
-
         detect(threads)
-    result = embed_file(input, out, smiles_col, cols, checkpoint, pooling, errors,  # type: ignore[arg-type]
-                        canonicalize, device=device)  # fmt: skip
-    report = result.report
-    typer.echo(f"{report.summary()}")
-    for index, smiles, reason in report.failed:
+    echo_embedded(embed_file(input, out, smiles_col, cols, **how))
+
+
+def echo_embedded(result) -> None:
+    """The report of a one-file embedding, its first bad rows on stderr."""
+    from smiexlm.errors import shorten
+
+    typer.echo(f"{result.report.summary()}")
+    for index, smiles, reason in result.report.failed:
         typer.echo(f"  row {index}: {shorten(smiles)!r} ({reason})", err=True)
-    if report.n_failed > len(report.failed):
-        typer.echo(f"  ... and {report.n_failed - len(report.failed):,} more (NaN rows)", err=True)
+    if result.report.n_failed > len(result.report.failed):
+        more = result.report.n_failed - len(result.report.failed)
+        typer.echo(f"  ... and {more:,} more (NaN rows)", err=True)
     extra = f" (+ ids in {result.ids_path})" if result.ids_path else ""
     typer.echo(f"wrote {result.out}: {result.n_rows} x {result.dim}{extra}")
 

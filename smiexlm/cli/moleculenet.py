@@ -35,7 +35,9 @@ FinetunedDirs = Annotated[
     typer.Option("--checkpoint", help="Fine-tuned folder(s) from finetune --save-dir; several "
                  "(e.g. seed0 seed1 seed2) give the ensemble mean and a <label>_std column."),
 ]  # fmt: skip
-InputCsv = Annotated[Path, typer.Option("--input", help="CSV with a SMILES column.")]
+InputCsv = Annotated[
+    Path, typer.Option("--input", help="CSV/TSV/Parquet table or .smi file with a SMILES column.")
+]
 OutputCsv = Annotated[
     Path,
     typer.Option("--out", "-o", help="Predictions CSV, or a folder (a name without suffix) of "
@@ -49,7 +51,8 @@ Split = Annotated[
 ]  # fmt: skip
 Out = Annotated[Path, typer.Option("--out", help="Folder for results.csv, report.md, report.png.")]
 DataCsv = Annotated[
-    Path | None, typer.Option("--data", help="Your own CSV instead of a MoleculeNet set.")
+    Path | None,
+    typer.Option("--data", help="Your own table (CSV/TSV/Parquet) instead of a MoleculeNet set."),
 ]
 SmilesCol = Annotated[str, typer.Option("--smiles-col", help="SMILES column of --data.")]
 LabelCols = Annotated[
@@ -279,77 +282,31 @@ def predict(
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES. A folder --out is written part by part and resumed by the same
     command; under `torchrun --nproc_per_node N` N processes share the parts."""
-    from smiexlm.data.readers import read_table
+    from smiexlm.moleculenet.predict_parts import predict_file, predict_parts
     from smiexlm.parts import DEFAULT_PART_ROWS, wants_parts
-    from smiexlm.paths import atomic_path, check_output
+    from smiexlm.workers import detect
 
     output = output if output is not None else out
+    cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols else None
     if wants_parts(output, part_rows):
-        from smiexlm.moleculenet.predict_parts import predict_parts
-
-        cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols else None
-        echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols,
-                                 part_rows or DEFAULT_PART_ROWS, backend=backend,  # type: ignore[arg-type]
-                                 threads=threads))  # fmt: skip
-        return
-    output = check_output(output, "--out")
+        return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols,
+                                        part_rows or DEFAULT_PART_ROWS, backend=backend,  # type: ignore[arg-type]
+                                        threads=threads))  # fmt: skip
     if threads is not None:
-        from smiexlm.workers import detect
-
         detect(threads)
-    frame = read_table(input, smiles_col)  # text cells; a blank cell is ""
-    result = _predict_rows(checkpoint, frame, smiles_col, id_cols, backend)
-    with atomic_path(output) as tmp:  # a reader never sees half a file
-        result.to_csv(tmp, index=False)
-    bad = int((~result["valid"]).sum())
-    _echo_failures(result)
-    typer.echo(f"wrote {len(result)} rows ({bad} unparsable) to {output}")
+    result = predict_file(checkpoint, input, output, smiles_col, cols, backend)  # type: ignore[arg-type]
+    _echo_failures(result.rejects)
+    typer.echo(f"wrote {result.n_rows} rows ({len(result.rejects)} unparsable) to {result.out}")
 
 
-def _echo_failures(result, shown: int = 10) -> None:
-    """The first ``shown`` NaN rows of a prediction, with the reason of each, on stderr."""
-    from smiexlm.data.normalize import smiles_problem
+def _echo_failures(rejects: list[tuple[int, str, str]], shown: int = 10) -> None:
+    """The first ``shown`` bad rows of a prediction, with the reason of each, on stderr."""
     from smiexlm.errors import shorten
 
-    bad = [i for i, ok in enumerate(result["valid"].tolist()) if not ok]
-    for row in bad[:shown]:
-        text = str(result["smiles"].iloc[row]).strip()
-        spaced = any(c.isspace() for c in text)
-        reason = "whitespace inside the SMILES" if spaced else smiles_problem(text)
-        typer.echo(f"  row {row}: {shorten(text)!r} ({reason})", err=True)
-    if len(bad) > shown:
-        typer.echo(f"  ... and {len(bad) - shown:,} more (NaN rows)", err=True)
-
-
-def _predict_rows(
-    checkpoint: list[Path], frame, smiles_col: str, id_cols: str | None, backend: str = "torch"
-):
-    """Input id columns, then the model's predictions; empty cells are NaN rows, valid False."""
-    from smiexlm.errors import DataError
-    from smiexlm.moleculenet.finetune import predict as run_predict
-
-    texts = frame[smiles_col].str.strip()
-    usable = (texts != "") & ~texts.str.contains(r"\s")
-    if not usable.any():
-        raise DataError(f"--input: column {smiles_col!r} has no non-empty SMILES")
-    preds = run_predict(checkpoint, texts[usable].tolist(), backend=backend)  # type: ignore[arg-type]
-    preds.index = frame.index[usable]
-    preds = preds.reindex(frame.index)
-    preds["valid"] = preds["valid"].astype("boolean").fillna(False).astype(bool)
-    preds["smiles"] = frame[smiles_col]
-    outputs = [c for c in preds.columns if c not in ("smiles", "valid")]
-    if id_cols is None:
-        keep = [c for c in frame.columns if c != smiles_col and c not in outputs]
-    else:
-        keep = [c.strip() for c in id_cols.split(",") if c.strip()]
-        missing = [c for c in keep if c not in frame.columns]
-        clash = [c for c in keep if c in preds.columns]
-        if missing or clash:
-            raise DataError(
-                f"--id-cols {missing or clash}: expected input columns other than the SMILES "
-                f"and the predicted {outputs}, among {list(frame.columns)}"
-            )
-    return frame[keep].join(preds)
+    for row, text, reason in rejects[:shown]:
+        typer.echo(f"  row {row}: {shorten(text.strip())!r} ({reason})", err=True)
+    if len(rejects) > shown:
+        typer.echo(f"  ... and {len(rejects) - shown:,} more (NaN rows)", err=True)
 
 
 def probe(

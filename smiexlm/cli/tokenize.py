@@ -27,35 +27,23 @@ def tokenize(
     ] = None,
 ) -> None:
     """Split SMILES into regex tokens (space-separated) or vocabulary ids, one line each."""
+    from smiexlm.data.readers import iter_smiles
     from smiexlm.errors import InvalidSmilesError
     from smiexlm.tokenizer import SmilesTokenizer
+    from smiexlm.tokenizer.vocab import tokenized_lines
 
     tok = SmilesTokenizer.load(vocab) if vocab else SmilesTokenizer()
-    items = list(smiles or [])
-    if file is not None:
-        items += read_smiles_lines(file)
+    items = list(smiles or []) + ([] if file is None else list(iter_smiles(file, what="--file")))
     if not items:
         raise typer.BadParameter("give SMILES as arguments or with --file")
-    for s in items:
-        if not s:  # a blank input line gives a blank output line: the lines stay aligned
-            typer.echo("")
-            continue
-        try:
-            out = tok.encode(s) if ids else tok.tokenize(s)
-        except InvalidSmilesError as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(code=1) from None
-        typer.echo(" ".join(map(str, out)))
+    try:
+        for line in tokenized_lines(tok, items, ids):
+            typer.echo(line)
+    except InvalidSmilesError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from None
     if tok.n_unk:
         typer.echo(f"{tok.n_unk} token(s) mapped to [UNK]", err=True)
-
-
-def read_smiles_lines(path: Path) -> list[str]:
-    """The SMILES of each line (or table row) of ``path``, ``""`` for a blank one, read as
-    preprocessing reads them; an unusable file raises DataError naming ``--file``."""
-    from smiexlm.data.readers import iter_smiles
-
-    return list(iter_smiles(path, what="--file"))
 
 
 @vocab_app.command("build")
@@ -78,13 +66,9 @@ def vocab_build(
     from smiexlm.data.readers import iter_smiles
     from smiexlm.tokenizer.vocab import build_vocabulary
 
-    corpus = (
-        s
-        for path in inputs
-        for s in tqdm(iter_smiles(path, smiles_col), desc=path.name, unit=" mol")
-    )
-    canonical = canonical_smiles if with_canonical else None
-    tok, report = build_vocabulary(corpus, min_freq, max_size, canonical)
+    corpus = (s for path in inputs
+              for s in tqdm(iter_smiles(path, smiles_col), desc=path.name, unit=" mol"))  # fmt: skip
+    tok, report = build_vocabulary(corpus, min_freq, max_size, canonical_smiles if with_canonical else None)  # fmt: skip
     tok.save(out)
     typer.echo(report)
     typer.echo(f"wrote {out} ({tok.vocab_size} tokens, hash {tok.vocab_hash[:16]})")

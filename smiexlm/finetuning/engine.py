@@ -39,11 +39,14 @@ from torch import nn
 
 from smiexlm import device as device_policy
 from smiexlm.device import resolve_device
-from smiexlm.errors import ConfigError
+from smiexlm.errors import ConfigError, check_choice, check_positive_int
 from smiexlm.finetuning.batches import Examples, bucketed_batches, iterate, sorted_batches
 from smiexlm.model.encoder import batch_invariant
 
 EVAL_MAX_TOKENS = 4096  # padded positions per evaluation batch
+
+
+AMP_CHOICES = ("auto", "bf16", "off")  # bf16 autocast: where the device has it, always, never
 
 
 @dataclass
@@ -72,9 +75,7 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size", "bucket_window"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "a positive integer")
+            check_positive_int(name, getattr(self, name))
         if not self.lr > 0:
             raise ConfigError("lr", self.lr, "a positive number")
         if not 0.0 <= self.warmup_ratio < 1.0:
@@ -82,13 +83,10 @@ class LoopConfig:
         if self.clip_norm < 0:
             raise ConfigError("clip_norm", self.clip_norm, "0 (no clipping) or a positive number")
         for name in ("max_steps", "patience"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(name, value, "a positive integer or None")
+            check_positive_int(name, getattr(self, name), optional=True)
         if self.select not in ("best", "last"):
             raise ConfigError("select", self.select, "'best' or 'last'")
-        if self.amp not in ("auto", "bf16", "off"):
-            raise ConfigError("amp", self.amp, "'auto', 'bf16' or 'off'")
+        check_choice("amp", self.amp, AMP_CHOICES)
         if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
             raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
 

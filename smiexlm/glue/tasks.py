@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from smiexlm.errors import ConfigError, DataError
 
@@ -174,20 +174,23 @@ def load_task(
     return _parse(task, split, path, errors)
 
 
-def _parse(task: GlueTask, split: str, path: Path, errors: str) -> GlueSplit:
-    text = path.read_text(encoding="utf-8-sig")
-    lines = text.split("\n")
+def _table_lines(task: GlueTask, path: Path) -> tuple[list[str], list[str], int]:
+    """The file's lines (BOM, CR and the final newline removed), its columns, and the index
+    of the first data line."""
+    lines = path.read_text(encoding="utf-8-sig").split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # final newline (CoLA dev has none)
     lines = [line[:-1] if line.endswith("\r") else line for line in lines]
     headerless = task.headerless.get(path.name)
     if headerless is not None:
-        columns, first = list(headerless), 0
-    else:
-        if not lines:
-            raise DataError(f"{str(path)!r} is empty: expected a header row")
-        columns, first = lines[0].split("\t"), 1
-    is_test = split.startswith("test")
+        return lines, list(headerless), 0
+    if not lines:
+        raise DataError(f"{str(path)!r} is empty: expected a header row")
+    return lines, lines[0].split("\t"), 1
+
+
+def _column_index(task: GlueTask, path: Path, columns: list[str], is_test: bool) -> dict[str, int]:
+    """Field index of text_a, text_b and label (no label in a test split)."""
     index = {}
     for role, col in (("text_a", task.text_a), ("text_b", task.text_b), ("label", task.label)):
         if col is None or (role == "label" and is_test):
@@ -195,7 +198,24 @@ def _parse(task: GlueTask, split: str, path: Path, errors: str) -> GlueSplit:
         if col not in columns:
             raise DataError(f"{str(path)!r} has no column {col!r} ({role}): header is {columns!r}")
         index[role] = columns.index(col)
+    return index
 
+
+def _label(raw: str, task: GlueTask, label_ids: dict[str, int] | None) -> tuple[Any, str | None]:
+    """(label id or score, None), or (None, what is wrong with ``raw``)."""
+    if label_ids is not None:
+        if raw not in label_ids:
+            return None, f"label {raw!r} not in {list(task.labels)}"
+        return label_ids[raw], None
+    try:
+        return float(raw), None
+    except ValueError:
+        return None, f"score {raw!r} is not a number"
+
+
+def _parse(task: GlueTask, split: str, path: Path, errors: str) -> GlueSplit:
+    lines, columns, first = _table_lines(task, path)
+    index = _column_index(task, path, columns, split.startswith("test"))
     label_ids = None if task.labels is None else {lab: i for i, lab in enumerate(task.labels)}
     text_a, text_b, labels, numbers, bad = [], [], [], [], []
     for number, line in enumerate(lines[first:], start=first + 1):
@@ -204,18 +224,11 @@ def _parse(task: GlueTask, split: str, path: Path, errors: str) -> GlueSplit:
             bad.append((number, f"{len(fields)} fields, expected {len(columns)}"))
             continue
         if "label" in index:
-            raw = fields[index["label"]]
-            if label_ids is not None:
-                if raw not in label_ids:
-                    bad.append((number, f"label {raw!r} not in {list(task.labels)}"))
-                    continue
-                labels.append(label_ids[raw])
-            else:
-                try:
-                    labels.append(float(raw))
-                except ValueError:
-                    bad.append((number, f"score {raw!r} is not a number"))
-                    continue
+            value, problem = _label(fields[index["label"]], task, label_ids)
+            if problem:
+                bad.append((number, problem))
+                continue
+            labels.append(value)
         text_a.append(fields[index["text_a"]])
         if "text_b" in index:
             text_b.append(fields[index["text_b"]])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,7 @@ from smiexlm.tokenizer.special import IGNORE_INDEX
 logger = logging.getLogger(__name__)
 
 Pooling = Literal["cls", "mean", "max"]
+POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling choices
 
 
 @dataclass

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smiexlm.errors import ConfigError
+from smiexlm.errors import ConfigError, check_choice, check_fraction, check_positive_int
+from smiexlm.finetuning.engine import AMP_CHOICES
 from smiexlm.fingerprints import FEATURE_KINDS
+from smiexlm.model.model import POOLINGS
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.paths import PACKAGE_DIR
 
@@ -54,23 +56,16 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)  # type: ignore[assignment]
         for name in ("epochs", "batch_size", "max_length", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "a positive integer")
+            check_positive_int(name, getattr(self, name))
         if not self.lr > 0:
             raise ConfigError("lr", self.lr, "a positive number")
         for name in ("warmup_ratio", "dropout", "pooler_dropout"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(name, value, "a number in [0, 1)")
-        if self.max_train_steps is not None and self.max_train_steps < 1:
-            raise ConfigError("max_train_steps", self.max_train_steps, "a positive integer or None")
-        if self.pooling not in ("cls", "mean", "max"):
-            raise ConfigError("pooling", self.pooling, "'cls', 'mean' or 'max'")
+            check_fraction(name, getattr(self, name))
+        check_positive_int("max_train_steps", self.max_train_steps, optional=True)
+        check_choice("pooling", self.pooling, POOLINGS)
         if self.split not in SPLIT_KINDS:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
-        if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):
-            raise ConfigError("patience", self.patience, "a positive integer or None")
+        check_positive_int("patience", self.patience, optional=True)
         if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
             raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
         if self.freeze and self.freeze_layers:
@@ -79,8 +74,7 @@ class FinetuneConfig:
             )
         if self.features is not None and self.features not in FEATURE_KINDS:
             raise ConfigError("features", self.features, f"one of {', '.join(FEATURE_KINDS)}")
-        if self.amp not in ("auto", "bf16", "off"):
-            raise ConfigError("amp", self.amp, "'auto', 'bf16' or 'off'")
+        check_choice("amp", self.amp, AMP_CHOICES)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

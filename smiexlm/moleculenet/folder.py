@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.errors import DataError
+from smiexlm.model.model import POOLINGS
 from smiexlm.paths import read_json_file
 
 TASK_TYPES = ("classification", "regression")
-POOLINGS = ("cls", "mean", "max")
 
 
 def read_finetune_meta(path: Path) -> dict[str, Any]:

@@ -1,18 +1,58 @@
-"""``smiexlm predict`` into a folder of Parquet parts: library-scale, resumable, torchrun-ready.
+"""``smiexlm predict`` on a table: into one CSV (:func:`predict_file`) or a folder of Parquet
+parts (:func:`predict_parts`: library-scale, resumable, torchrun-ready).
 
-The same predictions as :func:`~smiexlm.moleculenet.finetune.predict` (one row per input: the
-id columns, the SMILES, ``valid``, then the label columns, ``<label>_std`` for an ensemble),
-written part by part by :func:`~smiexlm.parts.run_parts`; bad rows get NaN predictions and
-are listed with their reasons in ``rejects.csv``.
+Both give the predictions of :func:`~smiexlm.moleculenet.finetune.predict` with the input's
+id columns: one row per input (the id columns, the SMILES, ``valid``, then the label columns,
+``<label>_std`` for an ensemble); bad rows get NaN predictions and are listed with their
+reasons (``rejects.csv`` beside the parts).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
+
+Reject = tuple[int, str, str]  # (input row, SMILES, reason)
+
+
+@dataclass
+class PredictedFile:
+    """What :func:`predict_file` wrote: the file, its rows, and the bad rows."""
+
+    out: Path
+    n_rows: int
+    rejects: list[Reject]
+
+
+def predict_file(
+    checkpoint: Path | str | Sequence[Path | str],
+    input_path: Path,
+    out: Path,
+    smiles_col: str = "smiles",
+    id_cols: list[str] | None = None,
+    backend: Literal["torch", "onnx"] = "torch",
+) -> PredictedFile:
+    """Predict every SMILES of ``input_path`` into the CSV ``out`` (written atomically);
+    ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept."""
+    from smiexlm.data.readers import read_table
+    from smiexlm.errors import DataError
+    from smiexlm.paths import atomic_path, check_output
+
+    folders = _folders(checkpoint)
+    out = check_output(out, "--out")
+    frame = read_table(input_path, smiles_col)  # text cells; a blank cell is ""
+    if not _usable(frame[smiles_col]).any():
+        raise DataError(f"--input: column {smiles_col!r} has no non-empty SMILES")
+    outputs = _output_columns(folders, backend)
+    keep = _id_columns(frame, smiles_col, outputs, id_cols)
+    table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, 0, backend)
+    with atomic_path(out) as tmp:  # a reader never sees half a file
+        table.to_csv(tmp, index=False)
+    return PredictedFile(out, len(table), rejects)
 
 
 def predict_parts(
@@ -30,24 +70,20 @@ def predict_parts(
     """Predict every SMILES of ``input_path`` with the fine-tuned folder(s) ``checkpoint``
     into the folder ``out``; the same call resumes an interrupted job. ``id_cols`` (default:
     every input column but the SMILES and the predicted ones) are kept."""
+    import pyarrow as pa
+
     from smiexlm.data.readers import iter_table
-    from smiexlm.errors import DataError
-    from smiexlm.moleculenet.finetune import predict
     from smiexlm.parts import PartsJob, input_record, model_record, run_parts
     from smiexlm.paths import check_output
     from smiexlm.workers import job_workers
 
-    folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
-    if not folders:
-        raise DataError("--checkpoint: expected at least one fine-tuned folder")
+    folders = _folders(checkpoint)
     out, input_path = Path(out), Path(input_path)
     check_output(out, "--out", kind="folder")  # before any compute, not after it
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     with job_workers(threads) as workers:
-        # One molecule gives the output columns (labels, and their _std for an ensemble).
-        outputs = [c for c in predict(folders, ["C"], backend=backend).columns
-                   if c not in ("smiles", "valid")]  # fmt: skip
+        outputs = _output_columns(folders, backend)
         keep = _id_columns(first, smiles_col, outputs, id_cols)
         settings = {"smiles_col": smiles_col, "id_cols": keep, "backend": backend}
         job = PartsJob("predict", input_record(input_path), model_record(map(Path, folders)),
@@ -56,26 +92,42 @@ def predict_parts(
         def process(frame: Any, start: int) -> ChunkOutput:
             table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, start,
                                             backend)  # fmt: skip
-            return ChunkOutput(table, rejects)
+            return ChunkOutput(pa.Table.from_pandas(table, preserve_index=False), rejects)
 
         return run_parts(job, out, _chain(first, chunks), process, workers, progress)
+
+
+def _folders(checkpoint: Path | str | Sequence[Path | str]) -> list[Path | str]:
+    from smiexlm.errors import DataError
+
+    folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
+    if not folders:
+        raise DataError("--checkpoint: expected at least one fine-tuned folder")
+    return folders
+
+
+def _output_columns(folders: list, backend: str) -> list[str]:
+    """The predicted columns: labels, and their ``_std`` for an ensemble (from one molecule)."""
+    from smiexlm.moleculenet.finetune import predict
+
+    return [c for c in predict(folders, ["C"], backend=backend).columns  # type: ignore[arg-type]
+            if c not in ("smiles", "valid")]  # fmt: skip
 
 
 def _predict_chunk(
     folders: list, frame: Any, smiles_col: str, keep: list[str], outputs: list[str],
     start: int, backend: str,
-) -> tuple[Any, list[tuple[int, str, str]]]:  # fmt: skip
-    """The output rows of ``frame`` (a pyarrow table) and its bad rows (row, SMILES, reason)."""
+) -> tuple[Any, list[Reject]]:  # fmt: skip
+    """The output rows of ``frame`` (a DataFrame) and its bad rows (row, SMILES, reason)."""
     import numpy as np
     import pandas as pd
-    import pyarrow as pa
 
     from smiexlm.data.normalize import smiles_problem
     from smiexlm.moleculenet.finetune import predict
 
     frame = frame.reset_index(drop=True)
     texts = frame[smiles_col].astype(str).str.strip()
-    usable = (texts != "") & ~texts.str.contains(r"\s")
+    usable = _usable(frame[smiles_col])
     preds = pd.DataFrame(np.nan, index=frame.index, columns=outputs)
     valid = pd.Series(False, index=frame.index)
     if usable.any():
@@ -94,7 +146,13 @@ def _predict_chunk(
     result["valid"] = valid.to_numpy()
     for column in outputs:
         result[column] = preds[column].astype("float64")
-    return pa.Table.from_pandas(result, preserve_index=False), rejects
+    return result, rejects
+
+
+def _usable(column: Any) -> Any:
+    """True where a cell can be a SMILES: not blank, no whitespace inside."""
+    texts = column.astype(str).str.strip()
+    return (texts != "") & ~texts.str.contains(r"\s")
 
 
 def _id_columns(

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from smiexlm.errors import ConfigError
+from smiexlm.errors import ConfigError, check_choice
 from smiexlm.fingerprints import FEATURE_KINDS
+from smiexlm.model.model import POOLINGS
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS
@@ -44,8 +45,7 @@ class ProbeConfig:
         self.c_grid = tuple(float(c) for c in self.c_grid)
         if not self.c_grid or min(self.c_grid) <= 0:
             raise ConfigError("c_grid", self.c_grid, "one or more positive numbers")
-        if self.pooling not in ("cls", "mean", "max"):
-            raise ConfigError("pooling", self.pooling, "'cls', 'mean' or 'max'")
+        check_choice("pooling", self.pooling, POOLINGS)
         if self.split not in SPLIT_KINDS:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
         if self.features is not None and self.features not in FEATURE_KINDS:

@@ -15,7 +15,7 @@ from the same weights with plain tensor ops:
   attention in float64 under :func:`smiexlm.model.encoder.batch_invariant` because SDPA's fp32
   kernels change their summation order with the padded length. onnxruntime's float32 MatMul
   and Softmax gave each molecule bitwise the same output in any batch, padded or alone, with
-  1 and 2 threads (tests/test_onnx.py checks it wherever it runs), so the graph keeps float32.
+  1 and 2 threads (tests/unit/serving/test_onnx.py checks it wherever it runs), so the graph keeps float32.
 - mean pooling is the last entry of a running sum over positions (CumSum adds them one by
   one): onnxruntime's ReduceSum, and a (1, L) @ (L, d) MatMul, moved the mean by up to 6e-7
   with the batch size.

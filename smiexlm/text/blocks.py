@@ -118,6 +118,31 @@ def _block_hashes(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return out
 
 
+def _write_split(out: Path, split: str, blocks, shard_size: int, progress: bool) -> list[dict]:
+    """The blocks of one split as shards of ``shard_size`` blocks; their records."""
+    from tqdm import tqdm
+
+    shards: list[dict] = []
+    pending: list[np.ndarray] = []
+
+    def flush() -> None:
+        lengths = np.array([len(b) for b in pending], dtype=np.int64)
+        ids = np.concatenate(pending).astype(np.uint16)
+        name = f"{split}-{len(shards):05d}"
+        shards.append(write_shard(out, name, ids, lengths, _block_hashes(ids, lengths)).to_dict())
+        pending.clear()
+
+    with tqdm(desc=f"{split} blocks", unit=" blocks", disable=not progress) as bar:
+        for block in blocks:
+            pending.append(block)
+            bar.update(1)
+            if len(pending) == shard_size:
+                flush()
+        if pending:
+            flush()
+    return shards
+
+
 def build_text_dataset(
     train_inputs: Sequence[str | Path],
     valid_inputs: Sequence[str | Path],
@@ -134,7 +159,6 @@ def build_text_dataset(
     line; each split is its own stream of blocks. Writes ``{split}-NNNNN.bin/.idx/.hash``,
     ``vocab.json`` and ``manifest.json`` (its "molecules" counts are blocks here). Returns the
     manifest."""
-    from tqdm import tqdm
 
     if not train_inputs:
         raise ConfigError("train_inputs", list(train_inputs), "at least one text file")
@@ -148,27 +172,8 @@ def build_text_dataset(
     sources = []
     unk_before = tokenizer.n_unk
     for split, inputs in (("train", train_inputs), ("valid", valid_inputs)):
-        shards, pending = [], []
-
-        def flush(split=split, shards=shards, pending=pending) -> None:
-            if not pending:
-                return
-            lengths = np.array([len(b) for b in pending], dtype=np.int64)
-            ids = np.concatenate(pending).astype(np.uint16)
-            name = f"{split}-{len(shards):05d}"
-            shards.append(
-                write_shard(out, name, ids, lengths, _block_hashes(ids, lengths)).to_dict()
-            )
-            pending.clear()
-
-        bar = tqdm(desc=f"{split} blocks", unit=" blocks", disable=not progress)
-        for block in text_blocks(inputs, tokenizer, tokens_per_sample, frame):
-            pending.append(block)
-            bar.update(1)
-            if len(pending) == shard_size:
-                flush()
-        flush()
-        bar.close()
+        blocks = text_blocks(inputs, tokenizer, tokens_per_sample, frame)
+        shards = _write_split(out, split, blocks, shard_size, progress)
         splits[split] = {
             "molecules": sum(s["molecules"] for s in shards),
             "tokens": sum(s["tokens"] for s in shards),

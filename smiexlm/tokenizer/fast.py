@@ -117,60 +117,29 @@ class ChunkEncoder:
     def _encode_fast(self, data: bytes, smiles: list[str]) -> EncodedChunk:
         n = len(smiles)
         b = np.frombuffer(data, dtype=np.uint8)
-        size = len(b)
-        pos = np.arange(size, dtype=np.int32)
         nl = b == 10
-        # (N,) row of each byte; the newline belongs to its row
-        sid = np.cumsum(nl, dtype=np.int32) - nl
-        is_open, is_close = b == 91, b == 93
-        # Bracket atom = first "[" after the previous "]" up to the next "]" (the regex rule).
-        group = np.cumsum(is_close, dtype=np.int32) - is_close
-        opens = np.flatnonzero(is_open)
-        first_open = np.full(int(group[-1]) + 2, size + 1, dtype=np.int32)
-        if len(opens):
-            g_open = group[opens]
-            keep = np.r_[True, g_open[1:] != g_open[:-1]]
-            first_open[g_open[keep]] = opens[keep]
-        inb = pos >= first_open[group]  # inside a bracket atom, "[" and "]" included
-        bracket_start = inb & is_open & (pos == first_open[group])
-        # A bracket that runs over a row end is unclosed in one row and stray in the next ones.
-        group_crosses = np.zeros(len(first_open), dtype=bool)
-        group_crosses[group[inb & nl]] = True
-        bad = (inb & group_crosses[group]) | (inb & is_open & ~bracket_start)
-        bad[:-1] |= bracket_start[:-1] & is_close[1:]  # "[]"
-        outside = ~inb & ~nl
-        cont = np.zeros(size, dtype=bool)
-        prev = np.r_[np.uint8(0), b[:-1]]
-        prev_out = np.r_[False, outside[:-1]]
-        cont |= outside & prev_out & (((b == 114) & (prev == 66)) | ((b == 108) & (prev == 67)))
-        gt = outside & (b == 62)  # ">>" pairs up within a run of ">": odd offsets continue
-        if gt.any():
-            run_start = gt & ~np.r_[False, gt[:-1]]
-            start_pos = np.maximum.accumulate(np.where(run_start, pos, 0))
-            cont |= gt & ((pos - start_pos) % 2 == 1)
-        pct = np.flatnonzero(outside & (b == 37))
-        if len(pct):
-            d1, d2 = pct + 1, pct + 2
-            good_pct = d2 < size
-            d1c, d2c = np.minimum(d1, size - 1), np.minimum(d2, size - 1)
-            digits = (
-                good_pct
-                & (b[d1c] >= 48)
-                & (b[d1c] <= 57)
-                & (b[d2c] >= 48)
-                & (b[d2c] <= 57)
-                & outside[d1c]
-                & outside[d2c]
-            )
-            bad[pct[~digits]] = True
-            cont[d1c[digits]] = True
-            cont[d2c[digits]] = True
+        sid = np.cumsum(nl, dtype=np.int32) - nl  # (N,) row of each byte; "\n" ends its row
+        br = _brackets(b, nl)
+        outside = ~br.inside & ~nl
+        cont, bad = _continuations(b, outside, br.bad)
         lut = self._lut[b]
         starts = outside & ~cont
         bad |= starts & (lut < 0)
         bad_rows = np.bincount(sid[bad], minlength=n) > 0  # (n,)
-        good_byte = ~bad_rows[sid]
-        tokpos = np.flatnonzero((starts | bracket_start | nl) & good_byte)
+        tokpos = np.flatnonzero((starts | br.start | nl) & ~bad_rows[sid])
+        tid = self._token_ids(data, b, lut, cont, tokpos, br)
+        tok_sid = sid[tokpos]
+        firsts = np.flatnonzero(np.r_[True, tok_sid[1:] != tok_sid[:-1]]) if len(tok_sid) else []
+        ids = np.insert(tid, firsts, self.bos).astype(np.uint16)
+        lengths = np.bincount(tok_sid, minlength=n)[~bad_rows] + 1
+        chunk = EncodedChunk(~bad_rows, ids, lengths.astype(np.int64))
+        if bad_rows.any():  # the reference tokenizer decides about the odd rows
+            return self._merge(smiles, bad_rows, chunk)
+        return chunk
+
+    def _token_ids(self, data: bytes, b, lut, cont, tokpos, br: _Brackets) -> np.ndarray:
+        """The id of each token starting at ``tokpos`` (EOS for a row's newline)."""
+        size = len(b)
         tid = lut[tokpos].copy()
         tb = b[tokpos]
         nxt = np.minimum(tokpos + 1, size - 1)
@@ -182,25 +151,17 @@ class ChunkEncoder:
         if is_pct.any():
             p = tokpos[is_pct]
             tid[is_pct] = self._ring[(b[p + 1] - 48).astype(np.int64) * 10 + (b[p + 2] - 48)]
-        tid[b[tokpos] == 10] = self.eos
-        is_br = bracket_start[tokpos]
+        tid[tb == 10] = self.eos
+        is_br = br.start[tokpos]
         if is_br.any():
-            closes = np.flatnonzero(is_close)
             starts_b = tokpos[is_br]
-            ends = closes[group[starts_b]]
+            ends = np.flatnonzero(br.is_close)[br.group[starts_b]]
             get, unk = self._bytes_vocab.get, self.unk
             tid[is_br] = [
                 get(data[s : e + 1], unk)
                 for s, e in zip(starts_b.tolist(), ends.tolist(), strict=False)
             ]
-        tok_sid = sid[tokpos]
-        firsts = np.flatnonzero(np.r_[True, tok_sid[1:] != tok_sid[:-1]]) if len(tok_sid) else []
-        ids = np.insert(tid, firsts, self.bos).astype(np.uint16)
-        lengths = np.bincount(tok_sid, minlength=n)[~bad_rows] + 1
-        chunk = EncodedChunk(~bad_rows, ids, lengths.astype(np.int64))
-        if bad_rows.any():  # the reference tokenizer decides about the odd rows
-            return self._merge(smiles, bad_rows, chunk)
-        return chunk
+        return tid
 
     def _encode_exact(self, smiles: list[str], which: np.ndarray) -> EncodedChunk:
         ok = np.zeros(len(smiles), dtype=bool)
@@ -233,3 +194,66 @@ class ChunkEncoder:
                 out.append(arr)
         ids = np.concatenate(out) if out else np.zeros(0, np.uint16)
         return EncodedChunk(ok, ids, np.array([len(a) for a in out], dtype=np.int64))
+
+
+@dataclass
+class _Brackets:
+    """Bracket atoms of a chunk's bytes: ``inside`` ("[" and "]" included), ``start`` (their
+    "["), ``group`` (bytes between two "]"), ``is_close`` and the ``bad`` bytes (unclosed,
+    stray, empty or running over a row end)."""
+
+    inside: np.ndarray
+    start: np.ndarray
+    group: np.ndarray
+    is_close: np.ndarray
+    bad: np.ndarray
+
+
+def _brackets(b: np.ndarray, nl: np.ndarray) -> _Brackets:
+    """A bracket atom is the first "[" after the previous "]" up to the next "]" (the regex
+    rule); one that runs over a row end is unclosed in one row and stray in the next."""
+    size = len(b)
+    pos = np.arange(size, dtype=np.int32)
+    is_open, is_close = b == 91, b == 93
+    group = np.cumsum(is_close, dtype=np.int32) - is_close
+    opens = np.flatnonzero(is_open)
+    first_open = np.full(int(group[-1]) + 2, size + 1, dtype=np.int32)
+    if len(opens):
+        g_open = group[opens]
+        keep = np.r_[True, g_open[1:] != g_open[:-1]]
+        first_open[g_open[keep]] = opens[keep]
+    inside = pos >= first_open[group]
+    start = inside & is_open & (pos == first_open[group])
+    crosses = np.zeros(len(first_open), dtype=bool)
+    crosses[group[inside & nl]] = True
+    bad = (inside & crosses[group]) | (inside & is_open & ~start)
+    bad[:-1] |= start[:-1] & is_close[1:]  # "[]"
+    return _Brackets(inside, start, group, is_close, bad)
+
+
+def _continuations(b: np.ndarray, outside: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Bytes that continue the token before them outside brackets ("Br", "Cl", ">>", "%nn"),
+    and ``bad`` with the malformed "%" added."""
+    size = len(b)
+    pos = np.arange(size, dtype=np.int32)
+    cont = np.zeros(size, dtype=bool)
+    prev = np.r_[np.uint8(0), b[:-1]]
+    prev_out = np.r_[False, outside[:-1]]
+    cont |= outside & prev_out & (((b == 114) & (prev == 66)) | ((b == 108) & (prev == 67)))
+    gt = outside & (b == 62)  # ">>" pairs up within a run of ">": odd offsets continue
+    if gt.any():
+        run_start = gt & ~np.r_[False, gt[:-1]]
+        start_pos = np.maximum.accumulate(np.where(run_start, pos, 0))
+        cont |= gt & ((pos - start_pos) % 2 == 1)
+    pct = np.flatnonzero(outside & (b == 37))
+    if len(pct):
+        d1, d2 = pct + 1, pct + 2
+        d1c, d2c = np.minimum(d1, size - 1), np.minimum(d2, size - 1)
+        digits = (
+            (d2 < size) & (b[d1c] >= 48) & (b[d1c] <= 57) & (b[d2c] >= 48) & (b[d2c] <= 57)
+            & outside[d1c] & outside[d2c]
+        )  # fmt: skip
+        bad[pct[~digits]] = True
+        cont[d1c[digits]] = True
+        cont[d2c[digits]] = True
+    return cont, bad

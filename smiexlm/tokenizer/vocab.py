@@ -1,4 +1,5 @@
-"""Build a SMILES vocabulary from a corpus (``smiexlm vocab build``).
+"""Build a SMILES vocabulary from a corpus (``smiexlm vocab build``), and tokenize lines
+(``smiexlm tokenize``).
 
 The corpus comes as strings; reading files is the data layer's job
 (:func:`smiexlm.data.readers.iter_smiles`).
@@ -7,7 +8,7 @@ The corpus comes as strings; reading files is the data layer's job
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from smiexlm.errors import InvalidSmilesError
 from smiexlm.tokenizer.smiles import SmilesTokenizer, split_smiles
@@ -53,3 +54,15 @@ def build_vocabulary(
         f"(incl. {len(SPECIAL_TOKENS)} special); token coverage {covered / max(total, 1):.4%}"
     )
     return tok, report
+
+
+def tokenized_lines(tokenizer: SmilesTokenizer, smiles: Iterable[str], ids: bool = False) -> Iterator[str]:  # fmt: skip
+    """One line per SMILES: its tokens (space-separated) or, with ``ids``, its vocabulary ids
+    with BOS and EOS; a blank input gives a blank line, so lines stay aligned. The first
+    SMILES that does not tokenize raises InvalidSmilesError."""
+    for s in smiles:
+        yield (
+            ""
+            if not s
+            else " ".join(map(str, tokenizer.encode(s) if ids else tokenizer.tokenize(s)))
+        )

@@ -1,5 +1,7 @@
-"""Pre-training: ``config`` (TrainConfig), ``optim``, ``checkpoint``, ``distributed``,
-``trainer`` (the loop, :func:`pretrain`) and ``plot`` (loss curves)."""
+"""Pre-training: ``config`` (TrainConfig), ``launch`` (a job, in one process or spread over
+the free cores), ``trainer`` (the loop, :func:`pretrain`) with its ``stream`` (who reads which
+micro-batch), ``reporting`` (metrics.jsonl, TensorBoard) and ``guards`` (stop requests, out
+of memory), ``optim``, ``checkpoint``, ``distributed``, and ``plot`` (loss curves)."""
 
 from smiexlm.training.config import TrainConfig, load_config
 

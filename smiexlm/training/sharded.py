@@ -149,28 +149,8 @@ def restore_sharded(
     state = ckpt.TrainerState(**payload["state"])
     model = ExLMModel.from_pretrained(sharded).train()
     optimizer = build_optimizer(model, config)
-    if is_sharded(sharded, OPTIMIZER_STEM):
-        tensors = load_sharded(sharded / index_name(OPTIMIZER_STEM))
-        ckpt.optimizer_from_tensors(optimizer, tensors, payload["optimizer_groups"])
-        how = "restored"
-    else:
-        if data_dir is None:
-            raise ConfigError(
-                "data_dir",
-                None,
-                f"the run's dataset folder: {sharded.name} holds no optimizer state, which is "
-                "re-warmed from training batches",
-            )
-        n = rewarm_optimizer(
-            model, optimizer, config, Path(data_dir), state, rewarm_batches, device
-        )
-        how = f"re-warmed from {n} micro-batches at lr 0"
-        state.extra = {**state.extra, "optimizer_rewarmed": {"batches": n, "at_step": state.step}}
-        logger.warning(
-            "%s: the optimizer state was left behind; Adam's moments %s (weights unchanged)",
-            sharded,
-            how,
-        )
+    how = _optimizer_state(sharded, model, optimizer, payload, config, state, data_dir,
+                           rewarm_batches, device)  # fmt: skip
     model = model.cpu()
     if (sharded / ckpt.RNG_FILE).is_file():
         ckpt.set_rng_state(ckpt.load_tensors(sharded / ckpt.RNG_FILE), payload["rng"])
@@ -184,6 +164,30 @@ def restore_sharded(
         load_tokenizer(sharded / VOCAB_NAME),
     )
     return RestoreReport(folder, state.step, how)
+
+
+def _optimizer_state(sharded: Path, model, optimizer, payload, config, state, data_dir,
+                     rewarm_batches: int, device: str) -> str:  # fmt: skip
+    """Adam's moments from the sharded checkpoint, or re-warmed from the run's data when it
+    holds none (recorded in ``state.extra``); how it was done."""
+    if is_sharded(sharded, OPTIMIZER_STEM):
+        tensors = load_sharded(sharded / index_name(OPTIMIZER_STEM))
+        ckpt.optimizer_from_tensors(optimizer, tensors, payload["optimizer_groups"])
+        return "restored"
+    if data_dir is None:
+        raise ConfigError(
+            "data_dir", None,
+            f"the run's dataset folder: {sharded.name} holds no optimizer state, which is "
+            "re-warmed from training batches",
+        )  # fmt: skip
+    n = rewarm_optimizer(model, optimizer, config, Path(data_dir), state, rewarm_batches, device)
+    how = f"re-warmed from {n} micro-batches at lr 0"
+    state.extra = {**state.extra, "optimizer_rewarmed": {"batches": n, "at_step": state.step}}
+    logger.warning(
+        "%s: the optimizer state was left behind; Adam's moments %s (weights unchanged)",
+        sharded, how,
+    )  # fmt: skip
+    return how
 
 
 def rewarm_optimizer(

@@ -1,0 +1,103 @@
+"""``smiexlm embed`` and ``smiexlm demo`` through the real entry point."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from smiexlm import Featurizer
+from smiexlm.embed import DRUG_PANEL, cosine_matrix, embed_file, run_demo
+from smiexlm.errors import DataError, InvalidSmilesError
+from tests.conftest import smiexlm_command
+from tests.unit.featurizer.test_featurizer import make_checkpoint
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([smiexlm_command(), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("cli"))
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    path = tmp_path_factory.mktemp("in") / "mols.csv"
+    smiles = ["CCO", "c1ccccc1", "C1CC", "CC(=O)Oc1ccccc1C(=O)O", "OCC"]
+    frame = pd.DataFrame({"mol_id": [f"m{i}" for i in range(5)], "smiles": smiles, "y": range(5)})
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_embed_parquet_keeps_ids_and_matches_api(checkpoint, table, tmp_path):
+    out = tmp_path / "emb.parquet"
+    res = run_cli("embed", str(table), "--smiles-col", "smiles", "--out", str(out),
+                  "--checkpoint", str(checkpoint), "--id-cols", "mol_id", "--device", "cpu")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "1 failed" in res.stdout and "'C1CC'" in res.stderr
+    got = pd.read_parquet(out)
+    assert got.columns[:2].tolist() == ["mol_id", "smiles"] and got.shape == (5, 2 + 128)
+    assert got.mol_id.tolist() == [f"m{i}" for i in range(5)]
+    emb = got.filter(regex=r"^e\d+$").to_numpy()
+    ref = Featurizer.from_pretrained(checkpoint, device="cpu").featurize(
+        pd.read_csv(table).smiles, errors="nan"
+    )
+    np.testing.assert_allclose(emb, ref, atol=1e-5)
+    assert np.isnan(emb[2]).all()
+
+
+def test_embed_npy_writes_ids_beside(checkpoint, table, tmp_path):
+    out = tmp_path / "emb.npy"
+    res = run_cli("embed", str(table), "--smiles-col", "smiles", "--out", str(out),
+                  "-c", str(checkpoint))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert np.load(out).shape == (5, 128)
+    ids = pd.read_csv(tmp_path / "emb.ids.csv")
+    assert ids.columns.tolist() == ["mol_id", "y", "smiles"]
+
+
+def test_embed_bad_input_is_one_clear_line(checkpoint, table, tmp_path):
+    res = run_cli("embed", str(table), "--smiles-col", "SMILES", "--out", str(tmp_path / "x.npy"),
+                  "-c", str(checkpoint))  # fmt: skip
+    assert res.returncode == 2 and "no SMILES column 'SMILES'" in res.stderr
+    with pytest.raises(DataError, match=r"\.parquet"):
+        embed_file(table, tmp_path / "x.txt", checkpoint=checkpoint)
+    with pytest.raises(InvalidSmilesError, match="input index 2"):
+        embed_file(table, tmp_path / "x.npy", checkpoint=checkpoint, errors="raise", progress=False)
+    with pytest.raises(DataError, match="id columns"):
+        embed_file(table, tmp_path / "x.npy", id_cols=["nope"], checkpoint=checkpoint)
+
+
+def test_demo_command(checkpoint):
+    res = run_cli("demo", "--checkpoint", str(checkpoint), "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    assert f"({len(DRUG_PANEL)}, 128)" in res.stdout
+    for name in ("aspirin", "caffeine", "ibuprofen", "paracetamol", "penicillin G", "morphine"):
+        assert name in res.stdout
+
+
+def test_demo_neighbours_are_the_brute_force_argmax(checkpoint):
+    result = run_demo(checkpoint, device="cpu")
+    sim = cosine_matrix(result.embeddings)
+    for i, j in enumerate(result.neighbours):
+        others = [k for k in range(len(sim)) if k != i]
+        assert j == max(others, key=lambda k: sim[i, k])
+        u, v = result.embeddings[i], result.embeddings[j]
+        assert result.cosine[i] == pytest.approx(
+            u @ v / np.linalg.norm(u) / np.linalg.norm(v), abs=1e-5
+        )
+    # ECFP4: caffeine's nearest is theophylline (a fingerprint fact, independent of the model)
+    names = result.names
+    assert names[result.ecfp_neighbours[names.index("caffeine")]] == "theophylline"
+
+
+def test_demo_without_default_model_says_so(monkeypatch, tmp_path):
+    import smiexlm.model.pretrained as module
+
+    monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", tmp_path / "none")
+    with pytest.raises(DataError, match="not installed"):
+        run_demo()

@@ -1,0 +1,207 @@
+"""The package's shape: tokenization in one folder, one home per helper, layers that hold."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "smiexlm"
+SPECIAL_NAMES = {
+    "PAD_ID", "BOS_ID", "EOS_ID", "MASK_ID", "UNK_ID",
+    "SPECIAL_TOKENS", "N_SPECIAL_TOKENS", "IGNORE_INDEX",
+}  # fmt: skip
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {
+        str(p.relative_to(PACKAGE.parent)): ast.parse(p.read_text())
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_tokenization_is_one_folder():
+    for path, tree in _modules().items():
+        if path.startswith("smiexlm/tokenizer/"):
+            continue
+        assert not Path(path).stem.startswith(("tokenizer", "vocab")), path
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            names |= {e.id for t in targets if isinstance(t, ast.Tuple) for e in t.elts}
+            assert not names & SPECIAL_NAMES, (path, names & SPECIAL_NAMES)
+        for node in ast.walk(tree):  # -100 is written as IGNORE_INDEX
+            if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+                assert getattr(node.operand, "value", None) != 100, (path, node.lineno)
+
+
+def test_tokenizer_package_sits_below_the_rest():
+    allowed = ("smiexlm.tokenizer", "smiexlm.errors", "smiexlm.paths")
+    for path, tree in _modules().items():
+        if path.startswith("smiexlm/tokenizer/"):
+            project = {m for m in _imports(tree) if m.startswith("smiexlm")}
+            assert all(m.startswith(allowed) for m in project), (path, project)
+
+
+def test_training_does_not_import_the_text_adapter():
+    for path, tree in _modules().items():
+        if path.startswith("smiexlm/training/"):
+            assert not any(m.startswith("smiexlm.text") for m in _imports(tree)), path
+
+
+def test_each_helper_has_one_definition():
+    defined = Counter(
+        node.name
+        for tree in _modules().values()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.col_offset == 0
+    )
+    for name in ("file_sha256", "token_budget_batches", "iter_smiles", "split_smiles_line",
+                 "resolve_device", "morgan_fingerprints", "load_tokenizer", "load_pretrained",
+                 "read_normalization", "pad_rows", "pad_flat", "collate", "check_text"):  # fmt: skip
+        assert defined[name] == 1, name
+    assert defined["load_checkpoint"] == 0  # each loader's name says what it loads
+    morgan = [
+        path
+        for path, tree in _modules().items()
+        if any(
+            isinstance(node, ast.Attribute) and node.attr == "GetMorganGenerator"
+            for node in ast.walk(tree)
+        )
+    ]
+    assert morgan == ["smiexlm/fingerprints.py"]
+
+
+def _where(predicate) -> dict[str, list[int]]:
+    """Module -> line numbers of the AST nodes for which ``predicate`` holds."""
+    found: dict[str, list[int]] = {}
+    for path, tree in _modules().items():
+        lines = [node.lineno for node in ast.walk(tree) if predicate(node)]
+        if lines:
+            found[path] = lines
+    return found
+
+
+def test_one_home_loads_a_model_folder():
+    """Model folders are loaded by ``load_pretrained`` (tokenizer and normalisation with the
+    weights); only a training resume, which restores a run's state, reads weights itself."""
+
+    def loads_weights(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "from_pretrained"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "ExLMModel"
+        )
+
+    homes = set(_where(loads_weights))
+    assert homes == {"smiexlm/model/pretrained.py", "smiexlm/training/sharded.py"}, homes
+
+
+def test_one_home_pads_token_rows():
+    """A (B, T) mask from row lengths (``arange(T) < lengths[:, None]``) is built only by
+    the padder; the model's own geometry (ExLM expansion, masking, DAG) is not input padding."""
+
+    def pads(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Compare) or not isinstance(node.ops[0], ast.Lt):
+            return False
+        left, right = ast.unparse(node.left), ast.unparse(node.comparators[0])
+        return "arange(" in left and right.endswith("[:, None]")
+
+    homes = {p for p in _where(pads) if not p.startswith(("smiexlm/model/", "smiexlm/dag/"))}
+    assert homes == {"smiexlm/tokenizer/padding.py"}, homes
+
+
+def test_one_home_normalises_and_tokenizes_model_inputs():
+    """SMILES reach a model through ``ModelInputs``: outside the tokenizer package nobody
+    else calls ``encode_many`` (the tokenizer's batch entry point) but the text adapter's
+    corpus builder, which streams plain text, not molecules."""
+
+    def encodes(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "encode_many"
+        )
+
+    homes = {p for p in _where(encodes) if not p.startswith("smiexlm/tokenizer/")}
+    homes.discard("smiexlm/text/blocks.py")
+    assert homes == {"smiexlm/model/inputs.py"}, homes
+
+
+# pandas, pyarrow and the standard library's ways of opening a table file or a compressed one.
+TABLE_READERS = {
+    "pandas.read_csv", "pandas.read_table", "pandas.read_parquet", "pandas.read_fwf",
+    "pandas.read_excel", "pandas.read_feather", "pyarrow.csv.read_csv", "pyarrow.csv.open_csv",
+    "pyarrow.parquet.read_table", "pyarrow.parquet.ParquetFile", "pyarrow.parquet.ParquetDataset",
+    "pyarrow.parquet.read_schema", "pyarrow.dataset.dataset", "gzip.open", "gzip.GzipFile",
+    "csv.reader", "csv.DictReader", "lmdb.open",
+}  # fmt: skip
+
+
+def _table_readers(tree: ast.Module) -> set[str]:
+    """The names of :data:`TABLE_READERS` that a module imports or refers to, however spelled
+    (``pd.read_csv``, ``from pyarrow import parquet as pq`` then ``pq.read_table``, ``from
+    pandas import read_csv``), called or passed around (``opener = gzip.open``)."""
+    aliases: dict[str, str] = {}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                aliases[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                aliases[alias.asname or alias.name] = name
+                found |= {name} & TABLE_READERS
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            head, _, rest = ast.unparse(node).partition(".")
+            found |= {f"{aliases.get(head, head)}.{rest}"} & TABLE_READERS
+    return found
+
+
+def test_one_home_reads_tables():
+    """A table of molecules (SMILES file, CSV/TSV, Parquet, LMDB; gzipped or not) is opened
+    by ``smiexlm.data.readers`` alone: it owns the suffix table, the SMILES-column rule and
+    the error messages. Any other module that opens such a file with pandas, pyarrow, gzip,
+    csv or lmdb is a second home of the concept, whatever its functions are called.
+
+    The others below read files of their own making or no molecules at all:
+    ``parts/`` its own Parquet parts (and their schema); ``search.py`` its index's own
+    ``library.parquet``; ``cli/embed.py`` the ``rejects.csv`` of a parts folder it wrote;
+    ``text/blocks.py`` the text adapter's plain-text corpus (documents, not molecules).
+    The list is exact, so a reader that goes away must leave it too."""
+    homes = {p: _table_readers(tree) for p, tree in _modules().items()}
+    homes = {p: found for p, found in homes.items() if found}
+    readers = homes.pop("smiexlm/data/readers.py", set())
+    assert {"pandas.read_csv", "pyarrow.parquet.ParquetFile", "csv.reader"} <= readers
+    assert homes == {
+        "smiexlm/parts/__init__.py": {"pyarrow.parquet.read_schema"},
+        "smiexlm/parts/reading.py": {"pyarrow.parquet.read_table", "pyarrow.dataset.dataset"},
+        "smiexlm/search.py": {"pyarrow.parquet.read_table"},
+        "smiexlm/cli/embed.py": {"csv.DictReader"},
+        "smiexlm/text/blocks.py": {"gzip.open"},
+    }, homes  # fmt: skip
+    assert not (PACKAGE / "tables.py").exists()  # the old DataFrame reader beside readers.py
+    defined = Counter(
+        node.name
+        for tree in _modules().values()
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+    )
+    for name in ("detect_format", "smiles_column", "iter_table", "read_table", "read_chunks"):
+        assert defined[name] == 1, name
