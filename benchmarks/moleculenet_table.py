@@ -51,7 +51,7 @@ def cpu_config(task: str, schedule: str = "cpu", **overrides):
     return finetune_config(
         task,
         epochs=CPU_EPOCHS[task],
-        lr=max(base.lr, MIN_LR),
+        lr=max(base.loop.lr, MIN_LR),
         max_train_steps=CPU_MAX_STEPS.get(task),
         device="cpu",
         **overrides,

@@ -45,3 +45,16 @@ def smiexlm_command() -> str:
     """The installed ``smiexlm`` console script of the running interpreter's environment."""
     beside = Path(sys.executable).with_name("smiexlm")
     return str(beside) if beside.is_file() else (shutil.which("smiexlm") or "smiexlm")
+
+
+def torchrun_command(n: int) -> list[str]:
+    """``torchrun`` of ``n`` local processes (a free port each time) running the installed
+    ``smiexlm`` console script: append the command's words."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
+            "--master_addr", "127.0.0.1", "--master_port", str(port), "--no-python",
+            smiexlm_command()]  # fmt: skip

@@ -338,8 +338,8 @@ def finetune_jobs(ctx: Context, models: dict[str, Path]) -> tuple[list[dict], li
         for task in tasks:
             cfg = finetune_config(task)
             n_train = json.loads((cache / f"{task}.json").read_text())["sizes"][0]
-            epochs = 1 if ctx.dry_run else cfg.epochs
-            steps = epochs * math.ceil(n_train / cfg.batch_size)
+            epochs = 1 if ctx.dry_run else cfg.loop.epochs
+            steps = epochs * math.ceil(n_train / cfg.loop.batch_size)
             for seed in seeds:
                 job = {"model": name, "checkpoint": str(folder), "task": task, "seed": seed}
                 job |= {"epochs": epochs, "steps": steps}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.errors import ConfigError, check_choice, check_fraction, check_positive_int
-from smiexlm.finetuning.engine import AMP_CHOICES
+from smiexlm.finetuning.engine import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.model import POOLINGS
 from smiexlm.moleculenet.splits import SPLIT_KINDS
@@ -18,66 +18,75 @@ from smiexlm.paths import PACKAGE_DIR
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "moleculenet.toml"
 
 
+# The flat keys of the TOML and of the CLI that are the loop's (max_train_steps is the loop's
+# max_steps); the others are FinetuneConfig's own fields.
+_LOOP_KEYS = {
+    "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "warmup_ratio": "warmup_ratio",
+    "weight_decay": "weight_decay", "adam_betas": "adam_betas", "adam_eps": "adam_eps",
+    "clip_norm": "clip_norm", "max_train_steps": "max_steps", "patience": "patience",
+    "amp": "amp", "eval_batch_size": "eval_batch_size", "device": "device", "freeze": "freeze",
+    "freeze_layers": "freeze_layers",
+}  # fmt: skip
+
+
+def _default_loop() -> LoopConfig:
+    return LoopConfig(epochs=40, batch_size=64, lr=1e-4)
+
+
 @dataclass
 class FinetuneConfig:
-    """Everything that decides a fine-tuning run besides the checkpoint, data and seed.
+    """Everything that decides a fine-tuning run besides the checkpoint, data and seed: the
+    training loop (a :class:`~smiexlm.finetuning.LoopConfig`: epochs, batch, optimiser,
+    ``max_steps``, ``patience``, precision, ``freeze``/``freeze_layers``) and what the
+    MoleculeNet adapter adds (dropouts, pooling, SMILES normalisation, split, truncation,
+    hybrid ``features``: ``ecfp4`` | ``rdkit2d``).
 
-    ``max_train_steps`` (None = no limit) stops each run early for quick CPU checks; the
-    report records it, so shortened runs are never mistaken for full ones. ``patience``
-    (None = the whole Table 8 schedule) stops after that many epochs without a better valid
-    score. ``freeze`` trains the head only, ``freeze_layers`` freezes the embeddings and the
-    first N blocks; ``features`` (``ecfp4`` | ``rdkit2d``) makes the head hybrid.
+    The TOML tables, the CLI and :func:`finetune_config` speak flat keys
+    (:meth:`from_flat`, :meth:`to_dict`); ``max_train_steps`` is the loop's ``max_steps`` and is
+    recorded in every report, so shortened runs are never mistaken for full ones.
     """
 
-    epochs: int = 40
-    batch_size: int = 64
-    lr: float = 1e-4
-    warmup_ratio: float = 0.06
+    loop: LoopConfig = field(default_factory=_default_loop)
     dropout: float = 0.1
     pooler_dropout: float = 0.1
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-6
-    clip_norm: float = 1.0
     pooling: str = "cls"
     canonicalize: bool = True  # as the pretraining corpus; False keeps the SMILES as written
     split: str = "scaffold"
     max_length: int = 256
-    max_train_steps: int | None = None
-    eval_batch_size: int = 256
-    device: str = "auto"
-    patience: int | None = None
-    freeze: bool = False
-    freeze_layers: int = 0
     features: str | None = None
-    amp: str = "auto"  # bf16 on CUDA and on bf16-native CPUs; "bf16" always, "off" never
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.adam_betas = tuple(self.adam_betas)  # type: ignore[assignment]
-        for name in ("epochs", "batch_size", "max_length", "eval_batch_size"):
-            check_positive_int(name, getattr(self, name))
-        if not self.lr > 0:
-            raise ConfigError("lr", self.lr, "a positive number")
-        for name in ("warmup_ratio", "dropout", "pooler_dropout"):
+        check_positive_int("max_length", self.max_length)
+        for name in ("dropout", "pooler_dropout"):
             check_fraction(name, getattr(self, name))
-        check_positive_int("max_train_steps", self.max_train_steps, optional=True)
         check_choice("pooling", self.pooling, POOLINGS)
-        if self.split not in SPLIT_KINDS:
-            raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
-        check_positive_int("patience", self.patience, optional=True)
-        if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
-            raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
-        if self.freeze and self.freeze_layers:
+        check_choice("split", self.split, SPLIT_KINDS)
+        if self.features is not None:
+            check_choice("features", self.features, FEATURE_KINDS)
+        if self.loop.freeze and self.loop.freeze_layers:
             raise ConfigError(
-                "freeze_layers", self.freeze_layers, "0 with freeze (which freezes every layer)"
+                "freeze_layers",
+                self.loop.freeze_layers,
+                "0 with freeze (which freezes every layer)",
             )
-        if self.features is not None and self.features not in FEATURE_KINDS:
-            raise ConfigError("features", self.features, f"one of {', '.join(FEATURE_KINDS)}")
-        check_choice("amp", self.amp, AMP_CHOICES)
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> FinetuneConfig:
+        """A config from flat keys (those of :data:`FLAT_KEYS`)."""
+        loop = {_LOOP_KEYS[k]: values.pop(k) for k in list(values) if k in _LOOP_KEYS}
+        check_positive_int("max_train_steps", loop.get("max_steps"), optional=True)
+        if "adam_betas" in loop:
+            loop["adam_betas"] = tuple(loop["adam_betas"])
+        return cls(loop=dataclasses.replace(_default_loop(), **loop), **values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The flat record (reports, ``finetune.json``)."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "loop"}
+        return {key: getattr(self.loop, name) for key, name in _LOOP_KEYS.items()} | own
+
+
+FLAT_KEYS = tuple(_LOOP_KEYS) + tuple(f.name for f in dataclasses.fields(FinetuneConfig) if f.name != "loop")  # fmt: skip
 
 
 def load_table(path: Path = CONFIG_PATH) -> dict[str, dict[str, Any]]:
@@ -95,7 +104,7 @@ def finetune_config(task: str | None, path: Path = CONFIG_PATH, **overrides: Any
     values = dict(table.get("defaults", {}))
     if task is not None:
         values.update(table.get(task.lower(), {}))
-    known = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    known = set(FLAT_KEYS)
     for key, value in overrides.items():
         if key not in known:
             raise ConfigError(key, value, f"a FinetuneConfig field ({', '.join(sorted(known))})")
@@ -104,4 +113,4 @@ def finetune_config(task: str | None, path: Path = CONFIG_PATH, **overrides: Any
     unknown = set(values) - known
     if unknown:
         raise ConfigError(str(sorted(unknown)), path.name, "only FinetuneConfig fields")
-    return FinetuneConfig(**values)
+    return FinetuneConfig.from_flat(**values)

@@ -20,6 +20,7 @@ ensemble: the mean prediction and its standard deviation per molecule.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -52,26 +53,17 @@ __all__ = ["Backbone", "finetune_once", "load_finetuned", "predict", "run_finetu
 
 
 def loop_config(cfg: FinetuneConfig, higher_is_better: bool):
-    """The engine's settings for a MoleculeNet config."""
-    from smiexlm.finetuning import LoopConfig
-
-    return LoopConfig(
-        epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, warmup_ratio=cfg.warmup_ratio,
-        weight_decay=cfg.weight_decay, adam_betas=cfg.adam_betas, adam_eps=cfg.adam_eps,
-        clip_norm=cfg.clip_norm, max_steps=cfg.max_train_steps, patience=cfg.patience,
-        select="best", higher_is_better=higher_is_better, amp=cfg.amp,  # type: ignore[arg-type]
-        eval_batch_size=cfg.eval_batch_size, freeze=cfg.freeze, freeze_layers=cfg.freeze_layers,
-        device=cfg.device,
-    )  # fmt: skip
+    """The engine's settings for a MoleculeNet config: its loop, selecting the best epoch."""
+    return dataclasses.replace(cfg.loop, select="best", higher_is_better=higher_is_better)
 
 
 def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
     """The report's row name: the backbone plus how it was fine-tuned."""
     name = backbone.name
-    if cfg.freeze:
+    if cfg.loop.freeze:
         name += " frozen"
-    elif cfg.freeze_layers:
-        name += f" ({cfg.freeze_layers} layers frozen)"
+    elif cfg.loop.freeze_layers:
+        name += f" ({cfg.loop.freeze_layers} layers frozen)"
     return name + (f" + {cfg.features}" if cfg.features else "")
 
 
@@ -161,7 +153,7 @@ def finetune_once(
                  seed, progress, f"{task.name} seed {seed}")  # fmt: skip
     # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
     # score is the one a user gets back from the saved model
-    test_score = targets.score(split.test, engine_predict(model, test, cfg.eval_batch_size))
+    test_score = targets.score(split.test, engine_predict(model, test, cfg.loop.eval_batch_size))
     if save_dir is not None:
         save_finetuned(model, tokenizer, save_dir, normalization=backbone.normalization, meta=dict(
             dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,

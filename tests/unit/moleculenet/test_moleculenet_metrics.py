@@ -87,12 +87,17 @@ def test_table8_ships_and_overrides():
     }  # fmt: skip
     for task, row in expected.items():
         cfg = finetune_config(task)
-        got = (cfg.epochs, cfg.batch_size, cfg.lr, cfg.warmup_ratio, cfg.dropout,
-               cfg.pooler_dropout)  # fmt: skip
+        got = (cfg.loop.epochs, cfg.loop.batch_size, cfg.loop.lr, cfg.loop.warmup_ratio,
+               cfg.dropout, cfg.pooler_dropout)  # fmt: skip
         assert got == row, task
         assert task in table
     cfg = finetune_config("bbbp", epochs=3, lr=None)
-    assert cfg.epochs == 3 and cfg.lr == 4e-4 and cfg.split == "scaffold" and cfg.canonicalize
+    assert (
+        cfg.loop.epochs == 3
+        and cfg.loop.lr == 4e-4
+        and cfg.split == "scaffold"
+        and cfg.canonicalize
+    )
     with pytest.raises(ConfigError, match="epochs"):
         finetune_config("bbbp", epochs=0)
     with pytest.raises(ConfigError, match="learning_rate"):

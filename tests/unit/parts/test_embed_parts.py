@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 from smiexlm.embed import embed_file, embed_parts, read_parts
 from smiexlm.errors import DataError
 from smiexlm.parts import iter_parts
-from tests.conftest import smiexlm_command
+from tests.conftest import smiexlm_command, torchrun_command
 from tests.unit.featurizer.test_featurizer import make_checkpoint
 
 BASES = ["CC(=O)Oc1ccccc1C(=O)O", "c1ccccc1CC", "CCN(CC)CC(=O)Nc1ccccc1", "CCOC(=O)c1ccc(N)cc1",
@@ -35,15 +34,6 @@ def run_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
 
 def _env() -> dict[str, str]:
     return os.environ | {"OMP_NUM_THREADS": "1"}
-
-
-def _torchrun(n: int) -> list[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
-            "--master_addr", "127.0.0.1", "--master_port", str(port), "--no-python",
-            smiexlm_command()]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +184,7 @@ def test_parts_options_need_a_folder(tmp_path, monkeypatch):
 def test_two_processes_under_torchrun_write_the_same_table(model, table, reference, tmp_path):
     out = tmp_path / "emb"
     run = subprocess.run(
-        [*_torchrun(2), "embed", str(table), "--out", str(out), "-c", str(model),
+        [*torchrun_command(2), "embed", str(table), "--out", str(out), "-c", str(model),
          "--device", "cpu", "--part-rows", "250"],
         capture_output=True, text=True, timeout=120, env=os.environ,
     )  # fmt: skip
@@ -229,7 +219,7 @@ def test_sigkill_of_one_worker_then_resume_gives_the_same_table(model, table, re
                                                                 tmp_path):  # fmt: skip
     out = tmp_path / "emb"
     launcher = subprocess.Popen(
-        [*_torchrun(2), "embed", str(table), "--out", str(out), "-c", str(model),
+        [*torchrun_command(2), "embed", str(table), "--out", str(out), "-c", str(model),
          "--device", "cpu", "--part-rows", "40"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ,
     )  # fmt: skip

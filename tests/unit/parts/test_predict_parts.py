@@ -1,11 +1,17 @@
-"""``smiexlm predict`` into a folder of Parquet parts: the same rows as the CSV output."""
+"""``smiexlm predict`` into a folder of Parquet parts: the same rows as the CSV output, and
+the same again from 2 processes under torchrun."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
 
 import numpy as np
 import pandas as pd
 
 from smiexlm.parts import read_parts
+from tests.conftest import torchrun_command
 
 
 def test_predict_into_parts_matches_the_csv(tmp_path):
@@ -42,3 +48,15 @@ def test_predict_into_parts_matches_the_csv(tmp_path):
     rejects = pd.read_csv(tmp_path / "p" / "rejects.csv", keep_default_na=False)
     assert rejects["row"].tolist() == [1, 3, 4]
     assert rejects["reason"].tolist()[:2] == ["empty string", "whitespace inside the SMILES"]
+    # the same job as 2 processes under torchrun: each writes its share of the parts
+    run = subprocess.run(
+        [*torchrun_command(2), "predict", *ckpt, "--input", str(inputs), "--out",
+         str(tmp_path / "p2"), "--part-rows", "2"],
+        capture_output=True, text=True, timeout=180, env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    manifest = json.loads((tmp_path / "p2" / "manifest.json").read_text())
+    assert [w["parts"] for w in manifest["last_run"]["workers"]] == [[0, 2], [1, 3]]
+    shared = read_parts(tmp_path / "p2").to_pandas()
+    assert shared[["name", "smiles", "valid"]].equals(got[["name", "smiles", "valid"]])
+    np.testing.assert_allclose(shared["y"].to_numpy(), got["y"].to_numpy(), rtol=1e-6)
