@@ -205,7 +205,7 @@ def finetune_seed(
     torch.manual_seed(seed)
     encoder = ExLMModel(model_config)
     encoder.load_state_dict(base_state)
-    task_type = "regression" if task.is_regression else "classification"
+    task_type = "regression" if task.is_regression else "multiclass"
     model = ExLMForSequencePrediction(
         encoder, task.num_labels, task_type=task_type, pooler_dropout=config.pooler_dropout
     )

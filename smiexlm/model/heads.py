@@ -3,9 +3,9 @@
 ``ExLMForSequencePrediction`` pools the encoder's states by its ``pooling`` (``cls`` = the
 first position, for ExLM the first BOS state; ``mean`` or ``max`` over the real positions),
 then ``SequenceHead`` applies dense → tanh → dropout → out_proj. ``task_loss`` is the one
-place where missing labels (NaN) are masked out, for multi-label classification (BCE) and
-regression (MSE); single-label classification uses cross-entropy with ``IGNORE_INDEX``
-(−100) as "missing".
+place where missing labels (NaN) are masked out, for ``multilabel`` (a sigmoid and BCE per
+label: MoleculeNet's binary and multi-task sets) and ``regression`` (MSE); ``multiclass``
+(softmax cross-entropy, GLUE) uses ``IGNORE_INDEX`` (−100) as "missing".
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from smiexlm.tokenizer.special import IGNORE_INDEX
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
 
-TaskType = Literal["classification", "multilabel", "regression"]
-_TASK_TYPES = ("classification", "multilabel", "regression")
+# The loss a head trains with: softmax cross-entropy over classes (GLUE), a sigmoid per label
+# (MoleculeNet's binary and multi-label tasks), or regression.
+TaskType = Literal["multiclass", "multilabel", "regression"]
+_TASK_TYPES = ("multiclass", "multilabel", "regression")
 
 
 class LMHead(nn.Module):
@@ -51,13 +53,13 @@ def task_loss(
 ) -> Tensor:
     """Mean loss over the *present* labels.
 
-    ``classification``: logits (B, C), labels (B,) long, −100 = missing.
+    ``multiclass``: logits (B, C), labels (B,) long, −100 = missing (softmax cross-entropy).
     ``multilabel``: logits (B, T), labels (B, T) float in {0, 1}, NaN = missing (BCE).
     ``regression``: logits (B, T), labels (B, T) float, NaN = missing (MSE, or Huber with
     delta 1 when ``regression_loss="huber"``).
     A batch without any present label gives a zero loss that still carries a gradient graph.
     """
-    if task_type == "classification":
+    if task_type == "multiclass":
         present = labels != IGNORE_INDEX
         if not bool(present.any()):
             return logits.sum() * 0.0
@@ -108,9 +110,9 @@ class SequencePredictionOutput:
 
 
 class ExLMForSequencePrediction(nn.Module):
-    """A pre-trained ``ExLMModel`` encoder + a ``SequenceHead`` (classification, multi-label,
-    regression). For ``classification`` n_outputs is the number of classes; otherwise it is
-    the number of tasks.
+    """A pre-trained ``ExLMModel`` encoder + a ``SequenceHead`` (multiclass, multilabel,
+    regression). For ``multiclass`` n_outputs is the number of classes; otherwise it is the
+    number of tasks.
 
     ``n_features`` > 0 makes a hybrid head: per-molecule features (B, n_features), already
     normalised, are concatenated to the pooled embedding before the head (chemprop's extra
