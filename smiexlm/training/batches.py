@@ -191,7 +191,7 @@ class MaskingCollator:
         return batch if targets is None else (*batch, targets)
 
 
-def model_inputs(batch: tuple, device: torch.device) -> dict[str, torch.Tensor]:
+def forward_kwargs(batch: tuple, device: torch.device) -> dict[str, torch.Tensor]:
     """``ExLMModel.forward``'s keyword arguments for a collated batch, moved to ``device``."""
     names = ("input_ids", "attention_mask", "labels", "descriptors")
     return {n: t.to(device, non_blocking=True) for n, t in zip(names, batch, strict=False)}

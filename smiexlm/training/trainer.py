@@ -35,7 +35,7 @@ from smiexlm.errors import ConfigError
 from smiexlm.model.model import ExLMModel
 from smiexlm.training import checkpoint as ckpt
 from smiexlm.training import distributed as dist_utils
-from smiexlm.training.batches import check_vocabulary, mix_seed, model_inputs, open_dataset
+from smiexlm.training.batches import check_vocabulary, forward_kwargs, mix_seed, open_dataset
 from smiexlm.training.config import TrainConfig
 from smiexlm.training.guards import StopRequest, is_oom, oom_error
 from smiexlm.training.optim import build_optimizer, build_schedule, clip_gradients, set_lr
@@ -192,7 +192,7 @@ class _Loop:
         loader = validation_loader(self.config, self.data, self.raw_model.config, self.info)
         for batch in loader:
             with autocast(self.device, self.config.precision):
-                out = self.raw_model(**model_inputs(batch, self.device))
+                out = self.raw_model(**forward_kwargs(batch, self.device))
             lm_loss = out.loss if out.lm_loss is None else out.lm_loss  # the LM part only
             total += float(lm_loss) * out.n_predictions
             weight += out.n_predictions
@@ -235,7 +235,7 @@ class _Loop:
         try:
             with sync:
                 with autocast(self.device, self.config.precision):
-                    out = self.model(**model_inputs(batch, self.device))
+                    out = self.model(**forward_kwargs(batch, self.device))
                 (out.loss / self.config.update_freq).backward()
         except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
             if is_oom(error):
