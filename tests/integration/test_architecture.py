@@ -205,3 +205,18 @@ def test_one_home_reads_tables():
     )
     for name in ("detect_format", "smiles_column", "iter_table", "read_table", "read_chunks"):
         assert defined[name] == 1, name
+
+
+def test_one_home_makes_the_per_seed_result():
+    """A seed's result record is made by ``MoleculeTask.result`` (fine-tuning, probe and
+    baseline alike); ``report.py`` only reads records back from their JSON."""
+
+    def makes_result(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "RunResult"
+            and not any(isinstance(k.value, ast.BinOp) for k in node.keywords if k.arg is None)
+        )
+
+    assert set(_where(makes_result)) == {"smiexlm/moleculenet/task.py"}
