@@ -17,6 +17,22 @@ if TYPE_CHECKING:  # pragma: no cover
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
+# The one precision setting of the package (pretraining, fine-tuning, GLUE): bf16 autocast
+# where the device has native bf16 ("auto"), never ("fp32"), or always ("bf16").
+Precision = Literal["auto", "fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
+_LEGACY_PRECISION = {"off": "fp32"}  # fine-tuning's former ``amp="off"``
+
+
+def parse_precision(value: str, field: str = "precision") -> Precision:
+    """``value`` as a :data:`Precision` (``"off"``, fine-tuning's former name of fp32, is
+    read as ``"fp32"``); ConfigError naming ``field`` otherwise."""
+    value = _LEGACY_PRECISION.get(value, value)
+    if value not in PRECISIONS:
+        raise ConfigError(field, value, "'auto' (bf16 where the device has it), 'fp32' or 'bf16'")
+    return value  # type: ignore[return-value]
+
+
 def check_device_name(device: str) -> str:
     """``device`` when it is a ``--device`` value (checked without touching CUDA)."""
     if not isinstance(device, str) or not DEVICE_PATTERN.fullmatch(device):
@@ -69,14 +85,14 @@ def cpu_has_native_bf16() -> bool:
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
-def uses_bf16(device: torch.device, precision: Literal["auto", "fp32", "bf16"]) -> bool:
+def uses_bf16(device: torch.device, precision: Precision) -> bool:
     """``auto`` = bf16 autocast on CUDA and on CPUs with native bf16, fp32 elsewhere."""
     if precision == "auto":
         return device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16())
     return precision == "bf16"
 
 
-def autocast(device: torch.device, precision: Literal["auto", "fp32", "bf16"]):
+def autocast(device: torch.device, precision: Precision):
     """The bf16 autocast context for ``precision`` on ``device``, or a no-op one."""
     import torch
 

@@ -171,8 +171,13 @@ Patience = Annotated[
     typer.Option("--patience", help="Stop after N epochs without a better valid score "
                  "(default: the whole schedule)."),
 ]  # fmt: skip
-Amp = Annotated[
-    str, typer.Option(help="auto (bf16 on CUDA and bf16-native CPUs) | bf16 | off (fp32).")
+Precision = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        "--amp",
+        help="auto (bf16 autocast on CUDA and bf16-native CPUs) | fp32 | bf16 (--amp off = fp32).",
+    ),
 ]
 
 
@@ -200,7 +205,7 @@ def finetune(
     freeze_layers: FreezeLayers = 0,
     features: Features = None,
     patience: Patience = None,
-    amp: Amp = "auto",
+    precision: Precision = "auto",
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
@@ -216,7 +221,7 @@ def finetune(
     cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
-                  patience=patience, amp=amp)  # fmt: skip
+                  patience=patience, precision=precision)  # fmt: skip
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective, random_init)
     results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir)

@@ -8,9 +8,10 @@ function of the validation logits. :func:`fit` then does the rest, the same way 
 - AdamW with pre-training's decay groups (``training.optim.adamw_with_decay_groups``), linear
   warmup then linear decay to 0 (``PolynomialDecaySchedule``, power 1);
 - gradient clipping (``clip_norm``; 0 = none);
-- AMP (``amp="auto"``): bf16 autocast on CUDA, and on CPUs with native bf16 instructions
-  (AVX512-BF16 or AMX), where it measured 1.3x faster than fp32 on BBBP with the same test
-  score; fp32 on other CPUs, where bf16 is emulated. ``"bf16"`` forces it, ``"off"`` never;
+- precision (``precision="auto"``, :data:`smiexlm.device.Precision`): bf16 autocast on CUDA,
+  and on CPUs with native bf16 instructions (AVX512-BF16 or AMX), where it measured 1.3x
+  faster than fp32 on BBBP with the same test score; fp32 on other CPUs, where bf16 is
+  emulated. ``"bf16"`` forces it, ``"fp32"`` never;
 - length-bucketed training batches, length-sorted evaluation under ``torch.inference_mode``
   (at most ``EVAL_MAX_TOKENS`` padded positions per batch); :func:`predict` serves in fp32
   unless told otherwise, so that an output does not depend on its batch;
@@ -37,16 +38,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from smiexlm import device as device_policy
-from smiexlm.device import resolve_device
-from smiexlm.errors import ConfigError, check_choice, check_positive_int
+from smiexlm.device import Precision, autocast, parse_precision, resolve_device, uses_bf16
+from smiexlm.errors import ConfigError, check_positive_int
 from smiexlm.finetuning.batches import Examples, bucketed_batches, iterate, sorted_batches
 from smiexlm.model.encoder import batch_invariant
 
 EVAL_MAX_TOKENS = 4096  # padded positions per evaluation batch
-
-
-AMP_CHOICES = ("auto", "bf16", "off")  # bf16 autocast: where the device has it, always, never
 
 
 @dataclass
@@ -65,7 +62,7 @@ class LoopConfig:
     patience: int | None = None  # epochs without a better valid score; None = full schedule
     select: Literal["best", "last"] = "best"
     higher_is_better: bool = True
-    amp: Literal["auto", "bf16", "off"] = "auto"  # auto = bf16 on CUDA and on bf16-native CPUs
+    precision: Precision = "auto"  # auto = bf16 on CUDA and on bf16-native CPUs
     bucket_window: int = 50  # batches per length-sorted window; 1 = no bucketing
     eval_batch_size: int = 256
     freeze: bool = False  # head only, on cached encoder features
@@ -86,7 +83,7 @@ class LoopConfig:
             check_positive_int(name, getattr(self, name), optional=True)
         if self.select not in ("best", "last"):
             raise ConfigError("select", self.select, "'best' or 'last'")
-        check_choice("amp", self.amp, AMP_CHOICES)
+        self.precision = parse_precision(self.precision)
         if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
             raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
 
@@ -105,7 +102,7 @@ class FitResult:
     stopped_early: bool
     seconds: float
     cpu_seconds: float = 0.0  # process CPU time (all threads): robust to a busy machine
-    precision: str = "fp32"  # what amp resolved to: "bf16" or "fp32"
+    precision: str = "fp32"  # what the run's precision resolved to: "bf16" or "fp32"
     history: list[dict[str, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -118,21 +115,6 @@ class FitResult:
             "train_cpu_seconds": round(self.cpu_seconds, 2),
             "precision": self.precision,
         }
-
-
-def _precision(amp: str) -> str:
-    """The engine's ``amp`` names in the package's precision policy (``smiexlm.device``)."""
-    return "fp32" if amp == "off" else amp
-
-
-def uses_bf16(device: torch.device, amp: str) -> bool:
-    """``bf16``: always; ``auto``: on CUDA, and on CPUs with native bf16; ``off``: never."""
-    return device_policy.uses_bf16(device, _precision(amp))  # type: ignore[arg-type]
-
-
-def autocast(device: torch.device, amp: str):
-    """bf16 autocast where :func:`uses_bf16` says so; else nothing (fp32)."""
-    return device_policy.autocast(device, _precision(amp))  # type: ignore[arg-type]
 
 
 def freeze_encoder(model: nn.Module, n_layers: int | None) -> None:
@@ -156,7 +138,7 @@ def predict(
     model: nn.Module,
     examples: Examples,
     batch_size: int = 256,
-    amp: str = "off",
+    precision: Precision = "fp32",
     pad_id: int = 0,
     output: Literal["logits", "pooled"] = "logits",
     max_tokens: int | None = EVAL_MAX_TOKENS,
@@ -164,18 +146,19 @@ def predict(
     """(N, C) float32 logits (or pooled features) in input order, eval mode, length-sorted,
     at most ``batch_size`` examples and ``max_tokens`` padded positions per batch.
 
-    ``amp="off"`` (the default, what ``predict`` and the featurizer serve with) runs fp32 under
+    ``precision="fp32"`` (the default, what ``predict`` and the featurizer serve with) runs under
     :func:`~smiexlm.model.encoder.batch_invariant`, so a molecule's output does not depend on
-    its batch neighbours, their padding or the batch size. bf16 autocast (``"auto"``/``"bf16"``, used for validation while training) rounds each batch
+    its batch neighbours, their padding or the batch size. bf16 autocast (``"auto"``/``"bf16"``,
+    used for validation while training) rounds each batch
     shape differently: outputs then move by up to about 1e-2 with the batching."""
     model.eval()
     device = next(model.parameters()).device
     plain = Examples(examples.rows, None, examples.features, examples.pooled)
     out: np.ndarray | None = None
     batches = sorted_batches(plain.lengths(), batch_size, max_tokens)
-    fp32 = not uses_bf16(device, amp)
+    fp32 = not uses_bf16(device, precision)
     for index, batch in iterate(plain, batches, device, pad_id):
-        with autocast(device, amp), batch_invariant() if fp32 else contextlib.nullcontext():
+        with autocast(device, precision), batch_invariant() if fp32 else contextlib.nullcontext():
             if output == "pooled":
                 values = model.pool(batch["input_ids"], batch["attention_mask"])
             else:
@@ -234,7 +217,7 @@ class _Fit:
         self.rng = np.random.default_rng(seed)
         self.lengths = train.lengths()
         self.result = FitResult(0, float("nan"), 0, 0, False, 0.0)
-        self.result.precision = "bf16" if uses_bf16(self.device, config.amp) else "fp32"
+        self.result.precision = "bf16" if uses_bf16(self.device, config.precision) else "fp32"
         self.best_state: dict[str, torch.Tensor] | None = None
         self.since_best = 0  # epochs since the best validation score
 
@@ -280,7 +263,7 @@ class _Fit:
         from smiexlm.training.optim import set_lr
 
         set_lr(self.optimizer, self.schedule.lr_at(self.result.steps))
-        with autocast(self.device, self.config.amp):
+        with autocast(self.device, self.config.precision):
             loss = self.model(**batch).loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -292,7 +275,9 @@ class _Fit:
     def _validate(self, record: dict[str, float], bar) -> None:
         """Score the validation split into ``record``; keep the weights of a better epoch."""
         config, result = self.config, self.result
-        logits = predict(self.model, self.valid, config.eval_batch_size, config.amp, config.pad_id)
+        logits = predict(
+            self.model, self.valid, config.eval_batch_size, config.precision, config.pad_id
+        )
         record["valid"] = value = float(self.score(logits))
         improved = not math.isnan(value) and (
             math.isnan(result.best_valid) or self._better(value, result.best_valid)
@@ -333,5 +318,7 @@ def _cached(model: nn.Module, examples: Examples, config: LoopConfig) -> Example
     """``examples`` with the frozen encoder's pooled features in place of token ids."""
     if examples.rows is None:
         return examples
-    pooled = predict(model, examples, config.eval_batch_size, config.amp, config.pad_id, "pooled")
+    pooled = predict(
+        model, examples, config.eval_batch_size, config.precision, config.pad_id, "pooled"
+    )
     return Examples(None, examples.targets, examples.features, torch.from_numpy(pooled))

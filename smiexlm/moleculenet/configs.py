@@ -24,7 +24,7 @@ _LOOP_KEYS = {
     "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "warmup_ratio": "warmup_ratio",
     "weight_decay": "weight_decay", "adam_betas": "adam_betas", "adam_eps": "adam_eps",
     "clip_norm": "clip_norm", "max_train_steps": "max_steps", "patience": "patience",
-    "amp": "amp", "eval_batch_size": "eval_batch_size", "device": "device", "freeze": "freeze",
+    "precision": "precision", "eval_batch_size": "eval_batch_size", "device": "device", "freeze": "freeze",
     "freeze_layers": "freeze_layers",
 }  # fmt: skip
 
@@ -37,7 +37,7 @@ def _default_loop() -> LoopConfig:
 class FinetuneConfig:
     """Everything that decides a fine-tuning run besides the checkpoint, data and seed: the
     training loop (a :class:`~smiexlm.finetuning.LoopConfig`: epochs, batch, optimiser,
-    ``max_steps``, ``patience``, precision, ``freeze``/``freeze_layers``) and what the
+    ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``) and what the
     MoleculeNet adapter adds (dropouts, pooling, SMILES normalisation, split, truncation,
     hybrid ``features``: ``ecfp4`` | ``rdkit2d``).
 
@@ -74,6 +74,8 @@ class FinetuneConfig:
     @classmethod
     def from_flat(cls, **values: Any) -> FinetuneConfig:
         """A config from flat keys (those of :data:`FLAT_KEYS`)."""
+        if "amp" in values:  # the former name of precision ("off" = fp32)
+            values["precision"] = values.pop("amp")
         loop = {_LOOP_KEYS[k]: values.pop(k) for k in list(values) if k in _LOOP_KEYS}
         check_positive_int("max_train_steps", loop.get("max_steps"), optional=True)
         if "adam_betas" in loop:
@@ -104,7 +106,7 @@ def finetune_config(task: str | None, path: Path = CONFIG_PATH, **overrides: Any
     values = dict(table.get("defaults", {}))
     if task is not None:
         values.update(table.get(task.lower(), {}))
-    known = set(FLAT_KEYS)
+    known = {*FLAT_KEYS, "amp"}
     for key, value in overrides.items():
         if key not in known:
             raise ConfigError(key, value, f"a FinetuneConfig field ({', '.join(sorted(known))})")

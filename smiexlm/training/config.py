@@ -26,9 +26,9 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from smiexlm.device import check_device_name
+from smiexlm.device import Precision, check_device_name, parse_precision
 from smiexlm.errors import ConfigError
 from smiexlm.model.config import PRESETS, ExLMConfig, PresetName
 from smiexlm.paths import PACKAGE_DIR
@@ -104,7 +104,7 @@ class TrainConfig:
     # auto (CUDA when available; a GPU per process under torchrun), cpu, cuda, cuda:N
     device: str = "auto"
     # auto = bf16 autocast on GPU and on CPUs with native bf16 (AVX512-BF16/AMX), fp32 elsewhere
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: Precision = "auto"
     num_threads: int = 0  # torch intra-op threads per process; 0 = torch's default
     num_workers: int = 0  # DataLoader workers that collate and mask batches
     # --- reporting and checkpoints
@@ -139,8 +139,7 @@ class TrainConfig:
             raise ConfigError("adam_betas", self.adam_betas, "two numbers in [0, 1)")
         self.adam_betas = (float(betas[0]), float(betas[1]))
         check_device_name(self.device)
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ConfigError("precision", self.precision, "one of ('auto', 'fp32', 'bf16')")
+        self.precision = parse_precision(self.precision)
         for name in ("tensorboard", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "true or false")

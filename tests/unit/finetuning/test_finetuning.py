@@ -59,14 +59,14 @@ def test_collate_mask_and_values():
     assert mask.tolist() == [[True, True, True], [True, True, False]]
 
 
-@pytest.mark.parametrize(("amp", "atol"), [("off", 1e-6), ("bf16", 5e-2)])
-def test_predict_returns_input_order_whatever_the_batching(amp, atol):
+@pytest.mark.parametrize(("precision", "atol"), [("fp32", 1e-6), ("bf16", 5e-2)])
+def test_predict_returns_input_order_whatever_the_batching(precision, atol):
     """fp32 (predict's default) is batch-invariant to 1e-6; forced bf16 rounds each batch
     shape its own way (AVX512-BF16 and AMX kernels differ), so it only keeps bf16's tolerance."""
     model, rows = _model_and_rows()
-    logits = predict(model, Examples(rows), batch_size=5, amp=amp)
+    logits = predict(model, Examples(rows), batch_size=5, precision=precision)
     one_by_one = np.concatenate(
-        [predict(model, Examples([r]), batch_size=1, amp=amp) for r in rows]
+        [predict(model, Examples([r]), batch_size=1, precision=precision) for r in rows]
     )
     np.testing.assert_allclose(logits, one_by_one, atol=atol, rtol=0)
 
@@ -106,7 +106,7 @@ def test_patience_stops_early_and_is_recorded_and_best_epoch_is_restored():
     result = fit(model, data, data, cfg, score)
     assert result.stopped_early and result.epochs_run == 3 and result.best_epoch == 1
     assert result.summary()["stopped_early"] is True and result.best_valid == 0.9
-    restored = predict(model, data, amp=cfg.amp)  # validation's precision
+    restored = predict(model, data, precision=cfg.precision)  # validation's precision
     np.testing.assert_allclose(restored, states[0], atol=1e-5)  # epoch 1 weights
 
 
@@ -151,16 +151,19 @@ def test_probe_scores_match_sklearn_by_hand():
     )
 
 
-def test_amp_auto_is_bf16_on_cuda_and_on_bf16_native_cpus_only(monkeypatch):
+def test_precision_auto_is_bf16_on_cuda_and_on_bf16_native_cpus_only(monkeypatch):
     import smiexlm.device as policy
-    import smiexlm.finetuning.engine as engine
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert engine.uses_bf16(cuda, "auto") and not engine.uses_bf16(cuda, "off")
-    assert engine.uses_bf16(cpu, "bf16") and not engine.uses_bf16(cpu, "off")
+    assert policy.uses_bf16(cuda, "auto") and not policy.uses_bf16(cuda, "fp32")
+    assert policy.uses_bf16(cpu, "bf16") and not policy.uses_bf16(cpu, "fp32")
     for native in (False, True):
         monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda native=native: native)
-        assert engine.uses_bf16(cpu, "auto") is native
+        assert policy.uses_bf16(cpu, "auto") is native
+    # fine-tuning's former amp="off" is fp32; anything else names the field
+    assert LoopConfig(epochs=1, batch_size=8, lr=1e-3, precision="off").precision == "fp32"  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="precision"):
+        LoopConfig(epochs=1, batch_size=8, lr=1e-3, precision="fp16")  # type: ignore[arg-type]
     model, rows = _model_and_rows()
-    cfg = LoopConfig(epochs=1, batch_size=8, lr=1e-3, amp="off", device="cpu")
+    cfg = LoopConfig(epochs=1, batch_size=8, lr=1e-3, precision="fp32", device="cpu")
     assert fit(model, Examples(rows, _targets()), None, cfg, None).summary()["precision"] == "fp32"

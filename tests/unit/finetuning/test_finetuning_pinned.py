@@ -3,7 +3,7 @@ scores and predictions.
 
 A change to the input path (normalisation, tokenization, truncation, padding), the head, the
 loop or the splits that moves fine-tuning's numbers fails here. Pinned to what is
-deterministic on a CPU: fp32 (``amp="off"``), one thread. When a change of numerics is
+deterministic on a CPU: fp32 (``precision="fp32"``), one thread. When a change of numerics is
 intended, rerun with ``PINNED_LOSSES_PRINT=1`` and record the new values in its commit.
 """
 
@@ -37,7 +37,7 @@ def test_bbbp_subset_repeats_the_pinned_fine_tuning(shared_data, one_thread, tmp
     attrs = dict(frame.attrs)
     frame = frame.iloc[:240].reset_index(drop=True)
     frame.attrs.update(attrs)
-    cfg = finetune_config("bbbp", epochs=3, batch_size=32, amp="off", device="cpu")
+    cfg = finetune_config("bbbp", epochs=3, batch_size=32, precision="fp32", device="cpu")
     (result,) = run_finetune(frame, cfg, Backbone(), seeds=[0], save_dir=tmp_path / "ft", progress=False)  # fmt: skip
     probabilities = predict(tmp_path / "ft" / "seed0", frame["smiles"][:5].tolist())["p_np"]
     best = (result.best_epoch, round(result.valid, 4), round(result.test, 4))
