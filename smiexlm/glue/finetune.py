@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from smiexlm.device import resolve_device
-from smiexlm.errors import ConfigError
+from smiexlm.errors import ConfigError, check_fraction, check_positive_int
 from smiexlm.glue.metrics import compute_metrics, majority_baseline
 from smiexlm.glue.tasks import GlueSplit, GlueTask, get_task, load_task
 from smiexlm.paths import PACKAGE_DIR, write_json
@@ -108,17 +108,12 @@ class GlueConfig:
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError("lr", self.lr, "a positive number")
         for name in ("batch_size", "epochs", "max_length"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "a positive integer")
+            check_positive_int(name, getattr(self, name))
         if self.max_length < 8:
             raise ConfigError("max_length", self.max_length, "at least 8")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError("warmup_ratio", self.warmup_ratio, "a fraction in [0, 1)")
+        check_fraction("warmup_ratio", self.warmup_ratio)
         for name in ("max_steps", "max_train_rows", "max_eval_rows"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(name, value, "a positive integer or None")
+            check_positive_int(name, getattr(self, name), optional=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "seeds": list(self.seeds)}
