@@ -1,4 +1,4 @@
-"""Pinned fine-tuning: three epochs of the shipped model on 240 BBBP molecules repeat recorded
+"""Pinned fine-tuning: two epochs of the shipped model on 200 BBBP molecules repeat recorded
 scores and predictions.
 
 A change to the input path (normalisation, tokenization, truncation, padding), the head, the
@@ -20,8 +20,8 @@ from smiexlm.moleculenet.loaders import load_dataset
 
 # seed 0: best epoch, valid and test ROC-AUC x 100, and the saved model's probabilities for
 # the first five molecules of the table
-PINNED_BEST = (2, 63.6364, 31.8182)
-PINNED_PROBABILITIES = [0.346358, 0.767188, 0.746175, 0.729137, 0.326798]
+PINNED_BEST = (1, 42.1053, 31.5789)
+PINNED_PROBABILITIES = [0.467854, 0.684184, 0.674242, 0.671946, 0.481149]
 
 
 @pytest.fixture
@@ -35,9 +35,9 @@ def one_thread():
 def test_bbbp_subset_repeats_the_pinned_fine_tuning(shared_data, one_thread, tmp_path):
     frame = load_dataset("bbbp", allow_download=False)
     attrs = dict(frame.attrs)
-    frame = frame.iloc[:240].reset_index(drop=True)
+    frame = frame.iloc[:200].reset_index(drop=True)
     frame.attrs.update(attrs)
-    cfg = finetune_config("bbbp", epochs=3, batch_size=32, precision="fp32", device="cpu")
+    cfg = finetune_config("bbbp", epochs=2, batch_size=32, precision="fp32", device="cpu")
     (result,) = run_finetune(frame, cfg, Backbone(), seeds=[0], save_dir=tmp_path / "ft", progress=False)  # fmt: skip
     probabilities = predict(tmp_path / "ft" / "seed0", frame["smiles"][:5].tolist())["p_np"]
     best = (result.best_epoch, round(result.valid, 4), round(result.test, 4))
