@@ -47,14 +47,40 @@ def smiexlm_command() -> str:
     return str(beside) if beside.is_file() else (shutil.which("smiexlm") or "smiexlm")
 
 
-def torchrun_command(n: int) -> list[str]:
-    """``torchrun`` of ``n`` local processes (a free port each time) running the installed
-    ``smiexlm`` console script: append the command's words."""
+def free_port() -> int:
+    """A TCP port of this machine that no one listens on now."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        return sock.getsockname()[1]
+
+
+def torchrun_command(n: int) -> list[str]:
+    """``torchrun`` of ``n`` local processes (a free port each time) running the installed
+    ``smiexlm`` console script: append the command's words."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
-            "--master_addr", "127.0.0.1", "--master_port", str(port), "--no-python",
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--no-python",
             smiexlm_command()]  # fmt: skip
+
+
+def kill_after_two_train_shards(proc, out: Path, timeout: float = 60) -> None:
+    """SIGKILL a running ``preprocess`` into ``out`` once two train shards are committed and
+    the run is not complete; fails when it finished first."""
+    import json
+    import os
+    import signal
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            state = json.loads((out / "progress.json").read_text())
+        except (OSError, ValueError):
+            state = None
+        if state and len(state["state"]["shards"]["train"]) >= 2 and not state["complete"]:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -9, "the run finished before it could be killed"

@@ -6,12 +6,9 @@ import csv
 import gzip
 import itertools
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +25,7 @@ from smiexlm.data import (
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.tokenizer.fast import ChunkEncoder
-from tests.conftest import require_file
+from tests.conftest import kill_after_two_train_shards, require_file
 
 BAD_LINES = ["", "C1CC", "c1ccccc1 benzene", "CC(C)(C)(C)(C)C", "CCO", "OCC"]
 
@@ -153,20 +150,7 @@ def test_sigkill_then_resume_matches_uninterrupted(corpus, tmp_path):
     args = [sys.executable, "-c", _KILL_SCRIPT, str(corpus["smi"]), str(out), str(corpus["vocab"])]
     proc = subprocess.Popen(args)
     progress = out / "progress.json"
-    deadline = time.time() + 60
-    killed = False
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            state = json.loads(progress.read_text())
-        except (OSError, ValueError):
-            state = None
-        if state and len(state["state"]["shards"]["train"]) >= 2 and not state["complete"]:
-            os.kill(proc.pid, signal.SIGKILL)
-            killed = True
-            break
-        time.sleep(0.01)
-    proc.wait()
-    assert killed, "the run finished before it could be killed"
+    kill_after_two_train_shards(proc, out)
     before = json.loads(progress.read_text())["state"]["chunks_done"]
     assert 0 < before < 31
     with pytest.raises(VocabularyMismatchError):

@@ -6,11 +6,8 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -21,7 +18,7 @@ from smiexlm.descriptor_stats import DescriptorStats, fit_descriptor_stats
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.fingerprints import rdkit2d_descriptors
 from smiexlm.tokenizer import SmilesTokenizer
-from tests.conftest import require_file, smiexlm_command
+from tests.conftest import kill_after_two_train_shards, require_file, smiexlm_command
 
 # Gasteiger charges (4) and BCUT2D (8) are undefined for selenium, BCUT2D for a lone atom.
 NAN_MOLECULES = ["CC[Se]CC", "[He]"]
@@ -149,19 +146,7 @@ def test_sigkill_then_resume_is_byte_identical(corpus, tmp_path):
     script = _KILL_SCRIPT.format(config=CONFIG)
     args = [sys.executable, "-c", script, str(corpus["smi"]), str(out), str(corpus["vocab"])]
     proc = subprocess.Popen(args)
-    deadline, killed = time.time() + 60, False
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            state = json.loads((out / "progress.json").read_text())
-        except (OSError, ValueError):
-            state = None
-        if state and len(state["state"]["shards"]["train"]) >= 2 and not state["complete"]:
-            os.kill(proc.pid, signal.SIGKILL)
-            killed = True
-            break
-        time.sleep(0.005)
-    proc.wait()
-    assert killed, "the run finished before it could be killed"
+    kill_after_two_train_shards(proc, out)
     (out / "train-00042.desc").write_bytes(b"written after the last commit")
     config = PreprocessConfig(**CONFIG)
     preprocess([corpus["smi"]], out, config, vocab=corpus["vocab"], resume=True, progress=False)

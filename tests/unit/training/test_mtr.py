@@ -11,9 +11,6 @@ import gzip
 import itertools
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -30,7 +27,7 @@ from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.training.config import load_config
 from tests.conftest import require_file
 from tests.unit.training.test_training_pinned import PINNED_RUN
-from tests.unit.training.test_training_support import FAST, MICRO_MODEL, cli_env
+from tests.unit.training.test_training_support import FAST, MICRO_MODEL, ddp_and_one_process
 
 NAN = float("nan")
 MICRO = dict(n_layers=2, n_heads=2, d_model=32, d_ff=64, n_transition_heads=2, dropout=0.0,
@@ -271,44 +268,10 @@ def test_tiny_mtr_run_repeats_the_pinned_losses(dataset, tmp_path):
 
 
 # ------------------------------------------------------------------ DDP
-DDP_SCRIPT = """
-import os, sys
-from pathlib import Path
-from safetensors.torch import save_file
-from smiexlm.training import load_config, pretrain
-data, out, name, *overrides = sys.argv[1:]
-result = pretrain(load_config(name, overrides), Path(data), Path(out))
-rank = int(os.environ.get("RANK", "0"))
-state = {k: v.contiguous() for k, v in result.model.state_dict().items()}
-save_file(state, str(Path(out) / f"rank{rank}.safetensors"))
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_ddp_with_descriptors_matches_one_process(dataset, tmp_path):
-    from safetensors.torch import load_file
-
-    script = tmp_path / "run.py"
-    script.write_text(DDP_SCRIPT)
     overrides = [*MICRO_MODEL, *FAST, "max_steps=4", "valid_every=4", 'precision="fp32"']
-    args = [str(script), str(dataset)]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]  # fmt: skip
-    ddp, single = tmp_path / "ddp", tmp_path / "single"
-    for command, out, freq in ((torchrun, ddp, 1), ([sys.executable], single, 2)):
-        run = subprocess.run(
-            [*command, *args[:1], args[1], str(out), "mol_tiny_exlm_desc", *overrides,
-             f"update_freq={freq}"], env=cli_env(), capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stdout + run.stderr
-    r0, r1 = load_file(str(ddp / "rank0.safetensors")), load_file(str(ddp / "rank1.safetensors"))
-    ref = load_file(str(single / "rank0.safetensors"))
+    ddp, single, r0, r1, ref = ddp_and_one_process(dataset, tmp_path, "mol_tiny_exlm_desc", overrides)  # fmt: skip
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
     for k in r0:
         torch.testing.assert_close(r0[k], ref[k], rtol=1e-4, atol=1e-5)

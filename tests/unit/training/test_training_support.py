@@ -57,3 +57,41 @@ def cli_env() -> dict[str, str]:
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "smiexlm.cli.main", *args]
+
+
+_DDP_SCRIPT = """
+import os, sys
+from pathlib import Path
+from safetensors.torch import save_file
+from smiexlm.training import load_config, pretrain
+data, out, name, *overrides = sys.argv[1:]
+result = pretrain(load_config(name, overrides), Path(data), Path(out))
+rank = int(os.environ.get("RANK", "0"))
+state = {k: v.contiguous() for k, v in result.model.state_dict().items()}
+save_file(state, str(Path(out) / f"rank{rank}.safetensors"))
+"""
+
+
+def ddp_and_one_process(data: Path, tmp_path: Path, config: str, overrides: list[str]):
+    """Train ``config`` twice, as 2 torchrun processes of ``update_freq=1`` and as one
+    process of ``update_freq=2`` (the same global batch): the two run folders and the final
+    weights of rank 0, rank 1 and the single process."""
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from tests.conftest import free_port
+
+    script = tmp_path / "run.py"
+    script.write_text(_DDP_SCRIPT)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_addr", "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    for command, out, freq in ((torchrun, ddp, 1), ([sys.executable], single, 2)):
+        run = subprocess.run(
+            [*command, str(script), str(data), str(out), config, *overrides,
+             f"update_freq={freq}"], env=cli_env(), capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+    weights = [load_file(str(d / "rank0.safetensors")) for d in (ddp, single)]
+    return ddp, single, weights[0], load_file(str(ddp / "rank1.safetensors")), weights[1]
