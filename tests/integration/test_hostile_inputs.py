@@ -93,7 +93,7 @@ def test_predict_gives_a_100k_character_smiles_a_nan_row_with_its_reason(tmp_pat
     assert preds.valid.tolist() == [True, False, False]
     assert preds.y.isna().tolist() == [False, True, True]
     assert "row 1:" in res.stderr and "longer than 8,192 characters" in res.stderr
-    assert "row 2: '' (empty)" in res.stderr
+    assert "row 2: '' (empty string)" in res.stderr
 
 
 # ---------------------------------------------------------------------- 2. bad --out
