@@ -43,7 +43,6 @@ from smiexlm.model.transitions import TransitionHead, uniform_log_links, valid_s
 from smiexlm.tokenizer.special import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
-
 Pooling = Literal["cls", "mean", "max"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling choices
 
