@@ -19,7 +19,6 @@ manifest). It checks that every run gives the same table (ids, order, values).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -33,27 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from embed_memory import smiexlm_command, write_input  # noqa: E402  (the same input writer)
+
 MODES = {
     "1 proc x 1 thread": (1, 1),
     "1 proc x 2 threads": (1, 2),
     "2 procs x 1 thread": (2, None),
 }
-
-
-def smiexlm_command() -> str:
-    beside = Path(sys.executable).with_name("smiexlm")
-    return str(beside) if beside.is_file() else (shutil.which("smiexlm") or "smiexlm")
-
-
-def write_input(source: Path, n: int, path: Path) -> int:
-    with gzip.open(source, "rt") as src, open(path, "w") as out:
-        out.write("id,smiles\n")
-        count = 0
-        for count, line in enumerate(src, start=1):
-            out.write(f"mol{count},{line.strip()}\n")
-            if count == n:
-                break
-    return count
 
 
 def run(mode: str, table: Path, out: Path, part_rows: int) -> dict:

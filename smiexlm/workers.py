@@ -78,16 +78,6 @@ class Workers:
         return out
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(name, value, "an integer (set by torchrun)") from None
-
-
 def usable_cores() -> int:
     """CPUs this process may run on."""
     if hasattr(os, "sched_getaffinity"):
@@ -99,19 +89,17 @@ def detect(threads: int | None = None) -> Workers:
     """This process's rank, world size and thread count, from the torchrun environment."""
     import torch
 
-    world = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
-    local_world = _env_int("LOCAL_WORLD_SIZE", world)
-    if world < 1 or not 0 <= rank < world:
-        raise ConfigError("RANK", rank, f"an integer in [0, {world - 1}] (WORLD_SIZE = {world})")
+    from smiexlm.training.distributed import detect as detect_ranks
+
+    info = detect_ranks()
     if threads is not None and threads < 1:
         raise ConfigError("threads", threads, "a positive integer")
-    if threads is None and world > 1:
-        threads = max(1, usable_cores() // max(1, local_world))
+    if threads is None and info.enabled:
+        threads = max(1, usable_cores() // max(1, info.local_world_size))
     if threads is not None:
         torch.set_num_threads(threads)
-    return Workers(rank, world, local_rank, local_world, torch.get_num_threads())
+    return Workers(info.rank, info.world_size, info.local_rank, info.local_world_size,
+                   torch.get_num_threads())  # fmt: skip
 
 
 @contextmanager

@@ -32,9 +32,12 @@ from smiexlm.errors import ConfigError
 
 @dataclass(frozen=True)
 class DistInfo:
+    """This process's place in a torchrun job (a single process: the defaults)."""
+
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -46,15 +49,25 @@ class DistInfo:
 
 
 def detect() -> DistInfo:
-    """Rank and world size from the torchrun environment (a single process otherwise)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    """Rank and world size from the torchrun environment (a single process otherwise): the
+    one reader of ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``."""
+    world = _env_int("WORLD_SIZE", 1)
     if world <= 1:
         return DistInfo()
-    return DistInfo(
-        rank=int(os.environ.get("RANK", "0")),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        world_size=world,
-    )
+    rank = _env_int("RANK", 0)
+    if not 0 <= rank < world:
+        raise ConfigError("RANK", rank, f"an integer in [0, {world - 1}] (WORLD_SIZE = {world})")
+    return DistInfo(rank, _env_int("LOCAL_RANK", 0), world, _env_int("LOCAL_WORLD_SIZE", world))
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(name, value, "an integer (set by torchrun)") from None
 
 
 def select_device(requested: str, info: DistInfo) -> torch.device:
