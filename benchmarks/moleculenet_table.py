@@ -162,7 +162,12 @@ def main() -> None:
     p_probe.add_argument("--name", default="linear probe (logistic)")
     p_probe.add_argument("--checkpoint", type=Path, default=None)
     p_probe.add_argument("--threads", type=int, default=1)
-    p_probe.add_argument("--pooling", choices=["cls", "mean", "max"], default="cls")
+    p_probe.add_argument(
+        "--pooling",
+        choices=["cls", "mean", "max"],
+        default=None,
+        help="default: the model folder's own (embedding.json)",
+    )
     p_probe.add_argument("--features", choices=["ecfp4", "rdkit2d"], default=None)
     p_base = sub.add_parser("baseline", help="RF-ECFP4 on every task")
     p_base.add_argument("--n-trees", type=int, default=500)

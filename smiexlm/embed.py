@@ -83,7 +83,7 @@ class EmbedOptions:
     the device, and the backend (``onnx``: onnxruntime on the CPU)."""
 
     checkpoint: Path | None = None
-    pooling: Literal["cls", "mean", "max"] = "cls"
+    pooling: Literal["cls", "mean", "max"] | None = None  # None: the model folder's own
     errors: Literal["raise", "nan"] = "nan"
     canonicalize: bool = True
     batch_tokens: int = 16384
@@ -95,13 +95,23 @@ class EmbedOptions:
 
     def embed(self, feat: Featurizer, smiles: Any, index_offset: int) -> np.ndarray:
         """(n, d) rows of ``smiles``; the bad ones are in ``feat.last_report``."""
-        return feat.featurize(smiles, pooling=self.pooling, errors=self.errors,
+        return feat.featurize(smiles, pooling=self.chosen_pooling(), errors=self.errors,
                               canonicalize=self.canonicalize, batch_tokens=self.batch_tokens,
                               index_offset=index_offset, log_failures=False)  # fmt: skip
 
+    def chosen_pooling(self) -> str:
+        """``pooling``, or the model folder's own when None (``embedding.json``)."""
+        from smiexlm.model.pretrained import model_folder, read_pooling
+
+        return self.pooling or read_pooling(model_folder(self.checkpoint))
+
     def settings(self) -> dict[str, Any]:
         """What a folder of parts records, so that a resume cannot mix two kinds of rows."""
-        kept = {"pooling": self.pooling, "errors": self.errors, "canonicalize": self.canonicalize}
+        kept = {
+            "pooling": self.chosen_pooling(),
+            "errors": self.errors,
+            "canonicalize": self.canonicalize,
+        }
         return kept | ({"backend": self.backend} if self.backend != "torch" else {})
 
 

@@ -95,8 +95,10 @@ class Featurizer:
         source: Path | None = None,
         normalization_source: str = "default",
         backend: Backend = "torch",
+        pooling: Pooling = "cls",
     ):
-        """``backend="onnx"`` runs the encoder with onnxruntime on the CPU: the graph of
+        """``pooling`` is the embedding used when :meth:`featurize` names none (a model
+        folder's ``embedding.json``). ``backend="onnx"`` runs the encoder with onnxruntime on the CPU: the graph of
         ``source`` (``encoder.onnx``, checked against its recorded sha256), or one exported
         from ``model`` in memory without a ``source`` (and for the shipped default model,
         which has no graph file). See docs/featurizer.md."""
@@ -122,6 +124,8 @@ class Featurizer:
         self.inputs = ModelInputs(tokenizer, self.model.config, normalization)
         self.normalization_source = normalization_source  # where the record was read from
         self.source = source
+        check_choice("pooling", pooling, POOLINGS)
+        self.pooling = pooling
         self.last_report = FeaturizeReport()
 
     # ------------------------------------------------------------------ loading
@@ -136,7 +140,7 @@ class Featurizer:
         """
         pre = load_pretrained(path)
         return cls(pre.model, pre.tokenizer, pre.normalization, device, pre.path,
-                   pre.normalization_source, backend)  # fmt: skip
+                   pre.normalization_source, backend, pre.pooling)  # fmt: skip
 
     @property
     def dim(self) -> int:
@@ -161,7 +165,7 @@ class Featurizer:
     def featurize(
         self,
         smiles: Sequence[str] | Iterable[str],
-        pooling: Pooling = "cls",
+        pooling: Pooling | None = None,
         layer: int = -1,
         errors: Errors = "raise",
         batch_tokens: int = 16384,
@@ -176,7 +180,8 @@ class Featurizer:
         """Embeddings (n, d) float32 of ``smiles`` (a list, tuple, pandas Series or iterable),
         in input order.
 
-        ``pooling``: ``cls`` (first position), ``mean`` or ``max`` over real positions.
+        ``pooling``: ``cls`` (first position), ``mean`` or ``max`` over real positions;
+        None: the model's own (:attr:`pooling`, from its folder's ``embedding.json``).
         ``layer``: encoder block whose output is pooled (−1 = last).
         ``errors``: ``raise`` on the first bad SMILES, or ``nan`` to fill its row with NaN.
         ``batch_tokens``: padded tokens per batch; ``batch_size``: molecules per batch cap.
@@ -185,6 +190,7 @@ class Featurizer:
         that streams a file in pieces reports file rows); ``log_failures=False`` leaves the
         listing of bad inputs to the caller.
         """
+        pooling = pooling or self.pooling
         self._check_options(pooling, layer, errors, batch_tokens, batch_size)
         items = _as_list(smiles)
         self.model.eval()  # dropout off, whatever the caller did to the model since loading

@@ -67,7 +67,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
     def __init__(
         self,
         checkpoint: str | Path | None = None,
-        pooling: Literal["cls", "mean", "max"] = "cls",
+        pooling: Literal["cls", "mean", "max"] | None = None,
         layer: int = -1,
         errors: Literal["raise", "nan"] = "raise",
         canonicalize: bool = True,
@@ -124,7 +124,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
 _FEATURIZER_CLASS: type | None = None
 
 
-def _deepchem_rows(feat, datapoints: Any, pooling: str, layer: int, canonicalize: bool) -> np.ndarray:  # fmt: skip
+def _deepchem_rows(feat, datapoints: Any, pooling: str | None, layer: int, canonicalize: bool) -> np.ndarray:  # fmt: skip
     """Embeddings of SMILES or RDKit ``Mol`` objects, as DeepChem expects them: a float
     matrix, or an object array with an empty array for each molecule that failed."""
     from rdkit import Chem
@@ -160,7 +160,7 @@ def _featurizer_class() -> type:
         def __init__(
             self,
             checkpoint: str | Path | None = None,
-            pooling: Literal["cls", "mean", "max"] = "cls",
+            pooling: Literal["cls", "mean", "max"] | None = None,
             layer: int = -1,
             canonicalize: bool = True,
             device: str = "auto",

@@ -50,7 +50,9 @@ def embed(
         str | None, typer.Option(help="Comma-separated columns to keep (default: all but SMILES).")
     ] = None,
     checkpoint: Checkpoint = None,
-    pooling: Annotated[str, typer.Option(help="cls, mean or max.")] = "cls",
+    pooling: Annotated[
+        str | None, typer.Option(help="cls, mean or max (default: the model's own, see its card).")
+    ] = None,
     errors: Annotated[str, typer.Option(help="nan: NaN rows for bad SMILES; raise: stop.")] = "nan",
     canonicalize: Annotated[
         bool,

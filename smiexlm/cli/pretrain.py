@@ -107,6 +107,10 @@ def export(
         Path | None, typer.Option(help="The run's dataset folder (for the card's data section)")
     ] = None,
     fp16: Annotated[bool, typer.Option(help="Store the weights in fp16")] = True,
+    pooling: Annotated[
+        str,
+        typer.Option(help="The embedding's pooling when a caller names none: cls, mean or max."),
+    ] = "cls",
     onnx: Annotated[
         bool, typer.Option(help="Also write encoder.onnx for onnxruntime (the onnx extra)")
     ] = False,
@@ -120,7 +124,7 @@ def export(
         require_exporter()
     commands = run_dir / "command.txt"
     command = commands.read_text().strip() if commands.is_file() else None
-    typer.echo(str(export_run(run_dir, out, checkpoint, data, fp16, command)))
+    typer.echo(str(export_run(run_dir, out, checkpoint, data, fp16, command, pooling)))
     if onnx:
         from smiexlm.serving.onnx_export import export_onnx
 

@@ -39,6 +39,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 NORMALIZATION_NAME = "normalization.json"  # how the corpus SMILES were normalised
 CARD_NAME = "MODEL_CARD.md"
+EMBEDDING_NAME = "embedding.json"  # the pooling the model's embeddings are served with
 
 
 def _default_tokenizer(config: ExLMConfig) -> Any:

@@ -2,7 +2,8 @@
 
 A model folder holds ``config.json``, ``vocab.json`` and ``model.safetensors`` (or its
 shards), ``checksums.json``, and optionally ``normalization.json`` (how the corpus SMILES were
-normalised), ``descriptors.json`` (the descriptor head's statistics) and ``MODEL_CARD.md``.
+normalised), ``embedding.json`` (the pooling its embeddings are served with, measured for that
+model: ``cls`` when absent), ``descriptors.json`` (the descriptor head's statistics) and ``MODEL_CARD.md``.
 Every caller that needs a model with its tokenizer (featurizer, fine-tuning, probe, predict,
 export, the analyses, GLUE) loads it here, so a model is always served with the vocabulary
 and the SMILES normalisation it was trained with.
@@ -23,8 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from smiexlm.data.normalize import NormalizeConfig
-from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.checkpoint import CARD_NAME, NORMALIZATION_NAME, VOCAB_NAME, WEIGHTS_NAME
+from smiexlm.errors import ConfigError, DataError, check_choice
+from smiexlm.model.checkpoint import (
+    CARD_NAME,
+    EMBEDDING_NAME,
+    NORMALIZATION_NAME,
+    VOCAB_NAME,
+    WEIGHTS_NAME,
+)
 from smiexlm.paths import ASSETS_DIR, write_text_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,6 +58,7 @@ class Pretrained:
     normalization: NormalizeConfig = DEFAULT_NORMALIZATION
     normalization_source: str = "default"
     path: Path | None = None
+    pooling: str = "cls"  # the embedding's pooling when a caller names none (embedding.json)
 
     @property
     def card(self) -> str | None:
@@ -93,7 +101,35 @@ def load_pretrained(path: str | Path | None = None) -> Pretrained:
     model = ExLMModel.from_pretrained(directory)
     tokenizer = load_tokenizer(directory / VOCAB_NAME)
     normalization, source = read_normalization(directory)
-    return Pretrained(model, tokenizer, normalization, source, directory)
+    return Pretrained(model, tokenizer, normalization, source, directory, read_pooling(directory))
+
+
+def read_pooling(directory: Path) -> str:
+    """The pooling a model folder's embeddings are served with: ``embedding.json``'s
+    ``pooling`` (chosen by measurement when the model was exported), ``cls`` without one."""
+    from smiexlm.model.model import POOLINGS
+
+    path = Path(directory) / EMBEDDING_NAME
+    if not path.is_file():
+        return "cls"
+    try:
+        pooling = json.loads(path.read_text(encoding="utf-8")).get("pooling")
+    except (json.JSONDecodeError, AttributeError):
+        raise DataError(
+            f'{str(path)!r}: expected a JSON object such as {{"pooling": "mean"}}'
+        ) from None
+    check_choice(f"pooling (in {path})", pooling, POOLINGS)
+    return pooling
+
+
+def write_pooling(directory: Path, pooling: str) -> Path:
+    """``embedding.json`` of a model folder (what :func:`read_pooling` reads)."""
+    from smiexlm.model.model import POOLINGS
+
+    check_choice("pooling", pooling, POOLINGS)
+    path = Path(directory) / EMBEDDING_NAME
+    write_text_atomic(path, json.dumps({"pooling": pooling}, indent=1) + "\n")
+    return path
 
 
 def read_normalization(directory: Path) -> tuple[NormalizeConfig, str]:

@@ -27,6 +27,7 @@ from smiexlm.model.pretrained import (
     DEFAULT_NORMALIZATION,
     load_pretrained,
     read_normalization,
+    read_pooling,
 )
 
 
@@ -58,6 +59,11 @@ class Backbone:
         if self.checkpoint is None:
             return DEFAULT_NORMALIZATION
         return read_normalization(Path(self.checkpoint))[0]
+
+    @property
+    def pooling(self) -> str:
+        """The checkpoint's embedding pooling (``embedding.json``; cls for a random init)."""
+        return "cls" if self.checkpoint is None else read_pooling(Path(self.checkpoint))
 
     def model_texts(self, smiles: Sequence[str], canonicalize: bool = True) -> list[str]:
         """What the model reads: each SMILES normalised as the checkpoint's corpus was (as

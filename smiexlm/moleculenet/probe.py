@@ -32,7 +32,7 @@ class ProbeConfig:
     """``c_grid``: inverse regularisation strengths tried (logistic C; ridge alpha = 1/C)."""
 
     c_grid: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
-    pooling: str = "cls"
+    pooling: str | None = None  # None: the backbone's own (its folder's embedding.json)
     split: str = "scaffold"
     canonicalize: bool = True
     max_length: int = 256
@@ -45,7 +45,8 @@ class ProbeConfig:
         self.c_grid = tuple(float(c) for c in self.c_grid)
         if not self.c_grid or min(self.c_grid) <= 0:
             raise ConfigError("c_grid", self.c_grid, "one or more positive numbers")
-        check_choice("pooling", self.pooling, POOLINGS)
+        if self.pooling is not None:
+            check_choice("pooling", self.pooling, POOLINGS)
         if self.split not in SPLIT_KINDS:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
         if self.features is not None and self.features not in FEATURE_KINDS:
@@ -63,7 +64,8 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
 
     tokenizer = backbone.tokenizer(inputs)
     rows, _ = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
-    model = ExLMForSequencePrediction(backbone.build(tokenizer, 0.0), 1, pooling=cfg.pooling)  # type: ignore[arg-type]
+    pooling = cfg.pooling or backbone.pooling
+    model = ExLMForSequencePrediction(backbone.build(tokenizer, 0.0), 1, pooling=pooling)  # type: ignore[arg-type]
     model.to(resolve_device(cfg.device))
     return engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
 
@@ -129,7 +131,8 @@ def run_probe(
 
     def one_seed(split, seed: int) -> RunResult:
         valid, test, chosen = probe_split(x, task.labels, split, task.task_type, cfg, seed)
-        config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": chosen}
+        config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": chosen,
+                                "pooling": cfg.pooling or backbone.pooling}  # fmt: skip
         return task.result(name, split, seed, valid.mean, test, 0.0, config)
 
     return run_seeds(task, seeds, cfg.split, one_seed, shared_s=time.perf_counter() - start)

@@ -15,9 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smiexlm.data.shards import read_manifest
-from smiexlm.errors import DataError
-from smiexlm.model.checkpoint import CARD_NAME, NORMALIZATION_NAME
-from smiexlm.model.pretrained import DEFAULT_NORMALIZATION, load_pretrained, write_normalization
+from smiexlm.errors import DataError, check_choice
+from smiexlm.model.checkpoint import CARD_NAME, EMBEDDING_NAME, NORMALIZATION_NAME
+from smiexlm.model.model import POOLINGS
+from smiexlm.model.pretrained import (
+    DEFAULT_NORMALIZATION,
+    load_pretrained,
+    write_normalization,
+    write_pooling,
+)
 from smiexlm.paths import atomic_dir, read_json_file
 
 
@@ -73,8 +79,11 @@ def export_run(
     dataset: Path | None = None,
     fp16: bool = True,
     command: str | None = None,
+    pooling: str = "cls",
 ) -> Path:
-    """Write ``out_dir`` from ``run_dir/checkpoints/<checkpoint>``; returns the card's path."""
+    """Write ``out_dir`` from ``run_dir/checkpoints/<checkpoint>``; returns the card's path.
+    ``pooling`` is what the featurizer and the probe use when a caller names none
+    (``embedding.json``)."""
     import torch
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -89,6 +98,7 @@ def export_run(
             f"--out {str(out_dir)!r} is a folder with other files in it: expected a new folder "
             "or a model folder written by an earlier export (which is replaced)"
         )
+    check_choice("pooling", pooling, POOLINGS)
     pre = load_pretrained(source)
     manifest = _read_manifest(dataset)
     normalization = dataclasses.replace(
@@ -98,11 +108,12 @@ def export_run(
     )
     summary = summarise_run(run_dir, source)
     _, train_config = read_json_file(source / "train_config.json", "training config")
-    card = _card(pre.model, summary, manifest, normalization, train_config, command, fp16)
+    card = _card(pre.model, summary, manifest, normalization, train_config, command, fp16, pooling)
     # The folder appears complete or not at all: written under a temporary name, renamed.
     with atomic_dir(out_dir) as tmp:
         pre.model.save_pretrained(tmp, tokenizer=pre.tokenizer, dtype=torch.float16 if fp16 else None)  # fmt: skip
         write_normalization(tmp, normalization)
+        write_pooling(tmp, pooling)
         (tmp / CARD_NAME).write_text(card)
     return out_dir / CARD_NAME
 
@@ -124,7 +135,7 @@ def _descriptor_line(c) -> str:
     return "none"
 
 
-def _card(model, s: RunSummary, manifest, normalization, train_config, command, fp16) -> str:
+def _card(model, s: RunSummary, manifest, normalization, train_config, command, fp16, pooling) -> str:  # fmt: skip
     c = model.config
     n_params = model.num_parameters()
     splits = manifest.get("splits", {})
@@ -147,6 +158,7 @@ def _card(model, s: RunSummary, manifest, normalization, train_config, command, 
 | objective | `{c.objective}`{f" (k = {c.k}, 2D RoPE {c.rope_2d}, transitions {c.transitions}, DAG {c.dag})" if c.objective == "exlm" else ""} |
 | descriptor regression | {descriptors} |
 | architecture | {c.n_layers} layers, {c.n_heads} heads, d_model {c.d_model}, FFN {c.d_ff}, pre-norm, RoPE |
+| embedding | {pooling} pooling of the last block, what the featurizer and the probe use unless told otherwise (`{EMBEDDING_NAME}`) |
 | parameters | {n_params:,} (weights stored in {"fp16" if fp16 else "fp32"}) |
 | vocabulary | {c.vocab_size} tokens, hash `{c.vocab_hash}` |
 | updates | {s.step:,} |

@@ -145,6 +145,31 @@ def test_normalization_record_is_applied(tmp_path):
         Featurizer.from_pretrained(ckpt, device="cpu")
 
 
+def test_the_folder_pooling_is_the_default_and_travels_to_embed_and_probe(tmp_path):
+    from smiexlm.embed import EmbedOptions
+    from smiexlm.model.pretrained import write_pooling
+    from smiexlm.moleculenet.backbone import Backbone
+
+    ckpt = make_checkpoint(tmp_path / "pooled")
+    assert Featurizer.from_pretrained(ckpt, device="cpu").pooling == "cls"  # no embedding.json
+    assert EmbedOptions(checkpoint=ckpt).settings()["pooling"] == "cls"
+    write_pooling(ckpt, "mean")
+    feat = Featurizer.from_pretrained(ckpt, device="cpu")
+    assert feat.pooling == "mean" and Backbone(ckpt).pooling == "mean"
+    np.testing.assert_array_equal(feat.featurize(PANEL), feat.featurize(PANEL, pooling="mean"))
+    assert not np.allclose(feat.featurize(PANEL), feat.featurize(PANEL, pooling="cls"))
+    assert EmbedOptions(checkpoint=ckpt).settings()["pooling"] == "mean"
+    assert EmbedOptions(checkpoint=ckpt, pooling="max").settings()["pooling"] == "max"
+    (ckpt / "embedding.json").write_text(json.dumps({"pooling": "sum"}))
+    with pytest.raises(ConfigError, match="pooling.*embedding.json.*'sum'"):
+        Featurizer.from_pretrained(ckpt, device="cpu")
+    (ckpt / "embedding.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match="embedding.json.*JSON object"):
+        Featurizer.from_pretrained(ckpt, device="cpu")
+    with pytest.raises(ConfigError, match="pooling"):
+        write_pooling(ckpt, "first")
+
+
 def test_errors_raise_names_first_bad_input_and_index(feat):
     with pytest.raises(InvalidSmilesError, match=r"C1CC.*input index 2"):
         feat.featurize(["CCO", "c1ccccc1", "C1CC", "xyz"])

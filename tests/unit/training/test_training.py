@@ -277,6 +277,9 @@ def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
         "canonicalize": True,
         "strip_salts": False,
     }
+    assert json.loads((folder / "embedding.json").read_text()) == {"pooling": "cls"}
+    mean = export_run(out, tmp_path / "mean", pooling="mean").parent
+    assert Featurizer.from_pretrained(mean).pooling == "mean" and "mean pooling" in (mean / "MODEL_CARD.md").read_text()  # fmt: skip
     model = ExLMModel.from_pretrained(folder)  # fp16 on disk, loads as the trained weights
     for key, value in model.state_dict().items():
         assert torch.allclose(value.float(), result.model.state_dict()[key], atol=2e-3), key
