@@ -309,7 +309,7 @@ def fmt(value: float | None) -> str:
 def backbones(ctx: Context) -> dict[str, Path]:
     """Run name -> checkpoint folder of phase 3; the shipped models stand in for missing runs."""
     shipped = {
-        "mol_small_exlm_gpu": ctx.src / "smiexlm/assets/default_model",
+        "mol_small_exlm_gpu": ctx.src / "smiexlm/assets/twins/exlm",
         "mol_small_mlm_gpu": ctx.src / "smiexlm/assets/twins/mlm",
     }
     found = {}

@@ -96,10 +96,10 @@ def test_shipped_model_outputs_stay_inside_the_certified_bounds():
     from smiexlm.dag.gather import logsoftmax_gather
     from smiexlm.dag.reference import prepare
     from smiexlm.embed import DRUG_PANEL
-    from smiexlm.featurizer import DEFAULT_MODEL_DIR
     from smiexlm.model.masking import mask_tokens
+    from smiexlm.paths import ASSETS_DIR
 
-    model = ExLMModel.from_pretrained(DEFAULT_MODEL_DIR).float().eval()
+    model = ExLMModel.from_pretrained(ASSETS_DIR / "twins" / "exlm").float().eval()
     batch = SmilesTokenizer().encode_batch([smiles for _, smiles, _ in DRUG_PANEL] * 4)
     g = torch.Generator().manual_seed(0)
     ids, labels = mask_tokens(batch.input_ids, batch.attention_mask, 0.3, generator=g)

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 
 from smiexlm import ExLMConfig, ExLMModel, Featurizer
 from smiexlm.data.sampler import token_budget_batches
+from smiexlm.paths import ASSETS_DIR
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from smiexlm.tokenizer import SmilesTokenizer
 
+EXLM_TWIN = ASSETS_DIR / "twins" / "exlm"
 PANEL = [
     "CC(=O)Oc1ccccc1C(=O)O",
     "CN1C=NC2=C1C(=O)N(C(=O)N2C)C",
@@ -267,9 +269,10 @@ def test_token_budget_batches(lengths, budget, cap):
         assert width * len(grown) > budget or (cap is not None and len(prev) >= cap)
 
 
-# The shipped model's embeddings of four molecules (first four dimensions, and the sum of
-# absolute values of all), recorded before the input path was rebuilt: a refactor of the
-# loader, normalisation, tokenization, padding or batching must give them back.
+# The shipped pure ExLM's embeddings (twins/exlm, the default until the descriptor model
+# replaced it) of four molecules (first four dimensions, and the sum of absolute values of
+# all), recorded before the input path was rebuilt: a refactor of the loader, normalisation,
+# tokenization, padding or batching must give them back.
 PINNED_EMBEDDINGS = {
     "cls": ([[-0.674712, 0.272243, 0.226405, 0.097645], [-0.47673, 0.232884, 0.129041, 0.99592],
              [-0.665839, 0.104775, 0.149046, 0.141134], [-0.185453, -0.167707, 0.57056, 0.499078]],
@@ -283,7 +286,7 @@ PINNED_EMBEDDINGS = {
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_shipped_model_embeddings_are_pinned(pooling):
     smiles = ["CC(=O)Oc1ccccc1C(=O)O", "OCC", "Cn1cnc2c1c(=O)n(C)c(=O)n2C", "c1ccccc1CCN"]
-    x = Featurizer.from_pretrained(device="cpu").featurize(smiles, pooling=pooling)
+    x = Featurizer.from_pretrained(EXLM_TWIN, device="cpu").featurize(smiles, pooling=pooling)
     head, total = PINNED_EMBEDDINGS[pooling]
     np.testing.assert_allclose(x[:, :4], np.array(head), atol=1e-5, rtol=0)
     assert float(np.abs(x).sum()) == pytest.approx(total, abs=1e-2)

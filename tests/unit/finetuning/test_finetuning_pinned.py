@@ -1,5 +1,5 @@
-"""Pinned fine-tuning: two epochs of the shipped model on 200 BBBP molecules repeat recorded
-scores and predictions.
+"""Pinned fine-tuning: two epochs of the shipped pure ExLM (``twins/exlm``, the default model
+when the values were recorded) on 200 BBBP molecules repeat recorded scores and predictions.
 
 A change to the input path (normalisation, tokenization, truncation, padding), the head, the
 loop or the splits that moves fine-tuning's numbers fails here. Pinned to what is
@@ -17,6 +17,7 @@ import torch
 from smiexlm.moleculenet.configs import finetune_config
 from smiexlm.moleculenet.finetune import Backbone, predict, run_finetune
 from smiexlm.moleculenet.loaders import load_dataset
+from smiexlm.paths import ASSETS_DIR
 
 # seed 0: best epoch, valid and test ROC-AUC x 100, and the saved model's probabilities for
 # the first five molecules of the table
@@ -38,7 +39,7 @@ def test_bbbp_subset_repeats_the_pinned_fine_tuning(shared_data, one_thread, tmp
     frame = frame.iloc[:200].reset_index(drop=True)
     frame.attrs.update(attrs)
     cfg = finetune_config("bbbp", epochs=2, batch_size=32, precision="fp32", device="cpu")
-    (result,) = run_finetune(frame, cfg, Backbone(), seeds=[0], save_dir=tmp_path / "ft", progress=False)  # fmt: skip
+    (result,) = run_finetune(frame, cfg, Backbone(ASSETS_DIR / "twins" / "exlm"), seeds=[0], save_dir=tmp_path / "ft", progress=False)  # fmt: skip
     probabilities = predict(tmp_path / "ft" / "seed0", frame["smiles"][:5].tolist())["p_np"]
     best = (result.best_epoch, round(result.valid, 4), round(result.test, 4))
     if os.environ.get("PINNED_LOSSES_PRINT"):
