@@ -46,10 +46,7 @@ def command(table: Path, out: Path, part_rows: int, port: int) -> list[str]:
 
 def parts(out: Path) -> dict[str, tuple[int, int]]:
     """Finished parts: name -> (size, mtime_ns)."""
-    folder = out / "parts"
-    if not folder.is_dir():
-        return {}
-    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*.parquet")}
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in out.glob("part-*.parquet")}
 
 
 def worker_of_rank(launcher: int, rank: int, timeout: float = 120) -> int:
@@ -78,7 +75,10 @@ def timed(cmd: list[str], kill_after: int | None, out: Path) -> dict:
     if kill_after is not None:
         worker = worker_of_rank(proc.pid, 1)
         while len(parts(out)) < kill_after and proc.poll() is None:
-            time.sleep(0.5)
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            raise RuntimeError(f"the job ended before {kill_after} parts were finished: "
+                               "lower --kill-after or --part-rows, or raise --n")  # fmt: skip
         os.kill(worker, signal.SIGKILL)
         killed = len(parts(out))
     code = proc.wait()

@@ -27,7 +27,10 @@ Threads = Annotated[
 Checkpoint = Annotated[
     Path | None,
     typer.Option(
-        "--checkpoint", "-c", help="Model folder (default: the model shipped inside smiexlm)."
+        "--checkpoint",
+        "-c",
+        help="Model folder, or a shipped model's name (exlm, mlm, maelm, "
+        "mtr; default: the shipped default model).",
     ),
 ]
 

@@ -140,7 +140,8 @@ def baseline(
 Checkpoint = Annotated[
     Path | None,
     typer.Option("--checkpoint", help="Pretrained folder (config.json, vocab.json, "
-                 "model.safetensors). Default: the shipped model."),
+                 "model.safetensors), or a shipped model's name (exlm, mlm, ...). Default: the shipped "
+                 "default model."),
 ]  # fmt: skip
 RandomInit = Annotated[
     bool, typer.Option("--random-init", help="Train a random init of --preset instead.")

@@ -77,10 +77,29 @@ class Pretrained:
         return ModelInputs(self.tokenizer, self.model.config, self.normalization)
 
 
+def shipped_models() -> dict[str, Path]:
+    """The model folders inside the package, by name: ``default`` and each of ``twins/``
+    (``exlm``, ``mlm``, ``maelm``, ...; their cards are in ``smiexlm/assets/README.md``)."""
+    twins = ASSETS_DIR / "twins"
+    folders = (
+        sorted(p for p in twins.iterdir() if (p / WEIGHTS_NAME).is_file()) if twins.is_dir() else []
+    )
+    return {"default": DEFAULT_MODEL_DIR} | {p.name: p for p in folders}
+
+
 def model_folder(path: str | Path | None) -> Path:
-    """The folder to load: ``path``, or the shipped default model when None."""
-    if path is not None:
-        return Path(path).expanduser()
+    """The folder to load: ``path``; the name of a shipped model (:func:`shipped_models`)
+    when no file or folder of that name exists; the shipped default model when None."""
+    folder = None if path is None else Path(path).expanduser()
+    if folder is not None and (folder.exists() or str(path) != "default"):
+        shipped = shipped_models()
+        if folder.exists() or str(path) in shipped:
+            return folder if folder.exists() else shipped[str(path)]
+        raise DataError(
+            f"model folder {str(path)!r} does not exist, and it is not the name of a shipped "
+            f"model ({', '.join(shipped)}): expected a folder written by `smiexlm export` "
+            "or `save_pretrained`"
+        )
     if not (DEFAULT_MODEL_DIR / WEIGHTS_NAME).is_file():
         raise DataError(
             "the default model is not installed: expected config.json, vocab.json and "

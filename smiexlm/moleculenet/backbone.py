@@ -23,9 +23,9 @@ from smiexlm.model.checkpoint import CONFIG_NAME, VOCAB_NAME
 from smiexlm.model.config import ExLMConfig
 from smiexlm.model.inputs import ModelInputs, model_texts
 from smiexlm.model.pretrained import (
-    DEFAULT_MODEL_DIR,
     DEFAULT_NORMALIZATION,
     load_pretrained,
+    model_folder,
     read_normalization,
     read_pooling,
 )
@@ -44,8 +44,8 @@ class Backbone:
     def __post_init__(self) -> None:
         if self.random_init and self.checkpoint is not None:
             raise ConfigError("random_init", True, "no checkpoint (it ignores the weights)")
-        if self.checkpoint is None and not self.random_init:
-            self.checkpoint = DEFAULT_MODEL_DIR
+        if not self.random_init:  # a folder, a shipped model's name, or None: the default
+            self.checkpoint = model_folder(self.checkpoint)
 
     @property
     def name(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from smiexlm import Featurizer
 from smiexlm.data.normalize import NormalizeConfig
+from smiexlm.errors import DataError
 from smiexlm.model.inputs import ModelInputs, normalize_inputs
 from smiexlm.model.pretrained import DEFAULT_MODEL_DIR, load_pretrained, read_normalization
 from smiexlm.tokenizer import EOS_ID, SmilesTokenizer
@@ -99,3 +101,19 @@ def test_finetuning_predict_and_featurizer_read_a_smiles_the_same_way(salt_strip
 def test_normalize_inputs_as_written_skips_rdkit():
     prepared = normalize_inputs(["OCC", "C1CC"], NormalizeConfig(), canonicalize=False)
     assert prepared.texts == ["OCC", "C1CC"] and prepared.n_changed == 0
+
+
+def test_shipped_models_load_by_name_and_a_folder_of_that_name_wins(tmp_path, monkeypatch):
+    from smiexlm.model.pretrained import model_folder, shipped_models
+    from smiexlm.paths import ASSETS_DIR
+
+    assert {"default", "exlm", "mlm", "maelm"} <= set(shipped_models())
+    assert model_folder("exlm") == ASSETS_DIR / "twins" / "exlm"
+    assert model_folder("default") == model_folder(None) == DEFAULT_MODEL_DIR
+    assert load_pretrained("mlm").model.config.objective == "mlm"
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(ASSETS_DIR / "twins" / "maelm", tmp_path / "mlm")
+    assert model_folder("mlm") == Path("mlm")  # the user's folder, not the shipped MLM
+    assert load_pretrained("mlm").model.config.objective == "maelm"
+    with pytest.raises(DataError, match="'nope' does not exist.*shipped model.*exlm"):
+        model_folder("nope")
