@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from smiexlm import ExLMConfig, ExLMModel, Featurizer
 from smiexlm.data.sampler import token_budget_batches
-from smiexlm.paths import ASSETS_DIR
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
+from smiexlm.paths import ASSETS_DIR
 from smiexlm.tokenizer import SmilesTokenizer
 
 EXLM_TWIN = ASSETS_DIR / "twins" / "exlm"
