@@ -88,25 +88,27 @@ def shipped_models() -> dict[str, Path]:
 
 
 def model_folder(path: str | Path | None) -> Path:
-    """The folder to load: ``path``; the name of a shipped model (:func:`shipped_models`)
-    when no file or folder of that name exists; the shipped default model when None."""
-    folder = None if path is None else Path(path).expanduser()
-    if folder is not None and (folder.exists() or str(path) != "default"):
-        shipped = shipped_models()
-        if folder.exists() or str(path) in shipped:
-            return folder if folder.exists() else shipped[str(path)]
-        raise DataError(
-            f"model folder {str(path)!r} does not exist, and it is not the name of a shipped "
-            f"model ({', '.join(shipped)}): expected a folder written by `smiexlm export` "
-            "or `save_pretrained`"
-        )
-    if not (DEFAULT_MODEL_DIR / WEIGHTS_NAME).is_file():
-        raise DataError(
-            "the default model is not installed: expected config.json, vocab.json and "
-            "model.safetensors in smiexlm/assets/default_model/ inside the package; "
-            "pass a model folder instead (e.g. Featurizer.from_pretrained('path/to/model'))"
-        )
-    return DEFAULT_MODEL_DIR
+    """The folder to load: ``path`` when it exists, else the shipped model of that name
+    (:func:`shipped_models`); the shipped default model when None."""
+    if path is None or (str(path) == "default" and not Path(path).exists()):
+        if not (DEFAULT_MODEL_DIR / WEIGHTS_NAME).is_file():
+            raise DataError(
+                "the default model is not installed: expected config.json, vocab.json and "
+                "model.safetensors in smiexlm/assets/default_model/ inside the package; "
+                "pass a model folder instead (e.g. Featurizer.from_pretrained('path/to/model'))"
+            )
+        return DEFAULT_MODEL_DIR
+    folder = Path(path).expanduser()
+    if folder.exists():
+        return folder
+    shipped = shipped_models()
+    if str(path) in shipped:
+        return shipped[str(path)]
+    raise DataError(
+        f"model folder {str(path)!r} does not exist, and it is not the name of a shipped "
+        f"model ({', '.join(shipped)}): expected a folder written by `smiexlm export` or "
+        "`save_pretrained`"
+    )
 
 
 def load_pretrained(path: str | Path | None = None) -> Pretrained:
