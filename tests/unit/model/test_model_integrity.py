@@ -24,6 +24,7 @@ from tests.conftest import smiexlm_command
 from tests.integration.test_faults import DEFAULT_MODEL, assert_one_line_error, run_cli
 
 TWINS = DEFAULT_MODEL.parent / "twins"
+EXLM = TWINS / "exlm"  # the structural checks read the pure ExLM (2D RoPE buffers, 63 tensors)
 
 
 def _copy(source: Path, target: Path) -> Path:
@@ -52,7 +53,7 @@ def test_shipped_models_record_their_weights(folder):
 
 
 def test_weights_overwritten_in_place_fail_the_recorded_sha256(tmp_path):
-    folder = _copy(DEFAULT_MODEL, tmp_path / "model")
+    folder = _copy(EXLM, tmp_path / "model")
     _overwrite_data(folder / "model.safetensors")
     res = _embed(tmp_path, folder)
     assert_one_line_error(res, "model.safetensors", "sha256", CHECKSUMS_NAME)
@@ -60,19 +61,19 @@ def test_weights_overwritten_in_place_fail_the_recorded_sha256(tmp_path):
 
 
 def test_older_folder_without_a_record_fails_on_nan_weights(tmp_path):
-    folder = _copy(DEFAULT_MODEL, tmp_path / "model")
+    folder = _copy(EXLM, tmp_path / "model")
     (folder / CHECKSUMS_NAME).unlink()  # as written before checksums.json existed
     _overwrite_data(folder / "model.safetensors")
     first = next(iter(read_header(folder / "model.safetensors")))
     res = _embed(tmp_path, folder)
     assert_one_line_error(res, "model.safetensors", f"tensor {first!r}", "NaN")
     (folder / "model.safetensors").unlink()
-    shutil.copy(DEFAULT_MODEL / "model.safetensors", folder)  # intact: loads unverified
+    shutil.copy(EXLM / "model.safetensors", folder)  # intact: loads unverified
     assert _embed(tmp_path, folder).returncode == 0
 
 
 def test_checksums_file_broken_or_silent_is_one_line(tmp_path):
-    folder = _copy(DEFAULT_MODEL, tmp_path / "model")
+    folder = _copy(EXLM, tmp_path / "model")
     (folder / CHECKSUMS_NAME).write_text('{"format": "smiexlm-checksums/1", "sha256": {}}')
     assert_one_line_error(_embed(tmp_path, folder), CHECKSUMS_NAME, "records no sha256")
     (folder / CHECKSUMS_NAME).write_text("{")
@@ -82,7 +83,7 @@ def test_checksums_file_broken_or_silent_is_one_line(tmp_path):
 def test_featurizer_and_analyses_use_the_checked_loader(tmp_path):
     from smiexlm import Featurizer
 
-    folder = _copy(DEFAULT_MODEL, tmp_path / "model")
+    folder = _copy(EXLM, tmp_path / "model")
     _overwrite_data(folder / "model.safetensors")
     with pytest.raises(DataError, match="sha256"):
         Featurizer.from_pretrained(folder)
@@ -115,7 +116,7 @@ def _run_capped(*args: str, gib: int = 4) -> subprocess.CompletedProcess:
     ],
 )  # fmt: skip
 def test_huge_config_is_checked_against_the_weights_before_allocation(tmp_path, overrides, needles):
-    folder = _copy(DEFAULT_MODEL, tmp_path / "model")
+    folder = _copy(EXLM, tmp_path / "model")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | overrides))
     table = tmp_path / "t.csv"
@@ -125,7 +126,7 @@ def test_huge_config_is_checked_against_the_weights_before_allocation(tmp_path, 
 
 
 def test_header_is_read_alone_and_must_describe_the_file(tmp_path):
-    weights = TWINS / "exlm" / "model.safetensors"  # the pure tiny ExLM: 63 tensors
+    weights = EXLM / "model.safetensors"
     header = read_header(weights)
     assert header["embed.weight"] == ("F16", (333, 128)) and len(header) == 63
     bad = tmp_path / "model.safetensors"
@@ -148,12 +149,12 @@ def finetuned(tmp_path_factory) -> Path:
     from smiexlm.moleculenet.finetune import save_finetuned
     from smiexlm.tokenizer import SmilesTokenizer
 
-    model = ExLMForSequencePrediction(ExLMModel.from_pretrained(DEFAULT_MODEL), 1, "multilabel")
+    model = ExLMForSequencePrediction(ExLMModel.from_pretrained(EXLM), 1, "multilabel")
     meta = dict(dataset="mine", task_type="classification", label_cols=["y"],
                 config=FinetuneConfig().to_dict(), target_mean=[0.0], target_std=[1.0],
                 feature_scaler=None)  # fmt: skip
     folder = tmp_path_factory.mktemp("finetuned") / "seed0"
-    tokenizer = SmilesTokenizer.load(DEFAULT_MODEL / "vocab.json")
+    tokenizer = SmilesTokenizer.load(EXLM / "vocab.json")
     return save_finetuned(model, tokenizer, folder, meta)
 
 
@@ -211,7 +212,7 @@ def _predict(tmp_path: Path, folder: Path) -> subprocess.CompletedProcess:
 
 
 def test_finetune_from_a_corrupted_checkpoint_is_one_line(tmp_path):
-    folder = _copy(DEFAULT_MODEL, tmp_path / "model")
+    folder = _copy(EXLM, tmp_path / "model")
     _overwrite_data(folder / "model.safetensors", b"\x00")  # zeros: finite, but not the weights
     smiles = [f"C1{'C' * n}1{tail}" for n in range(2, 16) for tail in ("", "O", "N", "Cl")]
     table = tmp_path / "train.csv"
