@@ -5,9 +5,10 @@
 
 For each encoder layer asked for (default: the last) and cls, mean and max pooling: the
 21-drug panel of ``smiexlm demo`` embedded raw, centred on the mean embedding of the first N
-MOSES training molecules, and whitened with that corpus's principal components. Prints, per
-variant, how many drugs have a nearest neighbour (cosine) of their own family, and the range
-of those cosines. ECFP4 Tanimoto gets 15/21.
+MOSES training molecules, whitened with that corpus's principal components, and whitened
+with the whitening stored in the model folder (``smiexlm whiten``), where it has one. Prints,
+per variant, how many drugs have a nearest neighbour (cosine) of their own family, and the
+range of those cosines. ECFP4 Tanimoto gets 15/21.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
     from smiexlm import Featurizer
     from smiexlm.embed import DRUG_PANEL
     from smiexlm.paths import data_dir
+    from smiexlm.whitening import fit_whitening
 
     torch.set_num_threads(1)
     feat = Featurizer.from_pretrained(args.checkpoint)
@@ -49,12 +51,12 @@ def main() -> None:
     print("| layer | pooling | normalisation | family hits / 21 | cosine range |")
     print("|---|---|---|---|---|")
     for layer, pooling in itertools.product(args.layers, ("cls", "mean", "max")):
-        x = feat.featurize(smiles, pooling=pooling, layer=layer)  # (21, d)
-        c = feat.featurize(corpus, pooling=pooling, layer=layer)  # (N, d)
-        mean = c.mean(axis=0)
-        _, sv, vt = np.linalg.svd(c - mean, full_matrices=False)
-        whiten = vt.T / (sv / np.sqrt(len(c) - 1) + 1e-6)
-        variants = {"raw": x, "centred": x - mean, "whitened": (x - mean) @ whiten}
+        x = feat.featurize(smiles, pooling=pooling, layer=layer, whiten=False)  # (21, d)
+        c = feat.featurize(corpus, pooling=pooling, layer=layer, whiten=False)  # (N, d)
+        whitening = fit_whitening(c)
+        variants = {"raw": x, "centred": x - whitening.mean, "whitened": whitening(x)}
+        if pooling in feat.whitening and layer % feat.model.config.n_layers == feat.model.config.n_layers - 1:  # fmt: skip
+            variants["whitened (stored)"] = feat.whitening[pooling](x)
         for name, v in variants.items():
             hits, low, high = family_hits(v, families)
             print(f"| {layer} | {pooling} | {name} | {hits} | {low:.3f}-{high:.3f} |")

@@ -89,6 +89,7 @@ class EmbedOptions:
     batch_tokens: int = 16384
     device: str = "auto"
     backend: Literal["torch", "onnx"] = "torch"
+    whiten: bool | None = None  # None: the model folder's own (embedding.json)
 
     def featurizer(self, device: str | None = None) -> Featurizer:
         return Featurizer.from_pretrained(self.checkpoint, device or self.device, self.backend)
@@ -97,13 +98,25 @@ class EmbedOptions:
         """(n, d) rows of ``smiles``; the bad ones are in ``feat.last_report``."""
         return feat.featurize(smiles, pooling=self.chosen_pooling(), errors=self.errors,
                               canonicalize=self.canonicalize, batch_tokens=self.batch_tokens,
-                              index_offset=index_offset, log_failures=False)  # fmt: skip
+                              whiten=self.chosen_whiten(), index_offset=index_offset,
+                              log_failures=False)  # fmt: skip
 
     def chosen_pooling(self) -> str:
         """``pooling``, or the model folder's own when None (``embedding.json``)."""
-        from smiexlm.model.pretrained import model_folder, read_pooling
+        from smiexlm.model.pretrained import model_folder, read_embedding
 
-        return self.pooling or read_pooling(model_folder(self.checkpoint))
+        return self.pooling or read_embedding(model_folder(self.checkpoint)).pooling
+
+    def chosen_whiten(self) -> bool:
+        """``whiten``, or the model folder's own when None: whitened when its
+        ``embedding.json`` says so and it stores a whitening for the chosen pooling."""
+        from smiexlm.model.pretrained import model_folder, read_embedding
+        from smiexlm.whitening import whitening_poolings
+
+        if self.whiten is not None:
+            return self.whiten
+        folder = model_folder(self.checkpoint)
+        return read_embedding(folder).whiten and self.chosen_pooling() in whitening_poolings(folder)
 
     def settings(self) -> dict[str, Any]:
         """What a folder of parts records, so that a resume cannot mix two kinds of rows."""
@@ -112,6 +125,7 @@ class EmbedOptions:
             "errors": self.errors,
             "canonicalize": self.canonicalize,
         }
+        kept |= {"whiten": True} if self.chosen_whiten() else {}
         return kept | ({"backend": self.backend} if self.backend != "torch" else {})
 
 

@@ -13,7 +13,8 @@ long the input is:
    within ``batch_tokens`` (and within ``batch_size`` molecules when given);
 3. each batch goes through ``ExLMModel.encode`` under ``torch.inference_mode`` with the model
    in eval mode, so the same input always gives the same output;
-4. the pooled rows are written back at their input positions.
+4. the pooled rows are written back at their input positions, whitened with the model's
+   corpus whitening where the model folder asks for it (:mod:`smiexlm.whitening`).
 
 Bad input is never dropped silently: ``errors="raise"`` raises on the first bad SMILES with its
 index; ``errors="nan"`` fills its row with NaN, logs a warning listing the offenders, and
@@ -23,7 +24,7 @@ records them in :attr:`Featurizer.last_report`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +53,7 @@ from smiexlm.model.pretrained import (
     read_normalization,
 )
 from smiexlm.tokenizer import SmilesTokenizer
+from smiexlm.whitening import Whitening
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +98,16 @@ class Featurizer:
         normalization_source: str = "default",
         backend: Backend = "torch",
         pooling: Pooling = "cls",
+        whitening: Mapping[str, Whitening] | None = None,
+        whiten: bool = False,
     ):
         """``pooling`` is the embedding used when :meth:`featurize` names none (a model
-        folder's ``embedding.json``). ``backend="onnx"`` runs the encoder with onnxruntime
-        on the CPU: the graph of ``source`` (``encoder.onnx``, checked against its recorded
-        sha256), or one exported from ``model`` in memory without a ``source`` (and for the
-        shipped default model, which has no graph file). See docs/featurizer.md."""
+        folder's ``embedding.json``); ``whitening`` maps a pooling to its corpus whitening
+        (``whitening.safetensors``), applied by default when ``whiten``. ``backend="onnx"``
+        runs the encoder with onnxruntime on the CPU: the graph of ``source``
+        (``encoder.onnx``, checked against its recorded sha256), or one exported from
+        ``model`` in memory without a ``source`` (and for the shipped default model, which
+        has no graph file). See docs/featurizer.md."""
         if backend not in _BACKENDS:
             raise ConfigError("backend", backend, f"one of {_BACKENDS}")
         if backend == "onnx" and device not in ("auto", "cpu"):
@@ -126,6 +132,10 @@ class Featurizer:
         self.source = source
         check_choice("pooling", pooling, POOLINGS)
         self.pooling = pooling
+        self.whitening = dict(whitening or {})
+        if whiten and pooling not in self.whitening:
+            raise ConfigError("whiten", whiten, f"False: no whitening is stored for {pooling} pooling")  # fmt: skip
+        self.whiten = whiten
         self.last_report = FeaturizeReport()
 
     # ------------------------------------------------------------------ loading
@@ -140,7 +150,8 @@ class Featurizer:
         """
         pre = load_pretrained(path)
         return cls(pre.model, pre.tokenizer, pre.normalization, device, pre.path,
-                   pre.normalization_source, backend, pre.pooling)  # fmt: skip
+                   pre.normalization_source, backend, pre.pooling, pre.whitening,
+                   pre.embedding.whiten)  # fmt: skip
 
     @property
     def dim(self) -> int:
@@ -174,6 +185,7 @@ class Featurizer:
         chunk_size: int = 8192,
         progress: bool = False,
         *,
+        whiten: bool | None = None,
         index_offset: int = 0,
         log_failures: bool = True,
     ) -> np.ndarray:
@@ -183,6 +195,9 @@ class Featurizer:
         ``pooling``: ``cls`` (first position), ``mean`` or ``max`` over real positions;
         None: the model's own (:attr:`pooling`, from its folder's ``embedding.json``).
         ``layer``: encoder block whose output is pooled (−1 = last).
+        ``whiten``: apply the model's corpus whitening (:mod:`smiexlm.whitening`, fitted on
+        the last block); None: the model's default (:attr:`whiten`) for the last block, no
+        whitening for the others.
         ``errors``: ``raise`` on the first bad SMILES, or ``nan`` to fill its row with NaN.
         ``batch_tokens``: padded tokens per batch; ``batch_size``: molecules per batch cap.
         ``canonicalize=False`` skips the checkpoint's normalisation (SMILES used as written).
@@ -192,6 +207,7 @@ class Featurizer:
         """
         pooling = pooling or self.pooling
         self._check_options(pooling, layer, errors, batch_tokens, batch_size)
+        whitening = self._whitening(pooling, layer, whiten)
         items = _as_list(smiles)
         self.model.eval()  # dropout off, whatever the caller did to the model since loading
         out = np.empty((len(items), self.dim), dtype=np.float32)
@@ -207,6 +223,8 @@ class Featurizer:
                 chunk, index_offset + start, pooling, layer, errors, batch_tokens, batch_size,
                 canonicalize, report, bar,
             )  # fmt: skip
+            if whitening is not None:
+                out[start : start + len(chunk)] = whitening(out[start : start + len(chunk)])
             release_free_memory()
         if bar is not None:
             bar.close()
@@ -230,6 +248,23 @@ class Featurizer:
             raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError("batch_size", batch_size, "a positive integer or None")
+
+    def _whitening(self, pooling: str, layer: int, whiten: bool | None) -> Whitening | None:
+        """The whitening a call applies, or None."""
+        last = layer % self.model.config.n_layers == self.model.config.n_layers - 1
+        if whiten is None:
+            whiten = self.whiten and last and pooling in self.whitening
+        if not whiten:
+            return None
+        if whiten is not True:
+            raise ConfigError("whiten", whiten, "True, False or None")
+        if pooling not in self.whitening:
+            raise ConfigError("whiten", whiten, f"False: the model stores no whitening for {pooling} "
+                              "pooling (`smiexlm whiten` fits one)")  # fmt: skip
+        if not last:
+            raise ConfigError("layer", layer, "-1 with whiten=True (the whitening was fitted on "
+                              "the last block)")  # fmt: skip
+        return self.whitening[pooling]
 
     # ------------------------------------------------------------------ internals
     def prepare(

@@ -61,7 +61,8 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
     >>> model.fit(smiles_train, y_train).predict_proba(smiles_test)
 
     ``errors="nan"`` leaves NaN rows for invalid SMILES (follow with an imputer);
-    ``errors="raise"`` (default) stops at the first one.
+    ``errors="raise"`` (default) stops at the first one. ``whiten``: the model's corpus
+    whitening (None: as its folder says; see :mod:`smiexlm.whitening`).
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
         canonicalize: bool = True,
         batch_tokens: int = 16384,
         device: str = "auto",
+        whiten: bool | None = None,
     ):
         self.checkpoint = checkpoint
         self.pooling = pooling
@@ -81,6 +83,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
         self.canonicalize = canonicalize
         self.batch_tokens = batch_tokens
         self.device = device
+        self.whiten = whiten
 
     @property
     def featurizer_(self) -> Any:
@@ -103,6 +106,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
             errors=self.errors,
             canonicalize=self.canonicalize,
             batch_tokens=self.batch_tokens,
+            whiten=self.whiten,
         )
 
     def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:

@@ -240,7 +240,7 @@ class SearchIndex:
         faiss = _faiss()
         vectors = self.featurizer().featurize(
             list(queries), pooling=self.settings["pooling"], errors="raise",
-            canonicalize=self.settings["canonicalize"],
+            canonicalize=self.settings["canonicalize"], whiten=self.settings.get("whiten", False),
         )  # fmt: skip
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         faiss.normalize_L2(vectors)

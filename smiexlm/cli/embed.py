@@ -1,4 +1,5 @@
-"""``smiexlm embed`` (a file of SMILES -> embeddings) and ``smiexlm demo``."""
+"""``smiexlm embed`` (a file of SMILES -> embeddings), ``smiexlm whiten`` (a model's corpus
+whitening) and ``smiexlm demo``."""
 
 from __future__ import annotations
 
@@ -70,6 +71,13 @@ def embed(
     ] = "torch",
     part_rows: PartRows = None,
     threads: Threads = None,
+    whiten: Annotated[
+        bool | None,
+        typer.Option(
+            "--whiten/--no-whiten",
+            help="Apply the model's corpus whitening (default: as its embedding.json says).",
+        ),
+    ] = None,
 ) -> None:
     """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv. A folder
     --out is written part by part and resumed by the same command; run it under `torchrun
@@ -80,7 +88,7 @@ def embed(
 
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols is not None else None
     how = dict(checkpoint=checkpoint, pooling=pooling, errors=errors, canonicalize=canonicalize,
-               device=device, backend=backend)  # fmt: skip
+               device=device, backend=backend, whiten=whiten)  # fmt: skip
     if wants_parts(out, part_rows):
         return echo_parts(embed_parts(input, out, smiles_col, cols, threads=threads,
                                       part_rows=part_rows or DEFAULT_PART_ROWS, **how))  # fmt: skip
@@ -133,6 +141,34 @@ def demo(
     typer.echo(format_demo(run_demo(checkpoint, device)))
 
 
+def whiten(
+    model: Annotated[Path, typer.Argument(help="Model folder (written by `smiexlm export`).")],
+    corpus: Annotated[
+        Path, typer.Option(help="SMILES to fit on: .smi (optionally .gz) or a table.")
+    ],
+    rows: Annotated[int, typer.Option(help="Corpus molecules to fit on (the first N).")] = 20_000,
+    default: Annotated[
+        bool,
+        typer.Option(
+            "--default/--no-default",
+            help="Make whitened embeddings the folder's default (embedding.json).",
+        ),
+    ] = True,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """Fit the whitening of MODEL's embeddings (each pooling) on a corpus and store it in the
+    folder (whitening.safetensors): cosine neighbours in the corpus's own units."""
+    from smiexlm.whitening import whiten_model
+
+    record = whiten_model(model, corpus, rows, default, device=device)
+    typer.echo(
+        f"{record['folder']}: whitening fitted on {record['rows']:,} molecules of "
+        f"{record['corpus']}; directions kept {record['rank']}; "
+        f"{'the default' if default else 'not the default'} for its embeddings"
+    )
+
+
 def register(app: typer.Typer) -> None:
     app.command("embed")(embed)
+    app.command("whiten")(whiten)
     app.command("demo")(demo)

@@ -3,7 +3,8 @@
 A model folder holds ``config.json``, ``vocab.json`` and ``model.safetensors`` (or its
 shards), ``checksums.json``, and optionally ``normalization.json`` (how the corpus SMILES were
 normalised), ``embedding.json`` (the pooling its embeddings are served with, measured for that
-model: ``cls`` when absent), ``descriptors.json`` (the descriptor head's statistics) and ``MODEL_CARD.md``.
+model: ``cls`` when absent, and whether they are whitened), ``whitening.safetensors`` (the
+corpus whitening of each pooling, :mod:`smiexlm.whitening`), ``descriptors.json`` (the descriptor head's statistics) and ``MODEL_CARD.md``.
 Every caller that needs a model with its tokenizer (featurizer, fine-tuning, probe, predict,
 export, the analyses, GLUE) loads it here, so a model is always served with the vocabulary
 and the SMILES normalisation it was trained with.
@@ -33,6 +34,7 @@ from smiexlm.model.checkpoint import (
     WEIGHTS_NAME,
 )
 from smiexlm.paths import ASSETS_DIR, write_text_atomic
+from smiexlm.whitening import WHITENING_NAME, Whitening, load_whitening
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.inputs import ModelInputs
@@ -48,6 +50,16 @@ _CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
 
 
 @dataclass(frozen=True)
+class EmbeddingSettings:
+    """How a model folder serves its embeddings when a caller names nothing (``embedding.json``):
+    the pooling (chosen by measurement when the model was exported; cls without a file) and
+    whether they are whitened (``whitening.safetensors``, written by ``smiexlm whiten``)."""
+
+    pooling: str = "cls"
+    whiten: bool = False
+
+
+@dataclass(frozen=True)
 class Pretrained:
     """A model with what serves it: tokenizer, SMILES normalisation, and where it came from.
 
@@ -58,7 +70,12 @@ class Pretrained:
     normalization: NormalizeConfig = DEFAULT_NORMALIZATION
     normalization_source: str = "default"
     path: Path | None = None
-    pooling: str = "cls"  # the embedding's pooling when a caller names none (embedding.json)
+    embedding: EmbeddingSettings = EmbeddingSettings()  # pooling, whiten (embedding.json)
+    whitening: dict[str, Whitening] | None = None  # by pooling (whitening.safetensors)
+
+    @property
+    def pooling(self) -> str:
+        return self.embedding.pooling
 
     @property
     def card(self) -> str | None:
@@ -122,34 +139,42 @@ def load_pretrained(path: str | Path | None = None) -> Pretrained:
     model = ExLMModel.from_pretrained(directory)
     tokenizer = load_tokenizer(directory / VOCAB_NAME)
     normalization, source = read_normalization(directory)
-    return Pretrained(model, tokenizer, normalization, source, directory, read_pooling(directory))
+    whitening = load_whitening(directory, model.config.d_model)
+    return Pretrained(model, tokenizer, normalization, source, directory,
+                      read_embedding(directory), whitening)  # fmt: skip
 
 
-def read_pooling(directory: Path) -> str:
-    """The pooling a model folder's embeddings are served with: ``embedding.json``'s
-    ``pooling`` (chosen by measurement when the model was exported), ``cls`` without one."""
+def read_embedding(directory: Path) -> EmbeddingSettings:
+    """The :class:`EmbeddingSettings` of a model folder."""
     from smiexlm.model.model import POOLINGS
 
     path = Path(directory) / EMBEDDING_NAME
     if not path.is_file():
-        return "cls"
+        return EmbeddingSettings()
     try:
-        pooling = json.loads(path.read_text(encoding="utf-8")).get("pooling")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        pooling, whiten = doc.get("pooling"), doc.get("whiten", False)
     except (json.JSONDecodeError, AttributeError):
         raise DataError(
-            f'{str(path)!r}: expected a JSON object such as {{"pooling": "mean"}}'
+            f'{str(path)!r}: expected a JSON object such as {{"pooling": "mean", "whiten": true}}'
         ) from None
     check_choice(f"pooling (in {path})", pooling, POOLINGS)
-    return pooling
+    if not isinstance(whiten, bool):
+        raise ConfigError(f"whiten (in {path})", whiten, "true or false")
+    if whiten and not (Path(directory) / WHITENING_NAME).is_file():
+        raise DataError(f"{str(path)!r} says whiten, but the folder has no {WHITENING_NAME}: "
+                        "run `smiexlm whiten` on it")  # fmt: skip
+    return EmbeddingSettings(pooling, whiten)
 
 
-def write_pooling(directory: Path, pooling: str) -> Path:
-    """``embedding.json`` of a model folder (what :func:`read_pooling` reads)."""
+def write_embedding(directory: Path, pooling: str, whiten: bool = False) -> Path:
+    """``embedding.json`` of a model folder (what :func:`read_embedding` reads)."""
     from smiexlm.model.model import POOLINGS
 
     check_choice("pooling", pooling, POOLINGS)
     path = Path(directory) / EMBEDDING_NAME
-    write_text_atomic(path, json.dumps({"pooling": pooling}, indent=1) + "\n")
+    doc = {"pooling": pooling} | ({"whiten": True} if whiten else {})
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     return path
 
 

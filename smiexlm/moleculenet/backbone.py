@@ -26,8 +26,8 @@ from smiexlm.model.pretrained import (
     DEFAULT_NORMALIZATION,
     load_pretrained,
     model_folder,
+    read_embedding,
     read_normalization,
-    read_pooling,
 )
 
 
@@ -63,7 +63,7 @@ class Backbone:
     @property
     def pooling(self) -> str:
         """The checkpoint's embedding pooling (``embedding.json``; cls for a random init)."""
-        return "cls" if self.checkpoint is None else read_pooling(Path(self.checkpoint))
+        return "cls" if self.checkpoint is None else read_embedding(Path(self.checkpoint)).pooling
 
     def model_texts(self, smiles: Sequence[str], canonicalize: bool = True) -> list[str]:
         """What the model reads: each SMILES normalised as the checkpoint's corpus was (as

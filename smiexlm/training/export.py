@@ -21,8 +21,8 @@ from smiexlm.model.model import POOLINGS
 from smiexlm.model.pretrained import (
     DEFAULT_NORMALIZATION,
     load_pretrained,
+    write_embedding,
     write_normalization,
-    write_pooling,
 )
 from smiexlm.paths import atomic_dir, read_json_file
 
@@ -113,7 +113,7 @@ def export_run(
     with atomic_dir(out_dir) as tmp:
         pre.model.save_pretrained(tmp, tokenizer=pre.tokenizer, dtype=torch.float16 if fp16 else None)  # fmt: skip
         write_normalization(tmp, normalization)
-        write_pooling(tmp, pooling)
+        write_embedding(tmp, pooling)
         (tmp / CARD_NAME).write_text(card)
     return out_dir / CARD_NAME
 

@@ -149,13 +149,13 @@ def test_normalization_record_is_applied(tmp_path):
 
 def test_the_folder_pooling_is_the_default_and_travels_to_embed_and_probe(tmp_path):
     from smiexlm.embed import EmbedOptions
-    from smiexlm.model.pretrained import write_pooling
+    from smiexlm.model.pretrained import write_embedding
     from smiexlm.moleculenet.backbone import Backbone
 
     ckpt = make_checkpoint(tmp_path / "pooled")
     assert Featurizer.from_pretrained(ckpt, device="cpu").pooling == "cls"  # no embedding.json
     assert EmbedOptions(checkpoint=ckpt).settings()["pooling"] == "cls"
-    write_pooling(ckpt, "mean")
+    write_embedding(ckpt, "mean")
     feat = Featurizer.from_pretrained(ckpt, device="cpu")
     assert feat.pooling == "mean" and Backbone(ckpt).pooling == "mean"
     np.testing.assert_array_equal(feat.featurize(PANEL), feat.featurize(PANEL, pooling="mean"))
@@ -169,7 +169,7 @@ def test_the_folder_pooling_is_the_default_and_travels_to_embed_and_probe(tmp_pa
     with pytest.raises(DataError, match="embedding.json.*JSON object"):
         Featurizer.from_pretrained(ckpt, device="cpu")
     with pytest.raises(ConfigError, match="pooling"):
-        write_pooling(ckpt, "first")
+        write_embedding(ckpt, "first")
 
 
 def test_errors_raise_names_first_bad_input_and_index(feat):

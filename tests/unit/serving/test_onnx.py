@@ -60,8 +60,10 @@ def featurizers(folder):
 def test_featurizer_parity(featurizers, smiles, pooling, n):
     torch_feat, onnx_feat = featurizers
     smiles = smiles if n == len(smiles) else smiles[: n // 2] + smiles[-n // 2 :]
-    expected = torch_feat.featurize(smiles, pooling=pooling, errors="nan")
-    got = onnx_feat.featurize(smiles, pooling=pooling, errors="nan")
+    # the graph's contract, before the model's whitening (shared numpy code on both paths,
+    # which scales the directions of least spread up, differences with them)
+    expected = torch_feat.featurize(smiles, pooling=pooling, errors="nan", whiten=False)
+    got = onnx_feat.featurize(smiles, pooling=pooling, errors="nan", whiten=False)
     assert np.array_equal(np.isnan(got), np.isnan(expected))
     assert np.isnan(expected).any(axis=1).sum() < 10  # the comparison covers the set
     assert np.nanmax(np.abs(got - expected)) <= TOLERANCE

@@ -1,0 +1,188 @@
+"""The corpus whitening of a model's embeddings: the arithmetic against scikit-learn's PCA,
+the file in a model folder, and the featurizer, ``embed`` and the CLI using it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from smiexlm import Featurizer
+from smiexlm.cli.main import app
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.pretrained import DEFAULT_MODEL_DIR, read_embedding, write_embedding
+from smiexlm.whitening import (
+    WHITENING_NAME,
+    Whitening,
+    fit_whitening,
+    load_whitening,
+    save_whitening,
+    whiten_model,
+    whitening_source,
+)
+
+# 225 small molecules the shipped vocabulary covers: ethers and amines of two alkyl chains
+CORPUS = [f"{'C' * i}{x}{'C' * j}" for i in range(1, 16) for j in range(1, 16) for x in "O"]
+CORPUS += [f"{'C' * i}N{'C' * j}" for i in range(1, 16) for j in range(1, 6)]
+PANEL = ["CC(=O)Oc1ccccc1C(=O)O", "CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "c1ccccc1O", "CCO"]
+
+
+def correlated(n: int, d: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    mix = rng.normal(size=(d, d)) * np.linspace(0.1, 3.0, d)
+    return rng.normal(size=(n, d)) @ mix + rng.normal(size=d) * 5
+
+
+def test_whitened_corpus_has_identity_covariance_and_matches_sklearn_pca():
+    from sklearn.decomposition import PCA
+
+    x = correlated(2000, 8, 0)
+    w = fit_whitening(x, rel_tol=0.0)
+    z = w(x)
+    np.testing.assert_allclose(z.mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(np.cov(z.T), np.eye(8), atol=1e-4)
+    # scikit-learn's whitened PCA differs at most by the sign of each direction: the same
+    # inner products, so the same cosine neighbours
+    ref = PCA(whiten=True).fit(x).transform(x)
+    np.testing.assert_allclose(z @ z[:50].T, ref @ ref[:50].T, rtol=1e-4, atol=1e-3)
+
+
+def test_a_direction_without_spread_is_dropped_not_divided_by_zero():
+    x = correlated(1000, 6, 1)
+    x[:, 5] = x[:, 0] + x[:, 1]  # rank 5: one direction has no spread at all
+    w = fit_whitening(x)
+    assert w.rank == 5 and np.isfinite(w.matrix).all()
+    assert np.abs(w(x)).max() < 10  # nothing blown up by 1 / 1e-16
+    np.testing.assert_allclose(np.cov(w(x).T)[:5, :5], np.eye(5), atol=1e-4)
+    assert np.abs(w(x)[:, 5]).max() == 0.0
+
+
+def test_nan_rows_stay_nan_and_are_ignored_when_fitting():
+    x = correlated(500, 4, 2)
+    with_nan = np.vstack([x, np.full((3, 4), np.nan)])
+    fitted = fit_whitening(with_nan)
+    np.testing.assert_array_equal(fitted.matrix, fit_whitening(x).matrix)
+    out = fitted(with_nan)
+    assert np.isnan(out[-3:]).all() and np.isfinite(out[:-3]).all()
+
+
+def test_a_row_is_whitened_the_same_alone_or_in_a_batch():
+    w = fit_whitening(correlated(1000, 64, 3))
+    x = correlated(300, 64, 4).astype(np.float32)
+    whole = w(x)
+    for i in range(0, 300, 37):
+        np.testing.assert_array_equal(w(x[i : i + 1]), whole[i : i + 1])
+
+
+def test_bad_input_is_named():
+    with pytest.raises(DataError, match="more rows than columns"):
+        fit_whitening(correlated(5, 8, 0))
+    with pytest.raises(ConfigError, match="rel_tol"):
+        fit_whitening(correlated(50, 4, 0), rel_tol=1.5)
+    with pytest.raises(DataError, match=r"width 4.*\(3, 5\)"):
+        fit_whitening(correlated(50, 4, 0))(np.zeros((3, 5)))
+    with pytest.raises(DataError, match="mean \\(d,\\) and matrix \\(d, d\\)"):
+        Whitening(np.zeros(3, np.float32), np.zeros((3, 4), np.float32))
+
+
+def test_the_file_round_trips_and_is_checked(tmp_path):
+    w = fit_whitening(correlated(400, 16, 5))
+    save_whitening(tmp_path, {"cls": w}, {"corpus": "toy", "rows": 400})
+    back = load_whitening(tmp_path, 16)
+    assert list(back) == ["cls"]
+    np.testing.assert_array_equal(back["cls"].matrix, w.matrix)
+    assert whitening_source(tmp_path) == {"corpus": "toy", "rows": 400}
+    assert load_whitening(tmp_path / "nowhere", 16) is None
+    with pytest.raises(DataError, match=r"'cls.mean' of shape \(32,\)"):
+        load_whitening(tmp_path, 32)
+    raw = bytearray((tmp_path / WHITENING_NAME).read_bytes())
+    raw[-1] ^= 1
+    (tmp_path / WHITENING_NAME).write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="does not match the sha256 recorded"):
+        load_whitening(tmp_path, 16)
+
+
+@pytest.fixture(scope="module")
+def whitened(tmp_path_factory):
+    """A copy of the shipped model, whitened on CORPUS and made the default."""
+    folder = tmp_path_factory.mktemp("model") / "m"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    for name in (WHITENING_NAME, "embedding.json"):
+        (folder / name).unlink(missing_ok=True)
+    smi = folder.parent / "corpus.smi"
+    smi.write_text("\n".join(CORPUS) + "\n")
+    record = whiten_model(folder, smi, rows=len(CORPUS), device="cpu", progress=False)
+    assert record["rows"] == len(CORPUS) and record["default"] is True
+    return folder
+
+
+def test_the_featurizer_whitens_by_default_when_the_folder_says_so(whitened):
+    feat = Featurizer.from_pretrained(whitened, device="cpu")
+    assert read_embedding(whitened).whiten and feat.whiten
+    raw = feat.featurize(PANEL, whiten=False)
+    np.testing.assert_array_equal(feat.featurize(PANEL), feat.whitening["cls"](raw))
+    corpus = feat.featurize(CORPUS)
+    np.testing.assert_allclose(corpus.mean(0)[: feat.whitening["cls"].rank], 0, atol=1e-4)
+    # mean pooling has its own whitening; another block is served raw unless asked
+    np.testing.assert_array_equal(
+        feat.featurize(PANEL, pooling="mean"),
+        feat.whitening["mean"](feat.featurize(PANEL, pooling="mean", whiten=False)),
+    )
+    np.testing.assert_array_equal(
+        feat.featurize(PANEL, layer=0), feat.featurize(PANEL, layer=0, whiten=False)
+    )
+    with pytest.raises(ConfigError, match="layer.*fitted on the last block"):
+        feat.featurize(PANEL, layer=0, whiten=True)
+    write_embedding(whitened, "cls", whiten=False)
+    try:
+        plain = Featurizer.from_pretrained(whitened, device="cpu")
+        np.testing.assert_array_equal(plain.featurize(PANEL), raw)
+        np.testing.assert_array_equal(plain.featurize(PANEL, whiten=True), feat.featurize(PANEL))
+    finally:
+        write_embedding(whitened, "cls", whiten=True)
+
+
+def test_whiten_needs_a_stored_whitening(tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    (folder / WHITENING_NAME).unlink(missing_ok=True)
+    write_embedding(folder, "cls")
+    feat = Featurizer.from_pretrained(folder, device="cpu")
+    with pytest.raises(ConfigError, match="stores no whitening for cls"):
+        feat.featurize(PANEL, whiten=True)
+    (folder / "embedding.json").write_text(json.dumps({"pooling": "cls", "whiten": True}))
+    with pytest.raises(DataError, match="says whiten.*no whitening.safetensors"):
+        Featurizer.from_pretrained(folder, device="cpu")
+    (folder / "embedding.json").write_text(json.dumps({"pooling": "cls", "whiten": "yes"}))
+    with pytest.raises(ConfigError, match="whiten.*'yes'.*true or false"):
+        Featurizer.from_pretrained(folder, device="cpu")
+
+
+def test_embed_records_and_the_cli_fits_the_whitening(whitened, tmp_path):
+    from smiexlm.embed import EmbedOptions
+
+    assert EmbedOptions(checkpoint=whitened).settings()["whiten"] is True
+    assert "whiten" not in EmbedOptions(checkpoint=whitened, whiten=False).settings()
+    table = tmp_path / "in.csv"
+    table.write_text("smiles\n" + "\n".join(PANEL) + "\n")
+    runner = CliRunner()
+    for flag, expect in (("--whiten", True), ("--no-whiten", False)):
+        out = tmp_path / f"emb{flag}.npy"
+        result = runner.invoke(
+            app, ["embed", str(table), "-o", str(out), "-c", str(whitened), flag]
+        )
+        assert result.exit_code == 0, result.output
+        feat = Featurizer.from_pretrained(whitened, device="cpu")
+        np.testing.assert_array_equal(np.load(out), feat.featurize(PANEL, whiten=expect))
+    smi = tmp_path / "c.smi"
+    smi.write_text("\n".join(CORPUS) + "\n")
+    result = runner.invoke(
+        app, ["whiten", str(whitened), "--corpus", str(smi), "--rows", "200", "--no-default"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "fitted on 200 molecules" in result.output
+    assert not read_embedding(whitened).whiten and whitening_source(whitened)["rows"] == 200
+    write_embedding(whitened, "cls", whiten=True)
