@@ -111,7 +111,7 @@ def probe(args: argparse.Namespace) -> None:
     for task in args.tasks:
         for r in run_probe(load_task(task), Backbone(args.checkpoint), args.seeds,
                            ProbeConfig(device="cpu", pooling=args.pooling,
-                                       features=args.features)):  # fmt: skip
+                                       features=args.features, whiten=args.whiten)):  # fmt: skip
             r.model = args.name
             results.append(r)
             print(f"{args.name} {task} seed {r.seed}: test {r.test:.1f} valid {r.valid:.1f}")
@@ -169,6 +169,9 @@ def main() -> None:
         help="default: the model folder's own (embedding.json)",
     )
     p_probe.add_argument("--features", choices=["ecfp4", "rdkit2d"], default=None)
+    p_probe.add_argument(
+        "--whiten", action="store_true", help="the folder's stored whitening first"
+    )
     p_base = sub.add_parser("baseline", help="RF-ECFP4 on every task")
     p_base.add_argument("--n-trees", type=int, default=500)
     p_base.add_argument("--n-trees-large", type=int, default=100, help="MUV and ToxCast")

@@ -327,6 +327,9 @@ def probe(
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = "classification",
     out: Out = Path("runs/probe"),
+    whiten: Annotated[
+        bool, typer.Option(help="Apply the model folder's corpus whitening first.")
+    ] = False,
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""
@@ -334,7 +337,7 @@ def probe(
     from smiexlm.moleculenet.probe import ProbeConfig, run_probe
 
     _check_outputs(out)
-    cfg = ProbeConfig(split=split, features=features, device=device)
+    cfg = ProbeConfig(split=split, features=features, device=device, whiten=whiten)
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     results = run_probe(df, Backbone(checkpoint), _seeds(seeds), cfg)
     _print_report(results, out, f"Linear probe {df.attrs['name']}")

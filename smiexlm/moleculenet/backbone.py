@@ -65,6 +65,15 @@ class Backbone:
         """The checkpoint's embedding pooling (``embedding.json``; cls for a random init)."""
         return "cls" if self.checkpoint is None else read_embedding(Path(self.checkpoint)).pooling
 
+    def whitening(self, pooling: str):
+        """The checkpoint's corpus whitening for ``pooling`` (None without one)."""
+        from smiexlm.whitening import load_whitening
+
+        if self.checkpoint is None:
+            return None
+        config = ExLMConfig.load(Path(self.checkpoint) / CONFIG_NAME)
+        return (load_whitening(Path(self.checkpoint), config.d_model) or {}).get(pooling)
+
     def model_texts(self, smiles: Sequence[str], canonicalize: bool = True) -> list[str]:
         """What the model reads: each SMILES normalised as the checkpoint's corpus was (as
         written when not ``canonicalize``). Each must be parsable: a task's table is checked

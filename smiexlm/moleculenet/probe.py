@@ -37,6 +37,7 @@ class ProbeConfig:
     canonicalize: bool = True
     max_length: int = 256
     features: str | None = None
+    whiten: bool = False  # the checkpoint's corpus whitening (whitening.safetensors) first
     class_weight: str = "balanced"  # "balanced" | "none"
     batch_size: int = 256
     device: str = "auto"
@@ -67,7 +68,14 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
     pooling = cfg.pooling or backbone.pooling
     model = ExLMForSequencePrediction(backbone.build(tokenizer, 0.0), 1, pooling=pooling)  # type: ignore[arg-type]
     model.to(resolve_device(cfg.device))
-    return engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+    x = engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+    if not cfg.whiten:
+        return x
+    whitening = backbone.whitening(pooling)
+    if whitening is None:
+        raise ConfigError("whiten", True, f"False: {backbone.name} stores no whitening for "
+                          f"{pooling} pooling (`smiexlm whiten` fits one)")  # fmt: skip
+    return whitening(x)
 
 
 def _fit_task(x_tr, y_tr, x_ev, task_type: str, c: float, cfg: ProbeConfig, seed: int):
@@ -127,7 +135,8 @@ def run_probe(
         raw = molecule_features(inputs, cfg.features)
         x = np.hstack([x, np.where(np.isnan(raw), np.nanmedian(raw, 0), raw)])
     kind = "logistic" if task.is_classification else "ridge"
-    name = f"{backbone.name} linear probe ({kind})" + (f" + {cfg.features}" if cfg.features else "")
+    name = f"{backbone.name} linear probe ({kind})" + (", whitened" if cfg.whiten else "")
+    name += f" + {cfg.features}" if cfg.features else ""
 
     def one_seed(split, seed: int) -> RunResult:
         valid, test, chosen = probe_split(x, task.labels, split, task.task_type, cfg, seed)

@@ -186,3 +186,20 @@ def test_embed_records_and_the_cli_fits_the_whitening(whitened, tmp_path):
     assert "fitted on 200 molecules" in result.output
     assert not read_embedding(whitened).whiten and whitening_source(whitened)["rows"] == 200
     write_embedding(whitened, "cls", whiten=True)
+
+
+def test_the_probe_whitens_on_request_with_the_folder_whitening(whitened, tmp_path):
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.probe import ProbeConfig, pooled_embeddings
+
+    backbone = Backbone(whitened)
+    inputs = backbone.model_texts(PANEL)
+    raw = pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu"))
+    white = pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu", whiten=True))
+    np.testing.assert_allclose(white, backbone.whitening("cls")(raw), rtol=0, atol=1e-6)
+    bare = tmp_path / "bare"
+    shutil.copytree(DEFAULT_MODEL_DIR, bare)
+    (bare / WHITENING_NAME).unlink(missing_ok=True)
+    write_embedding(bare, "cls")
+    with pytest.raises(ConfigError, match="stores no whitening for cls"):
+        pooled_embeddings(Backbone(bare), inputs, ProbeConfig(device="cpu", whiten=True))

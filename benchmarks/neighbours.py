@@ -1,0 +1,93 @@
+"""How good are a model's nearest neighbours? A leave-one-out k-NN vote on labelled sets.
+
+    SMIEXLM_DATA=../shared/data python benchmarks/neighbours.py [--checkpoint DIR] [-k 10]
+        [--tasks bace bbbp clintox sider]
+
+Every molecule of a set is scored by the mean label of its k nearest other molecules: by
+cosine on the model's embeddings (raw, and whitened with the folder's stored whitening where
+it has one, for cls and mean pooling) and by Tanimoto on ECFP4. ROC-AUC x 100 per set (the
+mean over a set's tasks), no training and no split: it measures the neighbourhoods that
+``smiexlm search`` and the demo return, on more molecules than the demo's 21 drugs.
+Molecules the model cannot embed (too long) are left out of every row alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+
+def knn_auc(sim: np.ndarray, labels: np.ndarray, k: int) -> float:
+    """Mean ROC-AUC x 100 over the tasks of the k-NN vote, given an (n, n) similarity."""
+    from sklearn.metrics import roc_auc_score
+
+    sim = sim.copy()
+    np.fill_diagonal(sim, -np.inf)
+    nearest = np.argpartition(-sim, k, axis=1)[:, :k]  # (n, k), any order
+    aucs = []
+    for t in range(labels.shape[1]):
+        known = ~np.isnan(labels[:, t])
+        vote = np.nanmean(labels[nearest, t], axis=1)
+        keep = known & ~np.isnan(vote)
+        if len(np.unique(labels[keep, t])) == 2:
+            aucs.append(roc_auc_score(labels[keep, t], vote[keep]))
+    return 100 * float(np.mean(aucs))
+
+
+def cosine(x: np.ndarray) -> np.ndarray:
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True).clip(min=1e-12)
+    return unit @ unit.T
+
+
+def tanimoto(bits: np.ndarray) -> np.ndarray:
+    b = bits.astype(np.float64)
+    inter = b @ b.T
+    counts = b.sum(axis=1)
+    return inter / (counts[:, None] + counts[None, :] - inter).clip(min=1e-12)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, default=None, help="default: shipped model")
+    parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("--tasks", nargs="+", default=["bace", "bbbp", "clintox", "sider"])
+    args = parser.parse_args()
+    import torch
+
+    from smiexlm import Featurizer
+    from smiexlm.fingerprints import molecule_features
+    from smiexlm.moleculenet.loaders import load_task
+
+    torch.set_num_threads(1)
+    feat = Featurizer.from_pretrained(args.checkpoint)
+    rows: dict[str, list[float]] = {}
+    for name in args.tasks:
+        task = load_task(name)
+        variants = {}
+        for pooling in ("cls", "mean"):
+            raw = feat.featurize(task.smiles, pooling=pooling, whiten=False, errors="nan",
+                                 log_failures=False)  # fmt: skip
+            variants[f"{pooling}, raw"] = raw
+            if pooling in feat.whitening:
+                variants[f"{pooling}, whitened (stored)"] = feat.whitening[pooling](raw)
+        ok = ~np.isnan(variants["cls, raw"]).any(axis=1)
+        labels = task.labels[ok]
+        for label, x in variants.items():
+            rows.setdefault(label, []).append(knn_auc(cosine(x[ok]), labels, args.k))
+        bits = molecule_features(
+            [s for s, good in zip(task.smiles, ok, strict=True) if good], "ecfp4"
+        )
+        rows.setdefault("ECFP4 Tanimoto", []).append(knn_auc(tanimoto(bits), labels, args.k))
+    print(f"model: {args.checkpoint or 'shipped default'}; {args.k}-NN leave-one-out vote, ROC-AUC")
+    print("| neighbours by | " + " | ".join(args.tasks) + " | mean |")
+    print("|---|" + "---|" * (len(args.tasks) + 1))
+    for label, values in rows.items():
+        print(
+            f"| {label} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {np.mean(values):.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
