@@ -164,9 +164,9 @@ def main() -> None:
     p_probe.add_argument("--threads", type=int, default=1)
     p_probe.add_argument(
         "--pooling",
-        choices=["cls", "mean", "max"],
         default=None,
-        help="default: the model folder's own (embedding.json)",
+        help="cls, mean, max, or several side by side (cls+mean); default: the model folder's "
+        "own (embedding.json)",
     )
     p_probe.add_argument("--features", choices=["ecfp4", "rdkit2d"], default=None)
     p_probe.add_argument(

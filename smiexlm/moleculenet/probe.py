@@ -1,7 +1,8 @@
 """Linear probe: scikit-learn logistic (or ridge) regression on pooled embeddings.
 
-The encoder runs once over the dataset (eval mode, no dropout) and its pooled features —
-optionally with the hybrid features beside them — are standardised on the train split. One
+The encoder runs over the dataset (eval mode, no dropout) and its pooled features (one
+pooling, or several side by side: ``pooling="cls+mean"``) — optionally with the hybrid
+features beside them — are standardised on the train split. One
 model per task is fitted on the train rows whose label is known; the regularisation strength
 is chosen on the valid split from ``c_grid`` (the test split is never used for a choice), and
 test is scored once. It takes seconds and is the baseline to read next to full fine-tuning.
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from smiexlm.errors import ConfigError, check_choice
+from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.model import POOLINGS
 from smiexlm.moleculenet.metrics import score
@@ -32,7 +33,8 @@ class ProbeConfig:
     """``c_grid``: inverse regularisation strengths tried (logistic C; ridge alpha = 1/C)."""
 
     c_grid: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
-    pooling: str | None = None  # None: the backbone's own (its folder's embedding.json)
+    # None: the backbone's own (its folder's embedding.json); "cls+mean": side by side
+    pooling: str | None = None
     split: str = "scaffold"
     canonicalize: bool = True
     max_length: int = 256
@@ -47,7 +49,10 @@ class ProbeConfig:
         if not self.c_grid or min(self.c_grid) <= 0:
             raise ConfigError("c_grid", self.c_grid, "one or more positive numbers")
         if self.pooling is not None:
-            check_choice("pooling", self.pooling, POOLINGS)
+            parts = str(self.pooling).split("+")
+            if len(set(parts)) != len(parts) or not set(parts) <= set(POOLINGS):
+                raise ConfigError("pooling", self.pooling, f"one of {POOLINGS} or several "
+                                  "joined by '+' (such as 'cls+mean')")  # fmt: skip
         if self.split not in SPLIT_KINDS:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
         if self.features is not None and self.features not in FEATURE_KINDS:
@@ -57,7 +62,8 @@ class ProbeConfig:
 
 
 def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.ndarray:
-    """(N, d) pooled encoder features of ``inputs`` (eval mode, length-sorted batches)."""
+    """(N, d) pooled encoder features of ``inputs`` (eval mode, length-sorted batches); a
+    combined pooling such as ``cls+mean`` gives the poolings side by side, (N, 2d)."""
     from smiexlm.device import resolve_device
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
@@ -65,17 +71,20 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
 
     tokenizer = backbone.tokenizer(inputs)
     rows, _ = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
-    pooling = cfg.pooling or backbone.pooling
-    model = ExLMForSequencePrediction(backbone.build(tokenizer, 0.0), 1, pooling=pooling)  # type: ignore[arg-type]
-    model.to(resolve_device(cfg.device))
-    x = engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
-    if not cfg.whiten:
-        return x
-    whitening = backbone.whitening(pooling)
-    if whitening is None:
-        raise ConfigError("whiten", True, f"False: {backbone.name} stores no whitening for "
-                          f"{pooling} pooling (`smiexlm whiten` fits one)")  # fmt: skip
-    return whitening(x)
+    encoder = backbone.build(tokenizer, 0.0)
+    blocks = []
+    for pooling in (cfg.pooling or backbone.pooling).split("+"):
+        model = ExLMForSequencePrediction(encoder, 1, pooling=pooling)  # type: ignore[arg-type]
+        model.to(resolve_device(cfg.device))
+        x = engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+        if cfg.whiten:
+            whitening = backbone.whitening(pooling)
+            if whitening is None:
+                raise ConfigError("whiten", True, f"False: {backbone.name} stores no whitening "
+                                  f"for {pooling} pooling (`smiexlm whiten` fits one)")  # fmt: skip
+            x = whitening(x)
+        blocks.append(x)
+    return np.hstack(blocks)
 
 
 def _fit_task(x_tr, y_tr, x_ev, task_type: str, c: float, cfg: ProbeConfig, seed: int):

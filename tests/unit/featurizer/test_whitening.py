@@ -203,3 +203,17 @@ def test_the_probe_whitens_on_request_with_the_folder_whitening(whitened, tmp_pa
     write_embedding(bare, "cls")
     with pytest.raises(ConfigError, match="stores no whitening for cls"):
         pooled_embeddings(Backbone(bare), inputs, ProbeConfig(device="cpu", whiten=True))
+
+
+def test_the_probe_puts_combined_poolings_side_by_side(whitened):
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.probe import ProbeConfig, pooled_embeddings
+
+    backbone = Backbone(whitened)
+    inputs = backbone.model_texts(PANEL)
+    one = {p: pooled_embeddings(backbone, inputs, ProbeConfig(pooling=p, device="cpu")) for p in ("cls", "max")}  # fmt: skip
+    both = pooled_embeddings(backbone, inputs, ProbeConfig(pooling="cls+max", device="cpu"))
+    np.testing.assert_array_equal(both, np.hstack([one["cls"], one["max"]]))
+    for bad in ("cls+cls", "cls+sum", "cls,mean"):
+        with pytest.raises(ConfigError, match="joined by '\\+'"):
+            ProbeConfig(pooling=bad)
