@@ -17,7 +17,7 @@ similarity on ``z`` is then similarity in the corpus's own units.
 What it buys the shipped model (``benchmarks/results/demo_pooling.md``): the demo's drugs whose
 nearest neighbour is of their own family, 9/21 raw against 12/21 whitened; a leave-one-out
 10-nearest-neighbour vote on BACE, BBBP, ClinTox and SIDER gains 0.2 with cls pooling and 1.2
-with mean pooling (``benchmarks/neighbours.py``); the linear probe moves by 0.3 (it
+with mean pooling (``benchmarks/neighbours.py``); the linear probe moves by 0.2 (it
 standardises the features itself).
 
 A model folder keeps the whitening of each pooling in ``whitening.safetensors`` (tensors
