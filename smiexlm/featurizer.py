@@ -134,7 +134,8 @@ class Featurizer:
         self.pooling = pooling
         self.whitening = dict(whitening or {})
         if whiten and pooling not in self.whitening:
-            raise ConfigError("whiten", whiten, f"False: no whitening is stored for {pooling} pooling")  # fmt: skip
+            raise ConfigError("whiten", whiten, f"False: no whitening is stored for {pooling} "
+                              "pooling")  # fmt: skip
         self.whiten = whiten
         self.last_report = FeaturizeReport()
 

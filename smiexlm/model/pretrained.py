@@ -4,7 +4,8 @@ A model folder holds ``config.json``, ``vocab.json`` and ``model.safetensors`` (
 shards), ``checksums.json``, and optionally ``normalization.json`` (how the corpus SMILES were
 normalised), ``embedding.json`` (the pooling its embeddings are served with, measured for that
 model: ``cls`` when absent, and whether they are whitened), ``whitening.safetensors`` (the
-corpus whitening of each pooling, :mod:`smiexlm.whitening`), ``descriptors.json`` (the descriptor head's statistics) and ``MODEL_CARD.md``.
+corpus whitening of each pooling, :mod:`smiexlm.whitening`), ``descriptors.json`` (the
+descriptor head's statistics) and ``MODEL_CARD.md``.
 Every caller that needs a model with its tokenizer (featurizer, fine-tuning, probe, predict,
 export, the analyses, GLUE) loads it here, so a model is always served with the vocabulary
 and the SMILES normalisation it was trained with.
