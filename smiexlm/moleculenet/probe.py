@@ -1,11 +1,10 @@
 """Linear probe: scikit-learn logistic (or ridge) regression on pooled embeddings.
 
 The encoder runs over the dataset (eval mode, no dropout) and its pooled features (one
-pooling, or several side by side: ``pooling="cls+mean"``) — optionally with the hybrid
-features beside them — are standardised on the train split. One
-model per task is fitted on the train rows whose label is known; the regularisation strength
-is chosen on the valid split from ``c_grid`` (the test split is never used for a choice), and
-test is scored once. It takes seconds and is the baseline to read next to full fine-tuning.
+pooling, or several side by side: ``pooling="cls+mean"``), optionally with the hybrid
+features beside them, are standardised on the train split. One model per task is fitted on
+the train rows whose label is known; the regularisation strength is chosen on the valid split
+from ``c_grid`` (the test split is never used for a choice), and test is scored once. It takes seconds and is the baseline to read next to full fine-tuning.
 Logistic regression with lbfgs is deterministic, so the seeds differ only where the split
 does (the seeded split kinds).
 """
