@@ -128,7 +128,7 @@ def save_whitening(
 def load_whitening(directory: str | Path, dim: int) -> dict[str, Whitening] | None:
     """The whitenings of a model folder by pooling (None without ``whitening.safetensors``),
     checked against its recorded sha256 and the model's width ``dim``."""
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
     from safetensors.numpy import load
 
     from smiexlm.model.integrity import verify_checksum
@@ -140,8 +140,13 @@ def load_whitening(directory: str | Path, dim: int) -> dict[str, Whitening] | No
     verify_checksum(path)  # raises on a digest that differs from the folder's record
     try:
         tensors = load(path.read_bytes())
+        with safe_open(str(path), "np") as handle:
+            found = (handle.metadata() or {}).get("format")
     except SafetensorError as err:
         raise DataError(f"{str(path)!r} is not a readable safetensors file: {err}") from None
+    if found != WHITENING_FORMAT:
+        raise DataError(f"{str(path)!r}: format {found!r}, expected {WHITENING_FORMAT!r} "
+                        "(written by `smiexlm whiten`)")  # fmt: skip
     out = {}
     for pooling in POOLINGS:
         mean, matrix = tensors.get(f"{pooling}.mean"), tensors.get(f"{pooling}.matrix")

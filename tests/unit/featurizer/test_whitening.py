@@ -217,3 +217,12 @@ def test_the_probe_puts_combined_poolings_side_by_side(whitened):
     for bad in ("cls+cls", "cls+sum", "cls,mean"):
         with pytest.raises(ConfigError, match="joined by '\\+'"):
             ProbeConfig(pooling=bad)
+
+
+def test_a_safetensors_file_of_another_kind_is_refused(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"cls.mean": np.zeros(4, np.float32), "cls.matrix": np.eye(4, dtype=np.float32)},
+              str(tmp_path / WHITENING_NAME))  # fmt: skip
+    with pytest.raises(DataError, match="format None, expected 'smiexlm-whitening/1'"):
+        load_whitening(tmp_path, 4)
