@@ -37,6 +37,7 @@ def test_shipped_configs_load_and_name_their_launch_command():
         for size in ("base", "tiny", "small")
         for obj in ("exlm", "mlm", "maelm")
     } | {"text_base_exlm", "text_tiny_exlm", "text_tiny_mlm"}
+    expected |= {"mol_tiny_mtr", "mol_tiny_exlm_desc", "mol_tiny_mlm_desc"}
     assert expected <= set(configs)
     for name, path in configs.items():
         first = path.read_text().splitlines()[0]
