@@ -95,10 +95,12 @@ class EmbedOptions:
         return Featurizer.from_pretrained(self.checkpoint, device or self.device, self.backend)
 
     def embed(self, feat: Featurizer, smiles: Any, index_offset: int) -> np.ndarray:
-        """(n, d) rows of ``smiles``; the bad ones are in ``feat.last_report``."""
+        """(n, d) rows of ``smiles``; the bad ones are in ``feat.last_report``. ``whiten=None``
+        leaves the choice to the featurizer, which applies the folder's own as
+        :meth:`chosen_whiten` records it."""
         return feat.featurize(smiles, pooling=self.chosen_pooling(), errors=self.errors,
                               canonicalize=self.canonicalize, batch_tokens=self.batch_tokens,
-                              whiten=self.chosen_whiten(), index_offset=index_offset,
+                              whiten=self.whiten, index_offset=index_offset,
                               log_failures=False)  # fmt: skip
 
     def chosen_pooling(self) -> str:

@@ -25,6 +25,7 @@ Threads = Annotated[
         show_default=False,
     ),
 ]
+Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 Checkpoint = Annotated[
     Path | None,
     typer.Option(
@@ -65,7 +66,7 @@ def embed(
             help="Canonicalize each SMILES with RDKit first (--no-canonicalize: as written).",
         ),
     ] = True,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Device = "auto",
     backend: Annotated[
         str, typer.Option(help="torch, or onnx: the folder's encoder.onnx with onnxruntime.")
     ] = "torch",
@@ -133,7 +134,7 @@ def echo_parts(result, shown: int = 10) -> None:
 
 def demo(
     checkpoint: Checkpoint = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Device = "auto",
 ) -> None:
     """Embed 21 well-known drugs and show each one's nearest neighbour."""
     from smiexlm.embed import format_demo, run_demo
@@ -154,7 +155,7 @@ def whiten(
             help="Make whitened embeddings the folder's default (embedding.json).",
         ),
     ] = True,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Device = "auto",
 ) -> None:
     """Fit the whitening of MODEL's embeddings (each pooling) on a corpus and store it in the
     folder (whitening.safetensors): cosine neighbours in the corpus's own units."""
