@@ -1,9 +1,11 @@
 """The demo's same-family nearest-neighbour count for each pooling and embedding normalisation.
 
     SMIEXLM_DATA=../shared/data python benchmarks/demo_pooling.py [--checkpoint DIR] [--corpus 5000]
-        [--layers -1 -2]
+        [--layers -1 -2] [--poolings cls mean max cls+max]
 
-For each encoder layer asked for (default: the last) and cls, mean and max pooling: the
+For each encoder layer asked for (default: the last) and each pooling (default cls, mean and
+max; combined ones such as ``cls+max`` put side by side, the stored whitening applied to each
+part): the
 21-drug panel of ``smiexlm demo`` embedded raw, centred on the mean embedding of the first N
 MOSES training molecules, whitened with that corpus's principal components, and whitened
 with the whitening stored in the model folder (``smiexlm whiten``), where it has one. Prints,
@@ -33,13 +35,14 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: shipped model")
     parser.add_argument("--corpus", type=int, default=5000, help="MOSES molecules to fit on")
     parser.add_argument("--layers", type=int, nargs="+", default=[-1], help="encoder blocks")
+    parser.add_argument("--poolings", nargs="+", default=["cls", "mean", "max"])
     args = parser.parse_args()
     import torch
 
     from smiexlm import Featurizer
     from smiexlm.embed import DRUG_PANEL
     from smiexlm.paths import data_dir
-    from smiexlm.whitening import fit_whitening
+    from smiexlm.whitening import fit_whitening, pooling_whitening
 
     torch.set_num_threads(1)
     feat = Featurizer.from_pretrained(args.checkpoint)
@@ -50,13 +53,15 @@ def main() -> None:
     print(f"model: {args.checkpoint or 'shipped default'}; fitted on {len(corpus):,} MOSES")
     print("| layer | pooling | normalisation | family hits / 21 | cosine range |")
     print("|---|---|---|---|---|")
-    for layer, pooling in itertools.product(args.layers, ("cls", "mean", "max")):
+    last = feat.model.config.n_layers - 1
+    for layer, pooling in itertools.product(args.layers, args.poolings):
         x = feat.featurize(smiles, pooling=pooling, layer=layer, whiten=False)  # (21, d)
         c = feat.featurize(corpus, pooling=pooling, layer=layer, whiten=False)  # (N, d)
         whitening = fit_whitening(c)
         variants = {"raw": x, "centred": x - whitening.mean, "whitened": whitening(x)}
-        if pooling in feat.whitening and layer % feat.model.config.n_layers == feat.model.config.n_layers - 1:  # fmt: skip
-            variants["whitened (stored)"] = feat.whitening[pooling](x)
+        stored = pooling_whitening(feat.whitening, pooling)
+        if stored is not None and layer % (last + 1) == last:
+            variants["whitened (stored)"] = stored(x)
         for name, v in variants.items():
             hits, low, high = family_hits(v, families)
             print(f"| {layer} | {pooling} | {name} | {hits} | {low:.3f}-{high:.3f} |")

@@ -37,6 +37,7 @@ VARIANTS = {  # --variant: FinetuneConfig overrides and what the backbone is
     "frozen": {"freeze": True},
     "hybrid-ecfp4": {"features": "ecfp4"},
     "hybrid-rdkit2d": {"features": "rdkit2d"},
+    "hybrid-both": {"features": "both"},
     "random-init": {},
 }
 

@@ -1,11 +1,12 @@
 """How good are a model's nearest neighbours? A leave-one-out k-NN vote on labelled sets.
 
     SMIEXLM_DATA=../shared/data python benchmarks/neighbours.py [--checkpoint DIR] [-k 10]
-        [--tasks bace bbbp clintox sider]
+        [--tasks bace bbbp clintox sider] [--poolings cls mean cls+max]
 
 Every molecule of a set is scored by the mean label of its k nearest other molecules: by
 cosine on the model's embeddings (raw, and whitened with the folder's stored whitening where
-it has one, for cls and mean pooling) and by Tanimoto on ECFP4. ROC-AUC x 100 per set (the
+it has one, for each pooling asked for; combined ones such as ``cls+max`` too) and by
+Tanimoto on ECFP4. ROC-AUC x 100 per set (the
 mean over a set's tasks), no training and no split: it measures the neighbourhoods that
 ``smiexlm search`` and the demo return, on more molecules than the demo's 21 drugs.
 Molecules the model cannot embed (too long) are left out of every row alike.
@@ -53,12 +54,14 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: shipped model")
     parser.add_argument("-k", type=int, default=10)
     parser.add_argument("--tasks", nargs="+", default=["bace", "bbbp", "clintox", "sider"])
+    parser.add_argument("--poolings", nargs="+", default=["cls", "mean"])
     args = parser.parse_args()
     import torch
 
     from smiexlm import Featurizer
     from smiexlm.fingerprints import molecule_features
     from smiexlm.moleculenet.loaders import load_task
+    from smiexlm.whitening import pooling_whitening
 
     torch.set_num_threads(1)
     feat = Featurizer.from_pretrained(args.checkpoint)
@@ -66,13 +69,14 @@ def main() -> None:
     for name in args.tasks:
         task = load_task(name)
         variants = {}
-        for pooling in ("cls", "mean"):
+        for pooling in args.poolings:
             raw = feat.featurize(task.smiles, pooling=pooling, whiten=False, errors="nan",
                                  log_failures=False)  # fmt: skip
             variants[f"{pooling}, raw"] = raw
-            if pooling in feat.whitening:
-                variants[f"{pooling}, whitened (stored)"] = feat.whitening[pooling](raw)
-        ok = ~np.isnan(variants["cls, raw"]).any(axis=1)
+            whitening = pooling_whitening(feat.whitening, pooling)
+            if whitening is not None:
+                variants[f"{pooling}, whitened (stored)"] = whitening(raw)
+        ok = ~np.isnan(next(iter(variants.values()))).any(axis=1)
         labels = task.labels[ok]
         for label, x in variants.items():
             rows.setdefault(label, []).append(knn_auc(cosine(x[ok]), labels, args.k))

@@ -83,7 +83,7 @@ class EmbedOptions:
     the device, and the backend (``onnx``: onnxruntime on the CPU)."""
 
     checkpoint: Path | None = None
-    pooling: Literal["cls", "mean", "max"] | None = None  # None: the model folder's own
+    pooling: str | None = None  # "cls", "mean", "max", "cls+max", ...; None: the folder's own
     errors: Literal["raise", "nan"] = "nan"
     canonicalize: bool = True
     batch_tokens: int = 16384
@@ -111,14 +111,17 @@ class EmbedOptions:
 
     def chosen_whiten(self) -> bool:
         """``whiten``, or the model folder's own when None: whitened when its
-        ``embedding.json`` says so and it stores a whitening for the chosen pooling."""
+        ``embedding.json`` says so and it stores a whitening for each part of the chosen
+        pooling."""
+        from smiexlm.model.model import pooling_parts
         from smiexlm.model.pretrained import model_folder, read_embedding
         from smiexlm.whitening import whitening_poolings
 
         if self.whiten is not None:
             return self.whiten
         folder = model_folder(self.checkpoint)
-        return read_embedding(folder).whiten and self.chosen_pooling() in whitening_poolings(folder)
+        parts = pooling_parts(self.chosen_pooling())
+        return read_embedding(folder).whiten and set(parts) <= set(whitening_poolings(folder))
 
     def settings(self) -> dict[str, Any]:
         """What a folder of parts records, so that a resume cannot mix two kinds of rows."""
@@ -173,7 +176,7 @@ def embed_file(
 
         bar = tqdm(unit="mol", desc="embed")
     with atomic_paths(*finals) as tmps:
-        writer = _writer(out.suffix, tmps, feat.dim)
+        writer = _writer(out.suffix, tmps, feat.width(how.chosen_pooling()))
         try:
             for frame in _chain(first, chunks):
                 emb = how.embed(feat, frame[smiles_col], report.n_inputs)  # (n, d)
@@ -187,7 +190,8 @@ def embed_file(
             if bar is not None:
                 bar.close()
     feat.last_report = report
-    return EmbedResult(out, report.n_inputs, feat.dim, list(id_cols), report, ids_path)
+    width = feat.width(how.chosen_pooling())
+    return EmbedResult(out, report.n_inputs, width, list(id_cols), report, ids_path)
 
 
 def embed_parts(

@@ -40,12 +40,11 @@ from smiexlm.errors import (
     DataError,
     InvalidSmilesError,
     VocabularyMismatchError,
-    check_choice,
     shorten,
 )
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.inputs import ModelInputs
-from smiexlm.model.model import POOLINGS, ExLMModel
+from smiexlm.model.model import ExLMModel, pooling_parts
 from smiexlm.model.pretrained import (
     DEFAULT_MODEL_DIR,
     DEFAULT_NORMALIZATION,
@@ -53,11 +52,11 @@ from smiexlm.model.pretrained import (
     read_normalization,
 )
 from smiexlm.tokenizer import SmilesTokenizer
-from smiexlm.whitening import Whitening
+from smiexlm.whitening import Whitening, pooling_whitening
 
 logger = logging.getLogger(__name__)
 
-Pooling = Literal["cls", "mean", "max"]
+Pooling = str  # "cls", "mean", "max", or several joined by "+" ("cls+max")
 Errors = Literal["raise", "nan"]
 Device = Literal["auto", "cpu", "cuda"]
 Backend = Literal["torch", "onnx"]
@@ -102,8 +101,9 @@ class Featurizer:
         whiten: bool = False,
     ):
         """``pooling`` is the embedding used when :meth:`featurize` names none (a model
-        folder's ``embedding.json``); ``whitening`` maps a pooling to its corpus whitening
-        (``whitening.safetensors``), applied by default when ``whiten``. ``backend="onnx"``
+        folder's ``embedding.json``; several joined by ``+`` put side by side); ``whitening``
+        maps a pooling to its corpus whitening (``whitening.safetensors``), applied by default
+        when ``whiten``. ``backend="onnx"``
         runs the encoder with onnxruntime on the CPU: the graph of ``source``
         (``encoder.onnx``, checked against its recorded sha256), or one exported from
         ``model`` in memory without a ``source`` (and for the shipped default model, which
@@ -130,10 +130,10 @@ class Featurizer:
         self.inputs = ModelInputs(tokenizer, self.model.config, normalization)
         self.normalization_source = normalization_source  # where the record was read from
         self.source = source
-        check_choice("pooling", pooling, POOLINGS)
+        pooling_parts(pooling)
         self.pooling = pooling
         self.whitening = dict(whitening or {})
-        if whiten and pooling not in self.whitening:
+        if whiten and pooling_whitening(self.whitening, pooling) is None:
             raise ConfigError("whiten", whiten, f"False: no whitening is stored for {pooling} "
                               "pooling")  # fmt: skip
         self.whiten = whiten
@@ -156,8 +156,12 @@ class Featurizer:
 
     @property
     def dim(self) -> int:
-        """Embedding width d."""
-        return self.model.config.d_model
+        """Width of the default embedding (:attr:`pooling`): d, or n·d for n poolings."""
+        return self.width(self.pooling)
+
+    def width(self, pooling: Pooling | None = None) -> int:
+        """Width of the embedding of ``pooling`` (None: :attr:`pooling`)."""
+        return self.model.config.d_model * len(pooling_parts(pooling or self.pooling))
 
     @property
     def max_chars(self) -> int:
@@ -193,8 +197,10 @@ class Featurizer:
         """Embeddings (n, d) float32 of ``smiles`` (a list, tuple, pandas Series or iterable),
         in input order.
 
-        ``pooling``: ``cls`` (first position), ``mean`` or ``max`` over real positions;
-        None: the model's own (:attr:`pooling`, from its folder's ``embedding.json``).
+        ``pooling``: ``cls`` (first position), ``mean`` or ``max`` over real positions, or
+        several joined by ``+`` (``cls+max``: both side by side, (n, 2d), from one pass of the
+        encoder); None: the model's own (:attr:`pooling`, from its folder's
+        ``embedding.json``).
         ``layer``: encoder block whose output is pooled (−1 = last).
         ``whiten``: apply the model's corpus whitening (:mod:`smiexlm.whitening`, fitted on
         the last block); None: the model's default (:attr:`whiten`) for the last block, no
@@ -211,7 +217,7 @@ class Featurizer:
         whitening = self._whitening(pooling, layer, whiten)
         items = _as_list(smiles)
         self.model.eval()  # dropout off, whatever the caller did to the model since loading
-        out = np.empty((len(items), self.dim), dtype=np.float32)
+        out = np.empty((len(items), self.width(pooling)), dtype=np.float32)
         report = FeaturizeReport(n_inputs=len(items))
         bar = None
         if progress:
@@ -237,7 +243,7 @@ class Featurizer:
     __call__ = featurize
 
     def _check_options(self, pooling, layer, errors, batch_tokens, batch_size) -> None:
-        check_choice("pooling", pooling, POOLINGS)
+        pooling_parts(pooling)
         if errors not in _ERRORS:
             raise ConfigError("errors", errors, f"one of {_ERRORS}")
         n_layers = self.model.config.n_layers
@@ -253,19 +259,20 @@ class Featurizer:
     def _whitening(self, pooling: str, layer: int, whiten: bool | None) -> Whitening | None:
         """The whitening a call applies, or None."""
         last = layer % self.model.config.n_layers == self.model.config.n_layers - 1
+        whitening = pooling_whitening(self.whitening, pooling)
         if whiten is None:
-            whiten = self.whiten and last and pooling in self.whitening
+            whiten = self.whiten and last and whitening is not None
         if not whiten:
             return None
         if whiten is not True:
             raise ConfigError("whiten", whiten, "True, False or None")
-        if pooling not in self.whitening:
+        if whitening is None:
             raise ConfigError("whiten", whiten, f"False: the model stores no whitening for {pooling} "
                               "pooling (`smiexlm whiten` fits one)")  # fmt: skip
         if not last:
             raise ConfigError("layer", layer, "-1 with whiten=True (the whitening was fitted on "
                               "the last block)")  # fmt: skip
-        return self.whitening[pooling]
+        return whitening
 
     # ------------------------------------------------------------------ internals
     def prepare(
@@ -291,7 +298,7 @@ class Featurizer:
     ) -> np.ndarray:
         ids, reasons, changed = self.prepare(chunk, canonicalize)
         report.n_changed_by_normalization += changed
-        out = np.full((len(chunk), self.dim), np.nan, dtype=np.float32)
+        out = np.full((len(chunk), self.width(pooling)), np.nan, dtype=np.float32)
         for i, reason in enumerate(reasons):
             if reason is not None:
                 if errors == "raise":
@@ -317,7 +324,7 @@ class Featurizer:
     def encode_ids(
         self, rows: list[list[int]], pooling: str = "cls", layer: int = -1
     ) -> np.ndarray:
-        """Pooled embeddings (B, d) float32 of token-id rows (BOS ... EOS each)."""
+        """Pooled embeddings (B, n·d) float32 of token-id rows (BOS ... EOS each)."""
         import torch
 
         if self._onnx is not None:

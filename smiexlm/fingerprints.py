@@ -1,7 +1,8 @@
 """Classical molecule features: Morgan bit fingerprints (ECFP4) and RDKit 2D descriptors.
 
 The one place the package computes them: the RF baseline, the hybrid fine-tuning features
-(``--features ecfp4|rdkit2d``) and the demo's Tanimoto neighbours all call these functions.
+(``--features ecfp4|rdkit2d|both``) and the demo's Tanimoto neighbours all call these
+functions.
 RDKit is imported inside the functions so that importing this module stays cheap.
 """
 
@@ -18,8 +19,8 @@ from smiexlm.errors import ConfigError, InvalidSmilesError
 
 log = logging.getLogger(__name__)
 
-FeatureKind = Literal["ecfp4", "rdkit2d"]
-FEATURE_KINDS: tuple[str, ...] = ("ecfp4", "rdkit2d")
+FeatureKind = Literal["ecfp4", "rdkit2d", "both"]  # both: the bits, then the descriptors
+FEATURE_KINDS: tuple[str, ...] = ("ecfp4", "rdkit2d", "both")
 # Descriptor values beyond ±this are NaN: Ipc reaches 1e40 (BBBP) to 1e227 (a long chain),
 # past float32 and past what a mean and a standard deviation can be computed over.
 DESCRIPTOR_LIMIT = 1e15
@@ -81,11 +82,14 @@ def rdkit2d_descriptors(smiles: Sequence[str]) -> np.ndarray:
 
 
 def molecule_features(smiles: Sequence[str], kind: str) -> np.ndarray:
-    """(N, F) float32 raw features of ``kind`` (``ecfp4`` or ``rdkit2d``), NaN = not computable."""
+    """(N, F) float32 raw features of ``kind`` (``ecfp4``, ``rdkit2d`` or ``both``: the 2048
+    bits then the descriptors), NaN = not computable."""
     if kind == "ecfp4":
         return morgan_fingerprints(smiles).astype(np.float32)
     if kind == "rdkit2d":
         return rdkit2d_descriptors(smiles).astype(np.float32)
+    if kind == "both":
+        return np.hstack([molecule_features(smiles, "ecfp4"), molecule_features(smiles, "rdkit2d")])
     raise ConfigError("features", kind, f"one of {', '.join(FEATURE_KINDS)}")
 
 

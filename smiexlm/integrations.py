@@ -68,7 +68,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
     def __init__(
         self,
         checkpoint: str | Path | None = None,
-        pooling: Literal["cls", "mean", "max"] | None = None,
+        pooling: str | None = None,
         layer: int = -1,
         errors: Literal["raise", "nan"] = "raise",
         canonicalize: bool = True,
@@ -95,7 +95,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any = None) -> ExLMTransformer:
         """Nothing to learn: loads the model and records the embedding width."""
-        self.n_features_out_ = self.featurizer_.dim
+        self.n_features_out_ = self.featurizer_.width(self.pooling)
         return self
 
     def transform(self, X: Any) -> np.ndarray:
@@ -110,7 +110,8 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
         )
 
     def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
-        return np.asarray([f"exlm{i}" for i in range(self.featurizer_.dim)], dtype=object)
+        width = self.featurizer_.width(self.pooling)
+        return np.asarray([f"exlm{i}" for i in range(width)], dtype=object)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
@@ -164,7 +165,7 @@ def _featurizer_class() -> type:
         def __init__(
             self,
             checkpoint: str | Path | None = None,
-            pooling: Literal["cls", "mean", "max"] | None = None,
+            pooling: str | None = None,
             layer: int = -1,
             canonicalize: bool = True,
             device: str = "auto",

@@ -34,7 +34,7 @@ on in the metadata), written by ``smiexlm whiten`` (:func:`whiten_model`); its
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,19 @@ class Whitening:
         """Directions kept (the others were dropped for lack of spread)."""
         return int(np.count_nonzero(np.abs(self.matrix).sum(0)))
 
+    @classmethod
+    def side_by_side(cls, parts: Sequence[Whitening]) -> Whitening:
+        """The whitening of embeddings put side by side (a combined pooling such as
+        ``cls+max``): each block whitened by its own, a block-diagonal matrix."""
+        if len(parts) == 1:
+            return parts[0]
+        matrix = np.zeros((sum(w.dim for w in parts),) * 2, dtype=np.float32)
+        start = 0
+        for w in parts:
+            matrix[start : start + w.dim, start : start + w.dim] = w.matrix
+            start += w.dim
+        return cls(np.concatenate([w.mean for w in parts]), matrix)
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """(n, d) float32. The product runs in float64, so a row comes out the same alone
         or in any batch (a float32 product's rounding depends on the batch's shape)."""
@@ -103,6 +116,17 @@ def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
     keep = spread > rel_tol * spread[0]
     matrix = np.where(keep, vt.T / np.where(keep, spread, 1.0), 0.0)
     return Whitening(mean.astype(np.float32), matrix.astype(np.float32))
+
+
+def pooling_whitening(whitenings: Mapping[str, Whitening], pooling: str) -> Whitening | None:
+    """The whitening of ``pooling`` (a combined one: each part by its own) from a folder's
+    whitenings by pooling; None when a part has none."""
+    from smiexlm.model.model import pooling_parts
+
+    parts = pooling_parts(pooling)
+    if not set(parts) <= set(whitenings):
+        return None
+    return Whitening.side_by_side([whitenings[part] for part in parts])
 
 
 # ---------------------------------------------------------------------- in a model folder

@@ -56,7 +56,11 @@ def embed(
     ] = None,
     checkpoint: Checkpoint = None,
     pooling: Annotated[
-        str | None, typer.Option(help="cls, mean or max (default: the model's own, see its card).")
+        str | None,
+        typer.Option(
+            help="cls, mean, max, or several joined by + such as cls+max (default: "
+            "the model's own, see its card)."
+        ),
     ] = None,
     errors: Annotated[str, typer.Option(help="nan: NaN rows for bad SMILES; raise: stop.")] = "nan",
     canonicalize: Annotated[

@@ -164,8 +164,8 @@ FreezeLayers = Annotated[
 ]
 Features = Annotated[
     str | None,
-    typer.Option("--features", help="ecfp4 | rdkit2d: concatenate to the pooled embedding "
-                 "(normalised on the train split)."),
+    typer.Option("--features", help="ecfp4 | rdkit2d | both: concatenate to the pooled "
+                 "embedding (normalised on the train split)."),
 ]  # fmt: skip
 Patience = Annotated[
     int | None,
@@ -330,6 +330,13 @@ def probe(
     whiten: Annotated[
         bool, typer.Option(help="Apply the model folder's corpus whitening first.")
     ] = False,
+    pooling: Annotated[
+        str | None,
+        typer.Option(
+            help="cls, mean, max, or several joined by + such as cls+max (default: "
+            "the model's own)."
+        ),
+    ] = None,
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""
@@ -337,7 +344,7 @@ def probe(
     from smiexlm.moleculenet.probe import ProbeConfig, run_probe
 
     _check_outputs(out)
-    cfg = ProbeConfig(split=split, features=features, device=device, whiten=whiten)
+    cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten)
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     results = run_probe(df, Backbone(checkpoint), _seeds(seeds), cfg)
     _print_report(results, out, f"Linear probe {df.attrs['name']}")

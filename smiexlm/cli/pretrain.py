@@ -109,7 +109,10 @@ def export(
     fp16: Annotated[bool, typer.Option(help="Store the weights in fp16")] = True,
     pooling: Annotated[
         str,
-        typer.Option(help="The embedding's pooling when a caller names none: cls, mean or max."),
+        typer.Option(
+            help="The embedding's pooling when a caller names none: cls, mean, max, "
+            "or several joined by + (cls+max)."
+        ),
     ] = "cls",
     onnx: Annotated[
         bool, typer.Option(help="Also write encoder.onnx for onnxruntime (the onnx extra)")

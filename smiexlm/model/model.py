@@ -47,6 +47,16 @@ Pooling = Literal["cls", "mean", "max"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling choices
 
 
+def pooling_parts(spec: str, name: str = "pooling") -> tuple[str, ...]:
+    """The poolings of ``spec``: one of :data:`POOLINGS`, or several joined by ``+`` (such as
+    ``cls+max``), whose vectors are put side by side in that order."""
+    parts = tuple(spec.split("+")) if isinstance(spec, str) else ()
+    if not parts or len(set(parts)) != len(parts) or not set(parts) <= set(POOLINGS):
+        raise ConfigError(name, spec, f"one of {', '.join(POOLINGS)}, or several joined by '+' "
+                          "(such as 'cls+max')")  # fmt: skip
+    return parts
+
+
 @dataclass
 class PretrainOutput:
     """Result of ``ExLMModel.forward``.
@@ -342,7 +352,7 @@ class ExLMModel(nn.Module):
         self,
         input_ids: Tensor,
         attention_mask: Tensor,
-        pooling: Pooling = "cls",
+        pooling: str = "cls",
         layer: int = -1,
         pooled_only: bool = False,
     ) -> EncoderOutput:
@@ -350,7 +360,8 @@ class ExLMModel(nn.Module):
 
         ``layer`` picks the block whose output is returned (0-based, −1 = last), always passed
         through the final LayerNorm. ``cls`` pools the first position (for exlm the first BOS
-        state); ``mean``/``max`` pool over the real positions of ``hidden_states``.
+        state); ``mean``/``max`` pool over the real positions of ``hidden_states``; several
+        joined by ``+`` (``cls+max``) are put side by side, (B, n·d).
         ``pooled_only`` with ``cls`` computes the last block for the first position only
         (same ``pooled``; ``hidden_states`` is then (B, 1, d)).
         """
@@ -388,13 +399,15 @@ class ExLMModel(nn.Module):
         return load_model_folder(cls, Path(directory), map_location=map_location)
 
 
-def pool(hidden: Tensor, mask: Tensor, pooling: Pooling) -> Tensor:
-    """(B, L, d) features and (B, L) mask -> (B, d) by ``cls`` (first), ``mean`` or ``max``."""
+def pool(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
+    """(B, L, d) features and (B, L) mask -> (B, d) by ``cls`` (first), ``mean`` or ``max``;
+    (B, n·d) for n poolings joined by ``+`` (:func:`pooling_parts`)."""
+    parts = pooling_parts(pooling)
+    if len(parts) > 1:
+        return torch.cat([pool(hidden, mask, part) for part in parts], dim=-1)
     if pooling == "cls":
         return hidden[:, 0]
     m = mask[..., None]  # (B, L, 1)
     if pooling == "mean":
         return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
-    if pooling == "max":
-        return hidden.masked_fill(~m, float("-inf")).amax(1)
-    raise ConfigError("pooling", pooling, "'cls', 'mean' or 'max'")
+    return hidden.masked_fill(~m, float("-inf")).amax(1)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from smiexlm.data.normalize import NormalizeConfig
-from smiexlm.errors import ConfigError, DataError, check_choice
+from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.checkpoint import (
     CARD_NAME,
     EMBEDDING_NAME,
@@ -53,8 +53,8 @@ _CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
 @dataclass(frozen=True)
 class EmbeddingSettings:
     """How a model folder serves its embeddings when a caller names nothing (``embedding.json``):
-    the pooling (chosen by measurement when the model was exported; cls without a file) and
-    whether they are whitened (``whitening.safetensors``, written by ``smiexlm whiten``)."""
+    the pooling (chosen by measurement; cls without a file; several joined by ``+`` are served
+    side by side) and whether they are whitened (``whitening.safetensors``, written by ``smiexlm whiten``)."""
 
     pooling: str = "cls"
     whiten: bool = False
@@ -147,7 +147,7 @@ def load_pretrained(path: str | Path | None = None) -> Pretrained:
 
 def read_embedding(directory: Path) -> EmbeddingSettings:
     """The :class:`EmbeddingSettings` of a model folder."""
-    from smiexlm.model.model import POOLINGS
+    from smiexlm.model.model import pooling_parts
 
     path = Path(directory) / EMBEDDING_NAME
     if not path.is_file():
@@ -159,7 +159,7 @@ def read_embedding(directory: Path) -> EmbeddingSettings:
         raise DataError(
             f'{str(path)!r}: expected a JSON object such as {{"pooling": "mean", "whiten": true}}'
         ) from None
-    check_choice(f"pooling (in {path})", pooling, POOLINGS)
+    pooling_parts(pooling, f"pooling (in {path})")
     if not isinstance(whiten, bool):
         raise ConfigError(f"whiten (in {path})", whiten, "true or false")
     if whiten and not (Path(directory) / WHITENING_NAME).is_file():
@@ -170,9 +170,9 @@ def read_embedding(directory: Path) -> EmbeddingSettings:
 
 def write_embedding(directory: Path, pooling: str, whiten: bool = False) -> Path:
     """``embedding.json`` of a model folder (what :func:`read_embedding` reads)."""
-    from smiexlm.model.model import POOLINGS
+    from smiexlm.model.model import pooling_parts
 
-    check_choice("pooling", pooling, POOLINGS)
+    pooling_parts(pooling)
     path = Path(directory) / EMBEDDING_NAME
     doc = {"pooling": pooling} | ({"whiten": True} if whiten else {})
     write_text_atomic(path, json.dumps(doc, indent=1) + "\n")

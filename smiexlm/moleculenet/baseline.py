@@ -26,14 +26,14 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from smiexlm.errors import ConfigError
-from smiexlm.fingerprints import morgan_fingerprints, rdkit2d_descriptors
+from smiexlm.fingerprints import FEATURE_KINDS, morgan_fingerprints, rdkit2d_descriptors
 from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.moleculenet.task import MoleculeTask, as_task, run_seeds
 
-BASELINE_FEATURES = ("ecfp4", "rdkit2d", "both")
+BASELINE_FEATURES = FEATURE_KINDS
 FEATURE_LABELS = {"ecfp4": "ECFP4", "rdkit2d": "RDKit2D", "both": "ECFP4+RDKit2D"}
 DESCRIPTOR_CLIP = 1e4  # train standard deviations
 

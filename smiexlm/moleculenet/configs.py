@@ -39,7 +39,7 @@ class FinetuneConfig:
     training loop (a :class:`~smiexlm.finetuning.LoopConfig`: epochs, batch, optimiser,
     ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``) and what the
     MoleculeNet adapter adds (dropouts, pooling, SMILES normalisation, split, truncation,
-    hybrid ``features``: ``ecfp4`` | ``rdkit2d``).
+    hybrid ``features``: ``ecfp4`` | ``rdkit2d`` | ``both``).
 
     The TOML tables, the CLI and :func:`finetune_config` speak flat keys
     (:meth:`from_flat`, :meth:`to_dict`); ``max_train_steps`` is the loop's ``max_steps`` and is

@@ -1,6 +1,6 @@
-"""Hybrid features: ECFP4 bits or RDKit 2D descriptors beside the pooled embedding.
+"""Hybrid features: ECFP4 bits, RDKit 2D descriptors or both beside the pooled embedding.
 
-``--features ecfp4|rdkit2d`` computes the raw features (``smiexlm.fingerprints``), and a
+``--features ecfp4|rdkit2d|both`` computes the raw features (``smiexlm.fingerprints``), and a
 :class:`FeatureScaler` fitted on the **train split only** fills missing values with the train
 median, standardises each column with the train mean and standard deviation (columns constant
 on train get std 1, so they stay 0) and clips to ±``clip`` so a bit seen once in training

@@ -20,7 +20,7 @@ import pandas as pd
 
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.model.model import POOLINGS
+from smiexlm.model.model import pooling_parts
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS
@@ -48,10 +48,7 @@ class ProbeConfig:
         if not self.c_grid or min(self.c_grid) <= 0:
             raise ConfigError("c_grid", self.c_grid, "one or more positive numbers")
         if self.pooling is not None:
-            parts = str(self.pooling).split("+")
-            if len(set(parts)) != len(parts) or not set(parts) <= set(POOLINGS):
-                raise ConfigError("pooling", self.pooling, f"one of {POOLINGS} or several "
-                                  "joined by '+' (such as 'cls+mean')")  # fmt: skip
+            pooling_parts(self.pooling)
         if self.split not in SPLIT_KINDS:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
         if self.features is not None and self.features not in FEATURE_KINDS:
@@ -72,7 +69,7 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
     rows, _ = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
     encoder = backbone.build(tokenizer, 0.0)
     blocks = []
-    for pooling in (cfg.pooling or backbone.pooling).split("+"):
+    for pooling in pooling_parts(cfg.pooling or backbone.pooling):
         model = ExLMForSequencePrediction(encoder, 1, pooling=pooling)  # type: ignore[arg-type]
         model.to(resolve_device(cfg.device))
         x = engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
 
-POOLING_CODES = {"cls": 0, "mean": 1, "max": 2}  # the encoder graph's ``pooling`` input
+POOLING_ROWS = {"cls": 0, "mean": 1, "max": 2}  # rows of the encoder graph's ``poolings``
 # Positions the last block computes for cls pooling (which reads the first). Two, not one:
 # onnxruntime multiplies a single query row by a matrix-vector kernel whose sums change with
 # the padded length (by up to 5e-7); from two rows on it uses the GEMM, which does not.
@@ -58,12 +58,12 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class EncoderGraph(nn.Module):
     """``input_ids`` (B, T) int64, ``attention_mask`` (B, T) int64 (1 = real token) and
-    ``pooling`` () int64 (0 = cls, 1 = mean, 2 = max; :data:`POOLING_CODES`) -> ``pooled``
-    (B, d) float32.
+    ``cls_only`` () int64 -> ``poolings`` (B, 3, d) float32: the cls, mean and max poolings
+    (:data:`POOLING_ROWS`) of one pass, so that a combined pooling (``cls+max``) costs one run.
 
-    For cls the last block runs for the first :data:`CLS_QUERIES` positions only (the other
-    outputs are never read; ``encode(pooled_only=True)`` does the same with one): a slice
-    whose length comes from the ``pooling`` input, so one graph serves every pooling. Rows are
+    With ``cls_only`` = 1 the last block runs for the first :data:`CLS_QUERIES` positions only
+    (``encode(pooled_only=True)`` does the same with one) and only the cls row means anything:
+    a slice whose length comes from an input, so one graph serves every pooling. Rows are
     BOS … EOS then padding (at least 2 tokens), as the tokenizer writes them.
     """
 
@@ -146,15 +146,13 @@ class EncoderGraph(nn.Module):
             x = self._block(block, x, cos, sin, key_mask, n_last if i == len(layers) - 1 else None)
         return self.model.final_norm(x), mask[:, : x.shape[1]]
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, pooling: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, cls_only: Tensor) -> Tensor:
         width = self.width(input_ids.shape[1])
-        n = torch.where(pooling == POOLING_CODES["cls"], CLS_QUERIES, width).item()
+        n = torch.where(cls_only != 0, CLS_QUERIES, width).item()
         torch._check(n >= CLS_QUERIES)
         torch._check(n <= width)
         hidden, mask = self.hidden(input_ids, attention_mask, n)  # (B, n, d), (B, n)
-        pooled = {name: pool(hidden, mask, name) for name in POOLING_CODES}
-        mean_or_max = torch.where(pooling == POOLING_CODES["mean"], pooled["mean"], pooled["max"])
-        return torch.where(pooling == POOLING_CODES["cls"], pooled["cls"], mean_or_max)
+        return torch.stack([pool(hidden, mask, name) for name in POOLING_ROWS], dim=1)
 
     def width(self, t: int) -> int:
         """Encoder positions of an input of width ``t``."""

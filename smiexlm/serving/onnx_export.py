@@ -1,10 +1,10 @@
 """Write a model folder's encoder (or fine-tuned predictor) as an ONNX graph beside its weights.
 
 A pre-trained folder gets ``encoder.onnx``: ``input_ids`` (B, T) int64, ``attention_mask``
-(B, T) int64 (1 = real token) and ``pooling`` () int64 (0 = cls, 1 = mean, 2 = max) in,
-``pooled`` (B, d) float32 out; B and T are dynamic. Pooling is an input rather than one graph
-per pooling: one file holds the weights once, and for cls the graph still runs the last block
-for the first position only (see :class:`~smiexlm.serving.graph.EncoderGraph`). A fine-tuned
+(B, T) int64 (1 = real token) and ``cls_only`` () int64 in, ``poolings`` (B, 3, d) float32 out
+(cls, mean and max of one pass); B and T are dynamic. One graph serves every pooling and their
+combinations: the file holds the weights once, and with ``cls_only`` the graph runs the last
+block for the first positions only (see :class:`~smiexlm.serving.graph.EncoderGraph`). A fine-tuned
 folder (``finetune.json``) gets ``predictor.onnx``: ids and mask (plus ``features`` (B, F)
 float32 for a hybrid head) in, ``logits`` (B, n_outputs) out, the head on the pooling it was
 trained with.
@@ -38,11 +38,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 GraphKind = Literal["encoder", "predictor"]
 MANIFEST_NAME = "onnx.json"
-MANIFEST_FORMAT = "smiexlm-onnx/1"
+MANIFEST_FORMAT = "smiexlm-onnx/2"  # /2: the encoder returns every pooling of one pass
 GRAPH_FILES: dict[str, str] = {"encoder": "encoder.onnx", "predictor": "predictor.onnx"}
 OPSET = 20  # onnxruntime >= 1.17 runs it; the exporter's Gelu and LayerNormalization need 20
 WEIGHT_FILES = ("model.safetensors", "head.safetensors")
-ENCODER_INPUTS = ["input_ids", "attention_mask", "pooling"]
+ENCODER_INPUTS = ["input_ids", "attention_mask", "cls_only"]
 FINETUNE_META = "finetune.json"
 
 
@@ -109,7 +109,7 @@ def _on_cpu_fp32(module: nn.Module) -> nn.Module:
 def _export(graph: nn.Module, args: tuple, inputs: list[str], outputs: list[str]) -> bytes:
     """Serialized ONNX model of ``graph`` with dynamic batch and length (torch.export based).
 
-    ``args``: ids and mask (B, T), then ``pooling`` () or ``features`` (B, F)."""
+    ``args``: ids and mask (B, T), then ``cls_only`` () or ``features`` (B, F)."""
     import torch
 
     require_exporter()
@@ -135,15 +135,15 @@ def _export(graph: nn.Module, args: tuple, inputs: list[str], outputs: list[str]
 
 def encoder_onnx(model: ExLMModel) -> bytes:
     """The encoder graph of ``model`` as serialized ONNX: ``input_ids``, ``attention_mask``
-    (B, T) int64 and ``pooling`` () int64 (:data:`~smiexlm.serving.graph.POOLING_CODES`) in,
-    ``pooled`` (B, d) float32 out."""
+    (B, T) int64 and ``cls_only`` () int64 in, ``poolings`` (B, 3, d) float32 out (rows:
+    :data:`~smiexlm.serving.graph.POOLING_ROWS`)."""
     import torch
 
-    from smiexlm.serving.graph import POOLING_CODES, EncoderGraph
+    from smiexlm.serving.graph import EncoderGraph
 
     graph = EncoderGraph(_on_cpu_fp32(model))
-    args = (*_example_ids(model), torch.tensor(POOLING_CODES["mean"]))
-    return _export(graph, args, ENCODER_INPUTS, ["pooled"])
+    args = (*_example_ids(model), torch.tensor(0))
+    return _export(graph, args, ENCODER_INPUTS, ["poolings"])
 
 
 def predictor_onnx(model: ExLMForSequencePrediction) -> bytes:
@@ -191,10 +191,10 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
                    "pooling": meta["pooling"], "n_features": model.n_features}  # fmt: skip
     else:
         from smiexlm.model.pretrained import load_pretrained
-        from smiexlm.serving.graph import POOLING_CODES
+        from smiexlm.serving.graph import POOLING_ROWS
 
         payload = encoder_onnx(load_pretrained(directory).model)
-        record |= {"inputs": ENCODER_INPUTS, "outputs": ["pooled"], "pooling_codes": POOLING_CODES}
+        record |= {"inputs": ENCODER_INPUTS, "outputs": ["poolings"], "pooling_rows": POOLING_ROWS}
     record |= {
         "sha256": sha256_bytes(payload),
         "weights_sha256": {
@@ -218,7 +218,12 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     path = Path(directory) / MANIFEST_NAME
     if not path.is_file():
         return None
-    _, doc = read_json_file(path, "ONNX record", MANIFEST_FORMAT)
+    _, doc = read_json_file(path, "ONNX record")
+    if doc.get("format") != MANIFEST_FORMAT:
+        raise DataError(
+            f"ONNX record {str(path)!r} has format {doc.get('format')!r}: expected "
+            f"{MANIFEST_FORMAT!r}; write the graphs again with `smiexlm export-onnx {directory}`"
+        )
     if not isinstance(doc.get("graphs"), dict):
         raise DataError(f"ONNX record {str(path)!r}: expected 'graphs' to be a JSON object")
     return doc

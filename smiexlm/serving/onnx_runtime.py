@@ -25,7 +25,7 @@ import numpy as np
 
 from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.serving.graph import POOLING_CODES
+from smiexlm.serving.graph import POOLING_ROWS
 from smiexlm.serving.onnx_export import (
     GRAPH_FILES,
     MANIFEST_NAME,
@@ -40,8 +40,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
 
 logger = logging.getLogger(__name__)
-
-POOLINGS = tuple(POOLING_CODES)
 
 
 def _onnxruntime() -> Any:
@@ -162,14 +160,17 @@ class OnnxEncoder:
         return cls.from_folder(source, model.config)
 
     def encode(self, rows: Sequence[Sequence[int]], pooling: str = "cls") -> np.ndarray:
-        """Pooled features (B, d) float32 of token-id rows (BOS ... EOS each)."""
-        if pooling not in POOLINGS:
-            raise ConfigError("pooling", pooling, f"one of {POOLINGS}")
+        """Pooled features (B, n·d) float32 of token-id rows (BOS ... EOS each): ``pooling``
+        is one of cls, mean and max, or several joined by ``+``, all from one run."""
+        from smiexlm.model.model import pooling_parts
+
+        parts = pooling_parts(pooling)
         ids, mask = padded(rows, self.config.pad_id)
         check_rows(ids, mask, self.config)
-        code = np.array(POOLING_CODES[pooling], dtype=np.int64)
-        feeds = {"input_ids": ids, "attention_mask": mask, "pooling": code}
-        return self.session.run(["pooled"], feeds)[0]
+        cls_only = np.array(int(parts == ("cls",)), dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask, "cls_only": cls_only}
+        poolings = self.session.run(["poolings"], feeds)[0]  # (B, 3, d)
+        return np.concatenate([poolings[:, POOLING_ROWS[part]] for part in parts], axis=1)
 
 
 class OnnxPredictor:

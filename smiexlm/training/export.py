@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smiexlm.data.shards import read_manifest
-from smiexlm.errors import DataError, check_choice
+from smiexlm.errors import DataError
 from smiexlm.model.checkpoint import CARD_NAME, EMBEDDING_NAME, NORMALIZATION_NAME
-from smiexlm.model.model import POOLINGS
+from smiexlm.model.model import pooling_parts
 from smiexlm.model.pretrained import (
     DEFAULT_NORMALIZATION,
     load_pretrained,
@@ -98,7 +98,7 @@ def export_run(
             f"--out {str(out_dir)!r} is a folder with other files in it: expected a new folder "
             "or a model folder written by an earlier export (which is replaced)"
         )
-    check_choice("pooling", pooling, POOLINGS)
+    pooling_parts(pooling)
     pre = load_pretrained(source)
     manifest = _read_manifest(dataset)
     normalization = dataclasses.replace(

@@ -226,3 +226,49 @@ def test_a_safetensors_file_of_another_kind_is_refused(tmp_path):
               str(tmp_path / WHITENING_NAME))  # fmt: skip
     with pytest.raises(DataError, match="format None, expected 'smiexlm-whitening/1'"):
         load_whitening(tmp_path, 4)
+
+
+def test_side_by_side_whitening_whitens_each_block_by_its_own():
+    a, b = fit_whitening(correlated(800, 6, 5)), fit_whitening(correlated(800, 4, 6))
+    both = Whitening.side_by_side([a, b])
+    x, y = correlated(50, 6, 7), correlated(50, 4, 8)
+    np.testing.assert_array_equal(both(np.hstack([x, y])), np.hstack([a(x), b(y)]))
+    assert both.dim == 10 and both.rank == a.rank + b.rank
+
+
+def test_a_combined_pooling_is_served_side_by_side_whitened_and_from_the_folder(whitened, tmp_path):
+    from smiexlm.embed import EmbedOptions
+
+    feat = Featurizer.from_pretrained(whitened, device="cpu")
+    d = feat.model.config.d_model
+    single = {p: feat.featurize(PANEL, pooling=p) for p in ("cls", "max")}
+    both = feat.featurize(PANEL, pooling="cls+max")
+    assert both.shape == (len(PANEL), 2 * d) and feat.width("cls+max") == 2 * d
+    np.testing.assert_array_equal(both, np.hstack([single["cls"], single["max"]]))
+    raw = feat.featurize(PANEL, pooling="max+cls", whiten=False)
+    np.testing.assert_array_equal(raw[:, :d], feat.featurize(PANEL, pooling="max", whiten=False))
+    # a folder whose embedding.json names a combined pooling serves it by default, everywhere
+    write_embedding(whitened, "cls+max", whiten=True)
+    try:
+        served = Featurizer.from_pretrained(whitened, device="cpu")
+        assert served.dim == 2 * d
+        np.testing.assert_array_equal(served.featurize(PANEL), both)
+        assert EmbedOptions(checkpoint=whitened).settings() == {
+            "pooling": "cls+max",
+            "errors": "nan",
+            "canonicalize": True,
+            "whiten": True,
+        }
+        table = tmp_path / "in.csv"
+        table.write_text("smiles\n" + "\n".join(PANEL) + "\n")
+        out = tmp_path / "emb.npy"
+        result = CliRunner().invoke(app, ["embed", str(table), "-o", str(out), "-c", str(whitened)])
+        assert result.exit_code == 0, result.output
+        np.testing.assert_array_equal(np.load(out), both)
+    finally:
+        write_embedding(whitened, "cls", whiten=True)
+    for bad in ("cls+cls", "cls+sum", "cls,max"):
+        with pytest.raises(ConfigError, match="pooling.*several joined by '\\+'"):
+            feat.featurize(PANEL, pooling=bad)
+    with pytest.raises(ConfigError, match="pooling.*several joined by '\\+'"):
+        write_embedding(whitened, "")

@@ -410,3 +410,22 @@ def test_load_rejects_wrong_vocabulary_and_shapes(tmp_path):
         ExLMModel.from_pretrained(folder)
     with pytest.raises(DataError, match="does not exist"):
         ExLMModel.from_pretrained(tmp_path / "nowhere")
+
+
+def test_a_combined_pooling_puts_each_pooling_side_by_side():
+    from smiexlm.model.model import pool, pooling_parts
+
+    hidden = torch.randn(3, 5, 4)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    by_hand = {
+        "cls": hidden[:, 0],
+        "mean": torch.stack([hidden[i, : int(mask[i].sum())].mean(0) for i in range(3)]),
+        "max": torch.stack([hidden[i, : int(mask[i].sum())].amax(0) for i in range(3)]),
+    }
+    for spec in ("cls", "mean", "max", "cls+max", "max+mean+cls"):
+        expected = torch.cat([by_hand[p] for p in spec.split("+")], dim=-1)
+        torch.testing.assert_close(pool(hidden, mask, spec), expected)
+    assert pooling_parts("mean+cls") == ("mean", "cls")
+    for bad in ("", "sum", "cls+cls", "cls, max", None):
+        with pytest.raises(ConfigError, match="pooling"):
+            pooling_parts(bad)

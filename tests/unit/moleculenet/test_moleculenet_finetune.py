@@ -163,7 +163,7 @@ def test_cli_predict_ensemble_mean_and_std_per_molecule(tmp_path):
 
     torch.set_num_threads(1)
     models = tmp_path / "models"
-    _finetune(tmp_path, "--seeds", "0", "1", "--features", "ecfp4", "--save-dir", str(models))
+    _finetune(tmp_path, "--seeds", "0", "1", "--features", "both", "--save-dir", str(models))
     inputs = tmp_path / "new.csv"
     pd.DataFrame({"smiles": ["CCO", "c1ccccc1CC", "not a smiles"]}).to_csv(inputs, index=False)
     out = tmp_path / "preds.csv"
@@ -188,11 +188,13 @@ def test_cli_probe_on_a_user_csv(tmp_path):
     result = CliRunner().invoke(app, [
         "probe", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
         "--split", "random", "--seeds", "0", "--device", "cpu", "--out", str(out),
+        "--pooling", "cls+max",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(out / "results.csv")
     assert rows["model"][0] == "default_model linear probe (logistic)"
-    assert 0.0 <= rows["test"][0] <= 100.0 and json.loads(rows["config"][0])["chosen_c"]
+    config = json.loads(rows["config"][0])
+    assert 0.0 <= rows["test"][0] <= 100.0 and config["chosen_c"] and config["pooling"] == "cls+max"
 
 
 @pytest.mark.parametrize("features", ["ecfp4", "rdkit2d", "both"])
@@ -248,3 +250,13 @@ def test_predict_with_no_parsable_smiles_gives_nan_rows(tmp_path):
     save_finetuned(model, SmilesTokenizer.load(DEFAULT_MODEL_DIR / "vocab.json"), tmp_path, meta)
     frame = predict(tmp_path, ["not a smiles", ""])
     assert frame["valid"].tolist() == [False, False] and frame["y"].isna().all()
+
+
+def test_both_features_are_the_bits_then_the_descriptors():
+    from smiexlm.fingerprints import molecule_features
+
+    smiles = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O"]
+    both = molecule_features(smiles, "both")
+    bits, descriptors = molecule_features(smiles, "ecfp4"), molecule_features(smiles, "rdkit2d")
+    assert both.shape == (3, 2048 + descriptors.shape[1]) and both.dtype == np.float32
+    np.testing.assert_array_equal(both, np.hstack([bits, descriptors]))

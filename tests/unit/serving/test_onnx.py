@@ -1,7 +1,7 @@
 """ONNX export and the onnxruntime backend against the torch fp32 path.
 
 Parity is checked on 1,000 MoleculeNet SMILES (500 BBBP, 500 ESOL as written, trailing spaces
-included) for the featurizer (cls and mean; max on 200) and for ``predict`` (a cls classifier
+included) for the featurizer (cls and mean; max and combined poolings on fewer) and for ``predict`` (a cls classifier
 on the 1,000, served by ``smiexlm predict --backend onnx``; a mean-pooled regression head with
 ECFP4 features on 300, exported by ``smiexlm export-onnx``); the limit is 1e-5, max abs.
 """
@@ -56,7 +56,10 @@ def featurizers(folder):
 # ---------------------------------------------------------------------- featurizer
 @pytest.mark.data
 @pytest.mark.slow
-@pytest.mark.parametrize(("pooling", "n"), [("cls", 1000), ("mean", 1000), ("max", 200)])
+@pytest.mark.parametrize(
+    ("pooling", "n"),
+    [("cls", 1000), ("mean", 1000), ("max", 200), ("cls+max", 200), ("max+mean", 100)],
+)
 def test_featurizer_parity(featurizers, smiles, pooling, n):
     torch_feat, onnx_feat = featurizers
     smiles = smiles if n == len(smiles) else smiles[: n // 2] + smiles[-n // 2 :]
@@ -174,10 +177,21 @@ def test_encoder_record(folder):
     from smiexlm.serving.onnx_export import sha256_bytes
 
     record = json.loads((folder / "onnx.json").read_text())["graphs"]["encoder"]
-    assert record["inputs"] == ["input_ids", "attention_mask", "pooling"]
-    assert record["outputs"] == ["pooled"]
-    assert record["pooling_codes"] == {"cls": 0, "mean": 1, "max": 2}
+    assert record["inputs"] == ["input_ids", "attention_mask", "cls_only"]
+    assert record["outputs"] == ["poolings"]
+    assert record["pooling_rows"] == {"cls": 0, "mean": 1, "max": 2}
     assert record["sha256"] == sha256_bytes((folder / "encoder.onnx").read_bytes())
+
+
+def test_record_of_an_older_format_is_refused(folder, tmp_path):
+    copy = tmp_path / "model"
+    shutil.copytree(folder, copy)
+    doc = json.loads((copy / "onnx.json").read_text())
+    (copy / "onnx.json").write_text(json.dumps(doc | {"format": "smiexlm-onnx/1"}))
+    with pytest.raises(
+        DataError, match="'smiexlm-onnx/1': expected 'smiexlm-onnx/2'; write the graphs again"
+    ):
+        Featurizer.from_pretrained(copy, backend="onnx")
 
 
 def test_graph_of_other_weights_is_refused(folder, tmp_path):
