@@ -1,12 +1,13 @@
 """How good are a model's nearest neighbours? A leave-one-out k-NN vote on labelled sets.
 
     SMIEXLM_DATA=../shared/data python benchmarks/neighbours.py [--checkpoint DIR] [-k 10]
-        [--tasks bace bbbp clintox sider] [--poolings cls mean cls+max]
+        [--tasks bace bbbp clintox sider] [--poolings cls mean cls+max] [--fit 20000]
 
 Every molecule of a set is scored by the mean label of its k nearest other molecules: by
-cosine on the model's embeddings (raw, and whitened with the folder's stored whitening where
-it has one, for each pooling asked for; combined ones such as ``cls+max`` too) and by
-Tanimoto on ECFP4. ROC-AUC x 100 per set (the
+cosine on the model's embeddings (raw; whitened with the folder's stored whitening where it
+has one; with ``--fit N``, whitened with one fitted here on the first N MOSES training
+molecules, jointly for a combined pooling such as ``cls+max``, as ``smiexlm whiten --pooling``
+fits it) and by Tanimoto on ECFP4. ROC-AUC x 100 per set (the
 mean over a set's tasks), no training and no split: it measures the neighbourhoods that
 ``smiexlm search`` and the demo return, on more molecules than the demo's 21 drugs.
 Molecules the model cannot embed (too long) are left out of every row alike.
@@ -55,16 +56,25 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=10)
     parser.add_argument("--tasks", nargs="+", default=["bace", "bbbp", "clintox", "sider"])
     parser.add_argument("--poolings", nargs="+", default=["cls", "mean"])
+    parser.add_argument("--fit", type=int, default=0, help="MOSES molecules to fit a whitening on")
     args = parser.parse_args()
     import torch
 
     from smiexlm import Featurizer
+    from smiexlm.analysis.inputs import read_smiles
     from smiexlm.fingerprints import molecule_features
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.whitening import pooling_whitening
+    from smiexlm.paths import data_dir
+    from smiexlm.whitening import fit_whitening, pooling_whitening
 
     torch.set_num_threads(1)
     feat = Featurizer.from_pretrained(args.checkpoint)
+    fitted = {}
+    if args.fit:
+        corpus = read_smiles(data_dir() / "pretrain" / "moses_train.smi.gz", args.fit)
+        for pooling in args.poolings:
+            x = feat.featurize(corpus, pooling=pooling, whiten=False, errors="nan")
+            fitted[pooling] = fit_whitening(x)
     rows: dict[str, list[float]] = {}
     for name in args.tasks:
         task = load_task(name)
@@ -76,6 +86,8 @@ def main() -> None:
             whitening = pooling_whitening(feat.whitening, pooling)
             if whitening is not None:
                 variants[f"{pooling}, whitened (stored)"] = whitening(raw)
+            if pooling in fitted:
+                variants[f"{pooling}, whitened (fitted on {args.fit:,})"] = fitted[pooling](raw)
         ok = ~np.isnan(next(iter(variants.values()))).any(axis=1)
         labels = task.labels[ok]
         for label, x in variants.items():

@@ -111,8 +111,8 @@ class EmbedOptions:
 
     def chosen_whiten(self) -> bool:
         """``whiten``, or the model folder's own when None: whitened when its
-        ``embedding.json`` says so and it stores a whitening for each part of the chosen
-        pooling."""
+        ``embedding.json`` says so and it stores a whitening for the chosen pooling (or for
+        each of its parts)."""
         from smiexlm.model.model import pooling_parts
         from smiexlm.model.pretrained import model_folder, read_embedding
         from smiexlm.whitening import whitening_poolings
@@ -120,8 +120,10 @@ class EmbedOptions:
         if self.whiten is not None:
             return self.whiten
         folder = model_folder(self.checkpoint)
-        parts = pooling_parts(self.chosen_pooling())
-        return read_embedding(folder).whiten and set(parts) <= set(whitening_poolings(folder))
+        chosen = self.chosen_pooling()
+        parts = pooling_parts(chosen)
+        stored = set(whitening_poolings(folder))
+        return read_embedding(folder).whiten and (chosen in stored or set(parts) <= stored)
 
     def settings(self) -> dict[str, Any]:
         """What a folder of parts records, so that a resume cannot mix two kinds of rows."""

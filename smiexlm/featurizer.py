@@ -174,7 +174,8 @@ class Featurizer:
         source = "shipped default model" if shipped else str(self.source)
         return (
             f"Featurizer(source={source!r}, objective={c.objective!r}, "
-            f"d={c.d_model}, layers={c.n_layers}, device={str(self.device)!r})"
+            f"d={c.d_model}, layers={c.n_layers}, pooling={self.pooling!r}, "
+            f"whiten={self.whiten}, device={str(self.device)!r})"
         )
 
     # ------------------------------------------------------------------ featurize

@@ -15,20 +15,23 @@ with no spread at all, and dividing by it would blow fp32 rounding up into the o
 similarity on ``z`` is then similarity in the corpus's own units.
 
 What it buys the shipped model (``benchmarks/results/demo_pooling.md``): the demo's drugs whose
-nearest neighbour is of their own family, 9/21 raw against 12/21 whitened; a leave-one-out
+nearest neighbour is of their own family, 9/21 with cls raw, 12/21 with cls whitened and 15/21
+(level with ECFP4) with cls+mean+max whitened jointly, its default now; a leave-one-out
 10-nearest-neighbour vote on BACE, BBBP, ClinTox and SIDER gains 0.2 with cls pooling and 1.2
-with mean pooling (``benchmarks/neighbours.py``); the linear probe moves by 0.2 (it
-standardises the features itself).
+with mean pooling (``benchmarks/neighbours.py``).
 
 A model folder keeps the whitening of each pooling in ``whitening.safetensors`` (tensors
 ``{pooling}.mean`` (d,) and ``{pooling}.matrix`` (d, d), float32, with the corpus it was fitted
 on in the metadata), written by ``smiexlm whiten`` (:func:`whiten_model`); its
-``embedding.json`` says whether the featurizer whitens by default.
+``embedding.json`` says whether the featurizer whitens by default. A combined pooling such as
+``cls+mean+max`` may have its own, fitted on the parts side by side (n·d wide): that one
+also decorrelates the parts from each other, which whitening each part alone does not. A
+combined pooling without its own is whitened part by part (:func:`pooling_whitening`).
 
 >>> from smiexlm import Featurizer
->>> feat = Featurizer.from_pretrained()          # the shipped model whitens by default
->>> feat.featurize(["CCO"]).shape, feat.featurize(["CCO"], whiten=False).shape
-((1, 128), (1, 128))
+>>> feat = Featurizer.from_pretrained()   # the shipped model: cls+mean+max, whitened jointly
+>>> feat.featurize(["CCO"]).shape, feat.featurize(["CCO"], pooling="cls", whiten=False).shape
+((1, 384), (1, 128))
 """
 
 from __future__ import annotations
@@ -119,10 +122,12 @@ def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
 
 
 def pooling_whitening(whitenings: Mapping[str, Whitening], pooling: str) -> Whitening | None:
-    """The whitening of ``pooling`` (a combined one: each part by its own) from a folder's
-    whitenings by pooling; None when a part has none."""
+    """The whitening of ``pooling`` from a folder's whitenings by pooling: its own when stored,
+    else (a combined pooling) each part by its own; None when a part has none."""
     from smiexlm.model.model import pooling_parts
 
+    if pooling in whitenings:
+        return whitenings[pooling]
     parts = pooling_parts(pooling)
     if not set(parts) <= set(whitenings):
         return None
@@ -156,7 +161,7 @@ def load_whitening(directory: str | Path, dim: int) -> dict[str, Whitening] | No
     from safetensors.numpy import load
 
     from smiexlm.model.integrity import verify_checksum
-    from smiexlm.model.model import POOLINGS
+    from smiexlm.model.model import pooling_parts
 
     path = Path(directory) / WHITENING_NAME
     if not path.is_file():
@@ -172,26 +177,31 @@ def load_whitening(directory: str | Path, dim: int) -> dict[str, Whitening] | No
         raise DataError(f"{str(path)!r}: format {found!r}, expected {WHITENING_FORMAT!r} "
                         "(written by `smiexlm whiten`)")  # fmt: skip
     out = {}
-    for pooling in POOLINGS:
+    for pooling in sorted({key.rsplit(".", 1)[0] for key in tensors}):
+        try:
+            width = dim * len(pooling_parts(pooling))
+        except ConfigError:
+            raise DataError(f"{str(path)!r}: tensor names start with {pooling!r}, not a "
+                            "pooling (cls, mean, max, or several joined by '+')") from None  # fmt: skip
         mean, matrix = tensors.get(f"{pooling}.mean"), tensors.get(f"{pooling}.matrix")
-        if mean is None and matrix is None:
-            continue
-        if mean is None or matrix is None or mean.shape != (dim,) or matrix.shape != (dim, dim):
+        if mean is None or matrix is None or mean.shape != (width,) or matrix.shape != (width,) * 2:
             raise DataError(
-                f"{str(path)!r}: expected '{pooling}.mean' of shape ({dim},) and "
-                f"'{pooling}.matrix' of shape ({dim}, {dim}) for a model of width {dim}"
+                f"{str(path)!r}: expected '{pooling}.mean' of shape ({width},) and "
+                f"'{pooling}.matrix' of shape ({width}, {width}) for a model of width {dim}"
             )
         if not (np.isfinite(mean).all() and np.isfinite(matrix).all()):
             raise DataError(f"{str(path)!r}: the {pooling} whitening has non-finite values")
         out[pooling] = Whitening(mean.astype(np.float32), matrix.astype(np.float32))
     if not out:
         raise DataError(f"{str(path)!r} holds no whitening: expected '<pooling>.mean' and "
-                        f"'<pooling>.matrix' for a pooling in {POOLINGS}")  # fmt: skip
+                        "'<pooling>.matrix' tensors")  # fmt: skip
     return out
 
 
 def whitening_poolings(directory: str | Path) -> list[str]:
-    """The poolings a model folder stores a whitening for (none without the file)."""
+    """The poolings a model folder stores a whitening of their own for (none without the
+    file); a combined pooling whose parts are all here can be whitened too
+    (:func:`pooling_whitening`)."""
     from safetensors import safe_open
 
     path = Path(directory) / WHITENING_NAME
@@ -217,29 +227,38 @@ def whiten_model(
     rel_tol: float = DEFAULT_REL_TOL,
     device: str = "auto",
     progress: bool = True,
+    pooling: str | None = None,
 ) -> dict[str, Any]:
     """Fit the whitening of every pooling of ``model`` (a model folder) on the first ``rows``
     SMILES of ``corpus`` (any file ``smiexlm preprocess`` reads), store it in the folder, and
-    make it the featurizer's default when ``default``. Returns what was recorded."""
+    make it the featurizer's default when ``default``. ``pooling`` (such as ``cls+mean+max``)
+    also fits that combination jointly and, with ``default``, makes it the folder's pooling;
+    a combined pooling already in ``embedding.json`` is fitted jointly too. Returns what was
+    recorded."""
     from smiexlm.analysis.inputs import read_smiles
     from smiexlm.data.readers import file_sha256
     from smiexlm.featurizer import Featurizer
-    from smiexlm.model.model import POOLINGS
+    from smiexlm.model.model import POOLINGS, pooling_parts
     from smiexlm.model.pretrained import model_folder, read_embedding, write_embedding
 
     if not isinstance(rows, int) or rows < 1:
         raise ConfigError("rows", rows, "a positive number of corpus molecules")
     folder = model_folder(model)
+    own = read_embedding(folder).pooling
+    chosen = own if pooling is None else pooling
     smiles = read_smiles(Path(corpus), rows)
     feat = Featurizer.from_pretrained(folder, device=device)
-    whitenings, kept = {}, {}
-    for pooling in POOLINGS:
-        x = feat.featurize(smiles, pooling=pooling, whiten=False, errors="nan", progress=progress)
-        whitenings[pooling] = fit_whitening(x, rel_tol)
-        kept[pooling] = whitenings[pooling].rank
+    every = feat.featurize(smiles, pooling="+".join(POOLINGS), whiten=False, errors="nan",
+                           progress=progress)  # fmt: skip
+    d = feat.model.config.d_model
+    raw = {p: every[:, i * d : (i + 1) * d] for i, p in enumerate(POOLINGS)}  # one pass each
+    whitenings = {}
+    for spec in dict.fromkeys([*POOLINGS, own, chosen]):
+        whitenings[spec] = fit_whitening(np.hstack([raw[p] for p in pooling_parts(spec)]), rel_tol)
     n_used = len(smiles) - feat.last_report.n_failed
     source = {"corpus": Path(corpus).name, "corpus_sha256": file_sha256(Path(corpus)),
-              "rows": n_used, "rel_tol": rel_tol, "rank": kept}  # fmt: skip
+              "rows": n_used, "rel_tol": rel_tol,
+              "rank": {spec: w.rank for spec, w in whitenings.items()}}  # fmt: skip
     save_whitening(folder, whitenings, source)
-    write_embedding(folder, read_embedding(folder).pooling, whiten=default)
-    return source | {"folder": str(folder), "default": default}
+    write_embedding(folder, chosen if default else own, whiten=default)
+    return source | {"folder": str(folder), "default": default, "pooling": chosen}

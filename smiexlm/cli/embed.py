@@ -160,16 +160,24 @@ def whiten(
         ),
     ] = True,
     device: Device = "auto",
+    pooling: Annotated[
+        str | None,
+        typer.Option(
+            help="Also fit this combined pooling jointly (such as cls+mean+max) and, "
+            "with --default, serve it by default."
+        ),
+    ] = None,
 ) -> None:
     """Fit the whitening of MODEL's embeddings (each pooling) on a corpus and store it in the
     folder (whitening.safetensors): cosine neighbours in the corpus's own units."""
     from smiexlm.whitening import whiten_model
 
-    record = whiten_model(model, corpus, rows, default, device=device)
+    record = whiten_model(model, corpus, rows, default, device=device, pooling=pooling)
     typer.echo(
         f"{record['folder']}: whitening fitted on {record['rows']:,} molecules of "
         f"{record['corpus']}; directions kept {record['rank']}; "
         f"{'the default' if default else 'not the default'} for its embeddings"
+        + (f" ({record['pooling']} pooling)" if default else "")
     )
 
 

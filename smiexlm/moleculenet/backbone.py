@@ -66,13 +66,16 @@ class Backbone:
         return "cls" if self.checkpoint is None else read_embedding(Path(self.checkpoint)).pooling
 
     def whitening(self, pooling: str):
-        """The checkpoint's corpus whitening for ``pooling`` (None without one)."""
-        from smiexlm.whitening import load_whitening
+        """The checkpoint's corpus whitening for ``pooling`` (None without one; a combined
+        pooling: its own, or each part by its own)."""
+        from smiexlm.whitening import load_whitening, pooling_whitening
 
         if self.checkpoint is None:
             return None
         config = ExLMConfig.load(Path(self.checkpoint) / CONFIG_NAME)
-        return (load_whitening(Path(self.checkpoint), config.d_model) or {}).get(pooling)
+        return pooling_whitening(
+            load_whitening(Path(self.checkpoint), config.d_model) or {}, pooling
+        )
 
     def model_texts(self, smiles: Sequence[str], canonicalize: bool = True) -> list[str]:
         """What the model reads: each SMILES normalised as the checkpoint's corpus was (as

@@ -68,19 +68,20 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
     tokenizer = backbone.tokenizer(inputs)
     rows, _ = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
     encoder = backbone.build(tokenizer, 0.0)
+    spec = cfg.pooling or backbone.pooling
     blocks = []
-    for pooling in pooling_parts(cfg.pooling or backbone.pooling):
+    for pooling in pooling_parts(spec):
         model = ExLMForSequencePrediction(encoder, 1, pooling=pooling)  # type: ignore[arg-type]
         model.to(resolve_device(cfg.device))
-        x = engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
-        if cfg.whiten:
-            whitening = backbone.whitening(pooling)
-            if whitening is None:
-                raise ConfigError("whiten", True, f"False: {backbone.name} stores no whitening "
-                                  f"for {pooling} pooling (`smiexlm whiten` fits one)")  # fmt: skip
-            x = whitening(x)
-        blocks.append(x)
-    return np.hstack(blocks)
+        blocks.append(engine_predict(model, Examples(rows), cfg.batch_size, output="pooled"))
+    x = np.hstack(blocks)
+    if not cfg.whiten:
+        return x
+    whitening = backbone.whitening(spec)
+    if whitening is None:
+        raise ConfigError("whiten", True, f"False: {backbone.name} stores no whitening for "
+                          f"{spec} pooling (`smiexlm whiten` fits one)")  # fmt: skip
+    return whitening(x)
 
 
 def _fit_task(x_tr, y_tr, x_ev, task_type: str, c: float, cfg: ProbeConfig, seed: int):

@@ -13,7 +13,12 @@ from typer.testing import CliRunner
 from smiexlm import Featurizer
 from smiexlm.cli.main import app
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.pretrained import DEFAULT_MODEL_DIR, read_embedding, write_embedding
+from smiexlm.model.pretrained import (
+    DEFAULT_MODEL_DIR,
+    EmbeddingSettings,
+    read_embedding,
+    write_embedding,
+)
 from smiexlm.whitening import (
     WHITENING_NAME,
     Whitening,
@@ -272,3 +277,39 @@ def test_a_combined_pooling_is_served_side_by_side_whitened_and_from_the_folder(
             feat.featurize(PANEL, pooling=bad)
     with pytest.raises(ConfigError, match="pooling.*several joined by '\\+'"):
         write_embedding(whitened, "")
+
+
+def test_a_combined_pooling_can_have_a_joint_whitening_of_its_own(whitened, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(whitened, folder)
+    smi = tmp_path / "corpus.smi"
+    smi.write_text("\n".join(CORPUS) + "\n")
+    result = CliRunner().invoke(app, ["whiten", str(folder), "--corpus", str(smi),
+                                      "--pooling", "cls+max", "--device", "cpu"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "(cls+max pooling)" in result.output
+    assert read_embedding(folder) == EmbeddingSettings("cls+max", whiten=True)
+    feat = Featurizer.from_pretrained(folder, device="cpu")
+    d = feat.model.config.d_model
+    assert set(feat.whitening) == {"cls", "mean", "max", "cls+max"}
+    assert feat.whitening["cls+max"].dim == 2 * d
+    raw = feat.featurize(CORPUS, pooling="cls+max", whiten=False)
+    joint = feat.featurize(CORPUS)  # the folder's pooling, its own whitening
+    np.testing.assert_array_equal(joint, feat.whitening["cls+max"](raw))
+    rank = feat.whitening["cls+max"].rank
+    cov = np.cov(joint.T)
+    kept = np.abs(feat.whitening["cls+max"].matrix).sum(0) > 0
+    np.testing.assert_allclose(cov[np.ix_(kept, kept)], np.eye(rank), atol=1e-3)
+    # part by part, the two halves stay correlated with each other; jointly they are not
+    apart = Whitening.side_by_side([feat.whitening["cls"], feat.whitening["max"]])(raw)
+    with np.errstate(invalid="ignore"):  # the dropped directions are all zero
+        across = np.corrcoef(apart[:, :d].T, apart[:, d:].T)[:d, d:]
+    assert np.nanmax(np.abs(across)) > 0.3
+    # a file whose tensors are not named after a pooling, or of the wrong width, is refused
+    w = feat.whitening["cls"]
+    save_whitening(tmp_path, {"cls+sum": w}, {})
+    with pytest.raises(DataError, match="'cls\\+sum', not a pooling"):
+        load_whitening(tmp_path, d)
+    save_whitening(tmp_path, {"cls+max": w}, {})
+    with pytest.raises(DataError, match=f"'cls\\+max.mean' of shape \\({2 * d},\\)"):
+        load_whitening(tmp_path, d)
