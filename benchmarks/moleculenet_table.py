@@ -169,7 +169,7 @@ def main() -> None:
         help="cls, mean, max, or several side by side (cls+mean); default: the model folder's "
         "own (embedding.json)",
     )
-    p_probe.add_argument("--features", choices=["ecfp4", "rdkit2d"], default=None)
+    p_probe.add_argument("--features", choices=["ecfp4", "rdkit2d", "both"], default=None)
     p_probe.add_argument(
         "--whiten", action="store_true", help="the folder's stored whitening first"
     )

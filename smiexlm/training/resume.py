@@ -74,6 +74,20 @@ def cut_metrics(path: Path, step: int) -> int:
     return len(lines) - len(kept)
 
 
+def elapsed_before(path: Path, step: int) -> float:
+    """Wall seconds the run had trained when it logged ``step`` (the ``elapsed_s`` of the last
+    record up to it; 0 without one), so that a resumed run's clock goes on from there."""
+    path = Path(path)
+    if not path.is_file():
+        return 0.0
+    elapsed = 0.0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        at = _step_of(line)
+        if at is not None and at <= step:
+            elapsed = float(json.loads(line).get("elapsed_s", elapsed))
+    return elapsed
+
+
 def _step_of(line: str) -> int | None:
     try:
         record = json.loads(line)

@@ -40,7 +40,7 @@ from smiexlm.training.config import TrainConfig
 from smiexlm.training.guards import StopRequest, is_oom, oom_error
 from smiexlm.training.optim import build_optimizer, build_schedule, clip_gradients, set_lr
 from smiexlm.training.reporting import METRICS_FILE, MetricsLog, Window, progress_bar, say
-from smiexlm.training.resume import cut_metrics, start_state
+from smiexlm.training.resume import cut_metrics, elapsed_before, start_state
 from smiexlm.training.runlock import RunLock
 from smiexlm.training.stream import TrainStream, validation_loader
 
@@ -178,6 +178,10 @@ class _Loop:
         self.grad_norm = 0.0
         self.started = 0.0
         self.window = Window(0.0)
+        # the wall time of the run before a resume: elapsed_s in the log goes on from it
+        self.elapsed_before = (
+            elapsed_before(out_dir / METRICS_FILE, state.step) if info.is_main else 0.0
+        )
 
     def say(self, message: str) -> None:
         say(message, self.info.is_main)
@@ -301,7 +305,7 @@ class _Loop:
             "tokens_per_s": w.tokens / max(now - w.t0, 1e-9),
             "tokens_seen": state.tokens_seen,
             "epoch": state.epoch,
-            "elapsed_s": now - self.started,
+            "elapsed_s": self.elapsed_before + now - self.started,
         }
         if self.raw_model.config.objective == "exlm":
             record["n_invalid"] = int(w.invalid)

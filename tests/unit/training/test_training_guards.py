@@ -175,6 +175,10 @@ def test_resume_cuts_the_metrics_log_back_to_the_resumed_step(dataset, tmp_path)
     assert res.returncode == 0, res.stderr
     assert "resumed from step_000004" in res.stderr
     assert _steps(run) == list(range(1, 11))  # steps 5-8 once, from the resumed run
+    # the clock goes on from the resumed step's: the log's wall time never runs backwards
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[3] > 0
 
 
 def test_last_and_best_are_copies_that_outlive_damage_to_the_step_folder(dataset, tmp_path):
