@@ -103,11 +103,10 @@ class Featurizer:
         """``pooling`` is the embedding used when :meth:`featurize` names none (a model
         folder's ``embedding.json``; several joined by ``+`` put side by side); ``whitening``
         maps a pooling to its corpus whitening (``whitening.safetensors``), applied by default
-        when ``whiten``. ``backend="onnx"``
-        runs the encoder with onnxruntime on the CPU: the graph of ``source``
-        (``encoder.onnx``, checked against its recorded sha256), or one exported from
-        ``model`` in memory without a ``source`` (and for the shipped default model, which
-        has no graph file). See docs/featurizer.md."""
+        when ``whiten``. ``backend="onnx"`` runs the encoder with onnxruntime on the CPU: the
+        graph of ``source`` (``encoder.onnx``, checked against its recorded sha256), or one
+        exported from ``model`` in memory without a ``source`` (and for the shipped default
+        model, which has no graph file). See docs/featurizer.md."""
         if backend not in _BACKENDS:
             raise ConfigError("backend", backend, f"one of {_BACKENDS}")
         if backend == "onnx" and device not in ("auto", "cpu"):

@@ -246,12 +246,13 @@ def whiten_model(
     folder = model_folder(model)
     own = read_embedding(folder).pooling
     chosen = own if pooling is None else pooling
+    pooling_parts(chosen)  # a bad name fails before the corpus is embedded
     smiles = read_smiles(Path(corpus), rows)
     feat = Featurizer.from_pretrained(folder, device=device)
     every = feat.featurize(smiles, pooling="+".join(POOLINGS), whiten=False, errors="nan",
                            progress=progress)  # fmt: skip
     d = feat.model.config.d_model
-    raw = {p: every[:, i * d : (i + 1) * d] for i, p in enumerate(POOLINGS)}  # one pass each
+    raw = {p: every[:, i * d : (i + 1) * d] for i, p in enumerate(POOLINGS)}  # one pass
     whitenings = {}
     for spec in dict.fromkeys([*POOLINGS, own, chosen]):
         whitenings[spec] = fit_whitening(np.hstack([raw[p] for p in pooling_parts(spec)]), rel_tol)

@@ -305,6 +305,8 @@ def test_a_combined_pooling_can_have_a_joint_whitening_of_its_own(whitened, tmp_
     with np.errstate(invalid="ignore"):  # the dropped directions are all zero
         across = np.corrcoef(apart[:, :d].T, apart[:, d:].T)[:d, d:]
     assert np.nanmax(np.abs(across)) > 0.3
+    with pytest.raises(ConfigError, match="pooling.*'cls\\+sum'"):
+        whiten_model(folder, smi, pooling="cls+sum", device="cpu", progress=False)
     # a file whose tensors are not named after a pooling, or of the wrong width, is refused
     w = feat.whitening["cls"]
     save_whitening(tmp_path, {"cls+sum": w}, {})
