@@ -113,17 +113,14 @@ class EmbedOptions:
         """``whiten``, or the model folder's own when None: whitened when its
         ``embedding.json`` says so and it stores a whitening for the chosen pooling (or for
         each of its parts)."""
-        from smiexlm.model.model import pooling_parts
         from smiexlm.model.pretrained import model_folder, read_embedding
-        from smiexlm.whitening import whitening_poolings
+        from smiexlm.whitening import can_whiten, whitening_poolings
 
         if self.whiten is not None:
             return self.whiten
         folder = model_folder(self.checkpoint)
-        chosen = self.chosen_pooling()
-        parts = pooling_parts(chosen)
-        stored = set(whitening_poolings(folder))
-        return read_embedding(folder).whiten and (chosen in stored or set(parts) <= stored)
+        stored = whitening_poolings(folder)
+        return read_embedding(folder).whiten and can_whiten(stored, self.chosen_pooling())
 
     def settings(self) -> dict[str, Any]:
         """What a folder of parts records, so that a resume cannot mix two kinds of rows."""
@@ -169,6 +166,7 @@ def embed_file(
     first = next(chunks)  # raises DataError for an empty or unreadable input
     id_cols = _id_columns(first, smiles_col, id_cols)
     feat = how.featurizer()
+    width = feat.width(how.chosen_pooling())  # embedding.json read once
     report = FeaturizeReport()
     ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
     finals = [out] if ids_path is None else [out, ids_path]
@@ -178,7 +176,7 @@ def embed_file(
 
         bar = tqdm(unit="mol", desc="embed")
     with atomic_paths(*finals) as tmps:
-        writer = _writer(out.suffix, tmps, feat.width(how.chosen_pooling()))
+        writer = _writer(out.suffix, tmps, width)
         try:
             for frame in _chain(first, chunks):
                 emb = how.embed(feat, frame[smiles_col], report.n_inputs)  # (n, d)
@@ -192,7 +190,6 @@ def embed_file(
             if bar is not None:
                 bar.close()
     feat.last_report = report
-    width = feat.width(how.chosen_pooling())
     return EmbedResult(out, report.n_inputs, width, list(id_cols), report, ids_path)
 
 

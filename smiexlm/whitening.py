@@ -37,7 +37,7 @@ combined pooling without its own is whitened part by part (:func:`pooling_whiten
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,17 +121,24 @@ def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
     return Whitening(mean.astype(np.float32), matrix.astype(np.float32))
 
 
+def can_whiten(stored: Collection[str], pooling: str) -> bool:
+    """Whether whitenings stored for the poolings ``stored`` whiten ``pooling``: its own, or
+    (a combined pooling) one for each part."""
+    from smiexlm.model.model import pooling_parts
+
+    return pooling in stored or set(pooling_parts(pooling)) <= set(stored)
+
+
 def pooling_whitening(whitenings: Mapping[str, Whitening], pooling: str) -> Whitening | None:
     """The whitening of ``pooling`` from a folder's whitenings by pooling: its own when stored,
     else (a combined pooling) each part by its own; None when a part has none."""
     from smiexlm.model.model import pooling_parts
 
+    if not can_whiten(whitenings, pooling):
+        return None
     if pooling in whitenings:
         return whitenings[pooling]
-    parts = pooling_parts(pooling)
-    if not set(parts) <= set(whitenings):
-        return None
-    return Whitening.side_by_side([whitenings[part] for part in parts])
+    return Whitening.side_by_side([whitenings[part] for part in pooling_parts(pooling)])
 
 
 # ---------------------------------------------------------------------- in a model folder
