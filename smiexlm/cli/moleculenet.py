@@ -5,6 +5,7 @@ Heavy imports (torch, RDKit, pandas) happen inside the command bodies.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -96,11 +97,32 @@ def _check_outputs(out: Path, save_dir: Path | None = None) -> None:
         check_output(save_dir, "--save-dir", "folder")
 
 
+def _spread(processes: int, device: str) -> bool:
+    """Start this command as ``processes`` data-parallel processes (one core each) and wait;
+    True when they ran it (exit with their code on failure), False when this process is to
+    run it itself (one process, or one of those started)."""
+    import sys
+
+    from smiexlm.training import distributed
+
+    if processes == 1 or distributed.detect().enabled:
+        if distributed.detect().enabled and os.environ.get(distributed.LAUNCHED_ENV) == "1":
+            distributed.follow_launcher()
+        return False
+    code = distributed.launch_local(processes, [sys.executable, sys.argv[0], *sys.argv[1:]], 1)
+    if code:
+        raise typer.Exit(code)
+    return True
+
+
 def _print_report(results, out: Path, title: str) -> None:
     import sys
 
     from smiexlm.moleculenet.report import markdown_table, write_report
+    from smiexlm.training.distributed import detect
 
+    if not detect().is_main:
+        return
     paths = write_report(results, out, title, command="smiexlm " + " ".join(sys.argv[1:]))
     typer.echo(markdown_table(results))
     typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
@@ -172,6 +194,16 @@ Patience = Annotated[
     typer.Option("--patience", help="Stop after N epochs without a better valid score "
                  "(default: the whole schedule)."),
 ]  # fmt: skip
+Resume = Annotated[
+    bool,
+    typer.Option("--resume", help="Keep the runs already in --out: a finished (set, seed) is "
+                 "read back, a stopped one goes on from its last epoch."),
+]  # fmt: skip
+Processes = Annotated[
+    int,
+    typer.Option("--processes", min=1, help="Spread each run over N processes (data "
+                 "parallel, one core each on a CPU); 1 (default) keeps the one-process results."),
+]  # fmt: skip
 Precision = Annotated[
     str,
     typer.Option(
@@ -213,19 +245,25 @@ def finetune(
     task_type: TaskTypeOpt = "classification",
     save_dir: SaveDir = None,
     out: Out = Path("runs/finetune"),
+    resume: Resume = False,
+    processes: Processes = 1,
 ) -> None:
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
-    config; test ROC-AUC per seed."""
+    config; test ROC-AUC per seed. Each (set, seed) keeps its state in --out after every
+    epoch: a stopped run goes on with --resume."""
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
 
     _check_outputs(out, save_dir)
+    if _spread(processes, device):
+        return
     cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
                   patience=patience, precision=precision)  # fmt: skip
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective, random_init)
-    results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir)
+    results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir, run_root=out / "runs",
+                           resume=resume)  # fmt: skip
     _print_report(results, out, f"Fine-tuning {df.attrs['name']}")
 
 
@@ -242,21 +280,29 @@ def benchmark(
     device: Device = "auto",
     with_baseline: WithBaseline = False,
     out: Out = Path("runs/benchmark"),
+    resume: Resume = False,
+    processes: Processes = 1,
 ) -> None:
-    """Fine-tune on several datasets x seeds and write one report next to the paper's numbers."""
+    """Fine-tune on several datasets x seeds and write one report next to the paper's numbers.
+    Each (set, seed) keeps its state in --out: a stopped benchmark goes on with --resume."""
+    from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
     from smiexlm.moleculenet.report import write_report
 
     _check_outputs(out)
+    if _spread(processes, device):
+        return
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     for df in _frames(tasks, None, "smiles", None, "classification"):
         cfg = _config(df.attrs["name"], split=split, epochs=epochs,
                       max_train_steps=max_train_steps, device=device)  # fmt: skip
-        results += run_finetune(df, cfg, backbone, _seeds(seeds))
+        results += run_finetune(df, cfg, backbone, _seeds(seeds), run_root=out / "runs",
+                                resume=resume)  # fmt: skip
         if with_baseline:
             results += run_baseline(df, _seeds(seeds), BaselineConfig(split=split))
-        write_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
+        if runs.is_main():
+            write_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
 
 

@@ -22,6 +22,12 @@ function of the validation logits. :func:`fit` then does the rest, the same way 
 ``freeze=True`` trains the head only: the encoder runs once, in eval mode, over every example,
 and the head trains on those cached features (seconds instead of minutes).
 ``freeze_layers=N`` freezes the embeddings and the first N encoder blocks.
+
+With ``state_dir``, the run's state is written there after every epoch
+(:mod:`~smiexlm.finetuning.state`) and a run that finds one there goes on from it, to the
+result it would have had without the stop. Under several processes (``torchrun``, or
+``smiexlm finetune --processes N``) each computes its share of every batch
+(:mod:`~smiexlm.finetuning.parallel`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -40,7 +47,14 @@ from torch import nn
 
 from smiexlm.device import Precision, autocast, parse_precision, resolve_device, uses_bf16
 from smiexlm.errors import ConfigError, check_positive_int
-from smiexlm.finetuning.batches import Examples, bucketed_batches, iterate, sorted_batches
+from smiexlm.finetuning.batches import (
+    Examples,
+    bucketed_batches,
+    iterate,
+    sorted_batches,
+    to_batch,
+)
+from smiexlm.finetuning.parallel import Replicas, present_labels
 from smiexlm.model.encoder import batch_invariant
 
 EVAL_MAX_TOKENS = 4096  # padded positions per evaluation batch
@@ -104,6 +118,7 @@ class FitResult:
     cpu_seconds: float = 0.0  # process CPU time (all threads): robust to a busy machine
     precision: str = "fp32"  # what the run's precision resolved to: "bf16" or "fp32"
     history: list[dict[str, float]] = field(default_factory=list)
+    resumed_seconds: float = 0.0  # wall seconds of the segments before a resume
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -114,7 +129,7 @@ class FitResult:
             "train_seconds": round(self.seconds, 2),
             "train_cpu_seconds": round(self.cpu_seconds, 2),
             "precision": self.precision,
-        }
+        } | ({"resumed_seconds": round(self.resumed_seconds, 2)} if self.resumed_seconds else {})
 
 
 def freeze_encoder(model: nn.Module, n_layers: int | None) -> None:
@@ -179,23 +194,37 @@ def fit(
     seed: int = 0,
     progress: bool = False,
     desc: str = "fine-tune",
+    state_dir: Path | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> FitResult:
-    """Train ``model`` in place on ``train``; select on ``score(valid logits)`` per epoch."""
-    return _Fit(model, train, valid, config, score, seed).run(progress, desc)
+    """Train ``model`` in place on ``train``; select on ``score(valid logits)`` per epoch.
+
+    ``state_dir``: where the state is kept after every epoch, and resumed from when present;
+    ``identity``: what else (data, backbone, features) a resumed run must share with the one
+    that saved the state, beside the loop settings, the seed and the split sizes."""
+    run = _Fit(model, train, valid, config, score, seed)
+    if state_dir is not None:
+        run.keep_state(Path(state_dir), identity or {})
+    return run.run(progress, desc)
 
 
 class _Fit:
     """One :func:`fit` run in named steps: :meth:`_epoch` (one pass of :meth:`_update`),
-    :meth:`_validate` (score and selection), :meth:`_patience_spent` (early stop) and
-    :meth:`_select` (the weights kept)."""
+    :meth:`_validate` (score and selection), :meth:`_patience_spent` (early stop),
+    :meth:`_save` / :meth:`keep_state` (the state after each epoch) and :meth:`_select`
+    (the weights kept)."""
 
     def __init__(self, model, train, valid, config: LoopConfig, score, seed: int):
         from smiexlm.training.optim import PolynomialDecaySchedule, adamw_with_decay_groups
 
         self.start, self.cpu_start = time.perf_counter(), time.process_time()
+        self.before_s = self.before_cpu_s = 0.0  # spent by earlier segments of a resumed run
         torch.manual_seed(seed)
         self.device = resolve_device(config.device)
         model.to(self.device)
+        self.replicas = Replicas.join(self.device)
+        self.replicas.broadcast(model)
+        self.replicas.seed_dropout(seed)
         if config.freeze:
             freeze_encoder(model, None)
             # the frozen encoder runs once in eval mode; the head trains on its features
@@ -220,25 +249,78 @@ class _Fit:
         self.result.precision = "bf16" if uses_bf16(self.device, config.precision) else "fp32"
         self.best_state: dict[str, torch.Tensor] | None = None
         self.since_best = 0  # epochs since the best validation score
+        self.seed = seed
+        self.state_dir: Path | None = None
+        self.identity: dict[str, Any] = {}
 
     def run(self, progress: bool, desc: str) -> FitResult:
         from tqdm.auto import tqdm
 
         result = self.result
-        bar = tqdm(total=self.total, desc=desc, leave=False, unit="step", disable=not progress)
-        while result.steps < self.total:
+        show = progress and self.replicas.is_main
+        bar = tqdm(total=self.total, initial=result.steps, desc=desc, leave=False, unit="step",
+                   disable=not show)  # fmt: skip
+        while result.steps < self.total and not result.stopped_early:
             record = self._epoch(bar)
             if self.valid is not None and self.score is not None:
                 self._validate(record, bar)
             result.history.append(record)
-            if self._patience_spent():
-                result.stopped_early = True
-                break
+            result.stopped_early = self._patience_spent()
+            self.replicas.check_same_weights(self.model)
+            self._save()
         bar.close()
         self._select()
-        result.seconds = time.perf_counter() - self.start
-        result.cpu_seconds = time.process_time() - self.cpu_start
+        result.seconds = self.before_s + time.perf_counter() - self.start
+        own_cpu = time.process_time() - self.cpu_start
+        (own_cpu,) = self.replicas.sum_floats([own_cpu])  # every process's CPU time
+        result.cpu_seconds = self.before_cpu_s + own_cpu
         return result
+
+    # ------------------------------------------------------------------ state per epoch
+    def keep_state(self, folder: Path, identity: dict[str, Any]) -> None:
+        """Save the state in ``folder`` after every epoch; go on from the one there now."""
+        from smiexlm.finetuning.state import load_state
+        from smiexlm.training.checkpoint import optimizer_from_tensors
+
+        self.state_dir = folder
+        self.identity = {
+            "loop": self.config.to_dict(), "seed": self.seed, "n_train": len(self.train),
+            "n_valid": 0 if self.valid is None else len(self.valid),
+            "processes": self.replicas.world,
+        } | identity  # fmt: skip
+        saved = load_state(folder, self.identity)
+        if saved is None:
+            return
+        self.model.load_state_dict(saved.model)
+        optimizer_from_tensors(self.optimizer, saved.optimizer, saved.state.optimizer_groups)
+        self.best_state = None
+        if saved.best is not None:
+            self.best_state = {k: v.to(self.device) for k, v in saved.best.items()}
+        torch.set_rng_state(saved.rng[self.replicas.rank])
+        self.rng.bit_generator.state = saved.state.batch_rng
+        progress = saved.state.progress
+        self.before_s, self.before_cpu_s = progress["seconds"], progress["cpu_seconds"]
+        self.result = FitResult(**progress | {"resumed_seconds": self.before_s})
+        self.since_best = saved.state.since_best
+
+    def _save(self) -> None:
+        """The state after this epoch (rank 0 writes every process's generator)."""
+        from smiexlm.finetuning.state import EpochState, save_state
+
+        if self.state_dir is None:
+            return
+        rng = self.replicas.gather_rng()
+        if not self.replicas.is_main:
+            return
+        result = self.result
+        cpu = time.process_time() - self.cpu_start
+        progress = dataclasses.asdict(result) | {
+            "seconds": self.before_s + time.perf_counter() - self.start,
+            "cpu_seconds": self.before_cpu_s + cpu * self.replicas.world,  # rank 0's, times N
+        }
+        state = EpochState(self.identity, progress, self.since_best,
+                           self.rng.bit_generator.state, [])  # fmt: skip
+        save_state(self.state_dir, self.model, self.optimizer, self.best_state, rng, state)
 
     def _epoch(self, bar) -> dict[str, float]:
         """One pass over the training batches, cut at the step budget; the epoch's record."""
@@ -249,24 +331,38 @@ class _Fit:
             self.model.model.eval()  # no dropout inside a frozen encoder
         losses = []
         batches = bucketed_batches(self.lengths, config.batch_size, self.rng, config.bucket_window)
-        for _, batch in iterate(self.train, batches, self.device, config.pad_id):
-            losses.append(self._update(batch))
+        for index in batches:
+            losses.append(self._update(index))
             result.steps += 1
             bar.update(1)
             if result.steps >= self.total:
                 break
-        train_loss = float(torch.stack(losses).float().mean()) if losses else math.nan
+        total = float(torch.stack(losses).float().sum()) if losses else math.nan
+        (total,) = self.replicas.sum_floats([total])
+        train_loss = total / len(losses) if losses else math.nan
         return {"epoch": result.epochs_run, "step": result.steps, "train_loss": train_loss}
 
-    def _update(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One optimiser step on one batch; its (detached) loss."""
+    def _update(self, index: np.ndarray) -> torch.Tensor:
+        """One optimiser step on the batch ``index`` (this process's share of it); the share's
+        (detached) loss, weighted so that the shares' losses sum to the batch's."""
         from smiexlm.training.optim import set_lr
 
         set_lr(self.optimizer, self.schedule.lr_at(self.result.steps))
-        with autocast(self.device, self.config.precision):
-            loss = self.model(**batch).loss
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        share, weight = self.replicas.share(index), 1.0
+        if self.replicas.world > 1 and self.train.targets is not None:
+            targets = self.train.targets
+            present = present_labels(targets[torch.from_numpy(index)])
+            weight = present_labels(targets[torch.from_numpy(share)]) / max(present, 1)
+        loss = torch.zeros(())
+        if len(share):
+            batch = to_batch(self.train, share, self.device, self.config.pad_id)
+            with autocast(self.device, self.config.precision):
+                loss = self.model(**batch).loss
+            if weight != 1.0:
+                loss = loss * weight
+            loss.backward()
+        self.replicas.sum_gradients(self.trainable)
         if self.config.clip_norm > 0:
             nn.utils.clip_grad_norm_(self.trainable, self.config.clip_norm)
         self.optimizer.step()
@@ -274,10 +370,13 @@ class _Fit:
 
     def _validate(self, record: dict[str, float], bar) -> None:
         """Score the validation split into ``record``; keep the weights of a better epoch."""
-        config, result = self.config, self.result
-        logits = predict(
-            self.model, self.valid, config.eval_batch_size, config.precision, config.pad_id
+        config, result, replicas = self.config, self.result, self.replicas
+        n = len(self.valid)
+        mine = (
+            self.valid if replicas.world == 1 else self.valid.subset(replicas.share(np.arange(n)))
         )
+        logits = predict(self.model, mine, config.eval_batch_size, config.precision, config.pad_id)
+        logits = replicas.gather_rows(logits, n)
         record["valid"] = value = float(self.score(logits))
         improved = not math.isnan(value) and (
             math.isnan(result.best_valid) or self._better(value, result.best_valid)

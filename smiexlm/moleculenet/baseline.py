@@ -18,7 +18,7 @@ on the imbalanced sets (ClinTox, SIDER) unweighted forests score ~10 points lowe
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -120,10 +120,11 @@ class _Features:
 
 
 def run_baseline(
-    data: MoleculeTask | pd.DataFrame, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None
+    data: MoleculeTask | pd.DataFrame, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None,
+    on_result: Callable[[RunResult], None] | None = None,
 ) -> list[RunResult]:  # fmt: skip
     """Train and score the RF baseline on a task (or a frame from load_dataset/load_csv)
-    for each seed."""
+    for each seed; ``on_result`` gets each seed's result as soon as it exists."""
     cfg = cfg or BaselineConfig()
     task = as_task(data)
     start = time.perf_counter()
@@ -145,6 +146,6 @@ def run_baseline(
         return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, asdict(cfg))
 
     try:
-        return run_seeds(task, seeds, cfg.split, one_seed, shared_s=feature_s)
+        return run_seeds(task, seeds, cfg.split, one_seed, feature_s, on_result)
     finally:
         bar.close()

@@ -37,6 +37,7 @@ from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.device import resolve_device
 from smiexlm.errors import DataError
 from smiexlm.model.pretrained import DEFAULT_NORMALIZATION, write_normalization
+from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.metrics import score
@@ -123,11 +124,15 @@ def finetune_once(
     inputs: list[str] | None = None,
     raw_features: np.ndarray | None = None,
     progress: bool = True,
+    run_dir: Path | None = None,
 ) -> RunResult:
     """One seed: train on ``split.train``, select on valid per epoch, score test.
 
     ``inputs`` are the model-side SMILES when already prepared (:meth:`Backbone.model_texts`);
     ``raw_features`` the unscaled hybrid features of every row, when already computed.
+    ``run_dir`` keeps the run's state after every epoch (``state/``, and a run that finds one
+    there goes on from it) and, at the end, its scores (``predictions.npz``) and result
+    (``result.json``); see :mod:`smiexlm.moleculenet.runs`.
     """
     from smiexlm.finetuning import Examples, fit
     from smiexlm.finetuning import predict as engine_predict
@@ -149,11 +154,20 @@ def finetune_once(
     examples = Examples(rows, targets.scaled(), features)
     train, valid, test = (examples.subset(np.asarray(p)) for p in (split.train, split.valid, split.test))  # fmt: skip
     loop = loop_config(cfg, higher_is_better=task.is_classification)
+    state = None if run_dir is None else runs.state_dir(run_dir)
+    identity = runs.identity(task, split, cfg, backbone.name)
     fitted = fit(model, train, valid, loop, lambda logits: targets.score(split.valid, logits).mean,
-                 seed, progress, f"{task.name} seed {seed}")  # fmt: skip
+                 seed, progress, f"{task.name} seed {seed}", state, identity)  # fmt: skip
     # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
     # score is the one a user gets back from the saved model
-    test_score = targets.score(split.test, engine_predict(model, test, cfg.loop.eval_batch_size))
+    test_logits = engine_predict(model, test, cfg.loop.eval_batch_size)
+    test_score = targets.score(split.test, test_logits)
+    if not runs.is_main():
+        save_dir = run_dir = None  # one process writes
+    if run_dir is not None:
+        valid_logits = engine_predict(model, valid, cfg.loop.eval_batch_size)
+        runs.write_predictions(run_dir, split, _to_scores(valid_logits, task.task_type, targets.mean, targets.std),
+                               _to_scores(test_logits, task.task_type, targets.mean, targets.std))  # fmt: skip
     if save_dir is not None:
         save_finetuned(model, tokenizer, save_dir, normalization=backbone.normalization, meta=dict(
             dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,
@@ -162,8 +176,12 @@ def finetune_once(
             feature_scaler=None if scaler is None else scaler.to_dict(),
         ))  # fmt: skip
     config = cfg.to_dict() | {"backbone": backbone.name, "n_truncated": n_cut} | fitted.summary()
-    return task.result(variant_name(backbone, cfg), split, seed, fitted.best_valid, test_score,
-                       time.perf_counter() - t0, config, fitted.best_epoch)  # fmt: skip
+    config["processes"] = runs.processes()
+    result = task.result(variant_name(backbone, cfg), split, seed, fitted.best_valid, test_score,
+                         time.perf_counter() - t0, config, fitted.best_epoch)  # fmt: skip
+    if run_dir is not None:
+        runs.finish(run_dir, result)
+    return result
 
 
 def run_finetune(
@@ -173,10 +191,19 @@ def run_finetune(
     seeds: Sequence[int] = (0, 1, 2),
     save_dir: Path | None = None,
     progress: bool = True,
+    run_root: Path | None = None,
+    resume: bool = False,
 ) -> list[RunResult]:
     """``finetune_once`` per seed (a deterministic split is made once); ``save_dir`` gets one
-    fine-tuned folder per seed (``seed0``, ``seed1``, ...)."""
+    fine-tuned folder per seed (``seed0``, ``seed1``, ...).
+
+    ``run_root`` keeps each (set, seed) run in ``run_root/<set>/seed<k>/``: its state after
+    every epoch, then its result. With ``resume`` a finished run's result is read back instead
+    of trained again, and a stopped run goes on from its last epoch; without it, a run folder
+    that is already there is refused (:func:`smiexlm.moleculenet.runs.check_fresh`)."""
     task = as_task(data)
+    if run_root is not None and not resume:
+        runs.check_fresh(run_root, task.name, seeds)
     backbone = backbone or Backbone()
     if save_dir is not None:
         check_output(save_dir, "--save-dir", "folder")  # before training, not after it
@@ -188,8 +215,13 @@ def run_finetune(
         raw = molecule_features(inputs, cfg.features)
 
     def one_seed(split: Split, seed: int) -> RunResult:
+        run_dir = None if run_root is None else runs.run_dir(run_root, task.name, seed)
+        if run_dir is not None and (done := runs.finished(run_dir)) is not None:
+            log.info("%s seed %d: finished before (%s)", task.name, seed, run_dir)
+            return done
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
-        r = finetune_once(task, split, cfg, seed, backbone, target, inputs, raw, progress)
+        r = finetune_once(task, split, cfg, seed, backbone, target, inputs, raw, progress,
+                          run_dir)  # fmt: skip
         log.info("%s seed %d: valid %.2f test %.2f", r.dataset, seed, r.valid, r.test)
         return r
 

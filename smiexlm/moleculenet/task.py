@@ -135,10 +135,13 @@ def run_seeds(
     split_kind: str,
     one_seed: Callable[[Split, int], RunResult],
     shared_s: float = 0.0,
+    on_result: Callable[[RunResult], None] | None = None,
 ) -> list[RunResult]:
     """``one_seed(split, seed)`` for each seed on its split (a deterministic split is made
     once); each result's wall time gets an equal share of ``shared_s``, the seconds spent on
-    work common to all seeds (features, embeddings)."""
+    work common to all seeds (features, embeddings), and the seconds of earlier segments of a
+    resumed run (``config["resumed_seconds"]``). ``on_result`` is called with each result as
+    soon as it exists (to keep it before the next seed starts)."""
     results: list[RunResult] = []
     split = None
     for seed in seeds:
@@ -148,6 +151,9 @@ def run_seeds(
         if task.is_classification:
             check_scorable(task.labels[split.test], task.label_cols, task.name, split.label)
         result = one_seed(split, seed)
-        result.wall_s = time.perf_counter() - t0 + shared_s / len(seeds)
+        earlier = float(result.config.get("resumed_seconds", 0.0))
+        result.wall_s = time.perf_counter() - t0 + shared_s / len(seeds) + earlier
         results.append(result)
+        if on_result is not None:
+            on_result(result)
     return results

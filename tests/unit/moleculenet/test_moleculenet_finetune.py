@@ -122,7 +122,7 @@ def _finetune(tmp_path, *extra):
     from smiexlm.cli.main import app
 
     path, _ = _small_csv(tmp_path)
-    out = tmp_path / "out"
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"  # a run folder of its own
     args = ["finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
             "--split", "random", "--max-train-steps", "2", "--batch-size", "8", "--epochs", "1",
             "--device", "cpu", "--out", str(out), *extra]  # fmt: skip

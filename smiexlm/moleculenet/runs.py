@@ -1,0 +1,109 @@
+"""Run folders of fine-tuning: one per (set, seed), so that long work survives a stop.
+
+``ROOT/<set>/seed<k>/`` holds, while the run trains, ``state/`` (rewritten after every epoch,
+see :mod:`smiexlm.finetuning.state`); when it has finished, ``predictions.npz`` (the scores
+of the validation and test molecules, with their row numbers in the task's table) and
+``result.json`` (the :class:`~smiexlm.moleculenet.report.RunResult`), written in that order,
+each atomically, after which ``state/`` is removed. A folder with ``result.json`` is a
+finished run: it is read back, never trained again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from smiexlm.errors import DataError
+from smiexlm.moleculenet.report import RunResult
+from smiexlm.moleculenet.splits import Split
+from smiexlm.paths import atomic_paths, read_json_file, write_json
+
+RESULT_NAME = "result.json"
+PREDICTIONS_NAME = "predictions.npz"
+STATE_NAME = "state"
+RESULT_FORMAT = "smiexlm-run-result/1"
+
+
+def run_dir(root: Path, dataset: str, seed: int) -> Path:
+    return Path(root) / dataset / f"seed{seed}"
+
+
+def state_dir(folder: Path) -> Path:
+    return Path(folder) / STATE_NAME
+
+
+def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
+    """What a resumed run must share with the run that saved the state, beyond the loop."""
+    return {
+        "dataset": task.name, "data_sha256": task.sha256, "n_molecules": len(task),
+        "split": split.label, "backbone": backbone, "finetune": cfg.to_dict(),
+    }  # fmt: skip
+
+
+def is_main() -> bool:
+    """Whether this process writes (rank 0, or the only process)."""
+    from smiexlm.training.distributed import detect
+
+    return detect().is_main
+
+
+def processes() -> int:
+    from smiexlm.training.distributed import detect
+
+    return detect().world_size
+
+
+def finished(folder: Path) -> RunResult | None:
+    """The result of the finished run in ``folder``, or None when it has not finished."""
+    path = Path(folder) / RESULT_NAME
+    if not path.is_file():
+        return None
+    _, doc = read_json_file(path, "run result", RESULT_FORMAT)
+    try:
+        record = doc["result"]
+        scores = {k: math.nan if record[k] is None else record[k] for k in ("test", "valid")}
+        return RunResult(**record | scores | {"sizes": tuple(record["sizes"])})
+    except (KeyError, TypeError) as err:
+        raise DataError(f"run result {str(path)!r} is damaged: {err}") from None
+
+
+def check_fresh(root: Path, dataset: str, seeds: Sequence[int]) -> None:
+    """Refuse to start over a run that is already there (finished or stopped) unless asked."""
+    for seed in seeds:
+        folder = run_dir(root, dataset, seed)
+        if (folder / RESULT_NAME).is_file():
+            what = "a finished run"
+        elif state_dir(folder).is_dir():
+            what = "a stopped run"
+        else:
+            continue
+        raise DataError(
+            f"--out {str(root)!r} holds {what} of {dataset} seed {seed} ({str(folder)!r}): pass "
+            "--resume to keep it and go on, or give another --out"
+        )
+
+
+def write_predictions(folder: Path, split: Split, valid: np.ndarray, test: np.ndarray) -> None:
+    """The validation and test scores (probabilities or values, float32) and their rows."""
+    path = Path(folder) / PREDICTIONS_NAME
+    with atomic_paths(path) as (tmp,), open(tmp, "wb") as handle:
+        np.savez_compressed(
+            handle,
+            valid_rows=np.asarray(split.valid, dtype=np.int64),
+            valid=valid.astype(np.float32),
+            test_rows=np.asarray(split.test, dtype=np.int64),
+            test=test.astype(np.float32),
+        )
+
+
+def finish(folder: Path, result: RunResult) -> None:
+    """Write ``result.json`` (atomically), then drop the state it no longer needs."""
+    record = dataclasses.asdict(result) | {"sizes": list(result.sizes)}
+    write_json({"format": RESULT_FORMAT, "result": record}, Path(folder) / RESULT_NAME)
+    shutil.rmtree(state_dir(folder), ignore_errors=True)
