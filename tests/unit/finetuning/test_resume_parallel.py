@@ -1,0 +1,123 @@
+"""A fine-tuning run's state per epoch (exact resume) and data parallel fine-tuning.
+
+A run stopped after an epoch and resumed from its state must end where an uninterrupted run
+ends: the same history, best epoch and weights, bit for bit. N processes must optimise the
+one-process objective: without dropout, their weights after an epoch equal one process's to
+float32 rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from smiexlm.errors import DataError
+from smiexlm.finetuning import Examples, LoopConfig, engine, fit
+from smiexlm.finetuning.state import STATE_JSON, StateMismatchError
+from tests.conftest import free_port
+from tests.unit.finetuning.test_finetuning import SMILES, _model_and_rows
+
+LABELS = torch.tensor([[float(len(s) % 2), float("c" in s)] for s in SMILES])
+LABELS[3, 1] = float("nan")  # a missing label: the shares' weights must count it out
+
+
+def _run(tmp, stop_after: int | None = None, dropout: float = 0.1, **loop):
+    from smiexlm.model.config import ExLMConfig
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    tok = SmilesTokenizer.build(SMILES)
+    torch.manual_seed(0)
+    cfg = ExLMConfig.preset("tiny", vocab_size=tok.vocab_size, objective="exlm", dropout=dropout,
+                            attention_dropout=dropout)  # fmt: skip
+    model = ExLMForSequencePrediction(ExLMModel(cfg), 2, "multilabel", dropout)
+    rows = tok.encode_many(SMILES)
+    train = Examples(rows[:18], LABELS[:18])
+    valid = Examples(rows[18:], LABELS[18:])
+    config = LoopConfig(**{"epochs": 5, "batch_size": 4, "lr": 1e-3, "device": "cpu"} | loop)
+    score = lambda logits: float(-np.abs(logits).mean())  # noqa: E731 - any score will do
+    if stop_after is None:
+        return model, fit(model, train, valid, config, score, 0, state_dir=tmp)
+    saves = engine._Fit._save
+
+    def stopping(self):
+        saves(self)
+        if self.result.epochs_run == stop_after:
+            raise KeyboardInterrupt
+
+    engine._Fit._save = stopping
+    try:
+        fit(model, train, valid, config, score, 0, state_dir=tmp)
+    except KeyboardInterrupt:
+        return model, None
+    finally:
+        engine._Fit._save = saves
+    raise AssertionError("the run did not stop")
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path):
+    torch.set_num_threads(1)
+    whole_model, whole = _run(tmp_path / "whole", patience=None)
+    _run(tmp_path / "cut", stop_after=2)
+    state = json.loads((tmp_path / "cut" / STATE_JSON).read_text())
+    assert state["progress"]["epochs_run"] == 2
+    resumed_model, resumed = _run(tmp_path / "cut")
+    assert resumed.history == whole.history and resumed.best_epoch == whole.best_epoch
+    assert resumed.steps == whole.steps and resumed.resumed_seconds > 0
+    a, b = _weights(whole_model), _weights(resumed_model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_finished_state_only_selects_and_returns(tmp_path):
+    torch.set_num_threads(1)
+    model, first = _run(tmp_path)
+    again_model, again = _run(tmp_path)  # the state says every step is done
+    assert again.history == first.history and again.best_epoch == first.best_epoch
+    a, b = _weights(model), _weights(again_model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_state_of_other_settings_or_damaged_is_refused(tmp_path):
+    torch.set_num_threads(1)
+    _run(tmp_path, stop_after=1)
+    with pytest.raises(StateMismatchError, match=r"loop\.lr: 0\.001 then, 0\.002 now"):
+        _run(tmp_path, lr=2e-3)
+    (tmp_path / STATE_JSON).write_text("{")
+    with pytest.raises(DataError, match="not valid JSON"):
+        _run(tmp_path)
+
+
+# ------------------------------------------------------------------ data parallel
+def _replica(rank: int, world: int, port: int, folder: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    torch.set_num_threads(1)
+    model, result = _run(None, dropout=0.0, epochs=2, precision="fp32")
+    if rank == 0:
+        torch.save(_weights(model), os.path.join(folder, "weights.pt"))
+        with open(os.path.join(folder, "history.json"), "w") as handle:
+            json.dump(result.history, handle)
+    torch.distributed.destroy_process_group()
+
+
+def test_two_processes_optimise_the_one_process_objective(tmp_path):
+    torch.set_num_threads(1)
+    one_model, one = _run(None, dropout=0.0, epochs=2, precision="fp32")
+    mp.spawn(_replica, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    two = json.loads((tmp_path / "history.json").read_text())
+    weights = torch.load(tmp_path / "weights.pt")
+    for key, value in _weights(one_model).items():
+        torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    for a, b in zip(one.history, two, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        assert a["valid"] == pytest.approx(b["valid"], rel=1e-4)
