@@ -145,10 +145,12 @@ def pooling_whitening(whitenings: Mapping[str, Whitening], pooling: str) -> Whit
 def save_whitening(
     directory: str | Path, whitenings: Mapping[str, Whitening], source: Mapping[str, Any]
 ) -> Path:
-    """Write ``whitening.safetensors`` (one whitening per pooling) and record its sha256."""
+    """Write ``whitening.safetensors`` (one whitening per pooling) and record its sha256 in the
+    folder's ``checksums.json``; a model folder without one (written before they existed) is
+    left without, unverified as before: a record of this file alone would fail its weights."""
     from safetensors.numpy import save
 
-    from smiexlm.model.integrity import record_checksums
+    from smiexlm.model.integrity import read_checksums, record_checksums
     from smiexlm.paths import write_bytes_atomic
 
     tensors = {}
@@ -156,8 +158,11 @@ def save_whitening(
         tensors[f"{pooling}.mean"] = np.ascontiguousarray(w.mean, dtype=np.float32)
         tensors[f"{pooling}.matrix"] = np.ascontiguousarray(w.matrix, dtype=np.float32)
     metadata = {"format": WHITENING_FORMAT, "source": json.dumps(dict(source), sort_keys=True)}
-    path = write_bytes_atomic(Path(directory) / WHITENING_NAME, save(tensors, metadata))
-    record_checksums(Path(directory), WHITENING_NAME)
+    directory = Path(directory)
+    path = write_bytes_atomic(directory / WHITENING_NAME, save(tensors, metadata))
+    weights = [p for p in directory.glob("*.safetensors") if p.name != WHITENING_NAME]
+    if read_checksums(directory) is not None or not weights:
+        record_checksums(directory, WHITENING_NAME)
     return path
 
 
@@ -235,22 +240,28 @@ def whiten_model(
     device: str = "auto",
     progress: bool = True,
     pooling: str | None = None,
+    out: str | Path | None = None,
 ) -> dict[str, Any]:
     """Fit the whitening of every pooling of ``model`` (a model folder) on the first ``rows``
-    SMILES of ``corpus`` (any file ``smiexlm preprocess`` reads), store it in the folder, and
-    make it the featurizer's default when ``default``. ``pooling`` (such as ``cls+mean+max``)
-    also fits that combination jointly and, with ``default``, makes it the folder's pooling;
-    a combined pooling already in ``embedding.json`` is fitted jointly too. Returns what was
-    recorded."""
+    SMILES of ``corpus`` (any file ``smiexlm preprocess`` reads), store it, and make it the
+    featurizer's default when ``default``. ``pooling`` (such as ``cls+mean+max``) also fits
+    that combination jointly and, with ``default``, makes it the folder's pooling; a combined
+    pooling already in ``embedding.json`` is fitted jointly too.
+
+    Without ``out`` the whitening is stored in ``model`` itself, which a shipped model refuses
+    (they are read-only); with ``out`` (a new or empty folder) a full copy of the folder is
+    written there with the new whitening and its checksums, and ``model`` is left untouched.
+    Returns what was recorded."""
     from smiexlm.analysis.inputs import read_smiles
     from smiexlm.data.readers import file_sha256
     from smiexlm.featurizer import Featurizer
     from smiexlm.model.model import POOLINGS, pooling_parts
-    from smiexlm.model.pretrained import model_folder, read_embedding, write_embedding
+    from smiexlm.model.pretrained import model_folder, read_embedding
 
     if not isinstance(rows, int) or rows < 1:
         raise ConfigError("rows", rows, "a positive number of corpus molecules")
     folder = model_folder(model)
+    target = _whitening_target(folder, out)  # before the corpus is embedded
     own = read_embedding(folder).pooling
     chosen = own if pooling is None else pooling
     pooling_parts(chosen)  # a bad name fails before the corpus is embedded
@@ -267,6 +278,49 @@ def whiten_model(
     source = {"corpus": Path(corpus).name, "corpus_sha256": file_sha256(Path(corpus)),
               "rows": n_used, "rel_tol": rel_tol,
               "rank": {spec: w.rank for spec, w in whitenings.items()}}  # fmt: skip
+    settings = (chosen if default else own, default)
+    if target is None:
+        _store(folder, whitenings, source, *settings)
+    else:
+        _store_copy(folder, target, whitenings, source, *settings)
+    return source | {"folder": str(target or folder), "default": default, "pooling": chosen}
+
+
+def _whitening_target(folder: Path, out: str | Path | None) -> Path | None:
+    """Where ``smiexlm whiten`` may write: ``out`` (a new or empty folder outside the package),
+    or None for ``folder`` itself, unless it is a shipped model."""
+    from smiexlm.model.pretrained import is_shipped
+    from smiexlm.paths import check_output
+
+    if out is None:
+        if is_shipped(folder):
+            raise DataError(f"model {str(folder)!r} is shipped with smiexlm and is read-only: "
+                            "pass --out DIR to write a whitened copy of it there")  # fmt: skip
+        return None
+    target = check_output(out, "--out", kind="folder")
+    if is_shipped(target):
+        raise DataError(f"--out {str(target)!r} is inside the package's shipped models, which "
+                        "are read-only: expected a folder of your own")  # fmt: skip
+    if target.is_dir() and any(target.iterdir()):
+        raise DataError(f"--out {str(target)!r} is a folder with files in it: expected a new "
+                        f"or empty folder for the whitened copy of {str(folder)!r}")  # fmt: skip
+    return target
+
+
+def _store(folder: Path, whitenings, source, pooling: str, default: bool) -> None:
+    from smiexlm.model.pretrained import write_embedding
+
     save_whitening(folder, whitenings, source)
-    write_embedding(folder, chosen if default else own, whiten=default)
-    return source | {"folder": str(folder), "default": default, "pooling": chosen}
+    write_embedding(folder, pooling, whiten=default)
+
+
+def _store_copy(folder: Path, target: Path, whitenings, source, pooling: str, default: bool):
+    """A full copy of ``folder`` in ``target`` with the new whitening; it appears complete
+    or not at all."""
+    import shutil
+
+    from smiexlm.paths import atomic_dir
+
+    with atomic_dir(target) as tmp:
+        shutil.copytree(folder, tmp, dirs_exist_ok=True)
+        _store(tmp, whitenings, source, pooling, default)

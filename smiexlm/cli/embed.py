@@ -147,7 +147,13 @@ def demo(
 
 
 def whiten(
-    model: Annotated[Path, typer.Argument(help="Model folder (written by `smiexlm export`).")],
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="Model folder (written by `smiexlm export`), or a shipped model's name "
+            "(default, exlm, ...; read-only: pass --out)."
+        ),
+    ],
     corpus: Annotated[
         Path, typer.Option(help="SMILES to fit on: .smi (optionally .gz) or a table.")
     ],
@@ -167,12 +173,21 @@ def whiten(
             "with --default, serve it by default."
         ),
     ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write a full copy of MODEL with the new whitening to this new (or empty) "
+            "folder and leave MODEL untouched. Required for a shipped model.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Fit the whitening of MODEL's embeddings (each pooling) on a corpus and store it in the
-    folder (whitening.safetensors): cosine neighbours in the corpus's own units."""
+    folder, or in a copy of it with --out (whitening.safetensors): cosine neighbours in the
+    corpus's own units."""
     from smiexlm.whitening import whiten_model
 
-    record = whiten_model(model, corpus, rows, default, device=device, pooling=pooling)
+    record = whiten_model(model, corpus, rows, default, device=device, pooling=pooling, out=out)
     typer.echo(
         f"{record['folder']}: whitening fitted on {record['rows']:,} molecules of "
         f"{record['corpus']}; directions kept {record['rank']}; "

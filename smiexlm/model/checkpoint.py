@@ -2,9 +2,10 @@
 
 No pickle anywhere. ``checksums.json`` records the sha256 of ``model.safetensors``
 (:mod:`smiexlm.model.integrity`). Loading checks, in this order and before the model is
-allocated: the vocabulary against the config (size, and hash when the config records one); the
-sizes the config implies (``d_model``, ``n_layers``, ``max_positions``...) and every tensor's
-name, dtype and shape against the weight file's header; the file against its recorded sha256.
+allocated: the vocabulary against the config (size, and the hash computed from its tokens when
+the config records one); the sizes the config implies (``d_model``, ``n_layers``,
+``max_positions``...) and every tensor's name, dtype and shape against the weight file's header;
+the file against its recorded sha256.
 The loaded tensors must be finite. Each failure is an error that names the file and the
 mismatch.
 """
@@ -29,8 +30,8 @@ from smiexlm.model.integrity import (
     unreadable,
     verify_checksum,
 )
-from smiexlm.paths import VOCAB_NAME, read_json_file
-from smiexlm.tokenizer import SmilesTokenizer
+from smiexlm.paths import VOCAB_NAME
+from smiexlm.tokenizer import SmilesTokenizer, vocabulary_file_hash
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
@@ -97,15 +98,6 @@ def save_model_folder(
     return directory
 
 
-def read_vocabulary(path: Path) -> tuple[int, str | None]:
-    """(size, hash) of a vocabulary JSON holding a ``tokens`` list (and maybe a ``hash``)."""
-    path, doc = read_json_file(path, "checkpoint vocabulary")
-    tokens = doc.get("tokens")
-    if not isinstance(tokens, list):
-        raise DataError(f"checkpoint vocabulary {str(path)!r}: expected a 'tokens' list")
-    return len(tokens), doc.get("hash")
-
-
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors file; a truncated or foreign file raises DataError."""
     from safetensors import SafetensorError, safe_open
@@ -129,7 +121,7 @@ def load_model_folder(
     if not config_path.is_file():
         raise DataError(f"checkpoint folder {str(directory)!r} has no {CONFIG_NAME}")
     config = ExLMConfig.load(config_path)
-    _check_vocabulary(directory, config)
+    check_folder_vocabulary(directory, config)
     descriptor_stats = load_model_descriptor_stats(directory, config.n_descriptors)
     weights_path = directory / WEIGHTS_NAME
     if not weights_path.is_file() and (directory / "model.safetensors.index.json").is_file():
@@ -164,17 +156,19 @@ def load_module_weights(module: nn.Module, path: Path, source: str) -> None:
     module.load_state_dict(loaded)
 
 
-def _check_vocabulary(directory: Path, config: ExLMConfig) -> None:
-    size, vocab_hash = read_vocabulary(directory / VOCAB_NAME)
+def check_folder_vocabulary(directory: Path, config: ExLMConfig) -> None:
+    """The folder's vocabulary is the config's: its size, and the hash of its tokens (computed,
+    whatever the file records) against the config's ``vocab_hash`` when it has one."""
+    path, size, found = vocabulary_file_hash(directory / VOCAB_NAME)
     if size != config.vocab_size:
         raise VocabularyMismatchError(
-            f"{VOCAB_NAME} has {size} tokens but {CONFIG_NAME} says vocab_size="
+            f"{str(path)!r} has {size} tokens but {CONFIG_NAME} says vocab_size="
             f"{config.vocab_size}: the vocabulary does not belong to this checkpoint"
         )
-    if config.vocab_hash is not None and vocab_hash not in (None, config.vocab_hash):
+    if config.vocab_hash is not None and found != config.vocab_hash:
         raise VocabularyMismatchError(
-            f"{VOCAB_NAME} hash {vocab_hash} differs from vocab_hash {config.vocab_hash} in "
-            f"{CONFIG_NAME}: the vocabulary does not belong to this checkpoint"
+            f"{str(path)!r}: its tokens hash to {found}, but {CONFIG_NAME} expects vocab_hash "
+            f"{config.vocab_hash}: the vocabulary was edited or does not belong to this checkpoint"
         )
 
 

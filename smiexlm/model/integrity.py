@@ -7,7 +7,8 @@
   ``save_pretrained`` writes it (and so do ``smiexlm export``, training checkpoints and
   fine-tuned folders, which add ``head.safetensors``). Loading recomputes each digest, so
   weights overwritten in place (same size, intact header) fail instead of giving NaN. A
-  folder without ``checksums.json`` (written before it existed) loads unverified.
+  folder without ``checksums.json`` (written before it existed) loads unverified, and says so
+  on stderr once per folder and process.
 - :func:`read_header` reads a safetensors header alone (names, dtypes, shapes): a config can
   be checked against the weights before any model is allocated.
 - :func:`check_finite`: loaded weights must hold no NaN or infinite value, digest or not.
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import struct
 from pathlib import Path
@@ -32,6 +34,8 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                 "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_UNVERIFIED: set[Path] = set()  # folders without a record this process has warned about
+logger = logging.getLogger(__name__)
 
 Header = dict[str, tuple[str, tuple[int, ...]]]  # tensor name -> (dtype, shape)
 
@@ -124,10 +128,12 @@ def record_checksums(directory: Path, *names: str) -> Path:
 
 def verify_checksum(path: Path) -> bool:
     """True when ``path`` matches the sha256 its folder records; False when the folder records
-    none. A different digest, or a record that leaves the file out, raises DataError."""
+    none (and warns, once per folder). A different digest, or a record that leaves the file
+    out, raises DataError."""
     path = Path(path)
     digests = read_checksums(path.parent)
     if digests is None:
+        _warn_unverified(path.parent)
         return False
     expected = digests.get(path.name)
     if expected is None:
@@ -142,6 +148,19 @@ def verify_checksum(path: Path) -> bool:
             f"{actual[:12]}…, recorded {expected[:12]}…): the file is truncated or corrupted"
         )
     return True
+
+
+def _warn_unverified(folder: Path) -> None:
+    """Say once per folder and process that its weights load without a recorded sha256."""
+    key = folder.resolve()
+    if key in _UNVERIFIED:
+        return
+    _UNVERIFIED.add(key)
+    logger.warning(
+        "unverified model folder %r: no %s, so its weight files are not checked against a "
+        "recorded sha256 (a damaged file that still parses would go unnoticed)",
+        str(folder), CHECKSUMS_NAME,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ values

@@ -105,6 +105,11 @@ def shipped_models() -> dict[str, Path]:
     return {"default": DEFAULT_MODEL_DIR} | {p.name: p for p in folders}
 
 
+def is_shipped(path: str | Path) -> bool:
+    """Whether ``path`` lies inside the package's assets: the shipped models are read-only."""
+    return Path(path).expanduser().resolve().is_relative_to(ASSETS_DIR.resolve())
+
+
 def model_folder(path: str | Path | None) -> Path:
     """The folder to load: ``path`` when it exists, else the shipped model of that name
     (:func:`shipped_models`); the shipped default model when None."""

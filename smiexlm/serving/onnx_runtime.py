@@ -178,7 +178,7 @@ class OnnxPredictor:
     and the checked graph; :meth:`logits` batches like the torch engine's ``predict``."""
 
     def __init__(self, directory: Path | str, threads: int | None = None):
-        from smiexlm.model.checkpoint import CONFIG_NAME, VOCAB_NAME
+        from smiexlm.model.checkpoint import CONFIG_NAME, VOCAB_NAME, check_folder_vocabulary
         from smiexlm.model.config import ExLMConfig
         from smiexlm.model.inputs import ModelInputs
         from smiexlm.model.pretrained import read_normalization
@@ -196,6 +196,7 @@ class OnnxPredictor:
         self.directory = directory
         self.meta = json.loads(meta_path.read_text())
         self.config = ExLMConfig.load(directory / CONFIG_NAME)
+        check_folder_vocabulary(directory, self.config)
         self.tokenizer = SmilesTokenizer.load(directory / VOCAB_NAME)
         normalization = read_normalization(directory)[0]
         self.inputs = ModelInputs(self.tokenizer, self.config, normalization)

@@ -8,11 +8,12 @@ module                holds
 ``fast``              the vectorised chunk encoder behind ``SmilesTokenizer.encode_batch``
 ``vocab``             building a SMILES vocabulary from corpus files (``smiexlm vocab build``)
 ``text``              :class:`TextTokenizer` (subword vocabularies for the text adapter)
-``protocol``          the :class:`Tokenizer` interface both satisfy, :func:`load_tokenizer`
+``protocol``          the :class:`Tokenizer` interface both satisfy, :func:`load_tokenizer`,
+                      :func:`vocabulary_file_hash` (a file's hash, computed from its tokens)
 ====================  =====================================================================
 """
 
-from smiexlm.tokenizer.protocol import Tokenizer, load_tokenizer
+from smiexlm.tokenizer.protocol import Tokenizer, load_tokenizer, vocabulary_file_hash
 from smiexlm.tokenizer.smiles import (
     DEFAULT_VOCAB_PATH,
     SMILES_REGEX,
@@ -54,5 +55,6 @@ __all__ = [
     "Truncation",
     "load_tokenizer",
     "split_smiles",
+    "vocabulary_file_hash",
     "vocabulary_hash",
 ]

@@ -11,9 +11,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
+from smiexlm.errors import DataError
 from smiexlm.paths import read_json_file
-from smiexlm.tokenizer.smiles import BatchEncoding, SmilesTokenizer, Truncation
-from smiexlm.tokenizer.text import TEXT_VOCAB_FORMAT, TextTokenizer
+from smiexlm.tokenizer.smiles import (
+    VOCAB_FORMAT,
+    BatchEncoding,
+    SmilesTokenizer,
+    Truncation,
+    vocabulary_hash,
+)
+from smiexlm.tokenizer.text import TEXT_VOCAB_FORMAT, TextTokenizer, text_vocabulary_hash
 
 
 @runtime_checkable
@@ -62,3 +69,23 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     file, doc = read_json_file(path, "tokenizer file")
     fmt = doc.get("format")
     return TextTokenizer.load(file) if fmt == TEXT_VOCAB_FORMAT else SmilesTokenizer.load(file)
+
+
+def vocabulary_file_hash(path: str | Path) -> tuple[Path, int, str]:
+    """``(file, size, hash)`` of a SMILES or text vocabulary JSON (a folder means its
+    ``vocab.json``), the hash computed from its tokens, never taken from the file: a ``hash``
+    the file records must agree with them, and a file without one is hashed all the same."""
+    file, doc = read_json_file(path, "vocabulary file")
+    fmt, tokens = doc.get("format"), doc.get("tokens")
+    if fmt not in (VOCAB_FORMAT, TEXT_VOCAB_FORMAT):
+        raise DataError(f"vocabulary file {str(file)!r} has format {fmt!r}: expected "
+                        f"{VOCAB_FORMAT!r} or {TEXT_VOCAB_FORMAT!r}")  # fmt: skip
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise DataError(f"vocabulary file {str(file)!r}: expected a 'tokens' list of strings")
+    found = text_vocabulary_hash(tokens) if fmt == TEXT_VOCAB_FORMAT else vocabulary_hash(tokens)
+    if doc.get("hash") not in (None, found):
+        raise DataError(
+            f"vocabulary file {str(file)!r} records hash {doc['hash']!r} but its tokens hash "
+            f"to {found!r}: the file was edited or corrupted"
+        )
+    return file, len(tokens), found

@@ -56,6 +56,7 @@ class TrainerState:
     vocab_hash: str | None = None
     data_dir: str | None = None  # the dataset folder the run trains on
     data_id: str | None = None  # its content id (see resume.dataset_id)
+    world_size: int | None = None  # processes training it: the global batch is update_freq x N
     extra: dict[str, Any] = field(default_factory=dict)
 
 

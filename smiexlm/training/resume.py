@@ -3,6 +3,12 @@
 * The checkpoint must hold the same model and vocabulary (:func:`checkpoint.restore_training_state`).
 * The dataset must be the run's own: every checkpoint records the dataset's folder and content
   id (:func:`dataset_id`), and ``--resume --data OTHER`` is refused naming both.
+* Settings the run reads afresh at each step (:data:`CHANGEABLE`: learning-rate schedule,
+  ``max_steps``, intervals, device...) may change on resume: each change is said on stderr and
+  recorded, with the old and the new value and the step it applies from, in
+  ``config.changes.json`` (:func:`record_config_changes`). Any other setting (``seed``, the
+  batch, the optimiser's restored state) is refused naming it (:func:`config_changes`); the
+  model's own fields are checked with its checkpoint (``checkpoint.check_model_config``).
 * ``metrics.jsonl`` is cut back to the steps up to the resumed one (:func:`cut_metrics`): a
   killed run logged steps after its last checkpoint, ``--skip-bad-checkpoints`` goes back
   further still, and the resumed run logs those steps again.
@@ -12,12 +18,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import VocabularyMismatchError
-from smiexlm.paths import write_text_atomic
+from smiexlm.paths import read_json_file, write_json, write_text_atomic
 from smiexlm.training import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
+
+CHANGES_FILE = "config.changes.json"
+CHANGES_FORMAT = "smiexlm-config-changes/1"
+# Read afresh at every step (the schedule is rebuilt from the config on resume): a resumed run
+# may change them. The optimiser's betas, eps and weight decay are restored with its state, and
+# seed, max_tokens and the global batch fix which batches the run sees: those stay.
+CHANGEABLE = ("max_steps", "total_steps", "warmup_steps", "lr", "end_lr", "lr_power",
+              "clip_norm", "device", "precision", "num_threads", "num_workers", "log_every",
+              "valid_every", "valid_batches", "save_every", "keep_last", "tensorboard",
+              "progress")  # fmt: skip
+GLOBAL_BATCH = "update_freq x processes"  # update_freq is per process: compared as a product
 
 
 def dataset_id(data_dir: Path) -> str:
@@ -58,6 +80,63 @@ def start_state(
         )
     state.data_dir, state.data_id = fresh.data_dir, fresh.data_id  # the same data, maybe moved
     return start, state
+
+
+def config_changes(
+    checkpoint: Path | None, state: ckpt.TrainerState, config, world_size: int
+) -> dict[str, tuple[Any, Any]]:
+    """``{setting: (value at the checkpoint, value now)}`` for each of :data:`CHANGEABLE` that
+    ``config`` changes against the ``train_config.json`` of ``checkpoint`` (None: a fresh run,
+    nothing to compare); any other change raises ResumeMismatchError naming it. ``state``
+    records the number of processes (``world_size``) from here on."""
+    saved_world, state.world_size = state.world_size, world_size
+    path = None if checkpoint is None else Path(checkpoint) / ckpt.CONFIG_FILE
+    if path is None or not path.is_file():
+        return {}
+    _, doc = read_json_file(path, "training config")
+    old, new = _comparable(doc, saved_world), _comparable(config.to_dict(), world_size)
+    changed = {k: (old[k], v) for k, v in new.items() if k in old and old[k] != v}
+    refused = [k for k in changed if k not in CHANGEABLE]
+    if refused:
+        was = ", ".join(f"{k} = {changed[k][0]!r}" for k in refused)
+        now = ", ".join(f"{k} = {changed[k][1]!r}" for k in refused)
+        raise ckpt.ResumeMismatchError(
+            f"--resume: checkpoint {str(checkpoint)!r} was trained with {was} but the config "
+            f"gives {now}; these stay fixed for a whole run (a resume may change only "
+            f"{', '.join(CHANGEABLE)}): resume with the run's values or start a new --out"
+        )
+    return changed
+
+
+def _comparable(doc: dict[str, Any], world_size: int | None) -> dict[str, Any]:
+    """A resolved config as a resume compares it: the decay horizon rather than an unset
+    ``total_steps``, the global batch rather than the per-process ``update_freq`` (left out
+    when the number of processes was not recorded), the model left to its own check."""
+    doc = {k: v for k, v in doc.items() if k != "model"}
+    doc["total_steps"] = doc.get("total_steps") or doc.get("max_steps")
+    update_freq = doc.pop("update_freq", None)
+    if world_size is not None and isinstance(update_freq, int):
+        doc[GLOBAL_BATCH] = update_freq * world_size
+    return doc
+
+
+def record_config_changes(out_dir: Path, checkpoint: Path, step: int, changes: dict) -> None:
+    """Say the settings a resume changed on stderr and append them to ``config.changes.json``
+    (old and new values, the checkpoint and the step they apply from); nothing without any."""
+    if not changes:
+        return
+    path = Path(out_dir) / CHANGES_FILE
+    history = read_json_file(path, "config history", CHANGES_FORMAT)[1] if path.is_file() else {}
+    entries = list(history.get("changes", []))
+    entries.append({
+        "from_step": step, "checkpoint": Path(checkpoint).name,
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "settings": {k: {"old": old, "new": new} for k, (old, new) in changes.items()},
+    })  # fmt: skip
+    write_json({"format": CHANGES_FORMAT, "changes": entries}, path)
+    said = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+    logger.warning("--resume from %s changes settings from step %d: %s (recorded in %s)",
+                   Path(checkpoint).name, step, said, path)  # fmt: skip
 
 
 def cut_metrics(path: Path, step: int) -> int:

@@ -40,7 +40,13 @@ from smiexlm.training.config import TrainConfig
 from smiexlm.training.guards import StopRequest, is_oom, oom_error
 from smiexlm.training.optim import build_optimizer, build_schedule, clip_gradients, set_lr
 from smiexlm.training.reporting import METRICS_FILE, MetricsLog, Window, progress_bar, say
-from smiexlm.training.resume import cut_metrics, elapsed_before, start_state
+from smiexlm.training.resume import (
+    config_changes,
+    cut_metrics,
+    elapsed_before,
+    record_config_changes,
+    start_state,
+)
 from smiexlm.training.runlock import RunLock
 from smiexlm.training.stream import TrainStream, validation_loader
 
@@ -127,6 +133,7 @@ def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device
     start, state = start_state(
         out_dir, data_dir, data.vocab_hash, model, optimizer, resume, skip_bad_checkpoints
     )
+    changes = config_changes(start, state, config, info.world_size)  # refused ones raise
     if resume and start is None and info.is_main:
         logger.warning("--resume: no checkpoint in %s, starting from scratch", out_dir)
     if info.is_main:  # each step logged once: none after the one training goes on from
@@ -136,6 +143,7 @@ def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device
     trainer = _Loop(config, data, model, optimizer, schedule, state, info, device, out_dir)
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
+        record_config_changes(out_dir, start, state.step, changes)  # old values kept there
         config.save(out_dir / RESOLVED_CONFIG)
         trainer.say(
             f"{model_config.objective} model, {model.num_parameters():,} parameters, "

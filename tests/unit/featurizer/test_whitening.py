@@ -110,6 +110,16 @@ def test_the_file_round_trips_and_is_checked(tmp_path):
         load_whitening(tmp_path, 16)
 
 
+def test_a_folder_without_checksums_stays_loadable_when_whitened(tmp_path):
+    from smiexlm.model.pretrained import load_pretrained
+
+    folder = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "old")
+    (folder / "checksums.json").unlink()  # written before checksums.json existed
+    save_whitening(folder, load_whitening(DEFAULT_MODEL_DIR, 128), {"corpus": "toy"})
+    assert not (folder / "checksums.json").exists()  # a record of the whitening alone
+    assert load_pretrained(folder).whitening is not None  # would fail the weights' check
+
+
 @pytest.fixture(scope="module")
 def whitened(tmp_path_factory):
     """A copy of the shipped model, whitened on CORPUS and made the default."""

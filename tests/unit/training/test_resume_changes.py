@@ -1,0 +1,47 @@
+"""Settings a ``--resume`` changes: recorded when the run reads them afresh, refused otherwise;
+the batch is compared as ``update_freq × processes``, so a resume on another number of CPU
+processes (each with its share of the micro-batches) changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from smiexlm.training.checkpoint import CONFIG_FILE, ResumeMismatchError, TrainerState
+from smiexlm.training.config import load_config
+from smiexlm.training.resume import CHANGES_FILE, config_changes, record_config_changes
+
+
+def _checkpoint(tmp_path, world_size, *overrides):
+    folder = tmp_path / "checkpoints" / "step_000004"
+    folder.mkdir(parents=True)
+    config = load_config("mol_tiny_exlm", list(overrides))
+    (folder / CONFIG_FILE).write_text(json.dumps(config.to_dict()))
+    return folder, TrainerState(step=4, world_size=world_size)
+
+
+def test_the_global_batch_is_what_must_stay(tmp_path):
+    folder, state = _checkpoint(tmp_path, 2, "update_freq=1")  # 2 processes of 1 micro-batch
+    assert config_changes(folder, state, load_config("mol_tiny_exlm", []), 1) == {}
+    assert state.world_size == 1  # what the next checkpoint records
+    with pytest.raises(ResumeMismatchError, match="update_freq x processes = 2 .* = 4"):
+        config_changes(folder, TrainerState(world_size=2), load_config("mol_tiny_exlm", []), 2)
+
+
+def test_unset_total_steps_is_compared_as_the_decay_horizon(tmp_path):
+    folder, state = _checkpoint(tmp_path, 1, "max_steps=100")
+    config = load_config("mol_tiny_exlm", ["max_steps=200", "total_steps=100"])
+    assert config_changes(folder, state, config, 1) == {"max_steps": (100, 200)}
+
+
+def test_changes_are_appended_to_the_history(tmp_path):
+    folder, _ = _checkpoint(tmp_path, 1)
+    record_config_changes(tmp_path, folder, 4, {"lr": (0.001, 0.002)})
+    record_config_changes(tmp_path, folder, 4, {})
+    record_config_changes(tmp_path, folder, 8, {"log_every": (20, 5)})
+    doc = json.loads((tmp_path / CHANGES_FILE).read_text())
+    assert [(e["from_step"], e["settings"]) for e in doc["changes"]] == [
+        (4, {"lr": {"old": 0.001, "new": 0.002}}),
+        (8, {"log_every": {"old": 20, "new": 5}}),
+    ]
