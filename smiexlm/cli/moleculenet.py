@@ -194,6 +194,16 @@ Patience = Annotated[
     typer.Option("--patience", help="Stop after N epochs without a better valid score "
                  "(default: the whole schedule)."),
 ]  # fmt: skip
+Augment = Annotated[
+    int | None,
+    typer.Option("--augment", help="K random SMILES per training molecule; each epoch trains "
+                 "on one of its K + 1 spellings (default 0: the canonical one only)."),
+]  # fmt: skip
+Tta = Annotated[
+    int | None,
+    typer.Option("--tta", help="Test-time augmentation: score the mean over the canonical and "
+                 "K random SMILES of each validation and test molecule (default 0)."),
+]  # fmt: skip
 Resume = Annotated[
     bool,
     typer.Option("--resume", help="Keep the runs already in --out: a finished (set, seed) is "
@@ -247,6 +257,8 @@ def finetune(
     out: Out = Path("runs/finetune"),
     resume: Resume = False,
     processes: Processes = 1,
+    augment: Augment = None,
+    tta: Tta = None,
 ) -> None:
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
     config; test ROC-AUC per seed. Each (set, seed) keeps its state in --out after every
@@ -259,7 +271,7 @@ def finetune(
     cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
-                  patience=patience, precision=precision)  # fmt: skip
+                  patience=patience, precision=precision, augment=augment, tta=tta)  # fmt: skip
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective, random_init)
     results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir, run_root=out / "runs",

@@ -2,6 +2,6 @@
 tasks (``smiexlm.moleculenet.finetune``, ``smiexlm.glue.finetune``)."""
 
 from smiexlm.finetuning.batches import Examples
-from smiexlm.finetuning.engine import FitResult, LoopConfig, fit, predict
+from smiexlm.finetuning.engine import FitResult, LoopConfig, fit, predict, predict_views
 
-__all__ = ["Examples", "FitResult", "LoopConfig", "fit", "predict"]
+__all__ = ["Examples", "FitResult", "LoopConfig", "fit", "predict", "predict_views"]

@@ -29,13 +29,16 @@ class Examples:
     ``rows``: token ids per example (BOS … EOS) — or ``pooled`` (N, d), encoder features
     computed once when the encoder is frozen. ``targets``: (N, T) float with NaN = missing,
     or (N,) long class ids with −100 = missing; None at prediction time. ``features``: (N, F)
-    normalised per-example features for a hybrid head, or None.
+    normalised per-example features for a hybrid head, or None. ``variants``: K other
+    spellings of each example's input (random SMILES, :mod:`smiexlm.data.augment`) as token
+    ids: training draws among the K + 1 spellings each epoch, evaluation averages over them.
     """
 
     rows: list[list[int]] | None = None
     targets: Tensor | None = None
     features: Tensor | None = None
     pooled: Tensor | None = None
+    variants: list[list[list[int]]] | None = None
 
     def __post_init__(self) -> None:
         if (self.rows is None) == (self.pooled is None):
@@ -64,7 +67,22 @@ class Examples:
             targets=None if self.targets is None else self.targets[pick],
             features=None if self.features is None else self.features[pick],
             pooled=None if self.pooled is None else self.pooled[pick],
+            variants=None if self.variants is None else [self.variants[i] for i in index],
         )
+
+    @property
+    def n_views(self) -> int:
+        """Spellings per example: 1 + K variants."""
+        return 1 + (len(self.variants[0]) if self.variants else 0)
+
+    def view(self, choice: int | np.ndarray) -> Examples:
+        """The examples spelled as ``choice`` says (0 = ``rows``, v = variant v), one choice
+        for all or one per example; without variants."""
+        choices = np.broadcast_to(np.asarray(choice), (len(self),))
+        if self.rows is None or not choices.any():
+            return Examples(self.rows, self.targets, self.features, self.pooled)
+        rows = [r if c == 0 else v[c - 1] for r, v, c in zip(self.rows, self.variants, choices, strict=True)]  # fmt: skip
+        return Examples(rows, self.targets, self.features, None)
 
 
 def bucketed_batches(

@@ -185,6 +185,19 @@ def predict(
     return out if out is not None else np.zeros((0, 0), dtype=np.float32)
 
 
+def predict_views(
+    model: nn.Module,
+    examples: Examples,
+    batch_size: int = 256,
+    precision: Precision = "fp32",
+    pad_id: int = 0,
+) -> np.ndarray:
+    """(V, N, C) logits of every spelling of the examples (V = 1 + their variants): the
+    canonical input first; the mean over V is the test-time-augmented prediction."""
+    views = [examples.view(v) for v in range(examples.n_views)]
+    return np.stack([predict(model, view, batch_size, precision, pad_id) for view in views])
+
+
 def fit(
     model: nn.Module,
     train: Examples,
@@ -330,9 +343,13 @@ class _Fit:
         if config.freeze:
             self.model.model.eval()  # no dropout inside a frozen encoder
         losses = []
-        batches = bucketed_batches(self.lengths, config.batch_size, self.rng, config.bucket_window)
+        train, lengths = self.train, self.lengths
+        if train.variants:  # this epoch's spelling of each example (augmentation)
+            train = train.view(self.rng.integers(0, train.n_views, size=len(train)))
+            lengths = train.lengths()
+        batches = bucketed_batches(lengths, config.batch_size, self.rng, config.bucket_window)
         for index in batches:
-            losses.append(self._update(index))
+            losses.append(self._update(train, index))
             result.steps += 1
             bar.update(1)
             if result.steps >= self.total:
@@ -342,7 +359,7 @@ class _Fit:
         train_loss = total / len(losses) if losses else math.nan
         return {"epoch": result.epochs_run, "step": result.steps, "train_loss": train_loss}
 
-    def _update(self, index: np.ndarray) -> torch.Tensor:
+    def _update(self, train: Examples, index: np.ndarray) -> torch.Tensor:
         """One optimiser step on the batch ``index`` (this process's share of it); the share's
         (detached) loss, weighted so that the shares' losses sum to the batch's."""
         from smiexlm.training.optim import set_lr
@@ -350,13 +367,13 @@ class _Fit:
         set_lr(self.optimizer, self.schedule.lr_at(self.result.steps))
         self.optimizer.zero_grad(set_to_none=True)
         share, weight = self.replicas.share(index), 1.0
-        if self.replicas.world > 1 and self.train.targets is not None:
-            targets = self.train.targets
+        if self.replicas.world > 1 and train.targets is not None:
+            targets = train.targets
             present = present_labels(targets[torch.from_numpy(index)])
             weight = present_labels(targets[torch.from_numpy(share)]) / max(present, 1)
         loss = torch.zeros(())
         if len(share):
-            batch = to_batch(self.train, share, self.device, self.config.pad_id)
+            batch = to_batch(train, share, self.device, self.config.pad_id)
             with autocast(self.device, self.config.precision):
                 loss = self.model(**batch).loss
             if weight != 1.0:

@@ -39,7 +39,8 @@ class FinetuneConfig:
     training loop (a :class:`~smiexlm.finetuning.LoopConfig`: epochs, batch, optimiser,
     ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``) and what the
     MoleculeNet adapter adds (dropouts, pooling, SMILES normalisation, split, truncation,
-    hybrid ``features``: ``ecfp4`` | ``rdkit2d`` | ``both``).
+    hybrid ``features``: ``ecfp4`` | ``rdkit2d`` | ``both``, random-SMILES ``augment`` of the
+    training molecules and test-time ``tta``).
 
     The TOML tables, the CLI and :func:`finetune_config` speak flat keys
     (:meth:`from_flat`, :meth:`to_dict`); ``max_train_steps`` is the loop's ``max_steps`` and is
@@ -54,10 +55,16 @@ class FinetuneConfig:
     split: str = "scaffold"
     max_length: int = 256
     features: str | None = None
+    augment: int = 0  # random SMILES per training molecule, one drawn per epoch (0 = none)
+    tta: int = 0  # random SMILES averaged with the canonical one at evaluation (0 = none)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_positive_int("max_length", self.max_length)
+        for name in ("augment", "tta"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(name, value, "0 (none) or a positive number of random SMILES")
         for name in ("dropout", "pooler_dropout"):
             check_fraction(name, getattr(self, name))
         check_choice("pooling", self.pooling, POOLINGS)

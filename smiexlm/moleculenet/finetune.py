@@ -114,6 +114,19 @@ def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | N
     return torch.from_numpy(scaler.transform(raw)), scaler
 
 
+def _variants(backbone, tokenizer, inputs, rows, n: int, cfg: FinetuneConfig, seed: int):
+    """``n`` random SMILES of each molecule ``rows`` as token ids, or None when n is 0 (the
+    spellings depend on the seed and the molecule, :func:`~smiexlm.data.augment.random_smiles`)."""
+    if not n:
+        return None
+    from smiexlm.data.augment import random_smiles
+
+    texts = [inputs[i] for i in rows]
+    spellings = random_smiles(texts, n, seed)
+    flat, _ = backbone.inputs(tokenizer).rows([s for per in spellings for s in per], cfg.max_length)
+    return [flat[k * n : (k + 1) * n] for k in range(len(texts))]
+
+
 def finetune_once(
     data: MoleculeTask | pd.DataFrame,
     split: Split,
@@ -134,8 +147,7 @@ def finetune_once(
     there goes on from it) and, at the end, its scores (``predictions.npz``) and result
     (``result.json``); see :mod:`smiexlm.moleculenet.runs`.
     """
-    from smiexlm.finetuning import Examples, fit
-    from smiexlm.finetuning import predict as engine_predict
+    from smiexlm.finetuning import Examples, fit, predict_views
     from smiexlm.model.heads import ExLMForSequencePrediction
 
     t0 = time.perf_counter()
@@ -153,6 +165,9 @@ def finetune_once(
     )  # fmt: skip
     examples = Examples(rows, targets.scaled(), features)
     train, valid, test = (examples.subset(np.asarray(p)) for p in (split.train, split.valid, split.test))  # fmt: skip
+    train.variants = _variants(backbone, tokenizer, inputs, split.train, cfg.augment, cfg, seed)
+    valid.variants = _variants(backbone, tokenizer, inputs, split.valid, cfg.tta, cfg, seed)
+    test.variants = _variants(backbone, tokenizer, inputs, split.test, cfg.tta, cfg, seed)
     loop = loop_config(cfg, higher_is_better=task.is_classification)
     state = None if run_dir is None else runs.state_dir(run_dir)
     identity = runs.identity(task, split, cfg, backbone.name)
@@ -160,12 +175,13 @@ def finetune_once(
                  seed, progress, f"{task.name} seed {seed}", state, identity)  # fmt: skip
     # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
     # score is the one a user gets back from the saved model
-    test_logits = engine_predict(model, test, cfg.loop.eval_batch_size)
+    test_views = predict_views(model, test, cfg.loop.eval_batch_size)  # (V, N, T)
+    test_logits = test_views.mean(axis=0)
     test_score = targets.score(split.test, test_logits)
     if not runs.is_main():
         save_dir = run_dir = None  # one process writes
     if run_dir is not None:
-        valid_logits = engine_predict(model, valid, cfg.loop.eval_batch_size)
+        valid_logits = predict_views(model, valid, cfg.loop.eval_batch_size).mean(axis=0)
         runs.write_predictions(run_dir, split, _to_scores(valid_logits, task.task_type, targets.mean, targets.std),
                                _to_scores(test_logits, task.task_type, targets.mean, targets.std))  # fmt: skip
     if save_dir is not None:
@@ -177,6 +193,8 @@ def finetune_once(
         ))  # fmt: skip
     config = cfg.to_dict() | {"backbone": backbone.name, "n_truncated": n_cut} | fitted.summary()
     config["processes"] = runs.processes()
+    if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
+        config["test_canonical"] = targets.score(split.test, test_views[0]).mean * task.scale
     result = task.result(variant_name(backbone, cfg), split, seed, fitted.best_valid, test_score,
                          time.perf_counter() - t0, config, fitted.best_epoch)  # fmt: skip
     if run_dir is not None:
