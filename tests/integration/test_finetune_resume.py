@@ -75,7 +75,9 @@ def test_kill_9_then_resume_gives_the_uninterrupted_result(small, tmp_path):
     assert (a["best_epoch"], a["valid"], a["test"]) == (b["best_epoch"], b["valid"], b["test"])
     assert b["config"]["resumed_seconds"] > 0
     pa, pb = (np.load(p / "runs" / "mine" / "seed0" / "predictions.npz") for p in (tmp_path / "whole", cut))  # fmt: skip
-    assert np.array_equal(pa["test"], pb["test"]) and np.array_equal(pa["test_rows"], pb["test_rows"])
+    assert np.array_equal(pa["test"], pb["test"]) and np.array_equal(
+        pa["test_rows"], pb["test_rows"]
+    )
     assert not (cut / "runs" / "mine" / "seed0" / "state").exists()
 
     started = time.perf_counter()
