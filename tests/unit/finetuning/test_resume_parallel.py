@@ -20,7 +20,7 @@ from smiexlm.errors import DataError
 from smiexlm.finetuning import Examples, LoopConfig, engine, fit
 from smiexlm.finetuning.state import STATE_JSON, StateMismatchError
 from tests.conftest import free_port
-from tests.unit.finetuning.test_finetuning import SMILES, _model_and_rows
+from tests.unit.finetuning.test_finetuning import SMILES
 
 LABELS = torch.tensor([[float(len(s) % 2), float("c" in s)] for s in SMILES])
 LABELS[3, 1] = float("nan")  # a missing label: the shares' weights must count it out
