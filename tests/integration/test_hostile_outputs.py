@@ -133,6 +133,20 @@ def test_index_and_read_parts_refuse_a_damaged_part(parts, tmp_path):
         read_parts(copy)
 
 
+def test_a_folder_without_part_checksums_is_refused_not_trusted(parts, tmp_path):
+    from smiexlm.errors import DataError
+    from smiexlm.parts import read_parts
+
+    copy = tmp_path / "emb"
+    shutil.copytree(parts, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for entry in manifest["parts"]:
+        del entry["sha256"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="part-00000.parquet' has no recorded sha256"):
+        read_parts(copy)
+
+
 def test_embed_resume_writes_damaged_parts_again_and_says_so(library, parts, tmp_path):
     from smiexlm.parts import read_parts
 
