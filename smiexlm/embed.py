@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from smiexlm.data.readers import iter_table
-from smiexlm.errors import DataError
+from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.fingerprints import tanimoto_matrix
 from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
@@ -150,7 +150,8 @@ def embed_file(
     The input is read ``chunk_rows`` rows at a time and each chunk's rows are appended to the
     output, so memory stays flat whatever the input size. Everything is written under
     temporary names and renamed into place at the end (``.npy`` and its ``.ids.csv``
-    together): an interrupted run leaves the previous output whole.
+    together): an interrupted run leaves the previous output whole, and so does a run none of
+    whose rows could be embedded (DataError with the first rows' reasons).
     """
     how = EmbedOptions(**options)
     out, input_path = Path(out), Path(input_path)
@@ -185,6 +186,9 @@ def embed_file(
                 if bar is not None:
                     bar.update(len(frame))
             writer.close()
+            if report.n_failed == report.n_inputs:  # all NaN: nothing under the final name
+                raise every_row_failed("embed", smiles_col, input_path, report.n_inputs,
+                                       report.failed)  # fmt: skip
         finally:
             writer.abort()
             if bar is not None:

@@ -61,3 +61,19 @@ class VocabularyMismatchError(SmiexlmError, ValueError):
 
 class DataError(SmiexlmError, ValueError):
     """An input file or column that is missing, unreadable or malformed."""
+
+
+def every_row_failed(
+    kind: str, smiles_col: str, path: object, n_rows: int, rejects: list, shown: int = 3
+) -> DataError:
+    """The error of an ``embed``/``predict`` job none of whose ``n_rows`` input rows gave a
+    result: the first ``shown`` of ``rejects`` ((row, SMILES, reason) triples) with their
+    reasons. Its output is not kept: all NaN, it would only look like a result."""
+    first = "; ".join(f"row {row} {shorten(str(text), 30)!r}: {reason}"
+                      for row, text, reason in list(rejects)[:shown])  # fmt: skip
+    more = "; ..." if n_rows > shown else ""
+    verb = {"embed": "embedded", "predict": "predicted"}.get(kind, "processed")
+    return DataError(
+        f"--smiles-col {smiles_col!r}: none of the {n_rows:,} rows of {str(path)!r} could be "
+        f"{verb}, so nothing was written ({first}{more}); expected a column of SMILES"
+    )

@@ -57,6 +57,18 @@ def check_input_file(path: str | Path, what: str = "input") -> Path:
     return path
 
 
+def check_not_a_file(path: str | Path, what: str = "checkpoint") -> Path:
+    """``path`` unless it names a file where a model folder is expected: DataError naming the
+    folder that holds the file (``-c dir/model.safetensors`` for ``-c dir``)."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        raise DataError(
+            f"{what} {str(path)!r} is a file: expected a model folder (that file is in the "
+            f"folder {str(path.parent)!r})"
+        )
+    return path
+
+
 def check_output(
     path: str | Path, what: str = "--out", kind: Literal["file", "folder"] = "file"
 ) -> Path:
@@ -123,6 +135,35 @@ def write_json(doc: dict[str, Any], path: str | Path) -> Path:
     """Write ``doc`` (made JSON-safe) as indented UTF-8 JSON, atomically, creating the parent
     folder."""
     return write_text_atomic(path, json.dumps(json_safe(doc), indent=1) + "\n")
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """``{"bytes": size, "sha256": digest}`` of a file: what an output records of each of its
+    files when it is written, for :func:`file_problem` to check when it is read back."""
+    from smiexlm.data.readers import file_sha256
+
+    return {"bytes": Path(path).stat().st_size, "sha256": file_sha256(Path(path))}
+
+
+def file_problem(path: Path, record: Any) -> str | None:
+    """What is wrong with ``path`` against the :func:`file_record` written with it (missing,
+    another size, another sha256, or no record at all), or None when it matches. The size is
+    compared first, so that a truncated file is told apart without reading it."""
+    from smiexlm.data.readers import file_sha256
+
+    path = Path(path)
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+        return "has no recorded sha256 (written by an older smiexlm)"
+    if not path.is_file():
+        return "is missing"
+    size, written = path.stat().st_size, record.get("bytes")
+    if size != written:
+        written = f"{written:,}" if isinstance(written, int) else repr(written)
+        return f"has {size:,} bytes where {written} were written (truncated or replaced)"
+    digest = file_sha256(path)
+    if digest != record["sha256"]:
+        return f"has sha256 {digest[:12]}… where {record['sha256'][:12]}… was written (damaged)"
+    return None
 
 
 # ---------------------------------------------------------------------- atomic outputs

@@ -16,7 +16,7 @@ from torch import Tensor
 from smiexlm.data.readers import iter_smiles
 from smiexlm.errors import DataError
 from smiexlm.model.pretrained import load_pretrained
-from smiexlm.paths import data_dir
+from smiexlm.paths import check_not_a_file, data_dir
 
 DEFAULT_SMILES = Path("pretrain") / "moses_test.smi.gz"
 
@@ -27,7 +27,7 @@ def default_smiles_file() -> Path:
 
 def load_model_and_tokenizer(directory: Path):
     """``(model, tokenizer)`` of a ``save_pretrained`` folder, the model in eval mode."""
-    directory = Path(directory)
+    directory = check_not_a_file(directory)
     if not (directory / "config.json").is_file():
         raise DataError(
             f"checkpoint {str(directory)!r}: no config.json; expected a folder written by "

@@ -94,9 +94,10 @@ def embed(
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols is not None else None
     how = dict(checkpoint=checkpoint, pooling=pooling, errors=errors, canonicalize=canonicalize,
                device=device, backend=backend, whiten=whiten)  # fmt: skip
-    if wants_parts(out, part_rows):
+    if wants_parts(out, part_rows):  # refuses --part-rows 0 (None: the default)
+        rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
         return echo_parts(embed_parts(input, out, smiles_col, cols, threads=threads,
-                                      part_rows=part_rows or DEFAULT_PART_ROWS, **how))  # fmt: skip
+                                      part_rows=rows, **how))  # fmt: skip
     if threads is not None:
         detect(threads)
     echo_embedded(embed_file(input, out, smiles_col, cols, **how))
@@ -125,6 +126,8 @@ def echo_parts(result, shown: int = 10) -> None:
 
     if os.environ.get("RANK", "0") != "0":
         return
+    for reason in result.parts_damaged.values():
+        typer.echo(f"  {reason}: written again", err=True)
     with open(result.out / REJECTS, encoding="utf-8", newline="") as handle:
         for n, row in enumerate(csv.DictReader(handle)):
             if n == shown:

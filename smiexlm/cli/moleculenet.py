@@ -352,9 +352,10 @@ def predict(
 
     output = output if output is not None else out
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols else None
-    if wants_parts(output, part_rows):
-        return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols,
-                                        part_rows or DEFAULT_PART_ROWS, backend=backend,  # type: ignore[arg-type]
+    if wants_parts(output, part_rows):  # refuses --part-rows 0 (None: the default)
+        rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
+        return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols, rows,
+                                        backend=backend,  # type: ignore[arg-type]
                                         threads=threads))  # fmt: skip
     if threads is not None:
         detect(threads)

@@ -26,12 +26,16 @@ def tokenize(
         Path | None, typer.Option(help="Vocabulary JSON (default: the shipped one).")
     ] = None,
 ) -> None:
-    """Split SMILES into regex tokens (space-separated) or vocabulary ids, one line each."""
+    """Split SMILES into regex tokens (space-separated) or vocabulary ids, one line each; a
+    blank line of --file gives a blank line, an empty SMILES argument is an error."""
     from smiexlm.data.readers import iter_smiles
-    from smiexlm.errors import InvalidSmilesError
+    from smiexlm.errors import DataError, InvalidSmilesError
     from smiexlm.tokenizer import SmilesTokenizer
     from smiexlm.tokenizer.vocab import tokenized_lines
 
+    for number, text in enumerate(smiles or [], 1):
+        if not text.strip():
+            raise DataError(f"SMILES argument {number} is {text!r}: expected a non-empty SMILES")
     tok = SmilesTokenizer.load(vocab) if vocab else SmilesTokenizer()
     items = list(smiles or []) + ([] if file is None else list(iter_smiles(file, what="--file")))
     if not items:

@@ -62,6 +62,7 @@ SUFFIXES: dict[str, Format] = {
 SMILES_COLUMNS = ("smiles", "SMILES", "Smiles", "mol", "canonical_smiles", "smi")
 
 _FIELD_SEPARATOR = re.compile(r"[ \t]+")
+_UNDECODED = re.compile(r"[\udc80-\udcff]")  # bytes that surrogateescape kept undecoded
 
 
 def split_smiles_line(line: str) -> tuple[str, str]:
@@ -270,6 +271,8 @@ def _csv_chunks(
         header = next(reader, None)
         if header is None:
             raise DataError(_empty(path, what))
+        if any(_UNDECODED.search(name) for name in header):
+            _check_utf8_header(path, what)
         index = header.index(smiles_column(header, col, path, what))
         lines: list[int] = []
         items: list[str | None] = []
@@ -350,6 +353,12 @@ def _decode(raw: bytes, line: int, path: Path, what: str) -> str:
             f"{what} {str(path)!r} line {line} is not UTF-8 text (byte offset {err.start}): "
             "expected one SMILES per line"
         ) from None
+
+
+def _check_utf8_header(path: Path, what: str) -> None:
+    """The not-UTF-8 DataError of :func:`_reading` for a header row that is not UTF-8."""
+    with _open_binary(path) as handle, _reading(path, what):
+        handle.readline().decode("utf-8")
 
 
 def _empty(path: Path, what: str) -> str:

@@ -30,7 +30,7 @@ from smiexlm.model.integrity import (
     unreadable,
     verify_checksum,
 )
-from smiexlm.paths import VOCAB_NAME
+from smiexlm.paths import VOCAB_NAME, check_not_a_file, read_json_file
 from smiexlm.tokenizer import SmilesTokenizer, vocabulary_file_hash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,7 +115,7 @@ def load_model_folder(
     cls: type[ExLMModel], directory: Path, map_location: str | torch.device = "cpu"
 ) -> ExLMModel:
     """The model of a folder, every file checked before the model is allocated."""
-    if not directory.is_dir():
+    if not check_not_a_file(directory).is_dir():
         raise DataError(f"checkpoint folder {str(directory)!r} does not exist")
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():

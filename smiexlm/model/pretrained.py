@@ -34,7 +34,7 @@ from smiexlm.model.checkpoint import (
     VOCAB_NAME,
     WEIGHTS_NAME,
 )
-from smiexlm.paths import ASSETS_DIR, write_text_atomic
+from smiexlm.paths import ASSETS_DIR, check_not_a_file, write_text_atomic
 from smiexlm.whitening import WHITENING_NAME, Whitening, load_whitening
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,7 +121,7 @@ def model_folder(path: str | Path | None) -> Path:
                 "pass a model folder instead (e.g. Featurizer.from_pretrained('path/to/model'))"
             )
         return DEFAULT_MODEL_DIR
-    folder = Path(path).expanduser()
+    folder = check_not_a_file(path)
     if folder.exists():
         return folder
     shipped = shipped_models()

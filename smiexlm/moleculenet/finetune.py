@@ -278,8 +278,9 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.pretrained import load_pretrained
     from smiexlm.moleculenet.folder import read_finetune_meta
+    from smiexlm.paths import check_not_a_file
 
-    directory = Path(directory)
+    directory = check_not_a_file(directory, "--checkpoint")
     if not (directory / META_NAME).is_file():
         raise DataError(
             f"--checkpoint {str(directory)!r}: no {META_NAME}; expected a folder written by "

@@ -37,9 +37,10 @@ def predict_file(
     backend: Literal["torch", "onnx"] = "torch",
 ) -> PredictedFile:
     """Predict every SMILES of ``input_path`` into the CSV ``out`` (written atomically);
-    ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept."""
+    ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept.
+    When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
     from smiexlm.data.readers import read_table
-    from smiexlm.errors import DataError
+    from smiexlm.errors import DataError, every_row_failed
     from smiexlm.paths import atomic_path, check_output
 
     folders = _folders(checkpoint)
@@ -50,6 +51,8 @@ def predict_file(
     outputs = _output_columns(folders, backend)
     keep = _id_columns(frame, smiles_col, outputs, id_cols)
     table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, 0, backend)
+    if len(rejects) == len(table):  # all NaN: nothing under the final name
+        raise every_row_failed("predict", smiles_col, input_path, len(table), rejects)
     with atomic_path(out) as tmp:  # a reader never sees half a file
         table.to_csv(tmp, index=False)
     return PredictedFile(out, len(table), rejects)

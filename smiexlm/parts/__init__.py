@@ -6,17 +6,21 @@ input rows ``[i·part_rows, (i+1)·part_rows)``, in input order, whoever writes 
     OUT/manifest.json          the job (input sha256, model sha256, settings, part_rows); once
                                complete, also its parts, row and reject counts, per-rank figures
     OUT/part-00000.parquet     the output rows of part 0 (id columns, SMILES, results)
-    OUT/part-00000.json        the commit record of part 0: range, counts, bad rows with reasons
+    OUT/part-00000.json        the commit record of part 0: range, counts, bad rows with reasons,
+                               the Parquet file's size and sha256
     OUT/rejects.csv            every bad row (row, smiles, reason), in input order, at the end
 
 Each part is written under temporary names and renamed into place, the record first and the
 Parquet file last: a part counts as finished only when both are there, so a killed job leaves
 finished parts whole and nothing half-written under a final name. Running the same command
 again resumes: a manifest that matches the input, the model and the settings is taken up, the
-finished parts are skipped (never rewritten, never duplicated) and the others are written.
-A manifest of another job is refused with the field that differs. Bad rows stay in the
-output (NaN results) so that row ``r`` of the table is input row ``r``; their reasons are in
-the records and in ``rejects.csv``.
+finished parts are checked against the size and sha256 of their records and skipped (never
+rewritten, never duplicated), and the others are written; a damaged part (changed in place,
+truncated) is written again, and the run says so. A manifest of another job is refused with
+the field that differs. Bad rows stay in the output (NaN results) so that row ``r`` of the
+table is input row ``r``; their reasons are in the records and in ``rejects.csv``. A job none
+of whose rows succeeded (the wrong ``--smiles-col``) keeps nothing: its parts are removed and
+it fails with the first rows' reasons.
 
 Under ``torchrun`` every rank reads the input and writes the parts ``i`` with
 ``i % world_size == rank`` (:mod:`smiexlm.workers`); after a barrier rank 0 checks that
@@ -35,7 +39,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from smiexlm.errors import DataError
+from smiexlm.errors import DataError, every_row_failed
 from smiexlm.parts.job import (
     DEFAULT_PART_ROWS,
     PART_FORMAT,
@@ -61,6 +65,8 @@ from smiexlm.parts.reading import (  # the reading half, re-exported here
 from smiexlm.paths import (
     atomic_paths,
     check_output,
+    file_problem,
+    file_record,
     is_temporary_name,
     read_json_file,
     remove_stale_temporaries,
@@ -122,22 +128,34 @@ def prepare_folder(out: Path, job: PartsJob, workers: Workers) -> dict[str, Any]
     return doc
 
 
-def finished_parts(out: Path, job: PartsJob) -> dict[int, dict[str, Any]]:
-    """index -> commit record of every finished part (record and Parquet file both there)."""
-    done = {}
+def finished_parts(
+    out: Path, job: PartsJob, verify: bool = True
+) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    """index -> commit record of every finished part (record and Parquet file both there and,
+    with ``verify``, the file of the size and sha256 its record gives), and index -> what is
+    wrong with each damaged part (to be written again)."""
+    done, damaged = {}, {}
     for path in sorted(out.glob("part-*.json")):
         index = int(path.stem.split("-")[1])
         if not (out / part_name(index)).is_file():
             continue  # killed between the two renames: the part is written again
-        _, record = read_json_file(path, "part record", PART_FORMAT)
+        try:
+            _, record = read_json_file(path, "part record", PART_FORMAT)
+        except DataError as err:
+            damaged[index] = str(err)
+            continue
         if record.get("job") != job.digest:
             raise DataError(
                 f"part record {str(path)!r} belongs to job {str(record.get('job'))[:12]}…, not "
                 f"to this folder's job {job.digest[:12]}…: the folder mixes two jobs; start a "
                 "new --out folder"
             )
+        problem = file_problem(out / part_name(index), record) if verify else None
+        if problem:
+            damaged[index] = f"{part_name(index)} {problem}"
+            continue
         done[index] = record
-    return done
+    return done, damaged
 
 
 # ---------------------------------------------------------------------- running a job
@@ -172,9 +190,12 @@ def run_parts(
     through ``process``; then rank 0 writes the final manifest. Returns it on every rank."""
     out, started = Path(out), time.time()
     manifest = prepare_folder(out, job, workers)
-    done = finished_parts(out, job)
+    done, damaged = finished_parts(out, job)
+    workers.barrier()  # every rank has checked the parts before any rank writes one again
     if manifest.get("complete") and len(done) == manifest.get("n_parts"):
         return PartsResult(out, manifest, 0, len(done))
+    if damaged and manifest.get("complete") and workers.is_main:
+        write_json(job.document(), out / MANIFEST)  # unfinished until they are written again
     bar = None
     if progress and workers.is_main:
         from tqdm.auto import tqdm
@@ -198,7 +219,7 @@ def run_parts(
         _finish(out, job, slicer.n_rows, everyone, time.time() - started, len(done))
     workers.barrier()  # the final manifest is there before any rank returns
     _, manifest = read_json_file(out / MANIFEST, "parts manifest", PARTS_FORMAT)
-    return PartsResult(out, manifest, len(written), len(done))
+    return PartsResult(out, manifest, len(written), len(done), damaged)
 
 
 def _write_part(
@@ -233,7 +254,7 @@ def _write_part(
         record = {"format": PART_FORMAT, "job": job.digest, "index": index, "start": start,
                   "stop": start + rows, "rows": rows, "failed": len(rejects), "counts": counts,
                   "rank": rank, "seconds": round(time.time() - started, 2),
-                  "rejects": [list(r) for r in rejects]}  # fmt: skip
+                  **file_record(tmp_part), "rejects": [list(r) for r in rejects]}  # fmt: skip
         tmp_record.write_text(json.dumps(record) + "\n", encoding="utf-8")
     return rows
 
@@ -245,7 +266,7 @@ def _finish(
     import pyarrow.parquet as pq
 
     n_parts = math.ceil(n_rows / job.part_rows)
-    done = finished_parts(out, job)
+    done, _ = finished_parts(out, job, verify=False)  # each was checked or written by now
     missing = [i for i in range(n_parts) if i not in done]
     if missing:
         raise DataError(
@@ -260,11 +281,16 @@ def _finish(
     for index in range(n_parts):
         record = done[index]
         parts.append({"file": part_name(index), "start": record["start"],
-                      "stop": record["stop"], "rows": record["rows"], "failed": record["failed"]})  # fmt: skip
+                      "stop": record["stop"], "rows": record["rows"], "failed": record["failed"],
+                      "bytes": record["bytes"], "sha256": record["sha256"]})  # fmt: skip
         failed += record["failed"]
         lines += record["rejects"]
         for key, value in record["counts"].items():
             counts[key] = counts.get(key, 0) + value
+    if n_rows and failed == n_rows:
+        _remove_job(out, n_parts)
+        raise every_row_failed(job.kind, job.settings["smiles_col"], job.input["path"], n_rows,
+                               [r for i in range(n_parts) for r in done[i]["rejects"][:3]])  # fmt: skip
     text = _csv_text(lines)
     write_text_atomic(out / REJECTS, text)
     columns = pq.read_schema(out / part_name(0)).names if n_parts else []
@@ -274,6 +300,17 @@ def _finish(
                 "n_failed": failed, "counts": counts, "columns": columns, "parts": parts,
                 "rejects": REJECTS, "last_run": run}  # fmt: skip
     write_json(manifest, out / MANIFEST)
+
+
+def _remove_job(out: Path, n_parts: int) -> None:
+    """Remove the manifest, parts and records of a job that gave nothing (and ``out`` if it
+    is left empty), so that no useless output stays under the final name."""
+    for index in range(n_parts):
+        (out / part_name(index)).unlink(missing_ok=True)
+        (out / record_name(index)).unlink(missing_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    if not any(out.iterdir()):
+        out.rmdir()
 
 
 def _csv_text(rows: list[list[Any]]) -> str:

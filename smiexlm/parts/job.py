@@ -41,6 +41,9 @@ def is_parts_output(out: Path) -> bool:
 def wants_parts(out: Path, part_rows: int | None) -> bool:
     """Whether a command writes a folder of parts to ``out`` rather than one file; DataError
     for a file ``out`` given ``--part-rows`` or under torchrun (``WORLD_SIZE`` > 1)."""
+    if part_rows is not None and (isinstance(part_rows, bool) or not isinstance(part_rows, int)
+                                  or part_rows < 1):  # fmt: skip
+        raise DataError(f"--part-rows {part_rows!r}: expected a positive integer")
     parts = is_parts_output(out)
     if part_rows is not None and not parts:
         raise DataError(
@@ -120,7 +123,8 @@ class PartsResult:
     out: Path
     manifest: dict[str, Any]
     parts_written: int  # by this process in this run
-    parts_resumed: int  # finished before this run started
+    parts_resumed: int  # finished before this run started (and found whole)
+    parts_damaged: dict[int, str] = field(default_factory=dict)  # index -> what was wrong
 
     @property
     def n_rows(self) -> int:
@@ -138,6 +142,7 @@ class PartsResult:
             if self.parts_resumed == m["n_parts"]
             else f"{m['last_run']['parts_written']} written by {workers} "
             f"process{'es' if workers > 1 else ''}, {self.parts_resumed} already there"
+            + (f", {len(self.parts_damaged)} damaged written again" if self.parts_damaged else "")
         )
         return (
             f"{m['n_rows']:,} rows in {m['n_parts']} parts of {m['part_rows']:,} in "

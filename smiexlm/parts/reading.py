@@ -1,4 +1,5 @@
-"""Reading a complete folder of parts back: its manifest, its files, one table in input order."""
+"""Reading a complete folder of parts back: its manifest, its files (each checked against the
+size and sha256 recorded when it was written), one table in input order."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.errors import DataError
-from smiexlm.paths import read_json_file
+from smiexlm.paths import file_problem, read_json_file
 
 MANIFEST = "manifest.json"
 PARTS_FORMAT = "smiexlm-parts/1"
@@ -32,13 +33,20 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def part_files(directory: Path) -> list[Path]:
-    """The Parquet files of a complete folder of parts, in input order."""
+    """The Parquet files of a complete folder of parts, in input order, each checked against
+    the size and sha256 its manifest records; DataError naming the first missing, truncated
+    or damaged one."""
     directory = Path(directory)
-    files = [directory / p["file"] for p in read_manifest(directory)["parts"]]
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        raise DataError(f"parts folder {str(directory)!r} lacks {missing[:5]}: expected every "
-                        "part its manifest lists")  # fmt: skip
+    files = []
+    for entry in read_manifest(directory)["parts"]:
+        path = directory / entry["file"]
+        problem = file_problem(path, entry)
+        if problem:
+            raise DataError(
+                f"part {str(path)!r} {problem}: expected the part its folder's {MANIFEST} "
+                "records; run the command that wrote the folder again to write it anew"
+            )
+        files.append(path)
     return files
 
 

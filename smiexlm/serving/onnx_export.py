@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import write_bytes_atomic, write_text_atomic
+from smiexlm.paths import check_not_a_file, write_bytes_atomic, write_text_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -166,7 +166,7 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
     ``kind`` defaults to ``predictor`` for a fine-tuned folder (``finetune.json``), else
     ``encoder``. Re-exporting replaces the graph and its record; other records are kept.
     """
-    directory = Path(directory)
+    directory = check_not_a_file(directory)
     if not (directory / "config.json").is_file():
         raise DataError(
             f"model folder {str(directory)!r} has no config.json: expected a folder written by "

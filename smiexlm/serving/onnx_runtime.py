@@ -183,9 +183,10 @@ class OnnxPredictor:
         from smiexlm.model.inputs import ModelInputs
         from smiexlm.model.pretrained import read_normalization
         from smiexlm.moleculenet.finetune import META_NAME
+        from smiexlm.paths import check_not_a_file
         from smiexlm.tokenizer import SmilesTokenizer
 
-        directory = Path(directory)
+        directory = check_not_a_file(directory, "--checkpoint")
         meta_path = directory / META_NAME
         if not meta_path.is_file():
             raise DataError(

@@ -115,7 +115,7 @@ def test_search_table_and_its_errors(index, library, tmp_path):
     with pytest.raises(InvalidSmilesError):
         index.search(["C1CC"], by="ecfp4")
     other = SearchIndex(index.directory, make_checkpoint(tmp_path / "other"), device="cpu")
-    with pytest.raises(DataError, match="index's embeddings were made with"):
+    with pytest.raises(DataError, match="is not the model that made the index's embeddings"):
         other.search(["CCO"], by="embedding")
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
