@@ -30,7 +30,7 @@ from smiexlm.model.integrity import (
     unreadable,
     verify_checksum,
 )
-from smiexlm.paths import VOCAB_NAME, check_not_a_file, read_json_file
+from smiexlm.paths import VOCAB_NAME, check_not_a_file
 from smiexlm.tokenizer import SmilesTokenizer, vocabulary_file_hash
 
 if TYPE_CHECKING:  # pragma: no cover
