@@ -87,6 +87,21 @@ def test_saved_weights_follow_the_umask_like_every_other_output(saved):
     assert set(modes.values()) == {expected}, modes
 
 
+def test_atomic_outputs_follow_the_umask_whatever_mode_the_writer_gave(tmp_path):
+    from smiexlm.paths import atomic_dir, atomic_path
+
+    expected = 0o666 & ~_umask()
+    with atomic_path(tmp_path / "a.bin") as tmp:
+        tmp.write_bytes(b"x")
+        tmp.chmod(0o600)  # as safetensors' save_file leaves its files
+    with atomic_dir(tmp_path / "folder") as tmp:
+        (tmp / "w.bin").write_bytes(b"x")
+        (tmp / "w.bin").chmod(0o600)
+    assert (tmp_path / "a.bin").stat().st_mode & 0o777 == expected
+    assert (tmp_path / "folder" / "w.bin").stat().st_mode & 0o777 == expected
+    assert (tmp_path / "folder").stat().st_mode & 0o777 == 0o777 & ~_umask()
+
+
 # ---------------------------------------------------------------------- finetune.json
 def test_finetune_json_is_recorded_in_checksums_and_verified(saved, tmp_path):
     folder = tmp_path / "seed0"
