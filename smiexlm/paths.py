@@ -216,6 +216,22 @@ def remove_stale_temporaries(path: str | Path) -> int:
     return removed
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _follow_umask(path: Path) -> None:
+    """Give ``path`` (a file, or a folder and all it holds) the mode that ``open`` and
+    ``mkdir`` give: 0666 / 0777 less the umask. Some writers (safetensors' ``save_file``)
+    create files 0600, and an output should be as readable as every other."""
+    mask = _umask()
+    for entry in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        if not entry.is_symlink():
+            entry.chmod((0o777 if entry.is_dir() else 0o666) & ~mask)
+
+
 def _fsync(path: Path) -> None:
     if path.is_file():
         with open(path, "rb") as handle:
@@ -246,7 +262,7 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     file and an interrupt never destroys the previous result. The renames of several files
     run with Ctrl-C and SIGTERM held, so they land as one unit. On error the temporary files
     are removed and the final names are left untouched; what a killed run left is removed
-    first (:func:`remove_stale_temporaries`).
+    first (:func:`remove_stale_temporaries`). Each output gets the mode the umask gives.
     """
     finals = [Path(p) for p in paths]
     for final in finals:
@@ -257,6 +273,8 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
         yield tmps
         for tmp in tmps:
             _fsync(tmp)
+            if tmp.exists():
+                _follow_umask(tmp)
         with _signals_deferred():
             for tmp, final in zip(tmps, finals, strict=True):
                 if tmp.exists():
@@ -269,7 +287,8 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
 @contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Yield a temporary folder beside ``final``; on success it replaces ``final`` in one
-    rename, so the folder appears complete or not at all. On error it is removed."""
+    rename, so the folder appears complete or not at all (each file with the mode the umask
+    gives). On error it is removed."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final)
@@ -282,6 +301,7 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _follow_umask(tmp)
     old = final.parent / f".{final.name}.old-{os.getpid()}"
     if final.exists():
         os.replace(final, old)

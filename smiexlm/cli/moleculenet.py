@@ -23,7 +23,12 @@ Tasks = Annotated[
                  "seven; default: all)."),
 ]  # fmt: skip
 SaveDir = Annotated[
-    Path | None, typer.Option("--save-dir", help="Keep each seed's best model here (for predict).")
+    Path | None,
+    typer.Option("--save-dir", help="Keep each seed's best model here (DIR/seed0, ...; for "
+                 "predict). A seed folder that exists already is refused unless --overwrite."),
+]  # fmt: skip
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Replace the seed folders --save-dir holds already.")
 ]
 WithBaseline = Annotated[
     bool, typer.Option("--with-baseline", help="Also run the RF-ECFP4 baseline (500 trees).")
@@ -60,12 +65,18 @@ LabelCols = Annotated[
     list[str] | None, typer.Option("--label-cols", help="Label column(s) of --data.")
 ]
 TaskTypeOpt = Annotated[
-    str, typer.Option("--task-type", help="classification (0/1, blank = missing) | regression.")
-]
+    str | None,
+    typer.Option("--task-type", help="Of --data: classification (0/1, blank = missing; the "
+                 "default) | regression. A MoleculeNet set has its own."),
+]  # fmt: skip
 
 
 def _seeds(seeds: list[int] | None) -> list[int]:
-    return seeds or [0, 1, 2]
+    from smiexlm.moleculenet.task import check_seeds
+
+    seeds = seeds or [0, 1, 2]
+    check_seeds(seeds)  # before any data is read or model built
+    return seeds
 
 
 def _tasks(tasks: list[str] | None) -> list[str]:
@@ -77,14 +88,23 @@ def _tasks(tasks: list[str] | None) -> list[str]:
 
 
 def _frames(
-    tasks: list[str] | None, data: Path | None, smiles_col: str, label_cols, task_type: str
-):
+    tasks: list[str] | None, data: Path | None, smiles_col: str, label_cols,
+    task_type: str | None,
+):  # fmt: skip
+    from smiexlm.errors import ConfigError
     from smiexlm.moleculenet import load_csv, load_dataset
 
     if data is not None:  # one task name given (finetune NAME --data) titles the results
         name = tasks[0] if tasks and len(tasks) == 1 else None
         labels = label_cols or []
-        return [load_csv(data, smiles_col, labels, task_type, name)]  # type: ignore[arg-type]
+        kind = task_type or "classification"
+        return [load_csv(data, smiles_col, labels, kind, name)]  # type: ignore[arg-type]
+    if task_type is not None:  # never silently ignored
+        from smiexlm.moleculenet.registry import get_spec
+
+        own = ", ".join(f"{name}: {get_spec(name).task_type}" for name in _tasks(tasks))
+        raise ConfigError("--task-type", task_type, "it only with --data (your own table); a "
+                          f"MoleculeNet set is read with its own type ({own})")  # fmt: skip
     return (load_dataset(name) for name in _tasks(tasks))  # one set in memory at a time
 
 
@@ -142,7 +162,7 @@ def baseline(
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
-    task_type: TaskTypeOpt = "classification",
+    task_type: TaskTypeOpt = None,
     out: Out = Path("runs/baseline"),
 ) -> None:
     """RandomForest on ECFP4 bits, RDKit 2D descriptors or both, same splits and seeds."""
@@ -152,9 +172,9 @@ def baseline(
     _check_outputs(out)
     cfg = BaselineConfig(features, n_trees=n_trees, split=split, class_weight=class_weight)
     title = f"{cfg.model_name.split(' (')[0]} baseline"
-    results = []
+    results, seeds = [], _seeds(seeds)
     for df in _frames(tasks, data, smiles_col, label_cols, task_type):
-        results += run_baseline(df, _seeds(seeds), cfg)
+        results += run_baseline(df, seeds, cfg)
         write_report(results, out, title)  # partial results survive an interrupt
     _print_report(results, out, title)
 
@@ -252,8 +272,9 @@ def finetune(
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
-    task_type: TaskTypeOpt = "classification",
+    task_type: TaskTypeOpt = None,
     save_dir: SaveDir = None,
+    overwrite: Overwrite = False,
     out: Out = Path("runs/finetune"),
     resume: Resume = False,
     processes: Processes = 1,
@@ -272,10 +293,11 @@ def finetune(
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
                   patience=patience, precision=precision, augment=augment, tta=tta)  # fmt: skip
+    seeds = _seeds(seeds)
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective, random_init)
-    results = run_finetune(df, cfg, backbone, _seeds(seeds), save_dir, run_root=out / "runs",
-                           resume=resume)  # fmt: skip
+    results = run_finetune(df, cfg, backbone, seeds, save_dir, overwrite=overwrite,
+                           run_root=out / "runs", resume=resume)  # fmt: skip
     _print_report(results, out, f"Fine-tuning {df.attrs['name']}")
 
 
@@ -306,13 +328,13 @@ def benchmark(
     if _spread(processes, device):
         return
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
-    for df in _frames(tasks, None, "smiles", None, "classification"):
+    seeds = _seeds(seeds)
+    for df in _frames(tasks, None, "smiles", None, None):
         cfg = _config(df.attrs["name"], split=split, epochs=epochs,
                       max_train_steps=max_train_steps, device=device)  # fmt: skip
-        results += run_finetune(df, cfg, backbone, _seeds(seeds), run_root=out / "runs",
-                                resume=resume)  # fmt: skip
+        results += run_finetune(df, cfg, backbone, seeds, run_root=out / "runs", resume=resume)
         if with_baseline:
-            results += run_baseline(df, _seeds(seeds), BaselineConfig(split=split))
+            results += run_baseline(df, seeds, BaselineConfig(split=split))
         if runs.is_main():
             write_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
@@ -384,7 +406,7 @@ def probe(
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
-    task_type: TaskTypeOpt = "classification",
+    task_type: TaskTypeOpt = None,
     out: Out = Path("runs/probe"),
     whiten: Annotated[
         bool, typer.Option(help="Apply the model folder's corpus whitening first.")
@@ -404,8 +426,9 @@ def probe(
 
     _check_outputs(out)
     cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten)
+    seeds = _seeds(seeds)
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
-    results = run_probe(df, Backbone(checkpoint), _seeds(seeds), cfg)
+    results = run_probe(df, Backbone(checkpoint), seeds, cfg)
     _print_report(results, out, f"Linear probe {df.attrs['name']}")
 
 

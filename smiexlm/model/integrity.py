@@ -5,10 +5,11 @@
       {"format": "smiexlm-checksums/1", "sha256": {"model.safetensors": "<64 hex digits>"}}
 
   ``save_pretrained`` writes it (and so do ``smiexlm export``, training checkpoints and
-  fine-tuned folders, which add ``head.safetensors``). Loading recomputes each digest, so
-  weights overwritten in place (same size, intact header) fail instead of giving NaN. A
-  folder without ``checksums.json`` (written before it existed) loads unverified, and says so
-  on stderr once per folder and process.
+  fine-tuned folders, which add ``head.safetensors`` and their record ``finetune.json``).
+  Loading recomputes each digest, so weights overwritten in place (same size, intact header)
+  fail instead of giving NaN. A folder without ``checksums.json`` (written before it
+  existed) loads unverified, and says so on stderr once per folder and process; so does a
+  ``finetune.json`` its record leaves out (saved before the record covered it), silently.
 - :func:`read_header` reads a safetensors header alone (names, dtypes, shapes): a config can
   be checked against the weights before any model is allocated.
 - :func:`check_finite`: loaded weights must hold no NaN or infinite value, digest or not.
@@ -126,16 +127,18 @@ def record_checksums(directory: Path, *names: str) -> Path:
     return write_text_atomic(directory / CHECKSUMS_NAME, json.dumps(doc, indent=1) + "\n")
 
 
-def verify_checksum(path: Path) -> bool:
+def verify_checksum(path: Path, required: bool = True) -> bool:
     """True when ``path`` matches the sha256 its folder records; False when the folder records
-    none (and warns, once per folder). A different digest, or a record that leaves the file
-    out, raises DataError."""
+    none (and warns, once per folder), or, unless ``required``, none for this file. A
+    different digest, or a record that leaves a ``required`` file out, raises DataError."""
     path = Path(path)
     digests = read_checksums(path.parent)
     if digests is None:
         _warn_unverified(path.parent)
         return False
     expected = digests.get(path.name)
+    if expected is None and not required:
+        return False
     if expected is None:
         raise DataError(
             f"{str(path.parent / CHECKSUMS_NAME)!r} records no sha256 for {path.name}: "

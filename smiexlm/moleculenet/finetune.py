@@ -40,16 +40,21 @@ from smiexlm.model.pretrained import DEFAULT_NORMALIZATION, write_normalization
 from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
+from smiexlm.moleculenet.folder import (
+    META_NAME,
+    check_free_seed_folders,
+    finetuned_folders,
+    read_finetune_meta,
+)
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
-from smiexlm.moleculenet.task import MoleculeTask, as_task, run_seeds
+from smiexlm.moleculenet.task import MoleculeTask, as_task, check_seeds, run_seeds
 from smiexlm.paths import atomic_dir, check_output
 
 log = logging.getLogger(__name__)
 
 HEAD_NAME = "head.safetensors"
-META_NAME = "finetune.json"
 __all__ = ["Backbone", "finetune_once", "load_finetuned", "predict", "run_finetune"]
 
 
@@ -211,9 +216,11 @@ def run_finetune(
     progress: bool = True,
     run_root: Path | None = None,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> list[RunResult]:
     """``finetune_once`` per seed (a deterministic split is made once); ``save_dir`` gets one
-    fine-tuned folder per seed (``seed0``, ``seed1``, ...).
+    fine-tuned folder per seed (``seed0``, ``seed1``, ...), replacing one that exists only
+    when ``overwrite`` (a finished run read back with ``resume`` keeps the one it wrote).
 
     ``run_root`` keeps each (set, seed) run in ``run_root/<set>/seed<k>/``: its state after
     every epoch, then its result. With ``resume`` a finished run's result is read back instead
@@ -223,8 +230,13 @@ def run_finetune(
     if run_root is not None and not resume:
         runs.check_fresh(run_root, task.name, seeds)
     backbone = backbone or Backbone()
-    if save_dir is not None:
-        check_output(save_dir, "--save-dir", "folder")  # before training, not after it
+    if save_dir is not None:  # before training, not after it
+        check_output(save_dir, "--save-dir", "folder")
+        check_seeds(seeds)
+        fresh = [
+            s for s in seeds if run_root is None or not runs.is_finished(run_root, task.name, s)
+        ]
+        check_free_seed_folders(Path(save_dir), fresh, overwrite)  # a finished run's are its own
     inputs = backbone.model_texts(task.smiles, cfg.canonicalize)
     raw = None
     if cfg.features:
@@ -262,10 +274,10 @@ def save_finetuned(
         write_normalization(tmp, normalization)
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
-        record_checksums(tmp, HEAD_NAME)  # beside the backbone's model.safetensors
         meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
                        "n_features": model.n_features}  # fmt: skip
         (tmp / META_NAME).write_text(json.dumps(meta, indent=1))
+        record_checksums(tmp, HEAD_NAME, META_NAME)  # beside the backbone's model.safetensors
     return directory
 
 
@@ -273,11 +285,10 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
     """(model, inputs, meta) from a folder written by ``finetune`` (see module docstring):
     the model in eval mode, its :class:`~smiexlm.model.inputs.ModelInputs` (vocabulary and
     normalisation) and ``finetune.json``; each file is checked first (``finetune.json``'s
-    keys, the weights' shapes and sha256)."""
+    keys and values, the weights' shapes, and the sha256 of both)."""
     from smiexlm.model.checkpoint import load_module_weights
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.pretrained import load_pretrained
-    from smiexlm.moleculenet.folder import read_finetune_meta
     from smiexlm.paths import check_not_a_file
 
     directory = check_not_a_file(directory, "--checkpoint")
@@ -351,9 +362,7 @@ def predict(
 
         raise ConfigError("backend", backend, "'torch' or 'onnx'")
 
-    folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
-    if not folders:
-        raise DataError("--checkpoint: expected at least one fine-tuned folder")
+    folders = finetuned_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
     runs, metas = [], []

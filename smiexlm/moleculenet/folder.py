@@ -1,21 +1,32 @@
-"""The record of a fine-tuned folder, ``finetune.json``, read and checked.
+"""The record of a fine-tuned folder, ``finetune.json``, read and checked; where such
+folders are written and which are read.
 
 ``predict`` trusts nothing it has not checked here: every key it reads is present and of the
 right kind, and the sizes agree (one label, target mean and target std per output; a feature
-scaler exactly when the head takes features). The weights are checked by
+scaler exactly when the head takes features), each target std is positive, and the file
+matches the sha256 its folder's ``checksums.json`` records (folders saved before the record
+covered ``finetune.json`` load without it). The weights are checked by
 :func:`smiexlm.model.checkpoint.load_module_weights` and ``ExLMModel.from_pretrained``.
+
+``finetune --save-dir DIR`` writes ``DIR/seed<N>``; :func:`check_free_seed_folders` refuses,
+before any training, to replace one that holds something already. An ensemble names each
+folder once (:func:`finetuned_folders`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from smiexlm.errors import DataError
+from smiexlm.model.integrity import verify_checksum
 from smiexlm.model.model import POOLINGS
 from smiexlm.paths import read_json_file
 
+META_NAME = "finetune.json"
 TASK_TYPES = ("classification", "regression")
 
 
@@ -45,6 +56,8 @@ def read_finetune_meta(path: Path) -> dict[str, Any]:
         values = meta.get(key)
         if not isinstance(values, list) or len(values) != n or not all(_finite(v) for v in values):
             raise bad(key, f"a list of n_outputs = {n} finite numbers")
+    if not all(v > 0 for v in meta["target_std"]):  # 0 makes every prediction the mean
+        raise bad("target_std", f"a list of n_outputs = {n} positive numbers")
     if not isinstance(meta.get("config"), dict):
         raise bad("config", "an object (the fine-tuning config)")
     n_features = meta.setdefault("n_features", 0)
@@ -58,7 +71,59 @@ def read_finetune_meta(path: Path) -> dict[str, Any]:
             f"{str(path)!r}: key 'feature_scaler' is not a scaler of {n_features} features: "
             "expected 'kind', 'clip' and 'median', 'mean', 'std' lists of that length"
         )
+    verify_checksum(path, required=False)  # older folders record the weights only
     return meta
+
+
+def check_free_seed_folders(save_dir: Path, seeds: Sequence[int], overwrite: bool) -> None:
+    """DataError naming ``--save-dir`` and what it holds when a ``save_dir/seed<N>`` of
+    ``seeds`` exists and is not empty, unless ``overwrite``: another run's model is never
+    replaced unasked. Other seeds' folders, and empty ones, are left as they are."""
+    if overwrite:
+        return
+    for seed in seeds:
+        folder = Path(save_dir) / f"seed{seed}"
+        if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
+            continue
+        raise DataError(
+            f"--save-dir {str(save_dir)!r}: {str(folder)!r} holds {_holding(folder)} already; "
+            "expected a new or empty folder (pass --overwrite to replace it, or choose "
+            "another --save-dir)"
+        )
+
+
+def _holding(folder: Path) -> str:
+    """What ``folder`` holds, for a message: the task and seed of a fine-tuned model."""
+    if not folder.is_dir():
+        return "a file"
+    try:
+        meta = json.loads((folder / META_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict):
+        return "files that are not a fine-tuned model"
+    return (
+        f"the fine-tuned model of task {meta.get('dataset', '?')!r} "
+        f"({meta.get('task_type', '?')}, seed {meta.get('seed', '?')})"
+    )
+
+
+def finetuned_folders(checkpoint: Path | str | Sequence[Path | str]) -> list[Path | str]:
+    """The fine-tuned folders of ``--checkpoint`` as a list: at least one, each once (a folder
+    named twice, by any path, would count as two agreeing models and shrink ``<label>_std``)."""
+    folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
+    if not folders:
+        raise DataError("--checkpoint: expected at least one fine-tuned folder")
+    seen: dict[Path, Path | str] = {}
+    for folder in folders:
+        key = Path(folder).expanduser().resolve()
+        if key in seen:
+            raise DataError(
+                f"--checkpoint {str(folder)!r} names {str(key)!r} a second time (as "
+                f"{str(seen[key])!r} did): expected each fine-tuned folder once"
+            )
+        seen[key] = folder
+    return folders
 
 
 def _scaler_fits(scaler: dict, n_features: int) -> bool:

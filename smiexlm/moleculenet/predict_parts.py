@@ -41,9 +41,10 @@ def predict_file(
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError, every_row_failed
+    from smiexlm.moleculenet.folder import finetuned_folders
     from smiexlm.paths import atomic_path, check_output
 
-    folders = _folders(checkpoint)
+    folders = finetuned_folders(checkpoint)
     out = check_output(out, "--out")
     frame = read_table(input_path, smiles_col)  # text cells; a blank cell is ""
     if not _usable(frame[smiles_col]).any():
@@ -76,11 +77,12 @@ def predict_parts(
     import pyarrow as pa
 
     from smiexlm.data.readers import iter_table
+    from smiexlm.moleculenet.folder import finetuned_folders
     from smiexlm.parts import PartsJob, input_record, model_record, run_parts
     from smiexlm.paths import check_output
     from smiexlm.workers import job_workers
 
-    folders = _folders(checkpoint)
+    folders = finetuned_folders(checkpoint)
     out, input_path = Path(out), Path(input_path)
     check_output(out, "--out", kind="folder")  # before any compute, not after it
     chunks = iter_table(input_path, smiles_col, chunk_rows)
@@ -98,15 +100,6 @@ def predict_parts(
             return ChunkOutput(pa.Table.from_pandas(table, preserve_index=False), rejects)
 
         return run_parts(job, out, _chain(first, chunks), process, workers, progress)
-
-
-def _folders(checkpoint: Path | str | Sequence[Path | str]) -> list[Path | str]:
-    from smiexlm.errors import DataError
-
-    folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
-    if not folders:
-        raise DataError("--checkpoint: expected at least one fine-tuned folder")
-    return folders
 
 
 def _output_columns(folders: list, backend: str) -> list[str]:

@@ -71,10 +71,24 @@ def _dataset_order(results: list[RunResult]) -> list[str]:
     return [d for d in PAPER_TASKS if d in seen] + [d for d in seen if d not in PAPER_TASKS]
 
 
+def _digits(metric: str) -> int:
+    """Decimals a score is shown with: ROC-AUC x 100 to 0.1, RMSE to 0.001."""
+    return 1 if metric == "roc_auc" else 3
+
+
+def _paper_datasets(results: list[RunResult]) -> set[str]:
+    """The datasets the paper's Table 1 scores: its classification sets, scored by ROC-AUC
+    (a regression table given one of their names has no paper row)."""
+    return {r.dataset for r in results if r.dataset in PAPER_TASKS and r.metric == "roc_auc"}
+
+
 def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
-    """Mean ± std per dataset and the mean over datasets; paper rows below the measured ones."""
+    """Mean ± std per dataset and the mean over datasets (when they share a metric); paper rows
+    below the measured ones for the paper's classification sets."""
     datasets = _dataset_order(results)
     summary = summarize(results)
+    metrics = {r.dataset: r.metric for r in results}
+    one_metric = len(set(metrics.values())) == 1
     header = ["model", *datasets, "mean"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for model, per in summary.items():
@@ -82,16 +96,21 @@ def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
         for ds in datasets:
             if ds in per:
                 mean, std, n = per[ds]
-                cells.append(f"{mean:.1f} ± {std:.1f}" + (f" (n={n})" if n != 3 else ""))
+                k = _digits(metrics[ds])
+                cells.append(f"{mean:.{k}f} ± {std:.{k}f}" + (f" (n={n})" if n != 3 else ""))
                 means.append(mean)
             else:
                 cells.append("–")
-        cells.append(f"{sum(means) / len(means):.1f}" if len(means) == len(datasets) else "–")
+        full = len(means) == len(datasets) and one_metric
+        k = _digits(metrics[datasets[0]]) if datasets else 1
+        cells.append(f"{sum(means) / len(means):.{k}f}" if full else "–")
         lines.append("| " + " | ".join(cells) + " |")
-    if with_paper and any(d in PAPER_TASKS for d in datasets):
+    paper = _paper_datasets(results)
+    if with_paper and paper:
         for model, scores in PAPER_RESULTS.items():
-            cells = [model] + [f"{scores[d]:.1f}" if d in scores else "–" for d in datasets]
-            vals = [scores[d] for d in datasets if d in scores]
+            vals = [scores[d] for d in datasets if d in scores and d in paper]
+            cells = [model] + [f"{scores[d]:.1f}" if d in paper and d in scores else "–"
+                               for d in datasets]  # fmt: skip
             full = len(vals) == len(datasets)
             cells.append(f"{sum(vals) / len(vals):.1f}" if full else "–")
             lines.append("| " + " | ".join(cells) + " |")
@@ -109,9 +128,10 @@ def details_markdown(results: list[RunResult]) -> str:
     for r in results:
         c = r.config or {}
         cpu = c.get("train_cpu_seconds")
+        k = _digits(r.metric)
         lines.append(
             f"| {r.model} | {r.dataset} | {r.split} | {r.seed} | {'/'.join(map(str, r.sizes))} "
-            f"| {r.n_invalid} | {r.n_tasks_scored}/{r.n_tasks} | {r.valid:.1f} | {r.test:.1f} "
+            f"| {r.n_invalid} | {r.n_tasks_scored}/{r.n_tasks} | {r.valid:.{k}f} | {r.test:.{k}f} "
             f"| {r.best_epoch if r.best_epoch is not None else '–'} | {c.get('steps', '–')} "
             f"| {c.get('precision', '–')} | {'–' if cpu is None else f'{cpu:.0f}'} "
             f"| {r.wall_s:.1f} |"
@@ -154,8 +174,11 @@ def write_report(
         "",
         markdown_table(results),
         "",
-        "Paper rows: ExLM paper Table 1 (scaffold split, 3 seeds).",
-        "",
+        *(
+            ["Paper rows: ExLM paper Table 1 (scaffold split, 3 seeds).", ""]
+            if _paper_datasets(results)
+            else []
+        ),
         "## Runs",
         "",
         details_markdown(results),
@@ -190,9 +213,11 @@ def bar_chart(results: list[RunResult], path: Path, title: str) -> Path:
         means = [per[d][0] if d in per else np.nan for d in datasets]
         stds = [per[d][1] if d in per else 0.0 for d in datasets]
         series.append((model, means, stds))
+    paper = _paper_datasets(results)
     for model, scores in PAPER_RESULTS.items():
-        if any(d in scores for d in datasets):
-            series.append((model, [scores.get(d, np.nan) for d in datasets], [0.0] * len(datasets)))
+        if paper:
+            means = [scores[d] if d in paper else np.nan for d in datasets]
+            series.append((model, means, [0.0] * len(datasets)))
     width = 0.8 / max(len(series), 1)
     x = np.arange(len(datasets))
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(datasets) + 2), 4))

@@ -59,6 +59,10 @@ def processes() -> int:
     return detect().world_size
 
 
+def is_finished(root: Path, dataset: str, seed: int) -> bool:
+    return (run_dir(root, dataset, seed) / RESULT_NAME).is_file()
+
+
 def finished(folder: Path) -> RunResult | None:
     """The result of the finished run in ``folder``, or None when it has not finished."""
     path = Path(folder) / RESULT_NAME

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from smiexlm.errors import ConfigError, DataError
 from smiexlm.moleculenet.metrics import TaskScores, check_scorable
 from smiexlm.moleculenet.registry import TaskType
 from smiexlm.moleculenet.report import RunResult
@@ -103,6 +104,23 @@ class MoleculeTask:
             self.task_type, self.source, self.sha256, self.n_raw, self.n_invalid, self.invalid,
         )  # fmt: skip
 
+    def check_split(self, split: Split) -> None:
+        """DataError unless train, valid and test each hold a labelled molecule (training,
+        selection and the test score need one each) and a classification test part can be
+        scored (:func:`~smiexlm.moleculenet.metrics.check_scorable`)."""
+        labelled = ~np.isnan(self.labels).all(axis=1)
+        parts = (split.train, split.valid, split.test)
+        counts = [int(labelled[np.asarray(part, dtype=np.int64)].sum()) for part in parts]
+        if min(counts) == 0:
+            raise DataError(
+                f"{self.name}: the {split.label} split of {len(self)} molecules leaves "
+                f"{'/'.join(map(str, counts))} labelled molecules in train/valid/test; expected "
+                "at least 1 in each (use more data, or --split random, which gives each part a "
+                "molecule from 6 molecules up)"
+            )
+        if self.is_classification:
+            check_scorable(self.labels[split.test], self.label_cols, self.name, split.label)
+
     def result(
         self,
         model: str,
@@ -129,6 +147,23 @@ def as_task(data: MoleculeTask | pd.DataFrame) -> MoleculeTask:
     return data if isinstance(data, MoleculeTask) else MoleculeTask.from_frame(data)
 
 
+def check_seeds(seeds: Sequence[int]) -> None:
+    """ConfigError unless ``seeds`` are distinct integers in [0, 2**32), which numpy, torch
+    and scikit-learn all accept. Each seed is one run: a repeated seed would repeat a run and
+    count its copy as an independent one in the mean ± std."""
+    seeds = list(seeds)
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ConfigError("--seeds", seed, "integers")
+        if not 0 <= seed < 2**32:
+            raise ConfigError("--seeds", seed, "non-negative integers below 2**32")
+    twice = [seed for seed in dict.fromkeys(seeds) if seeds.count(seed) > 1]
+    if twice:
+        raise ConfigError(
+            "--seeds", seeds, f"distinct seeds (seed {twice[0]} is given more than once)"
+        )
+
+
 def run_seeds(
     task: MoleculeTask,
     seeds: Sequence[int],
@@ -140,16 +175,23 @@ def run_seeds(
     """``one_seed(split, seed)`` for each seed on its split (a deterministic split is made
     once); each result's wall time gets an equal share of ``shared_s``, the seconds spent on
     work common to all seeds (features, embeddings), and the seconds of earlier segments of a
-    resumed run (``config["resumed_seconds"]``). ``on_result`` is called with each result as
-    soon as it exists (to keep it before the next seed starts)."""
-    results: list[RunResult] = []
-    split = None
+    resumed run (``config["resumed_seconds"]``). The seeds and every split are checked
+    (:func:`check_seeds`, :meth:`MoleculeTask.check_split`) before the first run.
+    ``on_result`` is called with each result as soon as it exists (to keep it before the next
+    seed starts)."""
+    check_seeds(seeds)
+    t0 = time.perf_counter()
+    splits: list[Split] = []
     for seed in seeds:
-        t0 = time.perf_counter()
-        if split is None or split.seed is not None:
+        split = splits[-1] if splits and splits[-1].seed is None else None
+        if split is None:  # seeded kinds differ per seed
             split = make_split(task.smiles, split_kind, seed)
-        if task.is_classification:
-            check_scorable(task.labels[split.test], task.label_cols, task.name, split.label)
+            task.check_split(split)
+        splits.append(split)
+    shared_s += time.perf_counter() - t0
+    results: list[RunResult] = []
+    for seed, split in zip(seeds, splits, strict=True):
+        t0 = time.perf_counter()
         result = one_seed(split, seed)
         earlier = float(result.config.get("resumed_seconds", 0.0))
         result.wall_s = time.perf_counter() - t0 + shared_s / len(seeds) + earlier

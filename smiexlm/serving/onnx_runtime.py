@@ -15,7 +15,6 @@ graph needs none of the float64 attention the torch path runs under ``batch_inva
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -182,7 +181,7 @@ class OnnxPredictor:
         from smiexlm.model.config import ExLMConfig
         from smiexlm.model.inputs import ModelInputs
         from smiexlm.model.pretrained import read_normalization
-        from smiexlm.moleculenet.finetune import META_NAME
+        from smiexlm.moleculenet.folder import META_NAME, read_finetune_meta
         from smiexlm.paths import check_not_a_file
         from smiexlm.tokenizer import SmilesTokenizer
 
@@ -195,7 +194,7 @@ class OnnxPredictor:
             )
         payload, record = read_graph(directory, "predictor")
         self.directory = directory
-        self.meta = json.loads(meta_path.read_text())
+        self.meta = read_finetune_meta(meta_path)
         self.config = ExLMConfig.load(directory / CONFIG_NAME)
         check_folder_vocabulary(directory, self.config)
         self.tokenizer = SmilesTokenizer.load(directory / VOCAB_NAME)

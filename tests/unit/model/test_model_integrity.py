@@ -171,10 +171,15 @@ def _damage_finetuned(folder: Path, damage: str) -> None:
         meta_path.write_text('{"task_type": "classi')
     elif damage == "meta lacks n_outputs":
         meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "n_outputs"}))
-    elif damage == "meta says 2 outputs":
+    elif damage == "meta edited":
+        meta_path.write_text(json.dumps(meta | {"target_mean": [0.25]}))
+    elif damage == "meta says 2 outputs":  # in a folder whose record leaves finetune.json out
         meta |= {"n_outputs": 2, "label_cols": ["y", "z"], "target_mean": [0, 0],
                  "target_std": [1, 1]}  # fmt: skip
         meta_path.write_text(json.dumps(meta))
+        sums = json.loads((folder / CHECKSUMS_NAME).read_text())
+        del sums["sha256"]["finetune.json"]
+        (folder / CHECKSUMS_NAME).write_text(json.dumps(sums))
 
 
 @pytest.mark.parametrize(
@@ -185,6 +190,7 @@ def _damage_finetuned(folder: Path, damage: str) -> None:
         ("head overwritten", ["head.safetensors", "sha256"]),
         ("meta not JSON", ["finetune.json", "not valid JSON"]),
         ("meta lacks n_outputs", ["finetune.json", "'n_outputs' is 'missing'", "positive integer"]),
+        ("meta edited", ["finetune.json", "sha256"]),
         ("meta says 2 outputs", ["head.safetensors", "'out_proj.bias'", "(1,)", "(2,)"]),
     ],
 )  # fmt: skip
@@ -199,6 +205,7 @@ def test_corrupted_finetuned_folder_is_one_line(tmp_path, finetuned, damage, nee
 def test_finetuned_folder_records_both_weight_files_and_predicts(tmp_path, finetuned):
     assert verify_checksum(finetuned / "model.safetensors")
     assert verify_checksum(finetuned / "head.safetensors")
+    assert verify_checksum(finetuned / "finetune.json")
     assert _predict(tmp_path, finetuned).returncode == 0
     assert (tmp_path / "p.csv").read_text().startswith("smiles,valid,y\nCCO,True,")
 
