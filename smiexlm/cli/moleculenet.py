@@ -364,6 +364,15 @@ def predict(
     ] = "torch",
     part_rows: PartRows = None,
     threads: Threads = None,
+    tta: Annotated[
+        int,
+        typer.Option(
+            "--tta",
+            min=0,
+            help="Score each molecule as the mean over its canonical "
+            "SMILES and K random ones; <label>_tta_std is their spread (default 0).",
+        ),
+    ] = 0,
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES. A folder --out is written part by part and resumed by the same
@@ -378,10 +387,10 @@ def predict(
         rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
         return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols, rows,
                                         backend=backend,  # type: ignore[arg-type]
-                                        threads=threads))  # fmt: skip
+                                        threads=threads, tta=tta))  # fmt: skip
     if threads is not None:
         detect(threads)
-    result = predict_file(checkpoint, input, output, smiles_col, cols, backend)  # type: ignore[arg-type]
+    result = predict_file(checkpoint, input, output, smiles_col, cols, backend, tta)  # type: ignore[arg-type]
     _echo_failures(result.rejects)
     typer.echo(f"wrote {result.n_rows} rows ({len(result.rejects)} unparsable) to {result.out}")
 

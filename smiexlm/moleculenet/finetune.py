@@ -308,9 +308,11 @@ def load_finetuned(directory: Path | str, device: str = "auto"):
 
 
 def _predict_one(
-    directory: Path | str, smiles: list[str], batch_size: int, backend: str = "torch"
+    directory: Path | str, smiles: list[str], batch_size: int, backend: str = "torch", tta: int = 0
 ) -> tuple[np.ndarray, dict]:
-    """(N, T) scores of one fine-tuned folder on parsable SMILES."""
+    """(V, N, T) scores of one fine-tuned folder on parsable SMILES: V = 1 + ``tta`` spellings
+    of each molecule, the model's own (canonical) first, then random ones."""
+    from smiexlm.data.augment import random_smiles
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
     from smiexlm.moleculenet.features import FeatureScaler
@@ -324,20 +326,24 @@ def _predict_one(
         model, inputs, meta = load_finetuned(directory)
     cfg = meta["config"]
     texts = inputs.texts(smiles, cfg.get("canonicalize", True))
-    rows, _ = inputs.rows(texts, cfg.get("max_length", 256))
     features = None
     if meta.get("feature_scaler"):
         from smiexlm.fingerprints import molecule_features
 
         scaler = FeatureScaler.from_dict(meta["feature_scaler"])
         features = torch.from_numpy(scaler.transform(molecule_features(texts, scaler.kind)))
-    if backend == "onnx":
-        logits = model.logits(rows, None if features is None else features.numpy(), batch_size)
-    else:
-        logits = engine_predict(model, Examples(rows, None, features), batch_size)
+    spellings = [texts] + (list(zip(*random_smiles(texts, tta, 0), strict=True)) if tta else [])
     mean = np.asarray(meta["target_mean"], dtype=np.float32)
     std = np.asarray(meta["target_std"], dtype=np.float32)
-    return _to_scores(logits, meta["task_type"], mean, std), meta
+    views = []
+    for view in spellings:
+        rows, _ = inputs.rows(list(view), cfg.get("max_length", 256))
+        if backend == "onnx":
+            logits = model.logits(rows, None if features is None else features.numpy(), batch_size)
+        else:
+            logits = engine_predict(model, Examples(rows, None, features), batch_size)
+        views.append(_to_scores(logits, meta["task_type"], mean, std))
+    return np.stack(views), meta
 
 
 def predict(
@@ -345,29 +351,33 @@ def predict(
     smiles: Sequence[str],
     batch_size: int = 256,
     backend: Literal["torch", "onnx"] = "torch",
+    tta: int = 0,
 ) -> pd.DataFrame:
     """Predictions per input SMILES: probabilities (classification) or values (regression).
 
     Several fine-tuned folders (e.g. the seeds of one run) make an ensemble: each label column
     is the mean over the models and ``<label>_std`` their standard deviation (ddof 0), the
-    per-molecule uncertainty. Unparsable SMILES (and those longer than
+    per-molecule uncertainty. ``tta=K`` scores each molecule as the mean over its canonical
+    SMILES and K random ones (:mod:`smiexlm.data.augment`), and ``<label>_tta_std`` is their
+    standard deviation (averaged over the models). Unparsable SMILES (and those longer than
     :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`) get NaN rows and ``valid = False``, never
     silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
     onnxruntime (written by ``smiexlm export-onnx FOLDER``).
     """
     from smiexlm.data.normalize import smiles_problem
+    from smiexlm.errors import ConfigError
 
     if backend not in ("torch", "onnx"):
-        from smiexlm.errors import ConfigError
-
         raise ConfigError("backend", backend, "'torch' or 'onnx'")
+    if not isinstance(tta, int) or tta < 0:
+        raise ConfigError("tta", tta, "0 (none) or a positive number of random SMILES")
 
     folders = finetuned_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
-    runs, metas = [], []
+    per_model, metas = [], []
     for folder in folders:
-        values, meta = _predict_one(folder, good, batch_size, backend)
+        values, meta = _predict_one(folder, good, batch_size, backend, tta)
         if metas and (meta["label_cols"], meta["task_type"]) != (
             metas[0]["label_cols"], metas[0]["task_type"]
         ):  # fmt: skip
@@ -375,19 +385,27 @@ def predict(
                 f"--checkpoint {str(folder)!r}: predicts {meta['label_cols']} "
                 f"({meta['task_type']}); expected {metas[0]['label_cols']} like {str(folders[0])!r}"
             )
-        runs.append(values)
+        per_model.append(values)
         metas.append(meta)
     labels = meta["label_cols"]
-    stack = np.stack(runs).reshape(len(runs), len(good), len(labels))  # (M, N_good, T)
-    valid_rows = np.asarray(ok, dtype=bool)
-    out = np.full((len(smiles), len(labels)), np.nan)
-    out[valid_rows] = stack.mean(axis=0)
-    frame = pd.DataFrame(out, columns=labels)
-    if len(folders) > 1:
-        spread = np.full((len(smiles), len(labels)), np.nan)
-        spread[valid_rows] = stack.std(axis=0)
-        for j, label in enumerate(labels):
-            frame[f"{label}_std"] = spread[:, j]
+    stack = np.stack(per_model).reshape(
+        len(folders), tta + 1, len(good), len(labels)
+    )  # (M, V, N, T)
+    frame = pd.DataFrame(_rows_of(stack.mean(axis=(0, 1)), ok), columns=labels)
+    spreads = {"std": stack.mean(axis=1).std(axis=0) if len(folders) > 1 else None,
+               "tta_std": stack.std(axis=1).mean(axis=0) if tta else None}  # fmt: skip
+    for suffix, spread in spreads.items():
+        if spread is not None:
+            values = _rows_of(spread, ok)
+            for j, label in enumerate(labels):
+                frame[f"{label}_{suffix}"] = values[:, j]
     frame.insert(0, "valid", ok)
     frame.insert(0, "smiles", list(smiles))
     return frame
+
+
+def _rows_of(values: np.ndarray, ok: list[bool]) -> np.ndarray:
+    """(len(ok), T): ``values`` in the rows marked ok, NaN in the others."""
+    out = np.full((len(ok), values.shape[1]), np.nan)
+    out[np.asarray(ok, dtype=bool)] = values
+    return out

@@ -35,9 +35,11 @@ def predict_file(
     smiles_col: str = "smiles",
     id_cols: list[str] | None = None,
     backend: Literal["torch", "onnx"] = "torch",
+    tta: int = 0,
 ) -> PredictedFile:
     """Predict every SMILES of ``input_path`` into the CSV ``out`` (written atomically);
-    ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept.
+    ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept;
+    ``backend`` and ``tta`` as in :func:`~smiexlm.moleculenet.finetune.predict`.
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError, every_row_failed
@@ -49,9 +51,10 @@ def predict_file(
     frame = read_table(input_path, smiles_col)  # text cells; a blank cell is ""
     if not _usable(frame[smiles_col]).any():
         raise DataError(f"--input: column {smiles_col!r} has no non-empty SMILES")
-    outputs = _output_columns(folders, backend)
+    how = {"backend": backend, "tta": tta}
+    outputs = _output_columns(folders, how)
     keep = _id_columns(frame, smiles_col, outputs, id_cols)
-    table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, 0, backend)
+    table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, 0, how)
     if len(rejects) == len(table):  # all NaN: nothing under the final name
         raise every_row_failed("predict", smiles_col, input_path, len(table), rejects)
     with atomic_path(out) as tmp:  # a reader never sees half a file
@@ -70,6 +73,7 @@ def predict_parts(
     backend: Literal["torch", "onnx"] = "torch",
     progress: bool = True,
     threads: int | None = None,
+    tta: int = 0,
 ) -> PartsResult:
     """Predict every SMILES of ``input_path`` with the fine-tuned folder(s) ``checkpoint``
     into the folder ``out``; the same call resumes an interrupted job. ``id_cols`` (default:
@@ -88,31 +92,34 @@ def predict_parts(
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     with job_workers(threads) as workers:
-        outputs = _output_columns(folders, backend)
+        how = {"backend": backend, "tta": tta}
+        outputs = _output_columns(folders, how)
         keep = _id_columns(first, smiles_col, outputs, id_cols)
         settings = {"smiles_col": smiles_col, "id_cols": keep, "backend": backend}
+        if tta:  # a folder of parts is one kind of prediction throughout
+            settings["tta"] = tta
         job = PartsJob("predict", input_record(input_path), model_record(map(Path, folders)),
                        settings, part_rows)  # fmt: skip
 
         def process(frame: Any, start: int) -> ChunkOutput:
-            table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, start,
-                                            backend)  # fmt: skip
+            table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, start, how)
             return ChunkOutput(pa.Table.from_pandas(table, preserve_index=False), rejects)
 
         return run_parts(job, out, _chain(first, chunks), process, workers, progress)
 
 
-def _output_columns(folders: list, backend: str) -> list[str]:
-    """The predicted columns: labels, and their ``_std`` for an ensemble (from one molecule)."""
+def _output_columns(folders: list, how: dict) -> list[str]:
+    """The predicted columns: labels, their ``_std`` for an ensemble and ``_tta_std`` with
+    test-time augmentation (from one molecule)."""
     from smiexlm.moleculenet.finetune import predict
 
-    return [c for c in predict(folders, ["C"], backend=backend).columns  # type: ignore[arg-type]
+    return [c for c in predict(folders, ["C"], **how).columns
             if c not in ("smiles", "valid")]  # fmt: skip
 
 
 def _predict_chunk(
     folders: list, frame: Any, smiles_col: str, keep: list[str], outputs: list[str],
-    start: int, backend: str,
+    start: int, how: dict,
 ) -> tuple[Any, list[Reject]]:  # fmt: skip
     """The output rows of ``frame`` (a DataFrame) and its bad rows (row, SMILES, reason)."""
     import numpy as np
@@ -127,7 +134,7 @@ def _predict_chunk(
     preds = pd.DataFrame(np.nan, index=frame.index, columns=outputs)
     valid = pd.Series(False, index=frame.index)
     if usable.any():
-        got = predict(folders, texts[usable].tolist(), backend=backend)  # type: ignore[arg-type]
+        got = predict(folders, texts[usable].tolist(), **how)
         got.index = frame.index[usable]
         preds.loc[usable, outputs] = got[outputs]
         valid[usable] = got["valid"].to_numpy(dtype=bool)

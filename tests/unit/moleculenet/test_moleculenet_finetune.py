@@ -260,3 +260,30 @@ def test_both_features_are_the_bits_then_the_descriptors():
     bits, descriptors = molecule_features(smiles, "ecfp4"), molecule_features(smiles, "rdkit2d")
     assert both.shape == (3, 2048 + descriptors.shape[1]) and both.dtype == np.float32
     np.testing.assert_array_equal(both, np.hstack([bits, descriptors]))
+
+
+def test_predict_with_test_time_augmentation(tmp_path):
+    """tta=K: the mean over the canonical and K random spellings, their spread in
+    <label>_tta_std; a molecule's value is the same alone or among others; tta=0 is unchanged."""
+    from smiexlm.featurizer import DEFAULT_MODEL_DIR
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.moleculenet.finetune import predict, save_finetuned
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    torch.manual_seed(0)
+    model = ExLMForSequencePrediction(
+        ExLMModel.from_pretrained(DEFAULT_MODEL_DIR), 1, "regression", 0.0, "cls"
+    )
+    meta = {"task_type": "regression", "n_outputs": 1, "pooling": "cls", "label_cols": ["y"],
+            "target_mean": [0.0], "target_std": [1.0], "config": {}}  # fmt: skip
+    save_finetuned(model, SmilesTokenizer.load(DEFAULT_MODEL_DIR / "vocab.json"), tmp_path, meta)
+    smiles = ["CC(=O)Oc1ccccc1C(=O)O", "bad", "CN1CCC[C@H]1c1cccnc1", "C"]
+    plain, tta = predict(tmp_path, smiles), predict(tmp_path, smiles, tta=4)
+    assert list(tta.columns) == ["smiles", "valid", "y", "y_tta_std"]
+    assert tta["valid"].tolist() == [True, False, True, True] and tta.loc[1, ["y", "y_tta_std"]].isna().all()  # fmt: skip
+    assert tta.loc[3, "y_tta_std"] == 0.0  # methane has one spelling
+    assert tta.loc[0, "y_tta_std"] > 0.0 and tta.loc[0, "y"] != plain.loc[0, "y"]
+    alone = predict(tmp_path, smiles[2:3], tta=4)
+    assert alone.loc[0, "y"] == pytest.approx(tta.loc[2, "y"], abs=1e-6)
+    assert predict(tmp_path, smiles, tta=0).equals(plain)
