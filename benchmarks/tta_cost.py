@@ -1,0 +1,60 @@
+"""What test-time augmentation costs per molecule: ``predict`` with K random SMILES against none.
+
+    export SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1
+    python benchmarks/tta_cost.py --n 1000 --tta 0 4 10
+
+A fine-tuned folder is made from the shipped default (a regression head, untrained: the cost
+does not depend on the weights), then ``predict`` scores the first N BBBP molecules with each
+K. Process CPU time per molecule (one thread), the ratio to K = 0, and the mean spread
+(``<label>_tta_std``) are printed as a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--tta", type=int, nargs="+", default=[0, 4, 10])
+    args = parser.parse_args()
+
+    import torch
+
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
+    from smiexlm.moleculenet import load_task
+    from smiexlm.moleculenet.finetune import predict, save_finetuned
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    torch.set_num_threads(1)
+    smiles = load_task("bbbp").smiles[: args.n]
+    model = ExLMForSequencePrediction(
+        ExLMModel.from_pretrained(DEFAULT_MODEL_DIR), 1, "regression", 0.0, "cls"
+    )
+    meta = {"task_type": "regression", "n_outputs": 1, "pooling": "cls", "label_cols": ["y"],
+            "target_mean": [0.0], "target_std": [1.0], "config": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = save_finetuned(model, SmilesTokenizer.load(DEFAULT_MODEL_DIR / "vocab.json"),
+                                Path(tmp) / "model", meta)  # fmt: skip
+        predict(folder, smiles[:50])  # warm up: imports, first allocations
+        rows, base = [], None
+        for k in args.tta:
+            start = time.process_time()
+            frame = predict(folder, smiles, tta=k)
+            ms = 1000 * (time.process_time() - start) / len(smiles)
+            base = base or ms
+            spread = frame["y_tta_std"].mean() if k else 0.0
+            rows.append(f"| {k} | {ms:.2f} | {ms / base:.1f}x | {spread:.4f} |")
+    print(f"predict on {len(smiles)} BBBP molecules, one thread\n")
+    print("| K random SMILES | CPU ms per molecule | ratio | mean spread |\n|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
