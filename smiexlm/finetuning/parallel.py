@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from smiexlm.errors import SmiexlmError
+from smiexlm.tokenizer.special import IGNORE_INDEX
 from smiexlm.training.distributed import DistInfo, detect, init
 
 #: the dropout generator of rank r > 0 is seeded with seed + r * RANK_SEED_STRIDE
@@ -138,9 +139,9 @@ class Replicas:
 
 
 def present_labels(targets: Tensor | None) -> int:
-    """Labels a loss is averaged over: non-NaN floats, or class ids other than -100."""
+    """Labels a loss is averaged over: non-NaN floats, or class ids other than IGNORE_INDEX."""
     if targets is None:
         return 0
     if targets.is_floating_point():
         return int((~torch.isnan(targets)).sum())
-    return int((targets != -100).sum())
+    return int((targets != IGNORE_INDEX).sum())
