@@ -87,6 +87,9 @@ def attention_by_length(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> Te
     y = q.new_zeros(q.shape)
     for n in lengths.unique().tolist():
         rows = (lengths == n).nonzero().squeeze(1)
+        first, last = int(rows[0]), int(rows[-1]) + 1
+        if last - first == len(rows):  # a run of rows (a batch sorted by length): no gather
+            rows = slice(first, last)
         nq = min(q.shape[2], n)
         qs, ks, vs = (t[rows, :, :m].double() for t, m in ((q, nq), (k, n), (v, n)))
         scores = (qs @ ks.transpose(-2, -1)).mul_(qs.shape[-1] ** -0.5)  # (G, H, nq, n)
