@@ -3,6 +3,7 @@
     python benchmarks/dag_loss.py                 # CPU: log-space reference vs matrix products
                                                   # (+ GPU reference and kernels if CUDA)
     python benchmarks/dag_loss.py --text-gather-batch 64   # full text-shape fused gather on CPU
+    python benchmarks/dag_loss.py --smoke                  # every row at batch 2: runs, no figure
 
 Shapes: SMILES (B=256, L=40, M=10) and text (paper Appendix I: B=64, L=308, M=77, V=30k for
 the fused log-softmax-gather). CPU peak memory is the growth of the process's peak RSS during
@@ -150,6 +151,11 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads per row (2 only on an idle machine)"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every row at batch 2, one repeat (a check, not a figure)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.child:
@@ -160,16 +166,20 @@ def main() -> None:
     cpu = f"{os.cpu_count()}-core {platform.machine()} CPU ({platform.processor() or 'unknown'})"
     print(f"hardware: {cpu}; torch {torch.__version__}")
     print(f"{'shape':<28} {'impl':<22} {'fwd+bwd ms':>11} {'peak MiB':>9}  ratio")
-    t = a.threads
+    t, b = a.threads, 2 if a.smoke else 0  # batch 0: the shape's own
+    repeats = 1 if a.smoke else a.repeats
+    gather_batch = b or a.text_gather_batch
     rows = [
-        ("smiles B256 L40 M10", "smiles", t, 0, False),
-        ("text B64 L308 M77", "text", t, 0, False),
-        ("text peaked B64 L308 M77", "text_peaked", t, 0, False),
-        (f"text+gather B{a.text_gather_batch} V30k", "text", t, a.text_gather_batch, True),
+        (f"smiles B{b or 256} L40 M10", "smiles", t, b, False),
+        (f"text B{b or 64} L308 M77", "text", t, b, False),
+        (f"text peaked B{b or 64} L308 M77", "text_peaked", t, b, False),
+        (f"text+gather B{gather_batch} V30k", "text", t, gather_batch, True),
     ]
+    if a.smoke:  # the two text rows without the gather run the same code as the first
+        rows = [rows[0], rows[3]]
     first = None
     for label, kind, threads, batch, gather in rows:
-        res = {impl: run_child(kind, threads, a.repeats, batch, gather, impl) for impl in CPU_IMPLS}
+        res = {impl: run_child(kind, threads, repeats, batch, gather, impl) for impl in CPU_IMPLS}
         for impl, r in res.items():
             if kind == "smiles" and impl == "reference":
                 first = first or r["ms"]
@@ -178,9 +188,10 @@ def main() -> None:
                 f"{label:<28} {f'{impl} cpu {threads}thr':<22} {r['ms']:>11.1f} "
                 f"{r['peak_mib']:>9.1f}  {speed:.1f}x vs reference"
             )
-    step = tiny_step_ms(a.repeats)
+    step_batch = 8 if a.smoke else 256
+    step = tiny_step_ms(repeats, step_batch)
     print(
-        f"tiny-preset ExLM training step, B=256 SMILES, 1 thread: {step:.1f} ms; the DAG loss "
+        f"tiny-preset ExLM training step, B={step_batch} SMILES, 1 thread: {step:.1f} ms; the DAG loss "
         f"(reference, 1 thread, same shape) is {100 * first / step:.1f}% of it"
     )
     print(

@@ -42,7 +42,7 @@ MODES = {
 }
 
 
-def run(mode: str, table: Path, out: Path, part_rows: int) -> dict:
+def run(mode: str, table: Path, out: Path, part_rows: int, port: int = 29533) -> dict:
     procs, threads = MODES[mode]
     args = [
         "embed",
@@ -58,7 +58,7 @@ def run(mode: str, table: Path, out: Path, part_rows: int) -> dict:
         cmd = [smiexlm_command(), *args, "--threads", str(threads)]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
-               "--master_addr", "127.0.0.1", "--master_port", "29533", "--no-python",
+               "--master_addr", "127.0.0.1", "--master_port", str(port), "--no-python",
                smiexlm_command(), *args]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
@@ -91,6 +91,7 @@ def main() -> None:
         "--keep", type=Path, default=None, help="keep the last 2-process folder here"
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--port", type=int, default=29533, help="torchrun's rendezvous port")
     args = parser.parse_args()
     source = Path(os.environ["SMIEXLM_DATA"]) / "pretrain" / "moses_train.smi.gz"
     print(f"# {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
@@ -102,7 +103,7 @@ def main() -> None:
             first = None
             for mode in args.modes:
                 out = Path(scratch) / f"emb_{n}_{mode.replace(' ', '_')}"
-                row = run(mode, table, out, args.part_rows)
+                row = run(mode, table, out, args.part_rows, args.port)
                 ids, emb = embeddings(out)
                 if first is None:
                     first = (ids, emb)

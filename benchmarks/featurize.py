@@ -101,7 +101,7 @@ def main() -> None:
         def raw(padded=padded):
             with torch.inference_mode():
                 for x, mask in padded:
-                    feat.model.encode(x, mask, pooling="cls").pooled.float().cpu().numpy()
+                    feat.model.encode(x, mask, pooling=feat.pooling).pooled.float().cpu().numpy()
             sync()
 
         def api_written(bs=bs):

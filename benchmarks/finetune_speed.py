@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--before-steps", type=int, default=104, help="0 = the whole schedule")
     parser.add_argument("--before-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--after-seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--after-steps", type=int, default=0, help="0 = the whole schedule")
     parser.add_argument(
         "--after-amp", nargs="+", default=["off"], help="after runs per seed: off (fp32) | bf16"
     )
@@ -88,7 +89,7 @@ def main() -> None:
                 plan.append(("before", Path(old), args.before_seeds[i], args.before_steps, "-"))
             if i < len(args.after_seeds):
                 for amp in args.after_amp:
-                    plan.append(("after", None, args.after_seeds[i], 0, amp))
+                    plan.append(("after", None, args.after_seeds[i], args.after_steps, amp))
         for side, path, seed, steps, amp in plan:
             row = run_side(path, seed, steps, amp) | {"side": side, "amp": amp}
             row["package"] = args.before_rev if side == "before" else "this checkout"

@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> None:
             epochs=CPU_EPOCHS[task],
             seeds=tuple(args.seeds),
             max_length=128,
-            max_steps=CPU_MAX_STEPS.get(task),
+            max_steps=args.max_steps or CPU_MAX_STEPS.get(task),
+            max_train_rows=args.max_train_rows,
+            max_eval_rows=args.max_eval_rows,
             threads=args.threads,
         )
         result = run_glue(args.checkpoint, config, progress=False)
@@ -151,6 +153,9 @@ def main() -> None:
     p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=None, help="updates per run (a smoke run)")
+    p.add_argument("--max-train-rows", type=int, default=None, help="first N training rows")
+    p.add_argument("--max-eval-rows", type=int, default=None, help="first N dev rows")
     p.set_defaults(func=run)
     m = sub.add_parser("merge", help="one table and one plot from several run folders")
     m.add_argument("folders", nargs="+", type=Path)

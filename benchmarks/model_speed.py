@@ -113,7 +113,7 @@ def run_cpu(presets: list[str], steps: int, max_len: int, bf16: bool = False) ->
     return results
 
 
-def run_text(steps: int, bf16: bool = False) -> dict:
+def run_text(steps: int, bf16: bool = False, blocks: int = 32) -> dict:
     """The tiny text model on the same blocks, interleaved: mlm, and exlm k = 4 with the DAG
     loss by the log-space reference (the previous CPU path) and by the matrix products."""
     variants = [("mlm", "mlm", {}), ("exlm k=4, reference DAG", "exlm", {"k": 4})]
@@ -122,7 +122,7 @@ def run_text(steps: int, bf16: bool = False) -> dict:
     for label, objective, extra in variants:
         torch.manual_seed(0)
         models[label] = build("tiny", objective, extra, "cpu", vocab=8000)
-    batch = make_text_batch()
+    batch = make_text_batch(blocks)
     samples = {label: [] for label in models}
     for _ in range(steps):
         for label, model in models.items():
@@ -166,6 +166,7 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="also time mol_base on CUDA")
     parser.add_argument("--text", action="store_true", help="the tiny text shape instead")
     parser.add_argument("--bf16", action="store_true", help="CPU steps under bf16 autocast")
+    parser.add_argument("--blocks", type=int, default=32, help="text blocks per batch (--text)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -175,7 +176,7 @@ def main() -> None:
     )
     print(f"batch: {BATCH} sequences, lengths {args.max_len // 2}-{args.max_len}, mask 0.15")
     if args.text:
-        results = run_text(args.steps, args.bf16)
+        results = run_text(args.steps, args.bf16, args.blocks)
     else:
         results = run_cpu(args.presets, args.steps, args.max_len, args.bf16)
     print(

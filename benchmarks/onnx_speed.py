@@ -58,7 +58,7 @@ def batches(feat: Featurizer, rows: list[list[int]]) -> list[range]:
 
 def encode_all(feat: Featurizer, rows: list[list[int]], pooling: str) -> np.ndarray:
     """Pooled rows over the featurizer's token-budget batches, as ``featurize`` serves them."""
-    out = np.empty((len(rows), feat.dim), dtype=np.float32)
+    out = np.empty((len(rows), feat.width(pooling)), dtype=np.float32)
     for batch in batches(feat, rows):
         out[batch] = feat.encode_ids([rows[j] for j in batch], pooling)
     return out
@@ -68,7 +68,7 @@ def encode_torch(
     feat: Featurizer, rows: list[list[int]], pooling: str, invariant: bool, pooled_only: bool
 ) -> np.ndarray:
     """The same batches through ``model.encode`` directly (the reference variants)."""
-    out = np.empty((len(rows), feat.dim), dtype=np.float32)
+    out = np.empty((len(rows), feat.width(pooling)), dtype=np.float32)
     for batch in batches(feat, rows):
         ids = np.zeros((len(batch), max(len(rows[j]) for j in batch)), dtype=np.int64)
         for r, j in enumerate(batch):

@@ -106,10 +106,18 @@ LAUNCHES = [
 ]
 
 
-def launch_modes(dataset: Path, steps: int, max_tokens: int) -> dict:
-    """``smiexlm pretrain --config mol_tiny_exlm`` in each CPU launch mode, same global batch
-    (2 micro-batches of ``max_tokens`` per update), one thread per process. tokens/s is the
-    mean of the logged windows after the first (start-up and warm-up excluded)."""
+def launch_modes(
+    dataset: Path,
+    steps: int,
+    max_tokens: int,
+    keep: Path | None = None,
+    only: list[str] | None = None,
+) -> dict:
+    """``smiexlm pretrain --config mol_tiny_exlm`` in each CPU launch mode (``only``: those
+    named ``{nproc}_{precision}``), same global batch (2 micro-batches of ``max_tokens`` per
+    update), one thread per process. tokens/s is the mean of the logged windows after the
+    first (start-up and warm-up excluded). ``keep``: a folder to keep the runs in, one
+    subfolder per mode (``1_fp32``, ``1_bf16``, ``2_fp32``, ``2_bf16``)."""
     overrides = [
         "num_threads=1",
         f"max_tokens={max_tokens}",
@@ -123,7 +131,9 @@ def launch_modes(dataset: Path, steps: int, max_tokens: int) -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, nproc, precision in LAUNCHES:
-            out = Path(tmp) / f"{nproc}_{precision}"
+            if only is not None and f"{nproc}_{precision}" not in only:
+                continue
+            out = (keep or Path(tmp)) / f"{nproc}_{precision}"
             cmd = [sys.executable, "-m", "smiexlm.cli.main", "pretrain", "--config"]
             cmd += ["mol_tiny_exlm", "--data", str(dataset), "--out", str(out)]
             cmd += ["--max-steps", str(steps), "--nproc", str(nproc), *overrides]
@@ -146,6 +156,14 @@ def main() -> None:
         "--launch", action="store_true", help="also run smiexlm pretrain in each CPU launch mode"
     )
     parser.add_argument("--launch-steps", type=int, default=40)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the --launch runs here")
+    parser.add_argument(
+        "--launch-modes",
+        nargs="+",
+        choices=[f"{n}_{p}" for _, n, p in LAUNCHES],
+        default=None,
+        help="only these launch modes (default: all four; the first is the ratios' base)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,8 +179,10 @@ def main() -> None:
                 f"{r['tokens_per_s']:>10.0f} {r['step_ms'] / mlm_ms:>7.2f}"
             )
         if args.launch:
-            rates = launch_modes(dataset, args.launch_steps, args.max_tokens)
-            base = rates[LAUNCHES[0][0]]
+            rates = launch_modes(
+                dataset, args.launch_steps, args.max_tokens, args.keep, args.launch_modes
+            )
+            base = next(iter(rates.values()))
             print(f"\nsmiexlm pretrain, mol_tiny_exlm, {args.launch_steps} updates of 2 x "
                   f"{args.max_tokens} tokens, 1 thread per process:")  # fmt: skip
             for name, tps in rates.items():

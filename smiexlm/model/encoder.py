@@ -6,10 +6,19 @@ mask: padded keys get no attention, so real positions never see pads (padding in
 
 Padding is invisible in exact arithmetic only: SDPA's CPU kernels sum a row of attention
 weights in vector chunks whose grouping follows the padded length, so in fp32 a molecule's
-output moves by a few ulps (about 1e-6) with the length of its longest batch neighbour. Under
-:func:`batch_invariant` (what served inference runs in) CPU attention is computed in float64,
-whose rounding vanishes when the result is cast back: an output is then the same whatever
-batch it sits in, for about 1.2x the time of an fp32 inference pass.
+output moves by a few ulps (about 1e-6) with the length of its longest batch neighbour, and
+a matrix product of 1 to 3 rows (one molecule of 3 tokens alone, or a ``last_queries`` block
+of 1 to 3 molecules) takes another kernel than a larger one. Under :func:`batch_invariant`
+(what served inference runs in) a CPU forward in fp32 is the same for a molecule whatever
+batch it sits in, bit for bit:
+
+- attention runs per group of molecules of one length, without padding, in float64
+  (:func:`attention_by_length`): each molecule's attention is then the computation it gets
+  alone. Float64 over the padded batch was not enough: its last bits still followed the
+  padding, and about one molecule in 10,000 had an attention output on the edge of a float32
+  rounding step, which the cast back then moved by one ulp;
+- linear layers pad a product of fewer than :data:`MIN_GEMM_ROWS` rows with zero rows
+  (:func:`linear`), so that every product takes the same kernel.
 """
 
 from __future__ import annotations
@@ -29,15 +38,63 @@ from smiexlm.model.rope import apply_rotary
 _BATCH_INVARIANT = contextvars.ContextVar("smiexlm_batch_invariant", default=False)
 
 
+# fp32 CPU matrix products of fewer rows take another kernel (MKL: 1 to 3 rows); padded to
+# this many under batch_invariant, with a margin for CPUs whose small-matrix path is wider
+MIN_GEMM_ROWS = 16
+
+
 @contextlib.contextmanager
 def batch_invariant() -> Iterator[None]:
-    """Within it, fp32 CPU attention runs in float64 so that outputs do not depend on the
-    padding or the size of their batch (see the module docstring)."""
+    """Within it, an fp32 CPU forward gives each molecule bitwise the same output whatever
+    the padding, the neighbours or the size of its batch (see the module docstring)."""
     token = _BATCH_INVARIANT.set(True)
     try:
         yield
     finally:
         _BATCH_INVARIANT.reset(token)
+
+
+def _invariant(x: Tensor) -> bool:
+    return _BATCH_INVARIANT.get() and x.device.type == "cpu" and x.dtype == torch.float32
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear``; under :func:`batch_invariant` a product of fewer than
+    :data:`MIN_GEMM_ROWS` rows is computed with zero rows added, in the kernel of a larger
+    batch (the rows are independent: the padding changes none of the real ones)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows >= MIN_GEMM_ROWS or rows == 0 or not _invariant(x):
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, x.shape[-1])
+    padded = torch.cat([flat, flat.new_zeros(MIN_GEMM_ROWS - rows, flat.shape[1])])
+    return F.linear(padded, weight, bias)[:rows].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def attention_by_length(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> Tensor:
+    """Float64 attention of each molecule over its own keys, without padding: ``q`` (B, H, n,
+    hd), ``k``/``v`` (B, H, L, hd), ``key_mask`` (B, 1, 1, L) with each row's real positions
+    first (as every smiexlm batch lays them out) -> (B, H, n, hd) float32, zero at padded
+    queries.
+
+    Molecules of one length go together through matmul -> softmax -> matmul, a batch without
+    padding whose rows are computed independently, so a molecule's output is the one it gets
+    alone, with 1 or 2 threads. SDPA's float64 kernel is not used here: with 2 threads its
+    last bits changed with the number of molecules in the call."""
+    lengths = key_mask.flatten(1).sum(1)  # (B,)
+    positions = torch.arange(key_mask.shape[-1], device=key_mask.device)
+    if not torch.equal(key_mask.flatten(1), positions < lengths[:, None]):
+        raise ValueError("batch_invariant attention expects each row's real positions first")
+    y = q.new_zeros(q.shape)
+    for n in lengths.unique().tolist():
+        rows = (lengths == n).nonzero().squeeze(1)
+        first, last = int(rows[0]), int(rows[-1]) + 1
+        if last - first == len(rows):  # a run of rows (a batch sorted by length): no gather
+            rows = slice(first, last)
+        nq = min(q.shape[2], n)
+        qs, ks, vs = (t[rows, :, :m].double() for t, m in ((q, nq), (k, n), (v, n)))
+        scores = (qs @ ks.transpose(-2, -1)).mul_(qs.shape[-1] ** -0.5)  # (G, H, nq, n)
+        y[rows, :, :nq] = (torch.softmax(scores, dim=-1) @ vs).float()
+    return y
 
 
 class SelfAttention(nn.Module):
@@ -54,26 +111,25 @@ class SelfAttention(nn.Module):
         """``x`` (B, L, d); ``key_mask`` (B, 1, 1, L) bool, True = real token. With
         ``n_queries`` only the first n positions attend (output (B, n, d)); keys and values
         still cover every position."""
+        w, b = self.qkv.weight, self.qkv.bias  # (3d, d), (3d,): rows q | k | v
         if n_queries is None:
-            q, k, v = self.qkv(x).unflatten(-1, (3, self.n_heads, -1)).permute(2, 0, 3, 1, 4)
+            q, k, v = linear(x, w, b).unflatten(-1, (3, self.n_heads, -1)).permute(2, 0, 3, 1, 4)
         else:
             d = x.shape[-1]
-            w, b = self.qkv.weight, self.qkv.bias  # (3d, d), (3d,): rows q | k | v
-            q = F.linear(x[:, :n_queries], w[:d], b[:d]).unflatten(-1, (self.n_heads, -1))
+            q = linear(x[:, :n_queries], w[:d], b[:d]).unflatten(-1, (self.n_heads, -1))
             q = q.transpose(1, 2)  # (B, H, n, hd)
-            kv = F.linear(x, w[d:], b[d:]).unflatten(-1, (2, self.n_heads, -1))
+            kv = linear(x, w[d:], b[d:]).unflatten(-1, (2, self.n_heads, -1))
             k, v = kv.permute(2, 0, 3, 1, 4)  # (B, H, L, hd) each
         nq = q.shape[2]
         q, k = apply_rotary(q, cos[:, :, :nq], sin[:, :, :nq]), apply_rotary(k, cos, sin)
         p = self.attention_dropout if self.training else 0.0
         if p > 0.0 and q.device.type == "cpu":
             y = attention_with_dropout(q, k, v, key_mask, p)
-        elif _BATCH_INVARIANT.get() and q.device.type == "cpu" and q.dtype == torch.float32:
-            q, k, v = q.double(), k.double(), v.double()
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask).float()
+        elif _invariant(q):
+            y = attention_by_length(q, k, v, key_mask)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
-        return self.out(y.transpose(1, 2).flatten(2))  # (B, L, d)
+        return linear(y.transpose(1, 2).flatten(2), self.out.weight, self.out.bias)  # (B, L, d)
 
 
 def attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, p: float) -> Tensor:
@@ -95,7 +151,8 @@ class FeedForward(nn.Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(F.gelu(self.fc1(x))))
+        h = F.gelu(linear(x, self.fc1.weight, self.fc1.bias))
+        return linear(self.dropout(h), self.fc2.weight, self.fc2.bias)
 
 
 class EncoderBlock(nn.Module):

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from smiexlm.cli.main import app
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
+def make_tiny_text_model(folder):
+    """A random-init one-block text ExLM with a 14-word vocabulary, saved in ``folder``."""
     from smiexlm import ExLMConfig, ExLMModel
     from smiexlm.tokenizer import TextTokenizer
 
@@ -24,9 +24,13 @@ def tiny_checkpoint(tmp_path_factory):
     config = ExLMConfig.tiny(
         vocab_size=tok.vocab_size, objective="exlm", k=2, n_layers=1, n_heads=2, d_model=32, d_ff=64
     )
-    folder = tmp_path_factory.mktemp("tiny_text")
     ExLMModel(config).save_pretrained(folder, tokenizer=tok)
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    return make_tiny_text_model(tmp_path_factory.mktemp("tiny_text"))
 
 
 def test_glue_rte_cli_runs_and_writes_a_result(shared_data, tiny_checkpoint, tmp_path):

@@ -286,6 +286,30 @@ def test_padding_invariance(objective):
     )
 
 
+@pytest.mark.parametrize("objective", ["mlm", "maelm", "exlm"])
+def test_batch_invariant_encode_gives_a_molecule_bitwise_its_output_alone(objective):
+    """Under ``batch_invariant`` (served inference) each molecule's pooled states, and the
+    first-position path of a fine-tuned head, are bit for bit those it gets alone, for a
+    3-token molecule too (a 3-row matrix product once took another kernel)."""
+    from smiexlm.model.encoder import batch_invariant
+
+    torch.manual_seed(0)
+    tok = SmilesTokenizer.build(SMILES)
+    enc = tok.encode_batch(["C", *SMILES, "C"])
+    ids, mask = enc.input_ids, enc.attention_mask
+    model = ExLMModel(micro(objective, vocab_size=tok.vocab_size)).eval()
+    with torch.inference_mode(), batch_invariant():
+        for pooling, first in (("cls+mean+max", False), ("cls", True)):
+            whole = model.encode(ids, mask, pooling, pooled_only=first).pooled
+            for i in range(len(ids)):
+                n = int(mask[i].sum())
+                alone = model.encode(ids[i : i + 1, :n], mask[i : i + 1, :n], pooling,
+                                     pooled_only=first).pooled  # fmt: skip
+                assert torch.equal(alone, whole[i : i + 1]), (objective, pooling, i)
+            pair = model.encode(ids[1:3], mask[1:3], pooling, pooled_only=first).pooled
+            assert torch.equal(pair, whole[1:3])
+
+
 def test_exlm_loss_matches_single_path_by_hand():
     # k = 1, uniform transitions: states = targets, so the only path visits every state.
     torch.manual_seed(0)

@@ -1,0 +1,209 @@
+"""Every script under ``benchmarks/`` runs at a tiny size, so that a recorded figure stays
+reproducible.
+
+Each figure in ``benchmarks/results/`` comes from one of these scripts; one that no longer runs
+(an API it calls has moved, the default model's embedding has changed width) leaves a figure
+nobody can reproduce. Each test runs one script, or a short chain (a run, then the script that
+reads it), as a subprocess with the smallest arguments it accepts, writing only under pytest's
+temporary folder, and checks its exit code and the output it exists for. The runs go two at a
+time, about 2.5 minutes for the module on 2 cores. ``benchmarks/gpu/`` is covered by its CPU
+dry run (``tests/integration/test_gpu_campaign.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+
+
+@dataclass(frozen=True)
+class Step:
+    """``python benchmarks/<script> <args>``; ``{tmp}`` and ``{port}`` in the arguments are
+    the chain's folder and a free TCP port. ``expect``: files under ``{tmp}`` it must write;
+    ``prints``: text its standard output must hold."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    expect: tuple[str, ...] = ()
+    prints: str = ""
+
+
+MN = "moleculenet_table.py"
+# chain name -> steps, the longest chains first (they are started first)
+SMOKE: dict[str, list[Step]] = {
+    "pretrain_throughput+precision_curves": [
+        # a one-process and a two-process launch (the other two differ by a precision word)
+        Step("pretrain_throughput.py", ("--steps", "1", "--molecules", "200", "--max-tokens",
+             "512", "--launch", "--launch-steps", "10", "--launch-modes", "1_fp32", "2_bf16",
+             "--keep", "{tmp}/runs"),
+             expect=("runs/1_fp32/metrics.jsonl", "runs/2_bf16/metrics.jsonl"),
+             prints="2 processes, bf16 autocast (default)"),
+        Step("precision_curves.py", ("{tmp}/runs/1_fp32", "{tmp}/runs/2_bf16", "--out",
+             "{tmp}/curves.png", "--every", "5"), expect=("curves.png",), prints="| 5 |"),
+    ],
+    "moleculenet_table": [
+        Step(MN, ("run", "--name", "shipped", "--tasks", "bace", "--seeds", "0", "--out",
+             "{tmp}/run"), expect=("run/results.json",), prints="shipped bace seed 0: test"),
+        Step(MN, ("probe", "--tasks", "bace", "--seeds", "0", "--out", "{tmp}/probe"),
+             expect=("probe/results.json",)),
+        Step(MN, ("baseline", "--tasks", "bace", "--seeds", "0", "--n-trees", "5", "--out",
+             "{tmp}/rf"), expect=("rf/results.json",)),
+        Step(MN, ("merge", "{tmp}/run", "{tmp}/probe", "{tmp}/rf", "--out", "{tmp}/table"),
+             expect=("table/report.md", "table/schedule.json")),
+    ],
+    "embed_resume+search": [
+        Step("embed_resume.py", ("--n", "1000", "--part-rows", "10", "--kill-after", "2",
+             "--check", "20", "--keep", "{tmp}/emb", "--port", "{port}", "--json",
+             "{tmp}/resume.json"), expect=("resume.json", "emb/manifest.json")),
+        Step("search.py", ("--embeddings", "{tmp}/emb", "--queries", "20", "--ef", "16",
+             "--ecfp4-queries", "5", "--json", "{tmp}/search.json"), expect=("search.json",)),
+    ],
+    "embed_parts": [
+        Step("embed_parts.py", ("--sizes", "60", "--part-rows", "20", "--modes",
+             "1 proc x 1 thread", "2 procs x 1 thread", "--port", "{port}", "--json",
+             "{tmp}/parts.json"), expect=("parts.json",), prints='"max_abs_diff": 0.0'),
+    ],
+    "finetune_speed": [
+        Step("finetune_speed.py", ("--before-rev", "HEAD", "--before-steps", "1",
+             "--after-steps", "1", "--out", "{tmp}/speed"), expect=("speed/speed.json",)),
+    ],
+    "onnx_speed": [
+        Step("onnx_speed.py", ("--n", "20", "--repeats", "1", "--threads", "1"),
+             prints="| 1 | mean |"),
+    ],
+    "neighbours": [
+        Step("neighbours.py", ("--tasks", "bace", "--poolings", "cls", "-k", "5"),
+             prints="| ECFP4 Tanimoto |"),
+    ],
+    "dag_loss": [Step("dag_loss.py", ("--smoke",), prints="text+gather B2 V30k")],
+    "model_speed": [
+        Step("model_speed.py", ("--presets", "tiny", "--steps", "1", "--max-len", "16"),
+             prints="| tiny | exlm k=2 |"),
+        Step("model_speed.py", ("--text", "--steps", "1", "--blocks", "2"),
+             prints="| text tiny | exlm k=4, matmul DAG |"),
+    ],
+    "tokenizer": [Step("tokenizer.py", ("--n", "200", "--repeats", "1"), prints="DeepChem")],
+    "featurize": [
+        Step("featurize.py", ("--n", "40", "--repeats", "1", "--threads", "1"),
+             prints="RDKit Morgan fingerprints"),
+    ],
+    "batch_invariance": [
+        Step("batch_invariance.py", ("--n", "30", "--repeats", "1"),
+             prints="| served (batch_invariant) |"),
+    ],
+    "glue_table": [
+        Step("glue_table.py", ("run", "--name", "tiny", "--checkpoint", "{tmp}/text_model",
+             "--out", "{tmp}/glue", "--tasks", "RTE", "--seeds", "1", "--max-steps", "2",
+             "--max-train-rows", "16", "--max-eval-rows", "16"), expect=("glue/RTE.json",)),
+        Step("glue_table.py", ("merge", "{tmp}/glue", "--out", "{tmp}/table"),
+             expect=("table/table.md", "table/glue.png")),
+    ],
+    "demo_pooling": [
+        Step("demo_pooling.py", ("--corpus", "300", "--poolings", "cls"),
+             prints="| -1 | cls | whitened |"),
+    ],
+    "embed_memory": [
+        Step("embed_memory.py", ("--sizes", "40", "--scratch", "{tmp}/scratch"),
+             prints="| 40 |"),
+    ],
+    "preprocess": [
+        Step("preprocess.py", ("--n-canon", "60", "--n-fast", "200"),
+             prints="pipeline, canonicalize, 2 workers"),
+        Step("preprocess.py", ("--descriptors", "40"), prints="--descriptors rdkit2d, 2 workers"),
+    ],
+}  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    # one thread per process (two runs share the cores); no __pycache__ in benchmarks/
+    return os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+                         "PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1"}  # fmt: skip
+
+
+def _run_chain(name: str, folder: Path) -> list[subprocess.CompletedProcess]:
+    """The chain's steps in order, in ``folder``; stops at the first that fails."""
+    from tests.cli.test_glue_cli import make_tiny_text_model
+
+    folder.mkdir(parents=True)
+    if name == "glue_table":
+        make_tiny_text_model(folder / "text_model")
+    if name.startswith("pretrain_throughput"):
+        (folder / "runs").mkdir()
+    done = []
+    for step in SMOKE[name]:
+        fill = {"tmp": str(folder), "port": str(free_port())}
+        args = [a.format(**fill) for a in step.args]
+        done.append(subprocess.run([sys.executable, str(BENCHMARKS / step.script), *args],
+                                   capture_output=True, text=True, timeout=900, env=_env(),
+                                   cwd=folder))  # fmt: skip
+        if done[-1].returncode != 0:
+            break
+    return done
+
+
+def _tree(folder: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
+
+
+def _selected_chains(request) -> set[str]:
+    """The chains of this module's tests that the session runs (all when it runs none)."""
+    chosen = set()
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if getattr(item, "module", None) is request.module and callspec is not None:
+            chosen.add(callspec.params["chain"])
+    return chosen or set(SMOKE)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request, shared_data, tmp_path_factory):
+    """The chains the session selected, two at a time: ``{name: (folder, runs)}``, and the
+    benchmarks/ tree before and after."""
+    chosen = _selected_chains(request)
+    root = tmp_path_factory.mktemp("smoke")
+    before = _tree(BENCHMARKS)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(_run_chain, name, root / name.replace("+", "_"))
+                   for name in SMOKE if name in chosen}  # fmt: skip
+        runs = {name: (root / name.replace("+", "_"), f.result()) for name, f in futures.items()}
+    return runs, before, _tree(BENCHMARKS)
+
+
+@pytest.mark.slow
+@pytest.mark.data
+@pytest.mark.parametrize("chain", list(SMOKE))
+def test_benchmark_runs_at_a_tiny_size(chain, smoke_runs):
+    runs, _, _ = smoke_runs
+    folder, done = runs[chain]
+    for step, proc in zip(SMOKE[chain], done, strict=False):
+        shown = f"{step.script} {' '.join(step.args)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        assert proc.returncode == 0, shown
+        assert step.prints in proc.stdout, shown
+        missing = [name for name in step.expect if not (folder / name).exists()]
+        assert not missing, f"{step.script} did not write {missing}\n{shown}"
+    assert len(done) == len(SMOKE[chain])
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_smoke_runs_leave_the_benchmarks_folder_as_it_was(smoke_runs):
+    _, before, after = smoke_runs
+    assert after == before  # nothing written into benchmarks/results/ (or anywhere in it)
+
+
+def test_every_benchmark_script_has_a_smoke_run():
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")}
+    covered = {step.script for steps in SMOKE.values() for step in steps}
+    assert scripts == covered, f"without a smoke run: {sorted(scripts - covered)}"
+    assert (BENCHMARKS / "gpu" / "campaign.py").is_file()  # its dry run is tested on its own
