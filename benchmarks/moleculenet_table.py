@@ -207,14 +207,15 @@ def merge(args: argparse.Namespace) -> None:
 def campaign(args: argparse.Namespace) -> None:
     """Every cell of :data:`PLAN` not yet in ``--root``, in order; the report after each."""
     for row, tasks in PLAN:
-        if args.rows and row not in args.rows:
+        tasks = [t for t in tasks if not args.tasks or t in args.tasks]
+        if (args.rows and row not in args.rows) or not tasks:
             continue
         kind, name, options = ROWS[row]
         ns = argparse.Namespace(
             name=name, out=args.root / row, tasks=tasks, seeds=args.seeds, threads=1,
             checkpoint=options.get("checkpoint"), preset="tiny", objective="mlm",
             variant=options.get("variant", "finetune"), schedule="full", progress=args.progress,
-            pooling=None, features=options.get("features"), whiten=False, n_trees=500,
+            pooling=None, features=options.get("features"), whiten=False, n_trees=args.n_trees,
             augment=0, tta=0, max_train_steps=None,
         )  # fmt: skip
         {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
@@ -279,6 +280,8 @@ def main() -> None:
     p_camp = sub.add_parser("campaign", help="every cell of the plan, resumable")
     p_camp.add_argument("--root", type=Path, required=True)
     p_camp.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
+    p_camp.add_argument("--tasks", nargs="+", choices=TASKS, default=None, help="only these sets")
+    p_camp.add_argument("--n-trees", type=int, default=500, help="trees per forest")
     for p in (p_run, p_camp):
         p.add_argument("--progress", action="store_true", help="a progress bar per run")
     for p in (p_run, p_probe, p_base, p_camp):
