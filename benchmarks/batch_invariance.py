@@ -3,10 +3,10 @@
     SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1 python benchmarks/batch_invariance.py \
         [--n 10000] [--source moses] [--repeats 2]
 
-On the first ``--n`` molecules of ``--source`` (MOSES training SMILES, BBBP or ESOL) with the shipped
-default model and its own embedding (cls+mean+max, 384 wide), canonicalised and tokenised
-beforehand, it times ``model.encode`` over the featurizer's token-budget batches, the variants
-alternating, best of ``--repeats`` by process CPU time:
+On the first ``--n`` molecules of ``--source`` (MOSES training SMILES, BBBP or ESOL) with
+the shipped default model and its own embedding (cls+mean+max, 384 wide), canonicalised and
+tokenised beforehand, it times ``model.encode`` over the featurizer's token-budget batches,
+the variants alternating, best of ``--repeats`` by process CPU time:
 
 - plain fp32;
 - float64 attention over the padded batch and no padding of small products (the served path
@@ -136,8 +136,8 @@ def main() -> None:
           "molecules changed |\n|---|---:|---:|---:|---:|")  # fmt: skip
     for name, f in products.items():
         alone = np.concatenate([f(raw[i : i + 1]) for i in range(len(raw))])
-        print(f"| {name} | {1e3 * wcpu[name]:,.0f} | "
-              f"{wcpu[name] / end_to_end['featurize']:.1%} | {changes(f(raw), alone)} |")  # fmt: skip
+        share = wcpu[name] / end_to_end["featurize"]
+        print(f"| {name} | {1e3 * wcpu[name]:,.0f} | {share:.1%} | {changes(f(raw), alone)} |")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ batch it sits in, bit for bit:
 - attention runs per group of molecules of one length, without padding, in float64
   (:func:`attention_by_length`): each molecule's attention is then the computation it gets
   alone. Float64 over the padded batch was not enough: its last bits still followed the
-  padding, and about one molecule in 10,000 had an attention output on the edge of a float32
-  rounding step, which the cast back then moved by one ulp;
+  padding, and the cast back to float32 hides them only where a value is not on the edge of
+  a rounding step;
 - linear layers (and the fine-tuning heads) pad a product of fewer than
   :data:`MIN_GEMM_ROWS` rows or outputs with zeros (:func:`linear`), so that every product
   takes the same kernel.
