@@ -191,8 +191,8 @@ def main() -> None:
     step_batch = 8 if a.smoke else 256
     step = tiny_step_ms(repeats, step_batch)
     print(
-        f"tiny-preset ExLM training step, B={step_batch} SMILES, 1 thread: {step:.1f} ms; the DAG loss "
-        f"(reference, 1 thread, same shape) is {100 * first / step:.1f}% of it"
+        f"tiny-preset ExLM training step, B={step_batch} SMILES, 1 thread: {step:.1f} ms; "
+        f"the DAG loss (reference, 1 thread, same shape) is {100 * first / step:.1f}% of it"
     )
     print(
         f"alpha+beta+links fp32: smiles {state_mib('smiles'):.1f} MiB, text {state_mib('text'):.1f} MiB"

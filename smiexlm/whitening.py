@@ -92,8 +92,8 @@ class Whitening:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """(n, d) float32. Each row is its own float64 vector-matrix product, so a row comes
         out bitwise the same alone or in any batch. One (n, d) @ (d, d) product did not: its
-        last float64 bits follow the kernel's blocking of n rows, and about one row in
-        10,000 then rounded to another float32 (by up to 7e-6 for the shipped model)."""
+        last float64 bits follow the kernel's blocking of n rows, and one row of 10,000 MOSES
+        molecules then rounded to another float32 alone than in its batch."""
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise DataError(f"whitening of width {self.dim}: got embeddings of shape {x.shape}")

@@ -15,10 +15,11 @@ batch it sits in, bit for bit:
 - attention runs per group of molecules of one length, without padding, in float64
   (:func:`attention_by_length`): each molecule's attention is then the computation it gets
   alone. Float64 over the padded batch was not enough: its last bits still followed the
-  padding, and about one molecule in 10,000 had an attention output on the edge of a float32
-  rounding step, which the cast back then moved by one ulp;
-- linear layers pad a product of fewer than :data:`MIN_GEMM_ROWS` rows with zero rows
-  (:func:`linear`), so that every product takes the same kernel.
+  padding, and the cast back to float32 hides them only where a value is not on the edge of
+  a rounding step;
+- linear layers (and the fine-tuning heads) pad a product of fewer than
+  :data:`MIN_GEMM_ROWS` rows or outputs with zeros (:func:`linear`), so that every product
+  takes the same kernel.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from smiexlm.model.rope import apply_rotary
 _BATCH_INVARIANT = contextvars.ContextVar("smiexlm_batch_invariant", default=False)
 
 
-# fp32 CPU matrix products of fewer rows take another kernel (MKL: 1 to 3 rows); padded to
-# this many under batch_invariant, with a margin for CPUs whose small-matrix path is wider
+# fp32 CPU matrix products of fewer rows (or outputs) take another kernel (MKL: 1 to 3 rows;
+# one output: rows modulo 4); padded to this many under batch_invariant, with a margin for
+# CPUs whose small-matrix paths are wider
 MIN_GEMM_ROWS = 16
 
 
@@ -60,14 +62,20 @@ def _invariant(x: Tensor) -> bool:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear``; under :func:`batch_invariant` a product of fewer than
-    :data:`MIN_GEMM_ROWS` rows is computed with zero rows added, in the kernel of a larger
-    batch (the rows are independent: the padding changes none of the real ones)."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if rows >= MIN_GEMM_ROWS or rows == 0 or not _invariant(x):
+    :data:`MIN_GEMM_ROWS` rows, or of fewer outputs (a head of 1 to 15 tasks, whose products
+    took a kernel that follows the number of rows modulo 4), is computed with zero rows or
+    zero outputs added, in the kernel of a large batch. Rows and outputs are independent:
+    the padding changes none of the real ones."""
+    rows, out = (x.numel() // x.shape[-1] if x.shape[-1] else 0), weight.shape[0]
+    if min(rows, out) >= MIN_GEMM_ROWS or rows == 0 or not _invariant(x):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
-    padded = torch.cat([flat, flat.new_zeros(MIN_GEMM_ROWS - rows, flat.shape[1])])
-    return F.linear(padded, weight, bias)[:rows].reshape(*x.shape[:-1], weight.shape[0])
+    if rows < MIN_GEMM_ROWS:
+        flat = torch.cat([flat, flat.new_zeros(MIN_GEMM_ROWS - rows, flat.shape[1])])
+    if out < MIN_GEMM_ROWS:
+        weight = torch.cat([weight, weight.new_zeros(MIN_GEMM_ROWS - out, weight.shape[1])])
+        bias = None if bias is None else torch.cat([bias, bias.new_zeros(MIN_GEMM_ROWS - out)])
+    return F.linear(flat, weight, bias)[:rows, :out].reshape(*x.shape[:-1], out)
 
 
 def attention_by_length(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> Tensor:
