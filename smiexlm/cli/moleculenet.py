@@ -221,8 +221,9 @@ Augment = Annotated[
 ]  # fmt: skip
 Tta = Annotated[
     int | None,
-    typer.Option("--tta", help="Test-time augmentation: score the mean over the canonical and "
-                 "K random SMILES of each validation and test molecule (default 0)."),
+    typer.Option("--tta", help="Test-time augmentation: score each test molecule as the mean "
+                 "over its canonical and K random SMILES (default 0); epochs are still chosen on "
+                 "the canonical ones."),
 ]  # fmt: skip
 Resume = Annotated[
     bool,

@@ -2,6 +2,7 @@
 tasks (``smiexlm.moleculenet.finetune``, ``smiexlm.glue.finetune``)."""
 
 from smiexlm.finetuning.batches import Examples
-from smiexlm.finetuning.engine import FitResult, LoopConfig, fit, predict, predict_views
+from smiexlm.finetuning.engine import FitResult, LoopConfig, fit
+from smiexlm.finetuning.inference import predict, predict_views
 
 __all__ = ["Examples", "FitResult", "LoopConfig", "fit", "predict", "predict_views"]

@@ -31,7 +31,8 @@ class Examples:
     or (N,) long class ids with −100 = missing; None at prediction time. ``features``: (N, F)
     normalised per-example features for a hybrid head, or None. ``variants``: K other
     spellings of each example's input (random SMILES, :mod:`smiexlm.data.augment`) as token
-    ids: training draws among the K + 1 spellings each epoch, evaluation averages over them.
+    ids: training draws among the K + 1 spellings each epoch; :func:`~smiexlm.finetuning.
+    inference.predict_views` scores every spelling (test-time augmentation).
     """
 
     rows: list[list[int]] | None = None

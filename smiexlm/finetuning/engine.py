@@ -32,7 +32,6 @@ result it would have had without the stop. Under several processes (``torchrun``
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -50,14 +49,10 @@ from smiexlm.errors import ConfigError, check_positive_int
 from smiexlm.finetuning.batches import (
     Examples,
     bucketed_batches,
-    iterate,
-    sorted_batches,
     to_batch,
 )
+from smiexlm.finetuning.inference import predict
 from smiexlm.finetuning.parallel import Replicas, present_labels
-from smiexlm.model.encoder import batch_invariant
-
-EVAL_MAX_TOKENS = 4096  # padded positions per evaluation batch
 
 
 @dataclass
@@ -146,56 +141,6 @@ def freeze_encoder(model: nn.Module, n_layers: int | None) -> None:
         encoder.embed.requires_grad_(False)
         for block in encoder.encoder.layers[:n_layers]:
             block.requires_grad_(False)
-
-
-@torch.inference_mode()
-def predict(
-    model: nn.Module,
-    examples: Examples,
-    batch_size: int = 256,
-    precision: Precision = "fp32",
-    pad_id: int = 0,
-    output: Literal["logits", "pooled"] = "logits",
-    max_tokens: int | None = EVAL_MAX_TOKENS,
-) -> np.ndarray:
-    """(N, C) float32 logits (or pooled features) in input order, eval mode, length-sorted,
-    at most ``batch_size`` examples and ``max_tokens`` padded positions per batch.
-
-    ``precision="fp32"`` (the default, what ``predict`` and the featurizer serve with) runs under
-    :func:`~smiexlm.model.encoder.batch_invariant`, so a molecule's output does not depend on
-    its batch neighbours, their padding or the batch size. bf16 autocast (``"auto"``/``"bf16"``,
-    used for validation while training) rounds each batch
-    shape differently: outputs then move by up to about 1e-2 with the batching."""
-    model.eval()
-    device = next(model.parameters()).device
-    plain = Examples(examples.rows, None, examples.features, examples.pooled)
-    out: np.ndarray | None = None
-    batches = sorted_batches(plain.lengths(), batch_size, max_tokens)
-    fp32 = not uses_bf16(device, precision)
-    for index, batch in iterate(plain, batches, device, pad_id):
-        with autocast(device, precision), batch_invariant() if fp32 else contextlib.nullcontext():
-            if output == "pooled":
-                values = model.pool(batch["input_ids"], batch["attention_mask"])
-            else:
-                values = model(**batch).logits
-        values = values.float().cpu().numpy()
-        if out is None:
-            out = np.zeros((len(plain), values.shape[1]), dtype=np.float32)
-        out[index] = values
-    return out if out is not None else np.zeros((0, 0), dtype=np.float32)
-
-
-def predict_views(
-    model: nn.Module,
-    examples: Examples,
-    batch_size: int = 256,
-    precision: Precision = "fp32",
-    pad_id: int = 0,
-) -> np.ndarray:
-    """(V, N, C) logits of every spelling of the examples (V = 1 + their variants): the
-    canonical input first; the mean over V is the test-time-augmented prediction."""
-    views = [examples.view(v) for v in range(examples.n_views)]
-    return np.stack([predict(model, view, batch_size, precision, pad_id) for view in views])
 
 
 def fit(

@@ -56,7 +56,7 @@ class FinetuneConfig:
     max_length: int = 256
     features: str | None = None
     augment: int = 0  # random SMILES per training molecule, one drawn per epoch (0 = none)
-    tta: int = 0  # random SMILES averaged with the canonical one at evaluation (0 = none)
+    tta: int = 0  # random SMILES averaged with the canonical one for the scores kept (0 = none)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

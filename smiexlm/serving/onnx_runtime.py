@@ -210,7 +210,7 @@ class OnnxPredictor:
         head. Length-sorted batches of at most ``batch_size`` rows and the engine's padded
         token budget, as :func:`smiexlm.finetuning.predict` cuts them."""
         from smiexlm.finetuning.batches import sorted_batches
-        from smiexlm.finetuning.engine import EVAL_MAX_TOKENS
+        from smiexlm.finetuning.inference import EVAL_MAX_TOKENS
 
         if (features is None) != (self.n_features == 0) or (
             features is not None and features.shape != (len(rows), self.n_features)
