@@ -24,7 +24,6 @@ the test split is never used for a choice.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -224,17 +223,13 @@ def campaign(args: argparse.Namespace) -> None:
 
 
 def _spread(processes: int) -> bool:
-    """Run this script as ``processes`` data-parallel processes; True when they did."""
-    from smiexlm.training import distributed
+    """True when ``processes`` copies of this script ran it (see ``distributed.relaunch``)."""
+    from smiexlm.training.distributed import relaunch
 
-    if processes == 1 or distributed.detect().enabled:
-        if os.environ.get(distributed.LAUNCHED_ENV) == "1":
-            distributed.follow_launcher()
-        return False
-    code = distributed.launch_local(processes, [sys.executable, *sys.argv], 1)
+    code = relaunch(processes, [sys.executable, *sys.argv])
     if code:
         raise SystemExit(code)
-    return True
+    return code is not None
 
 
 def main() -> None:

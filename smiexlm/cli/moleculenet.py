@@ -5,7 +5,6 @@ Heavy imports (torch, RDKit, pandas) happen inside the command bodies.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -117,22 +116,17 @@ def _check_outputs(out: Path, save_dir: Path | None = None) -> None:
         check_output(save_dir, "--save-dir", "folder")
 
 
-def _spread(processes: int, device: str) -> bool:
-    """Start this command as ``processes`` data-parallel processes (one core each) and wait;
-    True when they ran it (exit with their code on failure), False when this process is to
-    run it itself (one process, or one of those started)."""
+def _spread(processes: int) -> bool:
+    """True when ``processes`` copies of this command ran it (exit with their code when one
+    failed); False when this process is to run it itself (see ``distributed.relaunch``)."""
     import sys
 
-    from smiexlm.training import distributed
+    from smiexlm.training.distributed import relaunch
 
-    if processes == 1 or distributed.detect().enabled:
-        if distributed.detect().enabled and os.environ.get(distributed.LAUNCHED_ENV) == "1":
-            distributed.follow_launcher()
-        return False
-    code = distributed.launch_local(processes, [sys.executable, sys.argv[0], *sys.argv[1:]], 1)
+    code = relaunch(processes, [sys.executable, *sys.argv])
     if code:
         raise typer.Exit(code)
-    return True
+    return code is not None
 
 
 def _print_report(results, out: Path, title: str) -> None:
@@ -288,7 +282,7 @@ def finetune(
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
 
     _check_outputs(out, save_dir)
-    if _spread(processes, device):
+    if _spread(processes):
         return
     cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
@@ -326,7 +320,7 @@ def benchmark(
     from smiexlm.moleculenet.report import write_report
 
     _check_outputs(out)
-    if _spread(processes, device):
+    if _spread(processes):
         return
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     seeds = _seeds(seeds)

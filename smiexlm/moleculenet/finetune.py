@@ -101,8 +101,12 @@ class _Targets:
     def scaled(self) -> torch.Tensor:
         return torch.from_numpy((self.y - self.mean) / self.std)
 
+    def to_scores(self, logits: np.ndarray) -> np.ndarray:
+        """Probabilities, or values in the labels' units."""
+        return _to_scores(logits, self.task_type, self.mean, self.std)
+
     def score(self, rows: Sequence[int], logits: np.ndarray):
-        return score(self.task_type, self.y[rows], _to_scores(logits, self.task_type, self.mean, self.std))  # fmt: skip
+        return score(self.task_type, self.y[rows], self.to_scores(logits))
 
 
 def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | None, split: Split):
@@ -187,8 +191,8 @@ def finetune_once(
         save_dir = run_dir = None  # one process writes
     if run_dir is not None:
         valid_logits = predict_views(model, valid, cfg.loop.eval_batch_size).mean(axis=0)
-        runs.write_predictions(run_dir, split, _to_scores(valid_logits, task.task_type, targets.mean, targets.std),
-                               _to_scores(test_logits, task.task_type, targets.mean, targets.std))  # fmt: skip
+        runs.write_predictions(run_dir, split, targets.to_scores(valid_logits),
+                               targets.to_scores(test_logits))  # fmt: skip
     if save_dir is not None:
         save_finetuned(model, tokenizer, save_dir, normalization=backbone.normalization, meta=dict(
             dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,

@@ -178,6 +178,19 @@ def run_on_free_cores(
         return launch_local(n, worker(config.update_freq // n), threads)
 
 
+def relaunch(processes: int, command: list[str]) -> int | None:
+    """Run ``command`` (this process's own command line) as ``processes`` data-parallel
+    processes of one thread each and return their exit code; None when this process is to do
+    the work itself: one process was asked for, or it is one of those started (it then follows
+    its launcher), or a torchrun worker."""
+    info = detect()
+    if info.enabled or processes == 1:
+        if info.enabled and os.environ.get(LAUNCHED_ENV) == "1":
+            follow_launcher()
+        return None
+    return launch_local(processes, command, 1)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
