@@ -33,7 +33,8 @@ torch.set_num_threads(1)
 import smiexlm
 from smiexlm.moleculenet import load_dataset
 from smiexlm.moleculenet.configs import finetune_config
-from smiexlm.moleculenet.finetune import Backbone, finetune_once
+from smiexlm.moleculenet.backbone import Backbone
+from smiexlm.moleculenet.finetune import finetune_once
 from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import PACKAGE_DIR
 

@@ -29,7 +29,8 @@ def main() -> None:
     from smiexlm.model.model import ExLMModel
     from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
     from smiexlm.moleculenet import load_task
-    from smiexlm.moleculenet.finetune import predict, save_finetuned
+    from smiexlm.moleculenet.folder import save_finetuned
+    from smiexlm.moleculenet.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer
 
     torch.set_num_threads(1)

@@ -45,8 +45,9 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.expansion import repeat_layout
 from smiexlm.model.masking import mask_tokens, repeat_tokens
 from smiexlm.moleculenet import MoleculeTask, load_task
+from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import finetune_config
-from smiexlm.moleculenet.finetune import Backbone, finetune_once
+from smiexlm.moleculenet.finetune import finetune_once
 from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import VOCAB_NAME, write_json
 from smiexlm.tokenizer.special import IGNORE_INDEX, N_SPECIAL_TOKENS

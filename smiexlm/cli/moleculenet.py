@@ -279,7 +279,8 @@ def finetune(
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
     config; test ROC-AUC per seed. Each (set, seed) keeps its state in --out after every
     epoch: a stopped run goes on with --resume."""
-    from smiexlm.moleculenet.finetune import Backbone, run_finetune
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.finetune import run_finetune
 
     _check_outputs(out, save_dir)
     if _spread(processes):
@@ -315,8 +316,9 @@ def benchmark(
     """Fine-tune on several datasets x seeds and write one report next to the paper's numbers.
     Each (set, seed) keeps its state in --out: a stopped benchmark goes on with --resume."""
     from smiexlm.moleculenet import runs
+    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
-    from smiexlm.moleculenet.finetune import Backbone, run_finetune
+    from smiexlm.moleculenet.finetune import run_finetune
     from smiexlm.moleculenet.report import write_report
 
     _check_outputs(out)
@@ -425,7 +427,7 @@ def probe(
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""
-    from smiexlm.moleculenet.finetune import Backbone
+    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.probe import ProbeConfig, run_probe
 
     _check_outputs(out)

@@ -12,50 +12,37 @@ its inputs and its results into a :class:`RunResult`. Inputs have the pretrainin
 Where the encoder comes from, with its vocabulary and SMILES normalisation, is a
 :class:`~smiexlm.moleculenet.backbone.Backbone`.
 
-A fine-tuned folder holds the backbone (``config.json``, ``vocab.json``, ``model.safetensors``),
-``head.safetensors`` and ``finetune.json`` (task, label columns, config, target scaling, the
-hybrid features' scaler); it is what ``predict`` reads. Several folders (seeds) make an
-ensemble: the mean prediction and its standard deviation per molecule.
+A fine-tuned folder (``save_dir``) is written by
+:func:`~smiexlm.moleculenet.folder.save_finetuned` and served by
+:func:`~smiexlm.moleculenet.prediction.predict`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 import torch
 
-from smiexlm.data.normalize import NormalizeConfig
-from smiexlm.device import resolve_device
-from smiexlm.errors import DataError
-from smiexlm.model.pretrained import DEFAULT_NORMALIZATION, write_normalization
 from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
-from smiexlm.moleculenet.folder import (
-    META_NAME,
-    check_free_seed_folders,
-    finetuned_folders,
-    read_finetune_meta,
-)
+from smiexlm.moleculenet.folder import check_free_seed_folders, save_finetuned
 from smiexlm.moleculenet.metrics import score
+from smiexlm.moleculenet.prediction import to_scores
+from smiexlm.moleculenet.reference import Reference
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, as_task, check_seeds, run_seeds
-from smiexlm.paths import atomic_dir, check_output
+from smiexlm.paths import check_output
 
 log = logging.getLogger(__name__)
-
-HEAD_NAME = "head.safetensors"
-__all__ = ["Backbone", "finetune_once", "load_finetuned", "predict", "run_finetune"]
 
 
 def loop_config(cfg: FinetuneConfig, higher_is_better: bool):
@@ -71,12 +58,6 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
     elif cfg.loop.freeze_layers:
         name += f" ({cfg.loop.freeze_layers} layers frozen)"
     return name + (f" + {cfg.features}" if cfg.features else "")
-
-
-def _to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    if task_type == "classification":
-        return 1.0 / (1.0 + np.exp(-logits))
-    return logits * std + mean
 
 
 @dataclass
@@ -103,7 +84,7 @@ class _Targets:
 
     def to_scores(self, logits: np.ndarray) -> np.ndarray:
         """Probabilities, or values in the labels' units."""
-        return _to_scores(logits, self.task_type, self.mean, self.std)
+        return to_scores(logits, self.task_type, self.mean, self.std)
 
     def score(self, rows: Sequence[int], logits: np.ndarray):
         return score(self.task_type, self.y[rows], self.to_scores(logits))
@@ -157,6 +138,7 @@ def finetune_once(
     (``result.json``); see :mod:`smiexlm.moleculenet.runs`.
     """
     from smiexlm.finetuning import Examples, fit, predict_views
+    from smiexlm.finetuning import predict as engine_predict
     from smiexlm.model.heads import ExLMForSequencePrediction
 
     t0 = time.perf_counter()
@@ -189,17 +171,22 @@ def finetune_once(
     test_score = targets.score(split.test, test_logits)
     if not runs.is_main():
         save_dir = run_dir = None  # one process writes
+    reference = None
+    if save_dir is not None or run_dir is not None:
+        reference = _reference(model, (train, valid), inputs, split, targets, cfg)
     if run_dir is not None:
         valid_logits = predict_views(model, valid, cfg.loop.eval_batch_size).mean(axis=0)
+        test_pooled = engine_predict(model, test, cfg.loop.eval_batch_size, output="pooled")
+        nearness = reference.nearness([inputs[i] for i in split.test], test_pooled)
         runs.write_predictions(run_dir, split, targets.to_scores(valid_logits),
-                               targets.to_scores(test_logits))  # fmt: skip
+                               targets.to_scores(test_logits), reference, nearness)  # fmt: skip
     if save_dir is not None:
         save_finetuned(model, tokenizer, save_dir, normalization=backbone.normalization, meta=dict(
             dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,
             config=cfg.to_dict(), seed=seed, split=split.label, target_mean=targets.mean.tolist(),
             target_std=targets.std.tolist(), backbone=backbone.name, best_epoch=fitted.best_epoch,
             feature_scaler=None if scaler is None else scaler.to_dict(),
-        ))  # fmt: skip
+        ), reference=reference)  # fmt: skip
     config = cfg.to_dict() | {"backbone": backbone.name, "n_truncated": n_cut} | fitted.summary()
     config["processes"] = runs.processes()
     if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
@@ -209,6 +196,22 @@ def finetune_once(
     if run_dir is not None:
         runs.finish(run_dir, result)
     return result
+
+
+def _reference(model, parts, inputs: list[str], split: Split, targets: _Targets,
+               cfg: FinetuneConfig) -> Reference:  # fmt: skip
+    """What the saved folder keeps for the applicability domain and calibration: the train
+    and validation molecules' embeddings, the validation labels and served outputs
+    (canonical SMILES, fp32)."""
+    from smiexlm.finetuning import predict as engine_predict
+
+    (train, valid), batch = parts, cfg.loop.eval_batch_size
+    valid_logits = engine_predict(model, valid, batch)
+    return Reference.build(
+        [inputs[i] for i in split.train], engine_predict(model, train, batch, output="pooled"),
+        [inputs[i] for i in split.valid], engine_predict(model, valid, batch, output="pooled"),
+        targets.y[split.valid], valid_logits, targets.to_scores(valid_logits),
+    )  # fmt: skip
 
 
 def run_finetune(
@@ -260,156 +263,3 @@ def run_finetune(
         return r
 
     return run_seeds(task, seeds, cfg.split, one_seed)
-
-
-def save_finetuned(
-    model, tokenizer, directory: Path, meta: dict[str, Any],
-    normalization: NormalizeConfig = DEFAULT_NORMALIZATION,
-) -> Path:  # fmt: skip
-    """The folder ``predict`` reads: the backbone as a model folder (with its normalisation),
-    the head and ``finetune.json``."""
-    from safetensors.torch import save_file
-
-    from smiexlm.model.integrity import record_checksums
-
-    directory = Path(directory)
-    with atomic_dir(directory) as tmp:  # the folder appears complete or not at all
-        model.model.save_pretrained(tmp, tokenizer=tokenizer)
-        write_normalization(tmp, normalization)
-        head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
-        save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
-        meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
-                       "n_features": model.n_features}  # fmt: skip
-        (tmp / META_NAME).write_text(json.dumps(meta, indent=1))
-        record_checksums(tmp, HEAD_NAME, META_NAME)  # beside the backbone's model.safetensors
-    return directory
-
-
-def load_finetuned(directory: Path | str, device: str = "auto"):
-    """(model, inputs, meta) from a folder written by ``finetune`` (see module docstring):
-    the model in eval mode, its :class:`~smiexlm.model.inputs.ModelInputs` (vocabulary and
-    normalisation) and ``finetune.json``; each file is checked first (``finetune.json``'s
-    keys and values, the weights' shapes, and the sha256 of both)."""
-    from smiexlm.model.checkpoint import load_module_weights
-    from smiexlm.model.heads import ExLMForSequencePrediction
-    from smiexlm.model.pretrained import load_pretrained
-    from smiexlm.paths import check_not_a_file
-
-    directory = check_not_a_file(directory, "--checkpoint")
-    if not (directory / META_NAME).is_file():
-        raise DataError(
-            f"--checkpoint {str(directory)!r}: no {META_NAME}; expected a folder written by "
-            "`smiexlm finetune --save-dir DIR`, which writes DIR/seed0, DIR/seed1, ..."
-        )
-    meta = read_finetune_meta(directory / META_NAME)
-    head_type = "multilabel" if meta["task_type"] == "classification" else "regression"
-    pre = load_pretrained(directory)
-    model = ExLMForSequencePrediction(
-        pre.model, meta["n_outputs"], head_type, 0.0, meta["pooling"], n_features=meta["n_features"]
-    )  # fmt: skip
-    load_module_weights(model.head, directory / HEAD_NAME, f"{META_NAME} and the backbone")
-    return model.to(resolve_device(device)).eval(), pre.inputs(), meta
-
-
-def _predict_one(
-    directory: Path | str, smiles: list[str], batch_size: int, backend: str = "torch", tta: int = 0
-) -> tuple[np.ndarray, dict]:
-    """(V, N, T) scores of one fine-tuned folder on parsable SMILES: V = 1 + ``tta`` spellings
-    of each molecule, the model's own (canonical) first, then random ones."""
-    from smiexlm.data.augment import random_smiles
-    from smiexlm.finetuning import Examples
-    from smiexlm.finetuning import predict as engine_predict
-    from smiexlm.moleculenet.features import FeatureScaler
-
-    if backend == "onnx":  # the folder's predictor.onnx (smiexlm export-onnx)
-        from smiexlm.serving.onnx_runtime import OnnxPredictor
-
-        model = OnnxPredictor(directory)
-        inputs, meta = model.inputs, model.meta
-    else:
-        model, inputs, meta = load_finetuned(directory)
-    cfg = meta["config"]
-    texts = inputs.texts(smiles, cfg.get("canonicalize", True))
-    features = None
-    if meta.get("feature_scaler"):
-        from smiexlm.fingerprints import molecule_features
-
-        scaler = FeatureScaler.from_dict(meta["feature_scaler"])
-        features = torch.from_numpy(scaler.transform(molecule_features(texts, scaler.kind)))
-    spellings = [texts] + (list(zip(*random_smiles(texts, tta, 0), strict=True)) if tta else [])
-    mean = np.asarray(meta["target_mean"], dtype=np.float32)
-    std = np.asarray(meta["target_std"], dtype=np.float32)
-    views = []
-    for view in spellings:
-        rows, _ = inputs.rows(list(view), cfg.get("max_length", 256))
-        if backend == "onnx":
-            logits = model.logits(rows, None if features is None else features.numpy(), batch_size)
-        else:
-            logits = engine_predict(model, Examples(rows, None, features), batch_size)
-        views.append(_to_scores(logits, meta["task_type"], mean, std))
-    return np.stack(views), meta
-
-
-def predict(
-    checkpoint: Path | str | Sequence[Path | str],
-    smiles: Sequence[str],
-    batch_size: int = 256,
-    backend: Literal["torch", "onnx"] = "torch",
-    tta: int = 0,
-) -> pd.DataFrame:
-    """Predictions per input SMILES: probabilities (classification) or values (regression).
-
-    Several fine-tuned folders (e.g. the seeds of one run) make an ensemble: each label column
-    is the mean over the models and ``<label>_std`` their standard deviation (ddof 0), the
-    per-molecule uncertainty. ``tta=K`` scores each molecule as the mean over its canonical
-    SMILES and K random ones (:mod:`smiexlm.data.augment`), and ``<label>_tta_std`` is their
-    standard deviation (averaged over the models). Unparsable SMILES (and those longer than
-    :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`) get NaN rows and ``valid = False``, never
-    silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
-    onnxruntime (written by ``smiexlm export-onnx FOLDER``).
-    """
-    from smiexlm.data.normalize import smiles_problem
-    from smiexlm.errors import ConfigError
-
-    if backend not in ("torch", "onnx"):
-        raise ConfigError("backend", backend, "'torch' or 'onnx'")
-    if not isinstance(tta, int) or tta < 0:
-        raise ConfigError("tta", tta, "0 (none) or a positive number of random SMILES")
-
-    folders = finetuned_folders(checkpoint)
-    ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
-    good = [s for s, v in zip(smiles, ok, strict=True) if v]
-    per_model, metas = [], []
-    for folder in folders:
-        values, meta = _predict_one(folder, good, batch_size, backend, tta)
-        if metas and (meta["label_cols"], meta["task_type"]) != (
-            metas[0]["label_cols"], metas[0]["task_type"]
-        ):  # fmt: skip
-            raise DataError(
-                f"--checkpoint {str(folder)!r}: predicts {meta['label_cols']} "
-                f"({meta['task_type']}); expected {metas[0]['label_cols']} like {str(folders[0])!r}"
-            )
-        per_model.append(values)
-        metas.append(meta)
-    labels = meta["label_cols"]
-    stack = np.stack(per_model).reshape(
-        len(folders), tta + 1, len(good), len(labels)
-    )  # (M, V, N, T)
-    frame = pd.DataFrame(_rows_of(stack.mean(axis=(0, 1)), ok), columns=labels)
-    spreads = {"std": stack.mean(axis=1).std(axis=0) if len(folders) > 1 else None,
-               "tta_std": stack.std(axis=1).mean(axis=0) if tta else None}  # fmt: skip
-    for suffix, spread in spreads.items():
-        if spread is not None:
-            values = _rows_of(spread, ok)
-            for j, label in enumerate(labels):
-                frame[f"{label}_{suffix}"] = values[:, j]
-    frame.insert(0, "valid", ok)
-    frame.insert(0, "smiles", list(smiles))
-    return frame
-
-
-def _rows_of(values: np.ndarray, ok: list[bool]) -> np.ndarray:
-    """(len(ok), T): ``values`` in the rows marked ok, NaN in the others."""
-    out = np.full((len(ok), values.shape[1]), np.nan)
-    out[np.asarray(ok, dtype=bool)] = values
-    return out

@@ -1,5 +1,11 @@
-"""The record of a fine-tuned folder, ``finetune.json``, read and checked; where such
-folders are written and which are read.
+"""A fine-tuned folder: written (:func:`save_finetuned`), read (:func:`load_finetuned`), its
+record ``finetune.json`` checked; where such folders are written and which are read.
+
+A fine-tuned folder holds the backbone (``config.json``, ``vocab.json``, ``model.safetensors``,
+its normalisation), ``head.safetensors``, ``finetune.json`` (task, label columns, config,
+target scaling, the hybrid features' scaler) and ``reference.safetensors`` (what the
+applicability domain and calibration need, :mod:`smiexlm.moleculenet.reference`), each file's
+sha256 in ``checksums.json``.
 
 ``predict`` trusts nothing it has not checked here: every key it reads is present and of the
 right kind, and the sizes agree (one label, target mean and target std per output; a feature
@@ -24,9 +30,10 @@ from typing import Any
 from smiexlm.errors import DataError
 from smiexlm.model.integrity import verify_checksum
 from smiexlm.model.model import POOLINGS
-from smiexlm.paths import read_json_file
+from smiexlm.paths import atomic_dir, read_json_file
 
 META_NAME = "finetune.json"
+HEAD_NAME = "head.safetensors"
 TASK_TYPES = ("classification", "regression")
 
 
@@ -134,3 +141,57 @@ def _scaler_fits(scaler: dict, n_features: int) -> bool:
 
 def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def save_finetuned(
+    model, tokenizer, directory: Path, meta: dict[str, Any], normalization=None, reference=None,
+) -> Path:  # fmt: skip
+    """Write the folder ``predict`` reads (see the module docstring) atomically: the backbone
+    as a model folder with its normalisation (the default's when None), the head,
+    ``finetune.json`` and, when given, the :class:`~smiexlm.moleculenet.reference.Reference`."""
+    from safetensors.torch import save_file
+
+    from smiexlm.model.integrity import record_checksums
+    from smiexlm.model.pretrained import DEFAULT_NORMALIZATION, write_normalization
+
+    directory = Path(directory)
+    with atomic_dir(directory) as tmp:  # the folder appears complete or not at all
+        model.model.save_pretrained(tmp, tokenizer=tokenizer)
+        write_normalization(tmp, normalization or DEFAULT_NORMALIZATION)
+        head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
+        save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
+        meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
+                       "n_features": model.n_features}  # fmt: skip
+        (tmp / META_NAME).write_text(json.dumps(meta, indent=1))
+        names = [HEAD_NAME, META_NAME]
+        if reference is not None:
+            names.append(reference.save(tmp).name)
+        record_checksums(tmp, *names)  # beside the backbone's model.safetensors
+    return directory
+
+
+def load_finetuned(directory: Path | str, device: str = "auto"):
+    """(model, inputs, meta) from a fine-tuned folder: the model in eval mode, its
+    :class:`~smiexlm.model.inputs.ModelInputs` (vocabulary and normalisation) and
+    ``finetune.json``; each file is checked first (``finetune.json``'s keys and values, the
+    weights' shapes, and the sha256 of both)."""
+    from smiexlm.device import resolve_device
+    from smiexlm.model.checkpoint import load_module_weights
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.pretrained import load_pretrained
+    from smiexlm.paths import check_not_a_file
+
+    directory = check_not_a_file(directory, "--checkpoint")
+    if not (directory / META_NAME).is_file():
+        raise DataError(
+            f"--checkpoint {str(directory)!r}: no {META_NAME}; expected a folder written by "
+            "`smiexlm finetune --save-dir DIR`, which writes DIR/seed0, DIR/seed1, ..."
+        )
+    meta = read_finetune_meta(directory / META_NAME)
+    head_type = "multilabel" if meta["task_type"] == "classification" else "regression"
+    pre = load_pretrained(directory)
+    model = ExLMForSequencePrediction(
+        pre.model, meta["n_outputs"], head_type, 0.0, meta["pooling"], n_features=meta["n_features"]
+    )  # fmt: skip
+    load_module_weights(model.head, directory / HEAD_NAME, f"{META_NAME} and the backbone")
+    return model.to(resolve_device(device)).eval(), pre.inputs(), meta

@@ -1,9 +1,10 @@
 """``smiexlm predict`` on a table: into one CSV (:func:`predict_file`) or a folder of Parquet
 parts (:func:`predict_parts`: library-scale, resumable, torchrun-ready).
 
-Both give the predictions of :func:`~smiexlm.moleculenet.finetune.predict` with the input's
+Both give the predictions of :func:`~smiexlm.moleculenet.prediction.predict` with the input's
 id columns: one row per input (the id columns, the SMILES, ``valid``, then the label columns,
-``<label>_std`` for an ensemble); bad rows get NaN predictions and are listed with their
+``<label>_std`` for an ensemble, and the columns of trust that
+:mod:`~smiexlm.moleculenet.prediction` lists); bad rows get NaN predictions and are listed with their
 reasons (``rejects.csv`` beside the parts).
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Literal
 from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 
 Reject = tuple[int, str, str]  # (input row, SMILES, reason)
+FLAGS = ("in_domain",)  # boolean output columns (False in a bad row); the others are float64
 
 
 @dataclass
@@ -39,7 +41,7 @@ def predict_file(
 ) -> PredictedFile:
     """Predict every SMILES of ``input_path`` into the CSV ``out`` (written atomically);
     ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept;
-    ``backend`` and ``tta`` as in :func:`~smiexlm.moleculenet.finetune.predict`.
+    ``backend`` and ``tta`` as in :func:`~smiexlm.moleculenet.prediction.predict`.
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError, every_row_failed
@@ -111,7 +113,7 @@ def predict_parts(
 def _output_columns(folders: list, how: dict) -> list[str]:
     """The predicted columns: labels, their ``_std`` for an ensemble and ``_tta_std`` with
     test-time augmentation (from one molecule)."""
-    from smiexlm.moleculenet.finetune import predict
+    from smiexlm.moleculenet.prediction import predict
 
     return [c for c in predict(folders, ["C"], **how).columns
             if c not in ("smiles", "valid")]  # fmt: skip
@@ -126,17 +128,19 @@ def _predict_chunk(
     import pandas as pd
 
     from smiexlm.data.normalize import smiles_problem
-    from smiexlm.moleculenet.finetune import predict
+    from smiexlm.moleculenet.prediction import predict
 
     frame = frame.reset_index(drop=True)
     texts = frame[smiles_col].astype(str).str.strip()
     usable = _usable(frame[smiles_col])
-    preds = pd.DataFrame(np.nan, index=frame.index, columns=outputs)
+    preds = {c: np.zeros(len(frame), bool) if c in FLAGS else np.full(len(frame), np.nan)
+             for c in outputs}  # fmt: skip
     valid = pd.Series(False, index=frame.index)
     if usable.any():
         got = predict(folders, texts[usable].tolist(), **how)
-        got.index = frame.index[usable]
-        preds.loc[usable, outputs] = got[outputs]
+        rows = np.flatnonzero(usable.to_numpy())
+        for column in outputs:
+            preds[column][rows] = got[column].to_numpy()
         valid[usable] = got["valid"].to_numpy(dtype=bool)
     rejects = []
     for i in np.flatnonzero(~valid.to_numpy()):
@@ -148,7 +152,7 @@ def _predict_chunk(
     result["smiles"] = frame[smiles_col].astype(str)
     result["valid"] = valid.to_numpy()
     for column in outputs:
-        result[column] = preds[column].astype("float64")
+        result[column] = preds[column]
     return result, rejects
 
 

@@ -93,17 +93,26 @@ def check_fresh(root: Path, dataset: str, seeds: Sequence[int]) -> None:
         )
 
 
-def write_predictions(folder: Path, split: Split, valid: np.ndarray, test: np.ndarray) -> None:
-    """The validation and test scores (probabilities or values, float32) and their rows."""
+def write_predictions(
+    folder: Path, split: Split, valid: np.ndarray, test: np.ndarray, reference: Any = None,
+    nearness: dict[str, np.ndarray] | None = None,
+) -> None:  # fmt: skip
+    """The validation and test scores (probabilities or values, float32) and their rows; with
+    the run's :class:`~smiexlm.moleculenet.reference.Reference` and the test molecules'
+    ``nearness`` to the training molecules, also each validation and test molecule's nearest
+    training similarity (``valid_tanimoto``, ``valid_cosine``, ``test_tanimoto``,
+    ``test_cosine``; runs finished before they were kept lack them)."""
+    arrays = {
+        "valid_rows": np.asarray(split.valid, dtype=np.int64), "valid": valid.astype(np.float32),
+        "test_rows": np.asarray(split.test, dtype=np.int64), "test": test.astype(np.float32),
+    }  # fmt: skip
+    if reference is not None and nearness is not None:
+        arrays |= {"valid_tanimoto": reference.valid_tanimoto,
+                   "valid_cosine": reference.valid_cosine,
+                   "test_tanimoto": nearness["tanimoto"], "test_cosine": nearness["cosine"]}  # fmt: skip
     path = Path(folder) / PREDICTIONS_NAME
     with atomic_paths(path) as (tmp,), open(tmp, "wb") as handle:
-        np.savez_compressed(
-            handle,
-            valid_rows=np.asarray(split.valid, dtype=np.int64),
-            valid=valid.astype(np.float32),
-            test_rows=np.asarray(split.test, dtype=np.int64),
-            test=test.astype(np.float32),
-        )
+        np.savez_compressed(handle, **arrays)
 
 
 def finish(folder: Path, result: RunResult) -> None:

@@ -183,7 +183,7 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
                 f"model folder {str(directory)!r} has no {FINETUNE_META}: a predictor graph "
                 "needs a fine-tuned folder (`smiexlm finetune --save-dir`)"
             )
-        from smiexlm.moleculenet.finetune import load_finetuned
+        from smiexlm.moleculenet.folder import load_finetuned
 
         model, _, meta = load_finetuned(directory, device="cpu")
         payload = predictor_onnx(model)

@@ -40,7 +40,7 @@ def finetuned_folder(tmp_path_factory):
     ``smiexlm finetune --save-dir`` saves one."""
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
-    from smiexlm.moleculenet.finetune import save_finetuned
+    from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.tokenizer import SmilesTokenizer
 
     torch.manual_seed(0)
@@ -60,7 +60,8 @@ def finetuned_folder(tmp_path_factory):
 def test_predict_gives_each_molecule_its_value_whatever_the_file(molecules, finetuned_folder):
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
-    from smiexlm.moleculenet.finetune import load_finetuned, predict
+    from smiexlm.moleculenet.folder import load_finetuned
+    from smiexlm.moleculenet.prediction import predict
 
     whole = predict(finetuned_folder, molecules)["logS"].to_numpy()
     assert np.isfinite(whole).all()

@@ -14,9 +14,11 @@ import os
 import pytest
 import torch
 
+from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import finetune_config
-from smiexlm.moleculenet.finetune import Backbone, predict, run_finetune
+from smiexlm.moleculenet.finetune import run_finetune
 from smiexlm.moleculenet.loaders import load_dataset
+from smiexlm.moleculenet.prediction import predict
 from smiexlm.paths import ASSETS_DIR
 
 # seed 0: best epoch, valid and test ROC-AUC x 100, and the saved model's probabilities for

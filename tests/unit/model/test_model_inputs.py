@@ -79,7 +79,8 @@ def test_finetuning_predict_and_featurizer_read_a_smiles_the_same_way(salt_strip
     featurizer's embedding of it."""
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.finetune import predict, save_finetuned
+    from smiexlm.moleculenet.folder import save_finetuned
+    from smiexlm.moleculenet.prediction import predict
 
     backbone = Backbone(checkpoint=salt_stripping_model)
     assert backbone.model_texts(SALTED) == ["CCO", "CCO", "O=C(O)c1ccccc1", "O=C(O)c1ccccc1"]

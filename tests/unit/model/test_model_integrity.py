@@ -146,7 +146,7 @@ def finetuned(tmp_path_factory) -> Path:
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
     from smiexlm.moleculenet.configs import FinetuneConfig
-    from smiexlm.moleculenet.finetune import save_finetuned
+    from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.tokenizer import SmilesTokenizer
 
     model = ExLMForSequencePrediction(ExLMModel.from_pretrained(EXLM), 1, "multilabel")

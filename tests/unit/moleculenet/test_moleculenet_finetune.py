@@ -74,7 +74,7 @@ def test_cli_user_csv_single_class_test_is_a_clear_error(tmp_path):
 
 def test_predict_rejects_a_folder_that_is_not_fine_tuned(tmp_path):
     from smiexlm.errors import DataError
-    from smiexlm.moleculenet.finetune import predict
+    from smiexlm.moleculenet.prediction import predict
 
     with pytest.raises(DataError, match="finetune.json"):
         predict(tmp_path, ["CCO"])
@@ -159,7 +159,7 @@ def test_cli_freeze_freeze_layers_features_patience(tmp_path):
 
 def test_cli_predict_ensemble_mean_and_std_per_molecule(tmp_path):
     from smiexlm.cli.main import app
-    from smiexlm.moleculenet.finetune import predict
+    from smiexlm.moleculenet.prediction import predict
 
     torch.set_num_threads(1)
     models = tmp_path / "models"
@@ -239,7 +239,8 @@ def test_predict_with_no_parsable_smiles_gives_nan_rows(tmp_path):
     from smiexlm.featurizer import DEFAULT_MODEL_DIR
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
-    from smiexlm.moleculenet.finetune import predict, save_finetuned
+    from smiexlm.moleculenet.folder import save_finetuned
+    from smiexlm.moleculenet.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer
 
     model = ExLMForSequencePrediction(
@@ -268,7 +269,8 @@ def test_predict_with_test_time_augmentation(tmp_path):
     from smiexlm.featurizer import DEFAULT_MODEL_DIR
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
-    from smiexlm.moleculenet.finetune import predict, save_finetuned
+    from smiexlm.moleculenet.folder import save_finetuned
+    from smiexlm.moleculenet.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer
 
     torch.manual_seed(0)

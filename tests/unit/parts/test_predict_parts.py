@@ -40,11 +40,19 @@ def test_predict_into_parts_matches_the_csv(tmp_path):
     assert parts.exit_code == 0, parts.output
     want = pd.read_csv(tmp_path / "p.csv", dtype={"name": str}, keep_default_na=False)
     got = read_parts(tmp_path / "p").to_pandas()
-    assert list(got.columns) == list(want.columns) == ["name", "smiles", "valid", "y", "y_std"]
+    domain = ["nearest_tanimoto", "mean_tanimoto_k5", "nearest_cosine", "mean_cosine_k5"]
+    assert list(got.columns) == list(want.columns) == [
+        "name", "smiles", "valid", "y", "y_std", *domain, "in_domain"
+    ]  # fmt: skip
     assert (
         got["name"].tolist() == list("abcdefg") and got["valid"].tolist() == want["valid"].tolist()
     )
-    np.testing.assert_allclose(got["y"].to_numpy(), pd.to_numeric(want["y"]).to_numpy(), rtol=1e-6)
+    for column in ["y", *domain]:  # a molecule's values do not depend on its part
+        np.testing.assert_allclose(
+            got[column].to_numpy(), pd.to_numeric(want[column]).to_numpy(), rtol=1e-6
+        )
+    assert got["in_domain"].tolist() == (want["in_domain"].astype(str) == "True").tolist()
+    assert not got["in_domain"][~got["valid"]].any()
     rejects = pd.read_csv(tmp_path / "p" / "rejects.csv", keep_default_na=False)
     assert rejects["row"].tolist() == [1, 3, 4]
     assert rejects["reason"].tolist()[:2] == ["empty string", "whitespace inside the SMILES"]

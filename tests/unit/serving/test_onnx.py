@@ -236,7 +236,7 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None)
     from smiexlm.model.pretrained import DEFAULT_NORMALIZATION
     from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.moleculenet.features import FeatureScaler
-    from smiexlm.moleculenet.finetune import save_finetuned
+    from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.tokenizer import SmilesTokenizer
 
     scaler = None
@@ -264,7 +264,7 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None)
 @pytest.mark.data
 @pytest.mark.slow
 def test_predict_parity_cls_classifier_through_the_cli(smiles, tmp_path):
-    from smiexlm.moleculenet.finetune import predict
+    from smiexlm.moleculenet.prediction import predict
     from smiexlm.serving.onnx_export import export_onnx
 
     folder = _finetuned(tmp_path / "seed0", smiles, "cls", "classification", None)
@@ -287,7 +287,7 @@ def test_predict_parity_cls_classifier_through_the_cli(smiles, tmp_path):
 @pytest.mark.data
 @pytest.mark.slow
 def test_predict_parity_mean_regression_with_features(smiles, tmp_path):
-    from smiexlm.moleculenet.finetune import predict
+    from smiexlm.moleculenet.prediction import predict
 
     smiles = smiles[:150] + smiles[-150:]
     folder = _finetuned(tmp_path / "seed0", smiles, "mean", "regression", "ecfp4")

@@ -1,0 +1,232 @@
+"""Predictions of fine-tuned folders (one, or the seeds of a run as an ensemble), with what
+tells a chemist how far each can be trusted.
+
+Columns of :func:`predict`, in order:
+
+- ``smiles``, ``valid`` (False: unparsable or too long; its other cells are NaN);
+- ``<label>``: the probability (classification) or value (regression), the ensemble's mean;
+- ``<label>_std``: the spread over the ensemble's models (several folders);
+- ``<label>_tta_std``: the spread over the random SMILES of each molecule (``tta``);
+- the applicability domain (:mod:`smiexlm.trust.domain`; folders with a reference):
+  ``nearest_tanimoto`` and ``mean_tanimoto_k5`` (ECFP4 to the training molecules),
+  ``nearest_cosine`` and ``mean_cosine_k5`` (the models' own embeddings, the ensemble's mean;
+  not with the ONNX backend, whose graph gives logits only), and ``in_domain`` (both nearest
+  similarities at least the lowest a validation molecule had; an ensemble compares its mean
+  similarity with its models' mean bound).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.moleculenet.folder import finetuned_folders, load_finetuned
+from smiexlm.moleculenet.reference import Reference
+from smiexlm.trust.domain import DEFAULT_K, DomainBounds, cosine_neighbours, tanimoto_neighbours
+
+log = logging.getLogger(__name__)
+_NO_REFERENCE: set[Path] = set()  # folders already reported as lacking one
+DOMAIN_COLUMNS = ("nearest_tanimoto", f"mean_tanimoto_k{DEFAULT_K}", "nearest_cosine",
+                  f"mean_cosine_k{DEFAULT_K}", "in_domain")  # fmt: skip
+
+
+def to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Probabilities (sigmoid) of a classification head; values in the labels' units of a
+    regression head trained on standardised targets."""
+    if task_type == "classification":
+        return 1.0 / (1.0 + np.exp(-logits))
+    return logits * std + mean
+
+
+@dataclass
+class _Served:
+    """One folder's output on the parsable molecules."""
+
+    texts: list[str]  # the model-side SMILES (normalised, canonical unless configured not)
+    views: np.ndarray  # (V, N, T) scores: the canonical SMILES first, then random ones
+    pooled: np.ndarray | None  # (N, d) the head's input embedding (torch backend)
+    meta: dict[str, Any]
+    reference: Reference | None
+
+
+def _serve_one(
+    directory: Path | str, smiles: list[str], batch_size: int, backend: str, tta: int
+) -> _Served:
+    from smiexlm.data.augment import random_smiles
+    from smiexlm.finetuning import Examples
+    from smiexlm.finetuning import predict as engine_predict
+
+    if backend == "onnx":  # the folder's predictor.onnx (smiexlm export-onnx)
+        from smiexlm.serving.onnx_runtime import OnnxPredictor
+
+        model = OnnxPredictor(directory)
+        inputs, meta = model.inputs, model.meta
+    else:
+        model, inputs, meta = load_finetuned(directory)
+    cfg = meta["config"]
+    texts = inputs.texts(smiles, cfg.get("canonicalize", True))
+    features = _features(meta, texts)
+    spellings = [texts] + (list(zip(*random_smiles(texts, tta, 0), strict=True)) if tta else [])
+    mean = np.asarray(meta["target_mean"], dtype=np.float32)
+    std = np.asarray(meta["target_std"], dtype=np.float32)
+    views, pooled = [], None
+    for v, view in enumerate(spellings):
+        rows, _ = inputs.rows(list(view), cfg.get("max_length", 256))
+        if backend == "onnx":
+            logits = model.logits(rows, features, batch_size)
+        else:
+            examples = Examples(rows, None, None if features is None else _tensor(features))
+            logits = engine_predict(model, examples, batch_size)
+            if v == 0:
+                pooled = engine_predict(model, examples, batch_size, output="pooled")
+        views.append(to_scores(logits, meta["task_type"], mean, std))
+    return _Served(texts, np.stack(views), pooled, meta, Reference.load(directory))
+
+
+def _features(meta: dict, texts: list[str]) -> np.ndarray | None:
+    """The hybrid head's scaled features, or None for a plain head."""
+    if not meta.get("feature_scaler"):
+        return None
+    from smiexlm.fingerprints import molecule_features
+    from smiexlm.moleculenet.features import FeatureScaler
+
+    scaler = FeatureScaler.from_dict(meta["feature_scaler"])
+    return scaler.transform(molecule_features(texts, scaler.kind))
+
+
+def _tensor(x: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(x)
+
+
+def predict(
+    checkpoint: Path | str | Sequence[Path | str],
+    smiles: Sequence[str],
+    batch_size: int = 256,
+    backend: Literal["torch", "onnx"] = "torch",
+    tta: int = 0,
+) -> pd.DataFrame:
+    """Predictions per input SMILES, one row each (the module docstring lists the columns).
+
+    Several fine-tuned folders (e.g. the seeds of one run) make an ensemble: each label column
+    is the mean over the models and ``<label>_std`` their standard deviation (ddof 0).
+    ``tta=K`` scores each molecule as the mean over its canonical SMILES and K random ones
+    (:mod:`smiexlm.data.augment`); ``<label>_tta_std`` is their standard deviation (averaged
+    over the models). Unparsable SMILES (and those longer than
+    :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`) get NaN rows and ``valid = False``, never
+    silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
+    onnxruntime (written by ``smiexlm export-onnx FOLDER``).
+    """
+    from smiexlm.data.normalize import smiles_problem
+
+    if backend not in ("torch", "onnx"):
+        raise ConfigError("backend", backend, "'torch' or 'onnx'")
+    if not isinstance(tta, int) or isinstance(tta, bool) or tta < 0:
+        raise ConfigError("tta", tta, "0 (none) or a positive number of random SMILES")
+    folders = finetuned_folders(checkpoint)
+    ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
+    good = [s for s, v in zip(smiles, ok, strict=True) if v]
+    served = [_serve_one(f, good, batch_size, backend, tta) for f in folders]
+    _check_agree(folders, [s.meta for s in served])
+    labels = served[0].meta["label_cols"]
+    stack = np.stack([s.views for s in served]).reshape(
+        len(folders), tta + 1, len(good), len(labels)
+    )  # (M, V, N, T); N may be 0
+    frame = pd.DataFrame(_rows_of(stack.mean(axis=(0, 1)), ok), columns=labels)
+    spreads = {"std": stack.mean(axis=1).std(axis=0) if len(folders) > 1 else None,
+               "tta_std": stack.std(axis=1).mean(axis=0) if tta else None}  # fmt: skip
+    for suffix, spread in spreads.items():
+        if spread is not None:
+            values = _rows_of(spread, ok)
+            for j, label in enumerate(labels):
+                frame[f"{label}_{suffix}"] = values[:, j]
+    domain = _domain(folders, served)
+    for name, values in (domain or {}).items():
+        frame[name] = _column_of(values, ok)
+    frame.insert(0, "valid", ok)
+    frame.insert(0, "smiles", list(smiles))
+    return frame
+
+
+def _check_agree(folders: list, metas: list[dict]) -> None:
+    """DataError unless every folder predicts the same labels of the same kind."""
+    first = metas[0]
+    for folder, meta in zip(folders[1:], metas[1:], strict=True):
+        if (meta["label_cols"], meta["task_type"]) != (first["label_cols"], first["task_type"]):
+            raise DataError(
+                f"--checkpoint {str(folder)!r}: predicts {meta['label_cols']} "
+                f"({meta['task_type']}); expected {first['label_cols']} like {str(folders[0])!r}"
+            )
+
+
+def _domain(folders: list, served: list[_Served]) -> dict | None:
+    """The applicability-domain columns on the parsable molecules, or None when a folder has
+    no reference."""
+    from smiexlm.search import ecfp4_packed
+
+    lacking = [f for f, s in zip(folders, served, strict=True) if s.reference is None]
+    for folder in lacking:
+        _say_no_reference(Path(folder))
+    if lacking:
+        return None
+    queries = ecfp4_packed(served[0].texts)
+    tanimoto = {}  # one computation per distinct training set
+    per_model = []
+    for s in served:
+        ref = s.reference
+        key = ref.train_ecfp4.tobytes()
+        if key not in tanimoto:
+            tanimoto[key] = tanimoto_neighbours(queries, ref.train_ecfp4)
+        cosine = None if s.pooled is None else cosine_neighbours(s.pooled, ref.train_embedding)
+        per_model.append((tanimoto[key], cosine, ref.bounds))
+    nearest_t = np.mean([t[0] for t, _, _ in per_model], axis=0)
+    columns = {DOMAIN_COLUMNS[0]: nearest_t,
+               DOMAIN_COLUMNS[1]: np.mean([t[1] for t, _, _ in per_model], axis=0)}  # fmt: skip
+    nearest_c = None
+    if all(c is not None for _, c, _ in per_model):
+        nearest_c = np.mean([c[0] for _, c, _ in per_model], axis=0)
+        columns[DOMAIN_COLUMNS[2]] = nearest_c
+        columns[DOMAIN_COLUMNS[3]] = np.mean([c[1] for _, c, _ in per_model], axis=0)
+    bounds = DomainBounds(
+        float(np.mean([b.tanimoto for _, _, b in per_model])),
+        float(np.mean([b.cosine for _, _, b in per_model])),
+    )
+    columns[DOMAIN_COLUMNS[4]] = bounds.inside(nearest_t, nearest_c)
+    return columns
+
+
+def _say_no_reference(folder: Path) -> None:
+    key = folder.resolve()
+    if key not in _NO_REFERENCE:
+        _NO_REFERENCE.add(key)
+        log.warning(
+            "%r has no reference.safetensors (fine-tuned before it was kept): its predictions "
+            "come without the applicability-domain columns; fine-tune again to have them",
+            str(folder),
+        )
+
+
+def _rows_of(values: np.ndarray, ok: list[bool]) -> np.ndarray:
+    """(len(ok), T): ``values`` in the rows marked ok, NaN in the others."""
+    out = np.full((len(ok), values.shape[1]), np.nan)
+    out[np.asarray(ok, dtype=bool)] = values
+    return out
+
+
+def _column_of(values: np.ndarray, ok: list[bool]) -> np.ndarray:
+    """One column: ``values`` in the rows marked ok; NaN (False for a flag) in the others."""
+    mask = np.asarray(ok, dtype=bool)
+    if values.dtype == bool:
+        out = np.zeros(len(ok), dtype=bool)
+    else:
+        out = np.full(len(ok), np.nan)
+    out[mask] = values
+    return out
