@@ -73,7 +73,7 @@ def _check_bins(n_bins: object) -> int:
 
 def _bin(y: np.ndarray, p: np.ndarray, n_bins: int) -> Reliability:
     """The reliability of 1-D labels ``y`` and probabilities ``p`` (no NaN)."""
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    edges = np.arange(n_bins + 1) / n_bins  # b / n exactly (linspace gives 0.30000000000000004)
     which = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, n_bins - 1)
     count = np.bincount(which, minlength=n_bins)
     with np.errstate(invalid="ignore", divide="ignore"):
