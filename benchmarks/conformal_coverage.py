@@ -32,6 +32,7 @@ import argparse
 import csv
 import io
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -302,7 +303,6 @@ def main() -> None:
     parser.add_argument("--resplits", type=int, default=100,
                         help="random re-splits of valid + test per row (0: none)")  # fmt: skip
     args = parser.parse_args()
-    import sys
 
     from smiexlm.paths import check_output, write_text_atomic
     from smiexlm.trust.arrays import check_alpha
