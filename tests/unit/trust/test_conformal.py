@@ -1,0 +1,252 @@
+"""Split-conformal sets and intervals: exact thresholds, coverage over many random draws of
+data with a known distribution, set sizes, Gaussian widths, storage, and bad input."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from smiexlm.errors import ConfigError
+from smiexlm.trust.calibration import apply_temperature, probs_to_logits
+from smiexlm.trust.conformal import (
+    ClassificationCalibrator,
+    RegressionCalibrator,
+    conformal_quantile,
+    coverage,
+    mean_set_size,
+    mean_width,
+    min_calibration,
+)
+
+ALPHA = 0.1
+
+
+def _bernoulli(rng: np.random.Generator, n: int, a: float = 1.0, b: float = 1.0):
+    """Labels drawn from known probabilities ``p ~ Beta(a, b)``: ``(labels, p)``."""
+    p = rng.beta(a, b, n)
+    return (rng.uniform(size=n) < p).astype(float), p
+
+
+@pytest.mark.parametrize("n", [3, 9, 10, 19, 29, 50, 99, 100, 999])
+@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.1, 0.2, 0.29, 0.3, 0.5])
+def test_threshold_is_the_exact_order_statistic(n, alpha):
+    scores = np.random.default_rng(n).permutation(np.arange(1, n + 1, dtype=float))
+    k = math.ceil((n + 1) * (1 - Fraction(str(alpha))))  # exact rational arithmetic
+    expected = float(k) if k <= n else math.inf  # the k-th smallest of 1..n is k
+    assert conformal_quantile(scores, alpha) == expected
+    assert (n >= min_calibration(alpha)) == (k <= n)
+
+
+def test_min_calibration_by_hand():
+    assert [min_calibration(a) for a in (0.5, 0.3, 0.2, 0.1, 0.05)] == [1, 3, 4, 9, 19]
+
+
+@pytest.mark.parametrize("mondrian", [False, True])
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2, 0.25])
+def test_sets_are_the_classes_whose_crepes_p_value_exceeds_alpha(mondrian, alpha):
+    rng = np.random.default_rng(1)
+    y, p = _bernoulli(rng, 399 + 150)  # 400 = n + 1: alpha (n + 1) is a whole number
+    p = np.round(p, 2)  # tied scores too
+    calibrator = ClassificationCalibrator(y[:399], p[:399])
+    sets = calibrator.sets(p[399:], alpha, mondrian)
+    assert np.array_equal(sets.members, calibrator.p_values(p[399:], mondrian) > alpha)
+
+
+@pytest.mark.parametrize("n_cal", [50, 99])
+def test_marginal_coverage_over_many_draws_is_one_minus_alpha(n_cal):
+    """Scores are continuous (no ties), so the mean coverage is exactly 1 - m / (n + 1)."""
+    rng = np.random.default_rng(n_cal)
+    covered = []
+    for _ in range(1500):
+        y, p = _bernoulli(rng, n_cal + 200)
+        p_model = p**3  # badly calibrated: conformal coverage does not need calibration
+        sets = ClassificationCalibrator(y[:n_cal], p_model[:n_cal]).sets(p_model[n_cal:], ALPHA)
+        covered.append(coverage(y[n_cal:], sets).pooled)
+    mean = float(np.mean(covered))
+    exact = 1 - math.floor(ALPHA * (n_cal + 1)) / (n_cal + 1)
+    assert abs(mean - exact) < 0.005  # about 3.5 standard errors
+    assert 1 - ALPHA - 0.005 <= mean <= 1 - ALPHA + 1 / (n_cal + 1) + 0.005
+
+
+def test_mondrian_covers_each_class_where_marginal_misses_the_rare_one():
+    rng = np.random.default_rng(2)
+    by_class = {False: [], True: []}
+    for _ in range(400):
+        y, p = _bernoulli(rng, 600 + 300, a=1.0, b=6.0)  # about 1 positive in 7
+        calibrator = ClassificationCalibrator(y[:600], p[:600])
+        positives = np.where(y[600:] == 1, 1.0, np.nan)
+        for mondrian in (False, True):
+            sets = calibrator.sets(p[600:], ALPHA, mondrian=mondrian)
+            by_class[mondrian].append(coverage(positives, sets).pooled)
+    assert np.mean(by_class[True]) >= 1 - ALPHA - 0.01
+    assert np.mean(by_class[True]) <= 1 - ALPHA + 0.03
+    assert np.mean(by_class[False]) < 0.6  # measured 0.31
+
+
+def test_a_perfect_model_gives_singletons_and_an_uninformed_one_the_full_set():
+    rng = np.random.default_rng(3)
+    y, _ = _bernoulli(rng, 300)
+    sharp = np.where(y == 1, 0.98, 0.02)
+    sets = ClassificationCalibrator(y[:100], sharp[:100]).sets(sharp[100:], ALPHA)
+    assert np.all(sets.size == 1)
+    assert coverage(y[100:], sets).pooled == 1.0
+    assert set(sets.labels()[:, 0]) == {"{0}", "{1}"}
+    flat = np.full(300, 0.5)
+    sets = ClassificationCalibrator(y[:100], flat[:100]).sets(flat[100:], ALPHA)
+    assert np.all(sets.size == 2) and set(sets.labels()[:, 0]) == {"{0,1}"}
+
+
+def test_empty_sets_and_missing_scores_are_told_apart():
+    y = np.tile([0.0, 1.0], 50)
+    calibrator = ClassificationCalibrator(y, np.where(y == 1, 0.9, 0.1))  # threshold 0.1
+    sets = calibrator.sets([[0.5], [np.nan], [0.95], [0.05]], ALPHA)
+    assert sets.labels()[:, 0].tolist() == ["{}", "", "{1}", "{0}"]
+    assert np.array_equal(sets.size[:, 0], [0, np.nan, 1, 1], equal_nan=True)
+    cov = coverage([[1.0], [1.0], [1.0], [np.nan]], sets)
+    assert cov.count.tolist() == [2] and cov.pooled == 0.5  # the NaN score is not counted
+    assert mean_set_size(sets).pooled == pytest.approx(2 / 3)
+    assert mean_set_size(sets, [[1.0], [1.0], [1.0], [np.nan]]).pooled == 0.5
+
+
+def test_tasks_are_calibrated_apart_with_missing_labels_masked():
+    rng = np.random.default_rng(4)
+    y, p = _bernoulli(rng, 400)
+    y2, p2 = _bernoulli(rng, 400, 2.0, 2.0)
+    y2[::3] = np.nan
+    both = ClassificationCalibrator(np.c_[y, y2][:200], np.c_[p, p2][:200])
+    alone = ClassificationCalibrator(y2[:200][~np.isnan(y2[:200])], p2[:200][~np.isnan(y2[:200])])
+    assert both.thresholds(ALPHA)[1, 0] == alone.thresholds(ALPHA)[0, 0]
+    sets = both.sets(np.c_[p, p2][200:], ALPHA)
+    assert coverage(np.c_[y, y2][200:], sets).count.tolist() == [200, 133]
+
+
+def test_sets_do_not_change_under_temperature_scaling():
+    """sigmoid(z / t) is monotone and symmetric, so both class scores keep their order."""
+    rng = np.random.default_rng(5)
+    y, p = _bernoulli(rng, 500)
+    z = probs_to_logits(p)
+    before = ClassificationCalibrator(y[:250], p[:250]).sets(p[250:], ALPHA)
+    scaled = apply_temperature(z, 2.7)[:, 0]
+    after = ClassificationCalibrator(y[:250], scaled[:250]).sets(scaled[250:], ALPHA)
+    assert np.array_equal(before.members, after.members)
+
+
+def test_gaussian_interval_width_is_the_analytic_quantile():
+    rng = np.random.default_rng(6)
+    sigma, n_cal, halves, covered = 1.7, 999, [], []
+    for _ in range(200):
+        truth = rng.normal(size=n_cal + 500)
+        y = truth + rng.normal(scale=sigma, size=truth.size)
+        calibrator = RegressionCalibrator(y[:n_cal], truth[:n_cal])
+        intervals = calibrator.intervals(truth[n_cal:], ALPHA)
+        assert np.allclose(intervals.width, 2 * calibrator.quantiles(ALPHA)[0])
+        halves.append(calibrator.quantiles(ALPHA)[0])
+        covered.append(coverage(y[n_cal:], intervals).pooled)
+    assert np.mean(halves) == pytest.approx(sigma * norm.ppf(1 - ALPHA / 2), rel=0.01)
+    assert abs(np.mean(covered) - (1 - ALPHA)) < 0.005
+
+
+def test_normalised_intervals_follow_the_spread_and_cover_the_noisy_molecules():
+    rng = np.random.default_rng(7)
+    n = 20000
+    spread = rng.uniform(0.2, 2.0, n)
+    truth = rng.normal(size=n)
+    y = truth + rng.normal(size=n) * spread
+    cal, test = slice(0, 5000), slice(5000, None)
+    noisy = np.where(spread[test] > 1.55, y[test], np.nan)  # the noisiest quarter
+    plain = RegressionCalibrator(y[cal], truth[cal]).intervals(truth[test], ALPHA)
+    normalised = RegressionCalibrator(y[cal], truth[cal], spread[cal])
+    intervals = normalised.intervals(truth[test], ALPHA, spread=spread[test])
+    assert normalised.quantiles(ALPHA)[0] == pytest.approx(norm.ppf(1 - ALPHA / 2), rel=0.03)
+    assert np.allclose(intervals.width[:, 0], 2 * normalised.quantiles(ALPHA)[0] * spread[test])
+    assert coverage(noisy, intervals).pooled == pytest.approx(1 - ALPHA, abs=0.015)
+    assert coverage(noisy, plain).pooled < 1 - ALPHA - 0.08  # one width misses them
+    assert coverage(y[test], intervals).pooled == pytest.approx(1 - ALPHA, abs=0.01)
+    assert mean_width(intervals).count.tolist() == [15000]
+
+
+def test_calibrators_are_rebuilt_from_their_arrays_in_safetensors(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(8)
+    y, p = _bernoulli(rng, 300)
+    y[::5] = np.nan
+    built = ClassificationCalibrator(y[:200, None], p[:200, None])
+    save_file(built.to_arrays(), tmp_path / "classification.safetensors")
+    rebuilt = ClassificationCalibrator.from_arrays(
+        load_file(tmp_path / "classification.safetensors")
+    )
+    for mondrian in (False, True):
+        assert np.array_equal(built.sets(p[200:], 0.2, mondrian).members,
+                              rebuilt.sets(p[200:], 0.2, mondrian).members)  # fmt: skip
+    spread = rng.uniform(0.5, 1.5, 300)
+    reg = RegressionCalibrator(p[:200] + spread[:200], p[:200], spread[:200])
+    save_file(reg.to_arrays(), tmp_path / "regression.safetensors")
+    again = RegressionCalibrator.from_arrays(load_file(tmp_path / "regression.safetensors"))
+    assert again.normalised
+    assert np.array_equal(reg.intervals(p[200:], ALPHA, spread[200:]).low,
+                          again.intervals(p[200:], ALPHA, spread[200:]).low)  # fmt: skip
+
+
+@pytest.mark.parametrize("alpha", [0, 1, -0.1, 1.5, float("nan"), True, "0.1", None])
+def test_alpha_outside_zero_one_is_refused(alpha):
+    calibrator = ClassificationCalibrator([0.0, 1.0] * 20, [0.2, 0.8] * 20)
+    with pytest.raises(ConfigError, match="'alpha'.*strictly between 0 and 1"):
+        calibrator.sets([0.5], alpha)
+    with pytest.raises(ConfigError, match="'alpha'"):
+        RegressionCalibrator([1.0] * 20, [0.0] * 20).intervals([0.0], alpha)
+
+
+def test_a_calibration_set_too_small_says_the_minimum():
+    y = np.array([0, 1, 0, 1, 0, np.nan, 1, 0.0])  # 7 labelled
+    calibrator = ClassificationCalibrator(y, np.full(8, 0.3))
+    with pytest.raises(ConfigError, match="n = 7 calibration scores.*needs at least 9"):
+        calibrator.sets([0.5], 0.1)
+    assert calibrator.sets([0.5], 0.2).members.shape == (1, 1, 2)  # 4 are enough at 0.2
+    with pytest.raises(ConfigError, match="class 1 of task 0, which has n = 3"):
+        calibrator.sets([0.5], 0.2, mondrian=True)
+    full = calibrator.sets([0.5, 0.01], 0.1, too_small="full")
+    assert full.labels()[:, 0].tolist() == ["{0,1}", "{0,1}"]
+    wide = RegressionCalibrator([1.0, 2.0], [1.5, 1.5]).intervals([0.0], 0.1, too_small="full")
+    assert wide.low[0, 0] == -np.inf and wide.high[0, 0] == np.inf
+    with pytest.raises(ConfigError, match="'too_small'"):
+        calibrator.sets([0.5], 0.2, too_small="skip")
+
+
+def test_shapes_and_values_that_disagree_are_refused():
+    with pytest.raises(ConfigError, match="'scores'.*shape of labels, \\(10, 2\\)"):
+        ClassificationCalibrator(np.zeros((10, 2)), np.zeros((10, 3)))
+    calibrator = ClassificationCalibrator(np.tile([0.0, 1.0], (20, 1)), np.full((20, 2), 0.4))
+    with pytest.raises(ConfigError, match="1 task column.*expected 2"):
+        calibrator.sets(np.zeros((5, 1)), ALPHA)
+    with pytest.raises(ConfigError, match="'labels' = 2.0: expected 0 or 1"):
+        ClassificationCalibrator([0.0, 2.0], [0.1, 0.2])
+    with pytest.raises(ConfigError, match="'scores' = 1.5: expected probabilities"):
+        ClassificationCalibrator([0.0, 1.0], [0.1, 1.5])
+    with pytest.raises(ConfigError, match="finite score for every labelled molecule \\(row 1"):
+        ClassificationCalibrator([0.0, 1.0], [0.1, np.nan])
+    with pytest.raises(ConfigError, match="'labels'.*the shape of the predictions"):
+        coverage(np.zeros((4, 1)), calibrator.sets(np.zeros((5, 2)), ALPHA))
+    normalised = RegressionCalibrator(np.arange(20.0), np.zeros(20), np.ones(20))
+    with pytest.raises(ConfigError, match="'spread'.*expected a spread"):
+        normalised.intervals([0.0], ALPHA)
+    with pytest.raises(ConfigError, match="'spread' = 0.0.*row 3, task 0"):
+        normalised.intervals(np.zeros(5), ALPHA, spread=[1, 1, 1, 0, 1])
+    with pytest.raises(ConfigError, match="'spread'.*expected None"):
+        RegressionCalibrator(np.arange(20.0), np.zeros(20)).intervals([0.0], ALPHA, [1.0])
+
+
+def test_coverage_of_intervals_counts_the_bounds_and_skips_missing():
+    rng = np.random.default_rng(9)
+    y = rng.normal(size=40)
+    calibrator = RegressionCalibrator(y, np.zeros(40))
+    q = calibrator.quantiles(ALPHA)[0]
+    intervals = calibrator.intervals([0.0, 0.0, 0.0, np.nan], ALPHA)
+    labels = [q, -q - 1e-9, np.nan, 0.0]  # on the bound, just outside, unlabelled, unscored
+    result = coverage(labels, intervals)
+    assert (result.pooled, result.count.tolist()) == (0.5, [2])
+    assert mean_width(intervals).pooled == pytest.approx(2 * q)
