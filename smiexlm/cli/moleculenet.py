@@ -370,24 +370,44 @@ def predict(
             "SMILES and K random ones; <label>_tta_std is their spread (default 0).",
         ),
     ] = 0,
-) -> None:
+    calibrate: Annotated[
+        bool,
+        typer.Option(help="Classification: temperature-scale each model's probabilities "
+                     "(temperature fitted on its validation molecules)."),
+    ] = False,
+    conformal_alpha: Annotated[
+        float | None,
+        typer.Option("--conformal-alpha", help="Add split-conformal sets (<label>_set, "
+                     "classification) or intervals (<label>_low, <label>_high, regression) "
+                     "that hold the true label with probability 1 - ALPHA, calibrated on the "
+                     "validation molecules (e.g. 0.1)."),
+    ] = None,
+    mondrian: Annotated[
+        bool,
+        typer.Option(help="With --conformal-alpha: class-conditional sets (the coverage "
+                     "holds within each class; larger sets for the rare class)."),
+    ] = False,
+) -> None:  # fmt: skip
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
-    unparsable SMILES. A folder --out is written part by part and resumed by the same
-    command; under `torchrun --nproc_per_node N` N processes share the parts."""
+    unparsable SMILES, with the applicability domain (nearness to the training molecules)
+    and, on request, calibrated probabilities and conformal sets or intervals. A folder --out
+    is written part by part and resumed by the same command; under `torchrun
+    --nproc_per_node N` N processes share the parts."""
     from smiexlm.moleculenet.predict_parts import predict_file, predict_parts
     from smiexlm.parts import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.workers import detect
 
     output = output if output is not None else out
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols else None
+    how = {"backend": backend, "tta": tta, "calibrate": calibrate,
+           "conformal_alpha": conformal_alpha, "mondrian": mondrian}  # fmt: skip
     if wants_parts(output, part_rows):  # refuses --part-rows 0 (None: the default)
         rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
         return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols, rows,
-                                        backend=backend,  # type: ignore[arg-type]
-                                        threads=threads, tta=tta))  # fmt: skip
+                                        threads=threads, how=how))  # fmt: skip
     if threads is not None:
         detect(threads)
-    result = predict_file(checkpoint, input, output, smiles_col, cols, backend, tta)  # type: ignore[arg-type]
+    result = predict_file(checkpoint, input, output, smiles_col, cols, how)
     _echo_failures(result.rejects)
     typer.echo(f"wrote {result.n_rows} rows ({len(result.rejects)} unparsable) to {result.out}")
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 
 Reject = tuple[int, str, str]  # (input row, SMILES, reason)
-FLAGS = ("in_domain",)  # boolean output columns (False in a bad row); the others are float64
+How = dict[str, Any]  # predict's options: backend, tta, calibrate, conformal_alpha, mondrian
 
 
 @dataclass
@@ -36,12 +36,12 @@ def predict_file(
     out: Path,
     smiles_col: str = "smiles",
     id_cols: list[str] | None = None,
-    backend: Literal["torch", "onnx"] = "torch",
-    tta: int = 0,
+    how: How | None = None,
 ) -> PredictedFile:
     """Predict every SMILES of ``input_path`` into the CSV ``out`` (written atomically);
     ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept;
-    ``backend`` and ``tta`` as in :func:`~smiexlm.moleculenet.prediction.predict`.
+    ``how``: the options of :func:`~smiexlm.moleculenet.prediction.predict` (backend, tta,
+    calibrate, conformal_alpha, mondrian).
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError, every_row_failed
@@ -53,7 +53,7 @@ def predict_file(
     frame = read_table(input_path, smiles_col)  # text cells; a blank cell is ""
     if not _usable(frame[smiles_col]).any():
         raise DataError(f"--input: column {smiles_col!r} has no non-empty SMILES")
-    how = {"backend": backend, "tta": tta}
+    how = how or {}
     outputs = _output_columns(folders, how)
     keep = _id_columns(frame, smiles_col, outputs, id_cols)
     table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, 0, how)
@@ -72,14 +72,14 @@ def predict_parts(
     id_cols: list[str] | None = None,
     part_rows: int = DEFAULT_PART_ROWS,
     chunk_rows: int = 8192,
-    backend: Literal["torch", "onnx"] = "torch",
     progress: bool = True,
     threads: int | None = None,
-    tta: int = 0,
+    how: How | None = None,
 ) -> PartsResult:
     """Predict every SMILES of ``input_path`` with the fine-tuned folder(s) ``checkpoint``
     into the folder ``out``; the same call resumes an interrupted job. ``id_cols`` (default:
-    every input column but the SMILES and the predicted ones) are kept."""
+    every input column but the SMILES and the predicted ones) are kept; ``how`` as in
+    :func:`predict_file`."""
     import pyarrow as pa
 
     from smiexlm.data.readers import iter_table
@@ -94,12 +94,14 @@ def predict_parts(
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     with job_workers(threads) as workers:
-        how = {"backend": backend, "tta": tta}
+        how = how or {}
         outputs = _output_columns(folders, how)
         keep = _id_columns(first, smiles_col, outputs, id_cols)
-        settings = {"smiles_col": smiles_col, "id_cols": keep, "backend": backend}
-        if tta:  # a folder of parts is one kind of prediction throughout
-            settings["tta"] = tta
+        settings = {"smiles_col": smiles_col, "id_cols": keep,
+                    "backend": how.get("backend", "torch")}  # fmt: skip
+        # a folder of parts is one kind of prediction throughout (options at their default
+        # are left out, so that a job started before they existed resumes)
+        settings |= {k: v for k, v in how.items() if k != "backend" and v}
         job = PartsJob("predict", input_record(input_path), model_record(map(Path, folders)),
                        settings, part_rows)  # fmt: skip
 
@@ -110,18 +112,20 @@ def predict_parts(
         return run_parts(job, out, _chain(first, chunks), process, workers, progress)
 
 
-def _output_columns(folders: list, how: dict) -> list[str]:
-    """The predicted columns: labels, their ``_std`` for an ensemble and ``_tta_std`` with
-    test-time augmentation (from one molecule)."""
+def _output_columns(folders: list, how: How) -> dict[str, Any]:
+    """The predicted columns (from one molecule), each with its value in a bad row: NaN,
+    False for a flag (``in_domain``), "" for text (``<label>_set``)."""
     from smiexlm.moleculenet.prediction import predict
 
-    return [c for c in predict(folders, ["C"], **how).columns
-            if c not in ("smiles", "valid")]  # fmt: skip
+    probe = predict(folders, ["C"], **how)
+    fills = {"b": False, "O": ""}
+    return {c: fills.get(probe[c].dtype.kind, float("nan"))
+            for c in probe.columns if c not in ("smiles", "valid")}  # fmt: skip
 
 
 def _predict_chunk(
-    folders: list, frame: Any, smiles_col: str, keep: list[str], outputs: list[str],
-    start: int, how: dict,
+    folders: list, frame: Any, smiles_col: str, keep: list[str], outputs: dict[str, Any],
+    start: int, how: How,
 ) -> tuple[Any, list[Reject]]:  # fmt: skip
     """The output rows of ``frame`` (a DataFrame) and its bad rows (row, SMILES, reason)."""
     import numpy as np
@@ -133,8 +137,8 @@ def _predict_chunk(
     frame = frame.reset_index(drop=True)
     texts = frame[smiles_col].astype(str).str.strip()
     usable = _usable(frame[smiles_col])
-    preds = {c: np.zeros(len(frame), bool) if c in FLAGS else np.full(len(frame), np.nan)
-             for c in outputs}  # fmt: skip
+    preds = {c: np.full(len(frame), fill, dtype=object if fill == "" else type(fill))
+             for c, fill in outputs.items()}  # fmt: skip
     valid = pd.Series(False, index=frame.index)
     if usable.any():
         got = predict(folders, texts[usable].tolist(), **how)
@@ -163,7 +167,7 @@ def _usable(column: Any) -> Any:
 
 
 def _id_columns(
-    first: Any, smiles_col: str, outputs: list[str], id_cols: list[str] | None
+    first: Any, smiles_col: str, outputs: dict[str, Any], id_cols: list[str] | None
 ) -> list[str]:
     from smiexlm.errors import DataError
 
@@ -174,7 +178,7 @@ def _id_columns(
     if missing or clash:
         raise DataError(
             f"--id-cols {missing or clash}: expected input columns other than the SMILES and "
-            f"the predicted {outputs}, among {list(first.columns)}"
+            f"the predicted {list(outputs)}, among {list(first.columns)}"
         )
     return list(id_cols)
 

@@ -12,7 +12,18 @@ Columns of :func:`predict`, in order:
   ``nearest_cosine`` and ``mean_cosine_k5`` (the models' own embeddings, the ensemble's mean;
   not with the ONNX backend, whose graph gives logits only), and ``in_domain`` (both nearest
   similarities at least the lowest a validation molecule had; an ensemble compares its mean
-  similarity with its models' mean bound).
+  similarity with its models' mean bound);
+- with ``conformal_alpha``: ``<label>_set`` (classification: the split-conformal set,
+  ``{0}``, ``{1}``, ``{0,1}`` or ``{}``; ``""`` in a bad row) or ``<label>_low`` and
+  ``<label>_high`` (regression: the interval), calibrated on the validation molecules
+  (:mod:`smiexlm.trust.conformal`).
+
+``calibrate=True`` divides each classification model's logits by the temperature fitted on
+its validation molecules (:func:`smiexlm.trust.calibration.fit_temperature`) before the
+sigmoid: the probabilities, the ensemble spread and the conformal sets use the calibrated
+scores. The columns that need a folder's ``reference.safetensors`` are left out, with one
+warning per folder, for folders fine-tuned before it was kept; ``calibrate`` and
+``conformal_alpha`` refuse them.
 """
 
 from __future__ import annotations
@@ -57,8 +68,9 @@ class _Served:
 
 
 def _serve_one(
-    directory: Path | str, smiles: list[str], batch_size: int, backend: str, tta: int
-) -> _Served:
+    directory: Path | str, smiles: list[str], batch_size: int, backend: str, tta: int,
+    calibrate: bool,
+) -> _Served:  # fmt: skip
     from smiexlm.data.augment import random_smiles
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
@@ -76,6 +88,8 @@ def _serve_one(
     spellings = [texts] + (list(zip(*random_smiles(texts, tta, 0), strict=True)) if tta else [])
     mean = np.asarray(meta["target_mean"], dtype=np.float32)
     std = np.asarray(meta["target_std"], dtype=np.float32)
+    reference = Reference.load(directory)
+    temperature = _temperature(directory, meta, reference) if calibrate else None
     views, pooled = [], None
     for v, view in enumerate(spellings):
         rows, _ = inputs.rows(list(view), cfg.get("max_length", 256))
@@ -86,8 +100,32 @@ def _serve_one(
             logits = engine_predict(model, examples, batch_size)
             if v == 0:
                 pooled = engine_predict(model, examples, batch_size, output="pooled")
+        if temperature is not None:
+            logits = logits / temperature
         views.append(to_scores(logits, meta["task_type"], mean, std))
-    return _Served(texts, np.stack(views), pooled, meta, Reference.load(directory))
+    if temperature is not None:  # what conformal calibration sees: the calibrated scores
+        reference.valid_scores = to_scores(reference.valid_logits / temperature, "classification",
+                                           mean, std).astype(np.float32)  # fmt: skip
+    return _Served(texts, np.stack(views), pooled, meta, reference)
+
+
+def _temperature(directory: Path | str, meta: dict, reference: Reference | None) -> np.ndarray:
+    """(T,) float32 temperatures fitted on the folder's validation molecules."""
+    from smiexlm.trust.calibration import fit_temperature
+
+    if meta["task_type"] != "classification":
+        raise ConfigError("calibrate", True, "classification models (temperature scaling of "
+                          f"probabilities); {str(directory)!r} is a regression model")  # fmt: skip
+    _require(directory, reference, "calibrate")
+    return fit_temperature(reference.valid_labels, reference.valid_logits).astype(np.float32)
+
+
+def _require(directory: Path | str, reference: Reference | None, option: str) -> None:
+    if reference is None:
+        raise DataError(
+            f"--checkpoint {str(directory)!r}: no reference.safetensors (fine-tuned before "
+            f"it was kept), which {option} needs: expected a folder fine-tuned by this version"
+        )
 
 
 def _features(meta: dict, texts: list[str]) -> np.ndarray | None:
@@ -113,6 +151,9 @@ def predict(
     batch_size: int = 256,
     backend: Literal["torch", "onnx"] = "torch",
     tta: int = 0,
+    calibrate: bool = False,
+    conformal_alpha: float | None = None,
+    mondrian: bool = False,
 ) -> pd.DataFrame:
     """Predictions per input SMILES, one row each (the module docstring lists the columns).
 
@@ -123,18 +164,22 @@ def predict(
     over the models). Unparsable SMILES (and those longer than
     :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`) get NaN rows and ``valid = False``, never
     silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
-    onnxruntime (written by ``smiexlm export-onnx FOLDER``).
+    onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
+    ``conformal_alpha`` and ``mondrian`` (class-conditional sets): see the module docstring.
     """
     from smiexlm.data.normalize import smiles_problem
+    from smiexlm.trust.arrays import check_alpha
 
     if backend not in ("torch", "onnx"):
         raise ConfigError("backend", backend, "'torch' or 'onnx'")
     if not isinstance(tta, int) or isinstance(tta, bool) or tta < 0:
         raise ConfigError("tta", tta, "0 (none) or a positive number of random SMILES")
+    if conformal_alpha is not None:
+        check_alpha(conformal_alpha)
     folders = finetuned_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
-    served = [_serve_one(f, good, batch_size, backend, tta) for f in folders]
+    served = [_serve_one(f, good, batch_size, backend, tta, calibrate) for f in folders]
     _check_agree(folders, [s.meta for s in served])
     labels = served[0].meta["label_cols"]
     stack = np.stack([s.views for s in served]).reshape(
@@ -151,6 +196,10 @@ def predict(
     domain = _domain(folders, served)
     for name, values in (domain or {}).items():
         frame[name] = _column_of(values, ok)
+    if conformal_alpha is not None:
+        mean = stack.mean(axis=(0, 1))  # (N, T)
+        for name, values in _conformal(folders, served, mean, conformal_alpha, mondrian).items():
+            frame[name] = _column_of(values, ok)
     frame.insert(0, "valid", ok)
     frame.insert(0, "smiles", list(smiles))
     return frame
@@ -203,6 +252,36 @@ def _domain(folders: list, served: list[_Served]) -> dict | None:
     return columns
 
 
+def _conformal(
+    folders: list, served: list[_Served], scores: np.ndarray, alpha: float, mondrian: bool
+) -> dict[str, np.ndarray]:
+    """``<label>_set`` or ``<label>_low``/``_high`` columns of the ensemble's scores (N, T),
+    calibrated on the ensemble's mean validation scores (its models share the validation
+    molecules); a task with too few validation labels for ``alpha`` gets the trivial set or
+    an unbounded interval."""
+    from smiexlm.trust.conformal import ClassificationCalibrator, RegressionCalibrator
+
+    for folder, s in zip(folders, served, strict=True):
+        _require(folder, s.reference, "--conformal-alpha")
+    labels = served[0].reference.valid_labels
+    for folder, s in zip(folders[1:], served[1:], strict=True):
+        if not np.array_equal(s.reference.valid_labels, labels, equal_nan=True):
+            raise DataError(
+                f"--checkpoint {str(folder)!r}: its validation molecules differ from those of "
+                f"{str(folders[0])!r}: expected the seeds of one split for a conformal ensemble"
+            )
+    valid = np.mean([s.reference.valid_scores for s in served], axis=0)
+    names = served[0].meta["label_cols"]
+    if served[0].meta["task_type"] == "classification":
+        sets = ClassificationCalibrator(labels, valid).sets(scores, alpha, mondrian, "full")
+        return {f"{n}_set": sets.labels()[:, j] for j, n in enumerate(names)}
+    if mondrian:
+        raise ConfigError("mondrian", True, "classification models (sets per class)")
+    bounds = RegressionCalibrator(labels, valid).intervals(scores, alpha, too_small="full")
+    low = {f"{n}_low": bounds.low[:, j] for j, n in enumerate(names)}
+    return low | {f"{n}_high": bounds.high[:, j] for j, n in enumerate(names)}
+
+
 def _say_no_reference(folder: Path) -> None:
     key = folder.resolve()
     if key not in _NO_REFERENCE:
@@ -222,10 +301,13 @@ def _rows_of(values: np.ndarray, ok: list[bool]) -> np.ndarray:
 
 
 def _column_of(values: np.ndarray, ok: list[bool]) -> np.ndarray:
-    """One column: ``values`` in the rows marked ok; NaN (False for a flag) in the others."""
+    """One column: ``values`` in the rows marked ok; NaN (False for a flag, "" for text) in
+    the others."""
     mask = np.asarray(ok, dtype=bool)
     if values.dtype == bool:
         out = np.zeros(len(ok), dtype=bool)
+    elif values.dtype == object:
+        out = np.full(len(ok), "", dtype=object)
     else:
         out = np.full(len(ok), np.nan)
     out[mask] = values

@@ -1,0 +1,111 @@
+"""predict's calibration and conformal columns, against the folder's own validation data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from smiexlm.errors import ConfigError, DataError
+
+
+def _models(tmp_path, task_type="classification", seeds=("0",), split="random"):
+    from smiexlm.cli.main import app
+    from tests.unit.moleculenet.test_moleculenet_finetune import _small_csv
+
+    path, frame = _small_csv(tmp_path)
+    if task_type == "regression":
+        frame["y"] = frame["smi"].str.len() / 10.0
+        frame.to_csv(path, index=False)
+    models = tmp_path / f"models_{task_type}_{split}"
+    result = CliRunner().invoke(app, [
+        "finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
+        "--task-type", task_type, "--split", split, "--max-train-steps", "3", "--batch-size",
+        "8", "--epochs", "1", "--device", "cpu", "--random-init", "--seeds", *seeds,
+        "--save-dir", str(models), "--out", str(tmp_path / f"ft_{task_type}_{split}"),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return [models / f"seed{s}" for s in seeds], frame
+
+
+def _valid_smiles(frame, split="random"):
+    from smiexlm.moleculenet.splits import make_split
+
+    return [frame["smi"][i] for i in make_split(frame["smi"].tolist(), split, 0).valid]
+
+
+def test_calibrated_probabilities_and_sets_cover_the_validation_molecules(tmp_path):
+    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.trust.calibration import fit_temperature
+
+    (folder,), frame = _models(tmp_path)
+    ref = Reference.load(folder)
+    valid = _valid_smiles(frame)
+    plain = predict(folder, valid)
+    np.testing.assert_allclose(plain["y"], ref.valid_scores[:, 0], rtol=1e-5)  # as stored
+    t = fit_temperature(ref.valid_labels, ref.valid_logits)[0]
+    calibrated = predict(folder, valid, calibrate=True, conformal_alpha=0.2)
+    np.testing.assert_allclose(calibrated["y"], 1 / (1 + np.exp(-ref.valid_logits[:, 0] / t)),
+                               rtol=1e-5)  # fmt: skip
+    # split-conformal on its own calibration molecules covers at least 1 - alpha of them
+    labels = ref.valid_labels[:, 0].astype(int)
+    sets = calibrated["y_set"].tolist()
+    assert set(sets) <= {"{0}", "{1}", "{0,1}", "{}"}
+    covered = np.mean([str(y) in s for y, s in zip(labels, sets, strict=True)])
+    assert covered >= 0.8
+    wide = predict(folder, valid, conformal_alpha=0.01)  # too few molecules: {0,1} for all
+    assert set(wide["y_set"]) == {"{0,1}"}
+
+
+def test_regression_intervals_are_the_validation_residual_quantile(tmp_path):
+    import math
+
+    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.moleculenet.reference import Reference
+
+    (folder,), frame = _models(tmp_path, "regression")
+    ref = Reference.load(folder)
+    residual = np.sort(np.abs(ref.valid_labels[:, 0] - ref.valid_scores[:, 0]).astype(float))
+    n, alpha = len(residual), 0.25
+    q = residual[math.ceil((n + 1) * (1 - alpha)) - 1]  # brute force order statistic
+    got = predict(folder, ["CCO", "CCCCO", "xx"], conformal_alpha=alpha)
+    np.testing.assert_allclose(got["y_high"][:2] - got["y"][:2], q, rtol=1e-5)
+    np.testing.assert_allclose(got["y"][:2] - got["y_low"][:2], q, rtol=1e-5)
+    assert np.isnan(got["y_low"][2]) and not got["valid"][2]
+    with pytest.raises(ConfigError, match="calibrate"):
+        predict(folder, ["CCO"], calibrate=True)
+    with pytest.raises(ConfigError, match="mondrian"):
+        predict(folder, ["CCO"], conformal_alpha=0.2, mondrian=True)
+    with pytest.raises(ConfigError, match="alpha"):
+        predict(folder, ["CCO"], conformal_alpha=1.5)
+
+
+def test_an_ensemble_must_share_its_validation_molecules(tmp_path):
+    from smiexlm.moleculenet.prediction import predict
+
+    a, b = _models(tmp_path, seeds=("0", "1"))[0]  # random splits: seeded, so they differ
+    assert "y_std" in predict([a, b], ["CCO"]).columns  # predictions alone are fine
+    with pytest.raises(DataError, match="validation molecules differ"):
+        predict([a, b], ["CCO"], conformal_alpha=0.2)
+
+
+def test_cli_writes_the_columns_into_a_csv_and_parts_alike(tmp_path):
+    from smiexlm.cli.main import app
+    from smiexlm.parts import read_parts
+
+    folders, _ = _models(tmp_path)
+    inputs = tmp_path / "new.csv"
+    pd.DataFrame({"smiles": ["CCO", "", "c1ccccc1CC", "xx", "CCN"]}).to_csv(inputs, index=False)
+    args = ["predict", "--checkpoint", *map(str, folders), "--input", str(inputs),
+            "--calibrate", "--conformal-alpha", "0.2"]  # fmt: skip
+    csv = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "p.csv")])
+    assert csv.exit_code == 0, csv.output
+    parts = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "p"), "--part-rows", "2"])
+    assert parts.exit_code == 0, parts.output
+    want = pd.read_csv(tmp_path / "p.csv", keep_default_na=False)
+    got = read_parts(tmp_path / "p").to_pandas()
+    assert list(got.columns) == list(want.columns) and "y_set" in got.columns
+    assert got["y_set"].tolist() == want["y_set"].astype(str).tolist()
+    assert got["y_set"][1] == "" and got["y_set"][0] != ""
