@@ -52,7 +52,7 @@ SMOKE: dict[str, list[Step]] = {
         Step("precision_curves.py", ("{tmp}/runs/1_fp32", "{tmp}/runs/2_bf16", "--out",
              "{tmp}/curves.png", "--every", "5"), expect=("curves.png",), prints="| 5 |"),
     ],
-    "moleculenet_table+conformal_coverage": [
+    "moleculenet_table+conformal_coverage+applicability_domain": [
         Step(MN, ("run", "--name", "shipped", "--tasks", "bace", "--seeds", "0",
              "--max-train-steps", "2", "--out", "{tmp}/run"),
              expect=("run/results.json", "run/runs/bace/seed0/result.json"),
@@ -60,6 +60,9 @@ SMOKE: dict[str, list[Step]] = {
         Step("conformal_coverage.py", ("{tmp}/run", "--out", "{tmp}/conformal", "--resplits",
              "2"), expect=("conformal/report.md", "conformal/coverage.csv",
              "conformal/reliability_run_bace.png"), prints="| bace | 0 | run | 0.1 | mondrian |"),
+        Step("applicability_domain.py", ("{tmp}/run", "--out", "{tmp}/domain"),
+             expect=("domain/report.md", "domain/domain.csv", "domain/domain.png"),
+             prints="| bace | 1 | 152 |"),
         Step(MN, ("probe", "--tasks", "bace", "--seeds", "0", "--out", "{tmp}/probe"),
              expect=("probe/results.json",)),
         Step(MN, ("baseline", "--tasks", "bace", "--seeds", "0", "--n-trees", "5", "--out",
