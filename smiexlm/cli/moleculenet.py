@@ -219,6 +219,14 @@ Tta = Annotated[
                  "over its canonical and K random SMILES (default 0); epochs are still chosen on "
                  "the canonical ones."),
 ]  # fmt: skip
+AdaptSteps = Annotated[
+    int | None,
+    typer.Option("--adapt-steps", help="Before fine-tuning, N updates of the backbone's "
+                 "descriptor regression (MTR) on the task's training molecules (default 0)."),
+]  # fmt: skip
+AdaptLr = Annotated[
+    float | None, typer.Option("--adapt-lr", help="Learning rate of --adapt-steps (1e-4).")
+]
 Resume = Annotated[
     bool,
     typer.Option("--resume", help="Keep the runs already in --out: a finished (set, seed) is "
@@ -275,6 +283,8 @@ def finetune(
     processes: Processes = 1,
     augment: Augment = None,
     tta: Tta = None,
+    adapt_steps: AdaptSteps = None,
+    adapt_lr: AdaptLr = None,
 ) -> None:
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
     config; test ROC-AUC per seed. Each (set, seed) keeps its state in --out after every
@@ -288,7 +298,8 @@ def finetune(
     cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
-                  patience=patience, precision=precision, augment=augment, tta=tta)  # fmt: skip
+                  patience=patience, precision=precision, augment=augment, tta=tta,
+                  adapt_steps=adapt_steps, adapt_lr=adapt_lr)  # fmt: skip
     seeds = _seeds(seeds)
     (df,) = _frames([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective, random_init)

@@ -12,6 +12,7 @@ from smiexlm.errors import ConfigError, check_choice, check_fraction, check_posi
 from smiexlm.finetuning.engine import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.model import POOLINGS
+from smiexlm.moleculenet.adapt import check_adapt
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.paths import PACKAGE_DIR
 
@@ -40,7 +41,8 @@ class FinetuneConfig:
     ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``) and what the
     MoleculeNet adapter adds (dropouts, pooling, SMILES normalisation, split, truncation,
     hybrid ``features``: ``ecfp4`` | ``rdkit2d`` | ``both``, random-SMILES ``augment`` of the
-    training molecules and test-time ``tta``).
+    training molecules, test-time ``tta``, and ``adapt_steps`` of descriptor regression on the
+    training molecules before fine-tuning, :mod:`~smiexlm.moleculenet.adapt`).
 
     The TOML tables, the CLI and :func:`finetune_config` speak flat keys
     (:meth:`from_flat`, :meth:`to_dict`); ``max_train_steps`` is the loop's ``max_steps`` and is
@@ -57,10 +59,13 @@ class FinetuneConfig:
     features: str | None = None
     augment: int = 0  # random SMILES per training molecule, one drawn per epoch (0 = none)
     tta: int = 0  # random SMILES averaged with the canonical one for the scores kept (0 = none)
+    adapt_steps: int = 0  # descriptor-regression updates on the training molecules first
+    adapt_lr: float = 1e-4
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_positive_int("max_length", self.max_length)
+        check_adapt(self.adapt_steps, self.adapt_lr)
         for name in ("augment", "tta"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from smiexlm.moleculenet import runs
+from smiexlm.moleculenet.adapt import adapt_descriptors
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.folder import check_free_seed_folders, save_finetuned
@@ -53,6 +54,8 @@ def loop_config(cfg: FinetuneConfig, higher_is_better: bool):
 def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
     """The report's row name: the backbone plus how it was fine-tuned."""
     name = backbone.name
+    if cfg.adapt_steps:
+        name += f" + adapt {cfg.adapt_steps}"
     if cfg.loop.freeze:
         name += " frozen"
     elif cfg.loop.freeze_layers:
@@ -148,9 +151,14 @@ def finetune_once(
     rows, n_cut = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
     targets = _Targets.fit(task, split)
     features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
+    encoder, adapted = backbone.build(tokenizer, cfg.dropout), {}
+    if cfg.adapt_steps:  # descriptor regression on the training molecules first
+        adapted = adapt_descriptors(encoder, [rows[i] for i in split.train],
+                                    [inputs[i] for i in split.train], cfg.adapt_steps,
+                                    cfg.adapt_lr, cfg.loop.batch_size, seed)  # fmt: skip
     torch.manual_seed(seed)
     model = ExLMForSequencePrediction(
-        backbone.build(tokenizer, cfg.dropout), len(task.label_cols),
+        encoder, len(task.label_cols),
         "multilabel" if task.is_classification else "regression", cfg.pooler_dropout,
         cfg.pooling, n_features=0 if features is None else features.shape[1],  # type: ignore[arg-type]
     )  # fmt: skip
@@ -188,6 +196,7 @@ def finetune_once(
             feature_scaler=None if scaler is None else scaler.to_dict(),
         ), reference=reference)  # fmt: skip
     config = cfg.to_dict() | {"backbone": backbone.name, "n_truncated": n_cut} | fitted.summary()
+    config |= adapted
     config["processes"] = runs.processes()
     if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
         config["test_canonical"] = targets.score(split.test, test_views[0]).mean * task.scale
