@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> None:
             if not _cells(args.out, task, [seed])[1]:
                 continue
             start = time.perf_counter()
-            extra = {"augment": args.augment, "tta": args.tta, "max_train_steps": args.max_train_steps}  # fmt: skip
+            extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
+                     "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps}  # fmt: skip
             extra = {k: v for k, v in extra.items() if v}  # what the options change
             cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant] | extra)
             (r,) = run_finetune(load_task(task), cfg, backbone, [seed], progress=args.progress,
@@ -215,7 +216,7 @@ def campaign(args: argparse.Namespace) -> None:
             checkpoint=options.get("checkpoint"), preset="tiny", objective="mlm",
             variant=options.get("variant", "finetune"), schedule="full", progress=args.progress,
             pooling=None, features=options.get("features"), whiten=False, n_trees=args.n_trees,
-            augment=0, tta=0, max_train_steps=None,
+            augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None,
         )  # fmt: skip
         {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
         folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
@@ -247,6 +248,8 @@ def main() -> None:
     p_run.add_argument("--max-train-steps", type=int, default=None, help="smoke runs only")
     p_run.add_argument("--augment", type=int, default=0, help="random SMILES per molecule")
     p_run.add_argument("--tta", type=int, default=0, help="random SMILES averaged at test")
+    p_run.add_argument("--adapt-steps", type=int, default=0, help="descriptor regression first")
+    p_run.add_argument("--adapt-lr", type=float, default=None, help="its learning rate")
     p_probe = sub.add_parser("probe", help="linear probe on pooled embeddings, every task")
     p_probe.add_argument("--name", default="linear probe (logistic)")
     p_probe.add_argument("--checkpoint", default=None)
