@@ -140,6 +140,7 @@ def run_baseline(
     bar = tqdm(total=len(seeds), desc=f"{cfg.model_name} {task.name}", leave=False)
 
     def one_seed(split, seed: int) -> RunResult:
+        cpu = time.process_time()
         key = tuple(split.train)
         x = scaled[key] if key in scaled else scaled.setdefault(key, features.split(split.train))
         pred = _fit_predict(x[split.train], task.labels[split.train], x[split.valid + split.test],
@@ -148,7 +149,8 @@ def run_baseline(
         valid = score(task.task_type, task.labels[split.valid], pred[:n_valid])
         test = score(task.task_type, task.labels[split.test], pred[n_valid:])
         bar.update()
-        return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, asdict(cfg))
+        config = asdict(cfg) | {"train_cpu_seconds": time.process_time() - cpu}
+        return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, config)
 
     try:
         return run_seeds(task, seeds, cfg.split, one_seed, feature_s, on_result)
