@@ -24,7 +24,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,7 +46,7 @@ from smiexlm.moleculenet.folder import (
     finetuned_folders,
     read_finetune_meta,
 )
-from smiexlm.moleculenet.metrics import score
+from smiexlm.moleculenet.metrics import TaskScores, score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, as_task, check_seeds, run_seeds
@@ -106,6 +106,9 @@ class _Targets:
         return _to_scores(logits, self.task_type, self.mean, self.std)
 
     def score(self, rows: Sequence[int], logits: np.ndarray):
+        if not len(rows):  # a split without test rows (hpopt's): nothing to score
+            n = self.y.shape[1]
+            return TaskScores(float("nan"), [float("nan")] * n, 0, list(range(n)))
         return score(self.task_type, self.y[rows], self.to_scores(logits))
 
 
@@ -147,8 +150,10 @@ def finetune_once(
     raw_features: np.ndarray | None = None,
     progress: bool = True,
     run_dir: Path | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
 ) -> RunResult:
-    """One seed: train on ``split.train``, select on valid per epoch, score test.
+    """One seed: train on ``split.train``, select on valid per epoch, score test (NaN when
+    ``split.test`` is empty); ``on_epoch(epoch, valid score)`` is the loop's hook.
 
     ``inputs`` are the model-side SMILES when already prepared (:meth:`Backbone.model_texts`);
     ``raw_features`` the unscaled hybrid features of every row, when already computed.
@@ -181,7 +186,7 @@ def finetune_once(
     state = None if run_dir is None else runs.state_dir(run_dir)
     identity = runs.identity(task, split, cfg, backbone.name)
     fitted = fit(model, train, valid, loop, lambda logits: targets.score(split.valid, logits).mean,
-                 seed, progress, f"{task.name} seed {seed}", state, identity)  # fmt: skip
+                 seed, progress, f"{task.name} seed {seed}", state, identity, on_epoch)  # fmt: skip
     # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
     # score is the one a user gets back from the saved model
     test_views = predict_views(model, test, cfg.loop.eval_batch_size)  # (V, N, T)
