@@ -239,13 +239,32 @@ Precision = Annotated[
 ]
 
 
-def _config(task, no_canonicalize: bool = False, **overrides):
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option("--config", help="TOML of flat config keys (such as hpopt's best.toml) on top "
+                 "of the task's Table 8 row; the options given here still win."),
+]  # fmt: skip
+
+
+def _given(ctx: typer.Context | None, values: dict) -> dict:
+    """``values`` less the options left at their defaults (which match the config's own), so
+    that they do not override a --config file."""
+    if ctx is None:  # called from Python
+        return values
+    sources = {k: ctx.get_parameter_source(k) for k in values}
+    return {k: v for k, v in values.items() if sources[k] is None or sources[k].name != "DEFAULT"}
+
+
+def _config(task, no_canonicalize: bool = False, config: Path | None = None, ctx=None, **overrides):
     from smiexlm.moleculenet.configs import finetune_config
 
-    return finetune_config(task, canonicalize=False if no_canonicalize else None, **overrides)
+    canonicalize = False if no_canonicalize else None
+    overrides = _given(ctx, overrides)
+    return finetune_config(task, config_file=config, canonicalize=canonicalize, **overrides)
 
 
 def finetune(
+    ctx: typer.Context,
     task: TaskArg,
     checkpoint: Checkpoint = None,
     random_init: RandomInit = False,
@@ -275,16 +294,17 @@ def finetune(
     processes: Processes = 1,
     augment: Augment = None,
     tta: Tta = None,
+    config: ConfigFile = None,
 ) -> None:
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
-    config; test ROC-AUC per seed. Each (set, seed) keeps its state in --out after every
-    epoch: a stopped run goes on with --resume."""
+    config (or --config on top of it); test ROC-AUC per seed. Each (set, seed) keeps its state
+    in --out after every epoch: a stopped run goes on with --resume."""
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
 
     _check_outputs(out, save_dir)
     if _spread(processes):
         return
-    cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
+    cfg = _config(None if data else task, no_canonicalize, config, ctx, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
                   patience=patience, precision=precision, augment=augment, tta=tta)  # fmt: skip
@@ -297,6 +317,7 @@ def finetune(
 
 
 def benchmark(
+    ctx: typer.Context,
     tasks: Tasks = None,
     checkpoint: Checkpoint = None,
     random_init: RandomInit = False,
@@ -311,9 +332,11 @@ def benchmark(
     out: Out = Path("runs/benchmark"),
     resume: Resume = False,
     processes: Processes = 1,
+    config: ConfigFile = None,
 ) -> None:
-    """Fine-tune on several datasets x seeds and write one report next to the paper's numbers.
-    Each (set, seed) keeps its state in --out: a stopped benchmark goes on with --resume."""
+    """Fine-tune on several datasets x seeds and write one report next to the paper's numbers
+    (--config: one file on top of every task's row). Each (set, seed) keeps its state in --out:
+    a stopped benchmark goes on with --resume."""
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.finetune import Backbone, run_finetune
@@ -325,7 +348,7 @@ def benchmark(
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     seeds = _seeds(seeds)
     for df in _frames(tasks, None, "smiles", None, None):
-        cfg = _config(df.attrs["name"], split=split, epochs=epochs,
+        cfg = _config(df.attrs["name"], config=config, ctx=ctx, split=split, epochs=epochs,
                       max_train_steps=max_train_steps, device=device)  # fmt: skip
         results += run_finetune(df, cfg, backbone, seeds, run_root=out / "runs", resume=resume)
         if with_baseline:
