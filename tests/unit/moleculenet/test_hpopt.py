@@ -101,6 +101,16 @@ def test_the_search_never_reads_the_test_rows(tmp_path):
     assert trials_of(tmp_path / "control")[0].value != a[0].value
 
 
+def test_a_trial_is_the_run_finetune_makes_on_the_same_split_and_seed(tmp_path):
+    """Trial 0 (the base config) on the train and validation rows alone scores on validation
+    exactly what ``finetune`` scores with the whole table: the test rows change nothing."""
+    from smiexlm.moleculenet.finetune import run_finetune
+
+    search(tmp_path, 1)
+    (whole,) = run_finetune(toy_task(), toy_base(), _backbone(), seeds=[0], progress=False)
+    assert trials_of(tmp_path)[0].value == whole.valid
+
+
 def _backbone():
     from smiexlm.moleculenet.backbone import Backbone
 
