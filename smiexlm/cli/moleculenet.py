@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from smiexlm.cli.embed import PartRows, Threads, echo_parts
-from smiexlm.cli.options import multi_value
+from smiexlm.cli.options import given, multi_value
 
 Seeds = Annotated[
     list[int] | None, typer.Option("--seeds", help="Training seeds, one run each (default: 0 1 2).")
@@ -246,20 +246,11 @@ ConfigFile = Annotated[
 ]  # fmt: skip
 
 
-def _given(ctx: typer.Context | None, values: dict) -> dict:
-    """``values`` less the options left at their defaults (which match the config's own), so
-    that they do not override a --config file."""
-    if ctx is None:  # called from Python
-        return values
-    sources = {k: ctx.get_parameter_source(k) for k in values}
-    return {k: v for k, v in values.items() if sources[k] is None or sources[k].name != "DEFAULT"}
-
-
 def _config(task, no_canonicalize: bool = False, config: Path | None = None, ctx=None, **overrides):
     from smiexlm.moleculenet.configs import finetune_config
 
     canonicalize = False if no_canonicalize else None
-    overrides = _given(ctx, overrides)
+    overrides = given(ctx, overrides)
     return finetune_config(task, config_file=config, canonicalize=canonicalize, **overrides)
 
 
