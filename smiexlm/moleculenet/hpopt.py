@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,10 +56,18 @@ from smiexlm.moleculenet.splits import Split, make_split
 from smiexlm.moleculenet.task import MoleculeTask, as_task
 from smiexlm.paths import check_output, json_safe
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 STUDY_NAME = "hpopt"
 STUDY_FILE = "study.sqlite"
 IDENTITY_FORMAT = "smiexlm-hpopt/1"
 FEATURE_CHOICES: tuple[str, ...] = ("none", *FEATURE_KINDS)
+
+
+def _is_int(value: object, low: int, high: float = math.inf) -> bool:
+    """Whether ``value`` is an integer (not a bool) in [low, high)."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
 
 
 @dataclass
@@ -78,19 +86,17 @@ class HpoptConfig:
     def __post_init__(self) -> None:
         if self.trials is None and self.cpu_minutes is None:
             raise ConfigError("--trials", None, "a budget: --trials N, --cpu-minutes M or both")
-        if self.trials is not None and (isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1):  # fmt: skip
+        if self.trials is not None and not _is_int(self.trials, 1):
             raise ConfigError("--trials", self.trials, "a positive number of trials")
         minutes = self.cpu_minutes
-        if minutes is not None and (
-            isinstance(minutes, bool) or not isinstance(minutes, (int, float))
-            or not 0 < minutes < math.inf
-        ):  # fmt: skip
+        number = isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
+        if minutes is not None and not (number and 0 < minutes < math.inf):
             raise ConfigError("--cpu-minutes", minutes, "a positive number of minutes")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:  # fmt: skip
+        if not _is_int(self.seed, 0, 2**32):
             raise ConfigError("--seed", self.seed, "an integer in [0, 2**32)")
         check_positive_int("startup_trials", self.startup_trials)
         check_positive_int("prune_after", self.prune_after)
-        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:  # fmt: skip
+        if not _is_int(self.warmup_epochs, 0):
             raise ConfigError("warmup_epochs", self.warmup_epochs, "0 or a positive integer")
 
     def spent(self, counted: int, cpu_seconds: float) -> str | None:
@@ -175,7 +181,9 @@ class Search:
     features: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, data, base: FinetuneConfig, backbone: Backbone, seed: int) -> Search:
+    def build(
+        cls, data: MoleculeTask | pd.DataFrame, base: FinetuneConfig, backbone: Backbone, seed: int
+    ) -> Search:
         whole = as_task(data)
         split = make_split(whole.smiles, base.split, seed)
         rows = [*split.train, *split.valid]  # the test rows are left out here, for good
@@ -284,7 +292,7 @@ class HpoptResult:
 
 
 def run_hpopt(
-    data: MoleculeTask | Any,
+    data: MoleculeTask | pd.DataFrame,
     base: FinetuneConfig,
     out: Path,
     hp: HpoptConfig,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.moleculenet.hpopt import HpoptConfig, HpoptResult, Search
-from smiexlm.moleculenet.hpopt_study import spending
+from smiexlm.moleculenet.hpopt_study import COUNTED_STATES, spending
 from smiexlm.paths import atomic_path, write_text_atomic
 
 BEST_NAME = "best.toml"
@@ -169,10 +169,12 @@ class Outputs:
         return "\n".join(lines) + "\n"
 
     def _comparison(self, study, best) -> str:
-        """The best trial's searched keys beside trial 0's (the Table 8 row)."""
-        first = study.get_trials(deepcopy=False)[0]
+        """The best trial's searched keys beside the Table 8 row's trial (the first counted
+        one: trial 0, or the one after it when trial 0 was cut short)."""
+        first = next(t for t in study.get_trials(deepcopy=False) if t.state.name in COUNTED_STATES)
         zero = first.value if first.state.name == "COMPLETE" else None
-        lines = [f"| validation {self.metric} | Table 8 (trial 0) | best (trial {best.number}) |",
+        lines = [f"| validation {self.metric} | Table 8 (trial {first.number}) | best (trial "
+                 f"{best.number}) |",
                  "|---|---|---|", f"| value | {_value(zero, self.metric)} | "
                  f"{_value(best.value, self.metric)} |"]  # fmt: skip
         base = self.search.space.params_of(self.search.base)
