@@ -93,7 +93,8 @@ def _echo_result(result, task: str, own_data: bool) -> None:
     if result.best_config is None:
         typer.echo("no trial has completed yet")
         return
-    chosen = ", ".join(f"{k} = {result.best_config.get(k)}" for k in PARAMS)
+    values = {k: result.best_config.get(k) for k in PARAMS}
+    chosen = ", ".join(f"{k} = {v:.3g}" if isinstance(v, float) else f"{k} = {v}" for k, v in values.items())  # fmt: skip
     typer.echo(f"best: trial {result.best_number}, validation {result.best_value:.4g}: {chosen}")
     same = " with the same --data options" if own_data else ""
     typer.echo(f"next: smiexlm finetune {task} --config {result.out / BEST_NAME}{same}")

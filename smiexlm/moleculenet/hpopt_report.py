@@ -73,9 +73,9 @@ def write_trials(rows: list[dict[str, Any]], path: Path) -> None:
         writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
 
 
-def plot_history(rows: list[dict[str, Any]], path: Path, title: str, maximize: bool) -> None:
+def plot_history(rows: list[dict[str, Any]], path: Path, title: str, metric: str) -> None:
     """Completed (dots) and pruned (crosses) trial values by trial number, and the best
-    completed value so far (a step line)."""
+    completed value so far (a step line); ROC-AUC is maximised, RMSE minimised."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,16 +86,17 @@ def plot_history(rows: list[dict[str, Any]], path: Path, title: str, maximize: b
         points = [(r["number"], r["value"]) for r in rows if r["state"] == state]
         if points:
             ax.scatter(*zip(*points, strict=True), marker=marker, label=state)
+    pick = max if metric == "roc_auc" else min
     best, steps = None, []
     for row in rows:
         if row["state"] == "complete" and row["value"] is not None:
-            better = best is None or (row["value"] > best if maximize else row["value"] < best)
-            best = row["value"] if better else best
+            best = row["value"] if best is None else pick(best, row["value"])
         if best is not None:
             steps.append((row["number"], best))
     if steps:
         ax.step(*zip(*steps, strict=True), where="post", color="black", label="best so far")
-    ax.set(xlabel="trial", ylabel="validation score", title=title)
+    label = "validation ROC-AUC x 100" if metric == "roc_auc" else f"validation {metric.upper()}"
+    ax.set(xlabel="trial", ylabel=label, title=title)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best")
     fig.tight_layout()
@@ -123,8 +124,8 @@ class Outputs:
         that trial is the new best (``best.toml`` is rewritten then, and when missing)."""
         rows = trial_rows(study)
         write_trials(rows, self.out / TRIALS_NAME)
-        title = f"{self.search.task.name}: validation {self.metric}"
-        plot_history(rows, self.out / PLOT_NAME, title, self.search.direction == "maximize")
+        title = f"{self.search.task.name}: hpopt trials and the best so far"
+        plot_history(rows, self.out / PLOT_NAME, title, self.metric)
         best = best_trial(study)
         improved = best is not None and best.number == number
         if best is not None and (improved or number is None or not (self.out / BEST_NAME).exists()):
