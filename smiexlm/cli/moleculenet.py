@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from smiexlm.cli.embed import PartRows, Threads, echo_parts
-from smiexlm.cli.options import multi_value
+from smiexlm.cli.options import given, multi_value
 
 Seeds = Annotated[
     list[int] | None, typer.Option("--seeds", help="Training seeds, one run each (default: 0 1 2).")
@@ -247,13 +247,23 @@ Precision = Annotated[
 ]
 
 
-def _config(task, no_canonicalize: bool = False, **overrides):
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option("--config", help="TOML of flat config keys (such as hpopt's best.toml) on top "
+                 "of the task's Table 8 row; the options given here still win."),
+]  # fmt: skip
+
+
+def _config(task, no_canonicalize: bool = False, config: Path | None = None, ctx=None, **overrides):
     from smiexlm.moleculenet.configs import finetune_config
 
-    return finetune_config(task, canonicalize=False if no_canonicalize else None, **overrides)
+    canonicalize = False if no_canonicalize else None
+    overrides = given(ctx, overrides)
+    return finetune_config(task, config_file=config, canonicalize=canonicalize, **overrides)
 
 
 def finetune(
+    ctx: typer.Context,
     task: TaskArg,
     checkpoint: Checkpoint = None,
     random_init: RandomInit = False,
@@ -285,17 +295,18 @@ def finetune(
     tta: Tta = None,
     adapt_steps: AdaptSteps = None,
     adapt_lr: AdaptLr = None,
+    config: ConfigFile = None,
 ) -> None:
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
-    config; test ROC-AUC per seed. Each (set, seed) keeps its state in --out after every
-    epoch: a stopped run goes on with --resume."""
+    config (or --config on top of it); test ROC-AUC per seed. Each (set, seed) keeps its state
+    in --out after every epoch: a stopped run goes on with --resume."""
     from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.finetune import run_finetune
 
     _check_outputs(out, save_dir)
     if _spread(processes):
         return
-    cfg = _config(None if data else task, no_canonicalize, split=split, epochs=epochs,
+    cfg = _config(None if data else task, no_canonicalize, config, ctx, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
                   patience=patience, precision=precision, augment=augment, tta=tta,
@@ -309,6 +320,7 @@ def finetune(
 
 
 def benchmark(
+    ctx: typer.Context,
     tasks: Tasks = None,
     checkpoint: Checkpoint = None,
     random_init: RandomInit = False,
@@ -323,9 +335,11 @@ def benchmark(
     out: Out = Path("runs/benchmark"),
     resume: Resume = False,
     processes: Processes = 1,
+    config: ConfigFile = None,
 ) -> None:
-    """Fine-tune on several datasets x seeds and write one report next to the paper's numbers.
-    Each (set, seed) keeps its state in --out: a stopped benchmark goes on with --resume."""
+    """Fine-tune on several datasets x seeds and write one report next to the paper's numbers
+    (--config: one file on top of every task's row). Each (set, seed) keeps its state in --out:
+    a stopped benchmark goes on with --resume."""
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
@@ -338,7 +352,7 @@ def benchmark(
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     seeds = _seeds(seeds)
     for df in _frames(tasks, None, "smiles", None, None):
-        cfg = _config(df.attrs["name"], split=split, epochs=epochs,
+        cfg = _config(df.attrs["name"], config=config, ctx=ctx, split=split, epochs=epochs,
                       max_train_steps=max_train_steps, device=device)  # fmt: skip
         results += run_finetune(df, cfg, backbone, seeds, run_root=out / "runs", resume=resume)
         if with_baseline:

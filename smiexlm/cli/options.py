@@ -4,9 +4,14 @@
 Click takes one value per flag; :func:`multi_value` gives a command class that rewrites the
 first two spellings into the third before parsing, for the flags it names. Values run until
 the next flag, so put positional arguments before a list option.
+
+:func:`given` keeps the options a user gave, so that those left at their defaults do not
+override a config file (``finetune --config``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from typer.core import TyperCommand
 
@@ -34,3 +39,12 @@ def multi_value(*names: str) -> type[TyperCommand]:
             return super().parse_args(ctx, spread(list(args), names))
 
     return MultiValueCommand
+
+
+def given(ctx: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (option name -> value) less the options ``ctx`` (a ``typer.Context``) took
+    from their defaults; all of them without a context (a call from Python)."""
+    if ctx is None:
+        return values
+    sources = {k: ctx.get_parameter_source(k) for k in values}
+    return {k: v for k, v in values.items() if sources[k] is None or sources[k].name != "DEFAULT"}

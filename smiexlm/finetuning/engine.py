@@ -17,7 +17,9 @@ function of the validation logits. :func:`fit` then does the rest, the same way 
   unless told otherwise, so that an output does not depend on its batch;
 - validation after every epoch; ``select="best"`` keeps the best epoch's weights (ties keep
   the earlier epoch), ``"last"`` the final ones; ``patience`` stops after that many epochs
-  without a better validation score (None = run the whole schedule).
+  without a better validation score (None = run the whole schedule); ``on_epoch(epoch,
+  score)`` is called after each validation, and an exception it raises (a search's
+  ``optuna.TrialPruned``) ends the run there and propagates.
 
 ``freeze=True`` trains the head only: the encoder runs once, in eval mode, over every example,
 and the head trains on those cached features (seconds instead of minutes).
@@ -154,16 +156,18 @@ def fit(
     desc: str = "fine-tune",
     state_dir: Path | None = None,
     identity: dict[str, Any] | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
 ) -> FitResult:
     """Train ``model`` in place on ``train``; select on ``score(valid logits)`` per epoch.
 
     ``state_dir``: where the state is kept after every epoch, and resumed from when present;
     ``identity``: what else (data, backbone, features) a resumed run must share with the one
-    that saved the state, beside the loop settings, the seed and the split sizes."""
+    that saved the state, beside the loop settings, the seed and the split sizes;
+    ``on_epoch(epoch, valid score)``: called after each validation (epochs count from 1)."""
     run = _Fit(model, train, valid, config, score, seed)
     if state_dir is not None:
         run.keep_state(Path(state_dir), identity or {})
-    return run.run(progress, desc)
+    return run.run(progress, desc, on_epoch)
 
 
 class _Fit:
@@ -211,22 +215,24 @@ class _Fit:
         self.state_dir: Path | None = None
         self.identity: dict[str, Any] = {}
 
-    def run(self, progress: bool, desc: str) -> FitResult:
+    def run(self, progress: bool, desc: str, on_epoch: Callable | None = None) -> FitResult:
         from tqdm.auto import tqdm
 
         result = self.result
         show = progress and self.replicas.is_main
         bar = tqdm(total=self.total, initial=result.steps, desc=desc, leave=False, unit="step",
                    disable=not show)  # fmt: skip
-        while result.steps < self.total and not result.stopped_early:
-            record = self._epoch(bar)
-            if self.valid is not None and self.score is not None:
-                self._validate(record, bar)
-            result.history.append(record)
-            result.stopped_early = self._patience_spent()
-            self.replicas.check_same_weights(self.model)
-            self._save()
-        bar.close()
+        with bar:  # closed too when on_epoch ends the run
+            while result.steps < self.total and not result.stopped_early:
+                record = self._epoch(bar)
+                if self.valid is not None and self.score is not None:
+                    self._validate(record, bar)
+                result.history.append(record)
+                result.stopped_early = self._patience_spent()
+                self.replicas.check_same_weights(self.model)
+                self._save()
+                if on_epoch is not None and "valid" in record:
+                    on_epoch(result.epochs_run, record["valid"])
         self._select()
         result.seconds = self.before_s + time.perf_counter() - self.start
         own_cpu = time.process_time() - self.cpu_start

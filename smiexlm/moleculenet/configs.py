@@ -109,8 +109,32 @@ def load_table(path: Path = CONFIG_PATH) -> dict[str, dict[str, Any]]:
         return tomllib.load(handle)
 
 
-def finetune_config(task: str | None, path: Path = CONFIG_PATH, **overrides: Any) -> FinetuneConfig:
-    """Defaults, then the task's Table 8 row (if the task has one), then ``overrides``.
+def read_config_file(path: Path | str) -> dict[str, Any]:
+    """The flat FinetuneConfig keys of a TOML file (the shape of ``hpopt``'s ``best.toml``);
+    DataError for a missing or malformed file, ConfigError naming the key and the file for a
+    key that is not a FinetuneConfig field (a table such as ``[bbbp]`` included)."""
+    from smiexlm.errors import DataError
+    from smiexlm.paths import check_input_file
+
+    path = check_input_file(path, "--config")
+    try:
+        with open(path, "rb") as handle:
+            values = tomllib.load(handle)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"--config {str(path)!r} is not a TOML file: {err}") from None
+    for key, value in values.items():
+        if key not in {*FLAT_KEYS, "amp"} or (isinstance(value, dict) and key != "extra"):
+            raise ConfigError(key, value, f"a flat FinetuneConfig key in --config {str(path)!r}"
+                              f" (one of {', '.join(sorted(FLAT_KEYS))})")  # fmt: skip
+    return values
+
+
+def finetune_config(
+    task: str | None, path: Path = CONFIG_PATH, config_file: Path | str | None = None,
+    **overrides: Any,
+) -> FinetuneConfig:  # fmt: skip
+    """Defaults, then the task's Table 8 row (if the task has one), then ``config_file`` (flat
+    keys, :func:`read_config_file`), then ``overrides``.
 
     Overrides whose value is None are ignored, so CLI options can pass their defaults through.
     """
@@ -118,6 +142,8 @@ def finetune_config(task: str | None, path: Path = CONFIG_PATH, **overrides: Any
     values = dict(table.get("defaults", {}))
     if task is not None:
         values.update(table.get(task.lower(), {}))
+    if config_file is not None:
+        values.update(read_config_file(config_file))
     known = {*FLAT_KEYS, "amp"}
     for key, value in overrides.items():
         if key not in known:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from smiexlm.moleculenet.adapt import adapt_descriptors
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.folder import check_free_seed_folders, save_finetuned
-from smiexlm.moleculenet.metrics import score
+from smiexlm.moleculenet.metrics import TaskScores, score
 from smiexlm.moleculenet.prediction import to_scores
 from smiexlm.moleculenet.reference import Reference
 from smiexlm.moleculenet.report import RunResult
@@ -90,6 +90,9 @@ class _Targets:
         return to_scores(logits, self.task_type, self.mean, self.std)
 
     def score(self, rows: Sequence[int], logits: np.ndarray):
+        if not len(rows):  # a split without test rows (hpopt's): nothing to score
+            n = self.y.shape[1]
+            return TaskScores(float("nan"), [float("nan")] * n, 0, list(range(n)))
         return score(self.task_type, self.y[rows], self.to_scores(logits))
 
 
@@ -131,8 +134,10 @@ def finetune_once(
     raw_features: np.ndarray | None = None,
     progress: bool = True,
     run_dir: Path | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
 ) -> RunResult:
-    """One seed: train on ``split.train``, select on valid per epoch, score test.
+    """One seed: train on ``split.train``, select on valid per epoch, score test (NaN when
+    ``split.test`` is empty); ``on_epoch(epoch, valid score)`` is the loop's hook.
 
     ``inputs`` are the model-side SMILES when already prepared (:meth:`Backbone.model_texts`);
     ``raw_features`` the unscaled hybrid features of every row, when already computed.
@@ -171,7 +176,7 @@ def finetune_once(
     state = None if run_dir is None else runs.state_dir(run_dir)
     identity = runs.identity(task, split, cfg, backbone.name)
     fitted = fit(model, train, valid, loop, lambda logits: targets.score(split.valid, logits).mean,
-                 seed, progress, f"{task.name} seed {seed}", state, identity)  # fmt: skip
+                 seed, progress, f"{task.name} seed {seed}", state, identity, on_epoch)  # fmt: skip
     # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
     # score is the one a user gets back from the saved model
     test_views = predict_views(model, test, cfg.loop.eval_batch_size)  # (V, N, T)

@@ -79,6 +79,13 @@ SMOKE: dict[str, list[Step]] = {
              expect=("parallel/parallel.json",), prints="| 2 processes, 1 thread each |"),
     ],
     "tta_cost": [Step("tta_cost.py", ("--n", "20", "--tta", "0", "2"), prints="| 2 |")],
+    "hpopt_gain": [
+        Step("hpopt_gain.py", ("--tasks", "bace", "--trials", "2", "--seeds", "0",
+             "--max-train-steps", "2", "--out", "{tmp}/gain"),
+             expect=("gain/gain.md", "gain/bace/search/best.toml",
+                     "gain/bace/table8/runs/bace/seed0/result.json"),
+             prints="| bace | Table 8 |"),
+    ],
     "embed_resume+search": [
         Step("embed_resume.py", ("--n", "1000", "--part-rows", "10", "--kill-after", "2",
              "--check", "20", "--keep", "{tmp}/emb", "--port", "{port}", "--json",

@@ -110,6 +110,36 @@ def test_patience_stops_early_and_is_recorded_and_best_epoch_is_restored():
     np.testing.assert_allclose(restored, states[0], atol=1e-5)  # epoch 1 weights
 
 
+def test_on_epoch_sees_each_validation_and_its_exception_ends_the_run():
+    """The hook gets (epoch, score) after every validation; what it raises stops training
+    at that epoch and reaches the caller (a search's pruning)."""
+    model, rows = _model_and_rows()
+    data = Examples(rows, _targets())  # 24 examples: 3 steps per epoch
+    scores = iter([0.6, 0.7, 0.65, 0.8, 0.9])
+    seen: list[tuple[int, float]] = []
+    cfg = LoopConfig(epochs=5, batch_size=8, lr=1e-3, device="cpu")
+    result = fit(model, data, data, cfg, lambda z: next(scores), on_epoch=lambda *a: seen.append(a))
+    assert seen == [(1, 0.6), (2, 0.7), (3, 0.65), (4, 0.8), (5, 0.9)] and result.steps == 15
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_two(epoch: int, value: float) -> None:
+        seen.append((epoch, value))
+        if epoch == 2:
+            raise Stop(epoch)
+
+    model, rows = _model_and_rows()
+    seen.clear()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    scores = iter([0.6, 0.7, 0.65])
+    with pytest.raises(Stop):
+        fit(model, data, data, cfg, lambda z: next(scores), on_epoch=stop_at_two)
+    assert seen == [(1, 0.6), (2, 0.7)]
+    assert next(scores) == 0.65  # no third validation: the run ended at epoch 2
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
 def test_hybrid_head_needs_its_features_and_scaler_matches_sklearn():
     from sklearn.preprocessing import StandardScaler
 

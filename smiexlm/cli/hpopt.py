@@ -1,0 +1,104 @@
+"""``smiexlm hpopt``: hyper-parameter search for fine-tuning, on Optuna
+(:mod:`smiexlm.moleculenet.hpopt`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from smiexlm.cli.moleculenet import (
+    Checkpoint,
+    DataCsv,
+    Device,
+    LabelCols,
+    MaxSteps,
+    Precision,
+    SmilesCol,
+    Split,
+    TaskArg,
+    TaskTypeOpt,
+    _config,
+    _frames,
+)
+from smiexlm.cli.options import multi_value
+
+Trials = Annotated[
+    int | None,
+    typer.Option("--trials", help="Trials to count in all (completed or pruned; a failed one "
+                 "does not count), this run's and the earlier runs' of --out together."),
+]  # fmt: skip
+CpuMinutes = Annotated[
+    float | None,
+    typer.Option("--cpu-minutes", help="Process CPU minutes of the finished trials, earlier "
+                 "runs' included; no trial starts once spent. Give it, --trials, or both."),
+]  # fmt: skip
+SearchOut = Annotated[
+    Path | None,
+    typer.Option("--out", help="Folder of the study (study.sqlite) and of best.toml, "
+                 "trials.csv, history.png, report.md (default: runs/hpopt/TASK); the same "
+                 "command resumes it."),
+]  # fmt: skip
+Seed = Annotated[
+    int, typer.Option("--seed", help="Seed of the sampler, of every trial's training and of a "
+                      "seeded --split.")
+]  # fmt: skip
+
+
+def hpopt(
+    ctx: typer.Context,
+    task: TaskArg,
+    checkpoint: Checkpoint = None,
+    data: DataCsv = None,
+    smiles_col: SmilesCol = "smiles",
+    label_cols: LabelCols = None,
+    task_type: TaskTypeOpt = None,
+    out: SearchOut = None,
+    trials: Trials = None,
+    cpu_minutes: CpuMinutes = None,
+    seed: Seed = 0,
+    split: Split = "scaffold",
+    max_train_steps: MaxSteps = None,
+    precision: Precision = "auto",
+    device: Device = "auto",
+) -> None:
+    """Search the fine-tuning config around the task's Table 8 row (learning rate, epochs,
+    dropouts, pooling, hybrid features, frozen blocks) on the validation split, with pruning;
+    the test split is never read. Writes OUT/best.toml for `finetune --config`; run again to
+    resume (a trial cut short is marked failed and run anew)."""
+    import sys
+
+    import optuna
+
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.hpopt import HpoptConfig, run_hpopt
+
+    hp = HpoptConfig(trials, cpu_minutes, seed)  # the budget checked before any data is read
+    base = _config(None if data else task, ctx=ctx, split=split, max_train_steps=max_train_steps,
+                   precision=precision, device=device)  # fmt: skip
+    (df,) = _frames([task], data, smiles_col, label_cols, task_type)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
+    out = out if out is not None else Path("runs/hpopt") / task
+    result = run_hpopt(df, base, out, hp, Backbone(checkpoint), progress=True,
+                       on_trial=typer.echo, command="smiexlm " + " ".join(sys.argv[1:]))  # fmt: skip
+    _echo_result(result, task, data is not None)
+
+
+def _echo_result(result, task: str, own_data: bool) -> None:
+    from smiexlm.moleculenet.hpopt_report import BEST_NAME, PARAMS
+
+    typer.echo(f"stopped by --{result.stopped_by}: {result.counted} trials counted, "
+               f"{result.failed} failed, {result.cpu_seconds / 60:.1f} CPU minutes")  # fmt: skip
+    if result.best_config is None:
+        typer.echo("no trial has completed yet")
+        return
+    values = {k: result.best_config.get(k) for k in PARAMS}
+    chosen = ", ".join(f"{k} = {v:.3g}" if isinstance(v, float) else f"{k} = {v}" for k, v in values.items())  # fmt: skip
+    typer.echo(f"best: trial {result.best_number}, validation {result.best_value:.4g}: {chosen}")
+    same = " with the same --data options" if own_data else ""
+    typer.echo(f"next: smiexlm finetune {task} --config {result.out / BEST_NAME}{same}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(cls=multi_value("--label-cols"))(hpopt)

@@ -1,0 +1,150 @@
+"""``smiexlm hpopt`` for real: killed with SIGKILL mid-trial and run again, it goes on to the
+budget; its ``best.toml`` goes through ``finetune --config``; bad input is one clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tests.conftest import smiexlm_command
+from tests.unit.moleculenet.test_hpopt import toy_frame
+
+
+@pytest.fixture()
+def toy_csv(tmp_path) -> Path:
+    path = tmp_path / "toy.csv"
+    toy_frame().to_csv(path, index=False)
+    return path
+
+
+def _args(csv: Path, out: Path, *extra: str) -> list[str]:
+    return ["hpopt", "toy", "--data", str(csv), "--smiles-col", "smi", "--label-cols", "y",
+            "--split", "random", "--max-train-steps", "8", "--device", "cpu", "--precision",
+            "fp32", "--out", str(out), *extra]  # fmt: skip
+
+
+def _states(out: Path) -> list[tuple[int, str, dict]]:
+    import optuna
+
+    storage = f"sqlite:///{out / 'study.sqlite'}"
+    study = optuna.load_study(study_name="hpopt", storage=storage)
+    return [(t.number, t.state.name, t.params) for t in study.get_trials(deepcopy=False)]
+
+
+def _kill_mid_trial(proc: subprocess.Popen, out: Path, number: int, timeout: float = 240):
+    """SIGKILL ``proc`` while trial ``number`` (or a later one) runs with its point drawn."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "trials.csv").is_file():  # the study exists and is written
+            running = [n for n, state, params in _states(out) if state == "RUNNING" and params]
+            if running and running[0] >= number:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return running[0]
+        time.sleep(0.05)
+    raise AssertionError(f"the search ended (code {proc.poll()}) before trial {number} ran")
+
+
+@pytest.mark.slow
+def test_kill_9_mid_trial_then_the_same_command_goes_on_to_the_budget(toy_csv, tmp_path):
+    out = tmp_path / "search"
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    command = [smiexlm_command(), *_args(toy_csv, out, "--trials", "3")]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    cut = _kill_mid_trial(proc, out, 1)
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    states = _states(out)
+    assert [n for n, _, _ in states] == list(range(4))  # the numbers go on: 3 counted + 1
+    assert [s for n, s, _ in states if n == cut] == ["FAIL"]
+    assert sum(s in ("COMPLETE", "PRUNED") for _, s, _ in states) == 3
+    assert states[cut + 1][2] == states[cut][2]  # the cut trial's point, drawn again
+    assert "3 trials counted, 1 failed" in again.stdout
+    assert f"trial {cut + 1} " in again.stdout and "trial 0 " not in again.stdout
+    rows = pd.read_csv(out / "trials.csv")
+    assert rows.loc[cut, "state"] == "fail" and "stopped mid-trial" in rows.loc[cut, "note"]
+    assert not (out / ".lock").exists()
+
+
+def _invoke(*args: str):
+    from smiexlm.cli.main import app
+
+    torch.set_num_threads(1)
+    return CliRunner().invoke(app, list(args))
+
+
+def test_best_toml_round_trips_through_finetune_config(toy_csv, tmp_path):
+    import tomllib
+
+    out = tmp_path / "search"
+    done = _invoke(*_args(toy_csv, out, "--trials", "2"))
+    assert done.exit_code == 0, done.output
+    assert "next: smiexlm finetune toy --config" in done.output
+    best = tomllib.loads((out / "best.toml").read_text())
+    assert best["max_train_steps"] == 8 and best["split"] == "random" and "device" not in best
+    run = tmp_path / "finetuned"
+    args = ["finetune", "toy", "--data", str(toy_csv), "--smiles-col", "smi", "--label-cols",
+            "y", "--seeds", "0", "--device", "cpu", "--config", str(out / "best.toml")]  # fmt: skip
+    done = _invoke(*args, "--out", str(run))
+    assert done.exit_code == 0, done.output
+    config = json.loads(pd.read_csv(run / "results.csv")["config"][0])
+    for key in ("lr", "epochs", "dropout", "pooler_dropout", "pooling", "freeze_layers",
+                "max_train_steps", "split", "batch_size"):  # fmt: skip
+        assert config[key] == best[key], key
+    assert config["features"] == best.get("features")  # no key: no hybrid features
+    done = _invoke(*args, "--lr", "0.003", "--out", str(tmp_path / "mine"))  # a given option wins
+    config = json.loads(pd.read_csv(tmp_path / "mine" / "results.csv")["config"][0])
+    assert config["lr"] == 0.003 and config["epochs"] == best["epochs"]
+
+
+def test_a_config_file_beats_the_options_left_at_their_defaults(toy_csv, tmp_path):
+    config = tmp_path / "mine.toml"
+    config.write_text('split = "random"\nfreeze_layers = 2\nmax_train_steps = 1\n'
+                      'precision = "fp32"\npooling = "mean"\n')  # fmt: skip
+    done = _invoke("finetune", "toy", "--data", str(toy_csv), "--smiles-col", "smi",
+                   "--label-cols", "y", "--seeds", "0", "--config", str(config), "--out",
+                   str(tmp_path / "run"))  # fmt: skip
+    assert done.exit_code == 0, done.output
+    recorded = json.loads(pd.read_csv(tmp_path / "run" / "results.csv")["config"][0])
+    assert (recorded["split"], recorded["freeze_layers"], recorded["steps"]) == ("random", 2, 1)
+    assert recorded["pooling"] == "mean" and recorded["precision"] == "fp32"
+
+
+@pytest.mark.data
+def test_benchmark_takes_a_config_file(shared_data, tmp_path):
+    config = tmp_path / "quick.toml"
+    config.write_text("max_train_steps = 1\nfreeze_layers = 1\neval_batch_size = 512\n")
+    done = _invoke("benchmark", "--tasks", "bace", "--seeds", "0", "--device", "cpu",
+                   "--config", str(config), "--out", str(tmp_path / "bench"))  # fmt: skip
+    assert done.exit_code == 0, done.output
+    recorded = json.loads(pd.read_csv(tmp_path / "bench" / "results.csv")["config"][0])
+    assert (recorded["freeze_layers"], recorded["steps"], recorded["lr"]) == (1, 1, 1e-4)
+
+
+def test_bad_budgets_and_config_keys_are_clear_errors(toy_csv, tmp_path):
+    out = tmp_path / "search"
+    for extra, needle in ((("--trials", "0"), "'--trials' = 0: expected a positive number"),
+                          ((), "expected a budget: --trials N, --cpu-minutes M or both"),
+                          (("--cpu-minutes", "-2"), "'--cpu-minutes' = -2.0: expected a positive")):  # fmt: skip
+        done = _invoke(*_args(toy_csv, out, *extra))
+        assert done.exit_code != 0 and needle in str(done.exception), (extra, done.exception)
+    assert not out.exists()  # refused before anything was written
+    bad = tmp_path / "bad.toml"
+    bad.write_text("lr = 1e-4\nlearning_rate = 0.1\n")
+    done = _invoke("finetune", "toy", "--data", str(toy_csv), "--smiles-col", "smi",
+                   "--label-cols", "y", "--config", str(bad), "--out", str(tmp_path / "f"))  # fmt: skip
+    message = str(done.exception)
+    assert done.exit_code != 0 and "'learning_rate'" in message and str(bad) in message
+    (tmp_path / "table.toml").write_text("[bbbp]\nlr = 1e-4\n")
+    done = _invoke("finetune", "bbbp", "--config", str(tmp_path / "table.toml"))
+    assert "'bbbp'" in str(done.exception) and "a flat FinetuneConfig key" in str(done.exception)
