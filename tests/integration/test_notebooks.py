@@ -17,7 +17,12 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-NAMES = ["01_embeddings_quickstart", "02_property_prediction", "03_exlm_case_study"]
+NAMES = [
+    "01_embeddings_quickstart",
+    "02_property_prediction",
+    "03_exlm_case_study",
+    "04_trustworthy_predictions",
+]
 
 
 @pytest.fixture(scope="module")
