@@ -40,9 +40,12 @@ def state_dir(folder: Path) -> Path:
 
 def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
     """What a resumed run must share with the run that saved the state, beyond the loop."""
+    finetune = cfg.to_dict()
+    if not finetune["adapt_steps"]:  # recorded only when used, as by runs older than it
+        del finetune["adapt_steps"], finetune["adapt_lr"]
     return {
         "dataset": task.name, "data_sha256": task.sha256, "n_molecules": len(task),
-        "split": split.label, "backbone": backbone, "finetune": cfg.to_dict(),
+        "split": split.label, "backbone": backbone, "finetune": finetune,
     }  # fmt: skip
 
 
