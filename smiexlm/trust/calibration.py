@@ -190,15 +190,13 @@ def plot_reliability(
     """A reliability diagram (PNG at ``path``): observed frequency against mean predicted
     probability per bin, before and, when ``calibrated`` probabilities are given (e.g. after
     temperature scaling), after; below, how many entries fall in each bin."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend is left alone
 
     curves = {"before": reliability(labels, probs, n_bins)}
     if calibrated is not None:
         curves["after temperature"] = reliability(labels, calibrated, n_bins)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(4.8, 6), height_ratios=(3, 1), sharex=True)
+    fig = Figure(figsize=(4.8, 6))
+    top, bottom = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)
     top.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="perfect")
     for (name, curve), style in zip(curves.items(), ("o-", "s-"), strict=False):
         top.plot(curve.confidence[curve.count > 0], curve.frequency[curve.count > 0], style,
@@ -214,5 +212,4 @@ def plot_reliability(
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
     return path
