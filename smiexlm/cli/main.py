@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "smiexlm.cli.preprocess",
     "smiexlm.cli.pretrain",
     "smiexlm.cli.moleculenet",
+    "smiexlm.cli.predict",
     "smiexlm.cli.hpopt",
     "smiexlm.cli.embed",
     "smiexlm.cli.search",

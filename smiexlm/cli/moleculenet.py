@@ -1,4 +1,4 @@
-"""MoleculeNet commands: finetune, benchmark, baseline, predict.
+"""MoleculeNet commands: finetune, benchmark, baseline, probe (predict: :mod:`smiexlm.cli.predict`).
 
 Heavy imports (torch, RDKit, pandas) happen inside the command bodies.
 """
@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from smiexlm.cli.embed import PartRows, Threads, echo_parts
 from smiexlm.cli.options import given, multi_value
 
 Seeds = Annotated[
@@ -35,20 +34,6 @@ WithBaseline = Annotated[
 TaskArg = Annotated[
     str, typer.Argument(help="Dataset name (bbbp, tox21, ...); any name with --data.")
 ]
-FinetunedDirs = Annotated[
-    list[Path],
-    typer.Option("--checkpoint", help="Fine-tuned folder(s) from finetune --save-dir; several "
-                 "(e.g. seed0 seed1 seed2) give the ensemble mean and a <label>_std column."),
-]  # fmt: skip
-InputCsv = Annotated[
-    Path, typer.Option("--input", help="CSV/TSV/Parquet table or .smi file with a SMILES column.")
-]
-OutputCsv = Annotated[
-    Path,
-    typer.Option("--out", "-o", help="Predictions CSV, or a folder (a name without suffix) of "
-                 "resumable Parquet parts with a manifest.json: for large inputs and torchrun."),
-]  # fmt: skip
-OutputAlias = Annotated[Path | None, typer.Option("--output", hidden=True)]  # the old name of --out
 Split = Annotated[
     str,
     typer.Option(help="scaffold (DeepChem-equal, no seed) | scaffold_chiral | balanced_scaffold "
@@ -362,91 +347,6 @@ def benchmark(
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
 
 
-def predict(
-    checkpoint: FinetunedDirs,
-    input: InputCsv,
-    smiles_col: Annotated[
-        str, typer.Option("--smiles-col", help="SMILES column of --input.")
-    ] = "smiles",
-    out: OutputCsv = Path("predictions.csv"),
-    output: OutputAlias = None,
-    id_cols: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated input columns to keep (default: all but the SMILES "
-            "and the model's label columns)."
-        ),
-    ] = None,
-    backend: Annotated[
-        str,
-        typer.Option(
-            help="torch, or onnx: each folder's predictor.onnx with onnxruntime on the CPU "
-            "(written by `smiexlm export-onnx FOLDER`)."
-        ),
-    ] = "torch",
-    part_rows: PartRows = None,
-    threads: Threads = None,
-    tta: Annotated[
-        int,
-        typer.Option(
-            "--tta",
-            min=0,
-            help="Score each molecule as the mean over its canonical "
-            "SMILES and K random ones; <label>_tta_std is their spread (default 0).",
-        ),
-    ] = 0,
-    calibrate: Annotated[
-        bool,
-        typer.Option(help="Classification: temperature-scale each model's probabilities "
-                     "(temperature fitted on its validation molecules)."),
-    ] = False,
-    conformal_alpha: Annotated[
-        float | None,
-        typer.Option("--conformal-alpha", help="Add split-conformal sets (<label>_set, "
-                     "classification) or intervals (<label>_low, <label>_high, regression) "
-                     "that hold the true label with probability 1 - ALPHA, calibrated on the "
-                     "validation molecules (e.g. 0.1)."),
-    ] = None,
-    mondrian: Annotated[
-        bool,
-        typer.Option(help="With --conformal-alpha: class-conditional sets (the coverage "
-                     "holds within each class; larger sets for the rare class)."),
-    ] = False,
-) -> None:  # fmt: skip
-    """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
-    unparsable SMILES, with the applicability domain (nearness to the training molecules)
-    and, on request, calibrated probabilities and conformal sets or intervals. A folder --out
-    is written part by part and resumed by the same command; under `torchrun
-    --nproc_per_node N` N processes share the parts."""
-    from smiexlm.moleculenet.predict_parts import predict_file, predict_parts
-    from smiexlm.parts import DEFAULT_PART_ROWS, wants_parts
-    from smiexlm.workers import detect
-
-    output = output if output is not None else out
-    cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols else None
-    how = {"backend": backend, "tta": tta, "calibrate": calibrate,
-           "conformal_alpha": conformal_alpha, "mondrian": mondrian}  # fmt: skip
-    if wants_parts(output, part_rows):  # refuses --part-rows 0 (None: the default)
-        rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
-        return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols, rows,
-                                        threads=threads, how=how))  # fmt: skip
-    if threads is not None:
-        detect(threads)
-    result = predict_file(checkpoint, input, output, smiles_col, cols, how)
-    _echo_failures(result.rejects)
-    typer.echo(f"wrote {result.n_rows} rows ({len(result.rejects)} unparsable) to {result.out}")
-
-
-def _echo_failures(rejects: list[tuple[int, str, str]], shown: int = 10) -> None:
-    """The first ``shown`` bad rows of a prediction, with the reason of each, on stderr."""
-    from smiexlm.errors import shorten
-
-    for row, text, reason in rejects[:shown]:
-        typer.echo(f"  row {row}: {shorten(text.strip())!r} ({reason})", err=True)
-    if len(rejects) > shown:
-        typer.echo(f"  ... and {len(rejects) - shown:,} more (NaN rows)", err=True)
-
-
 def probe(
     task: TaskArg,
     checkpoint: Checkpoint = None,
@@ -489,4 +389,3 @@ def register(app: typer.Typer) -> None:
     app.command(cls=lists)(probe)
     app.command(cls=lists)(benchmark)
     app.command(cls=lists)(baseline)
-    app.command(cls=multi_value("--checkpoint"))(predict)
