@@ -28,11 +28,12 @@ def predict(
     batch_size: int = 256,
     precision: Precision = "fp32",
     pad_id: int = 0,
-    output: Literal["logits", "pooled"] = "logits",
+    output: Literal["logits", "pooled", "pooled+logits"] = "logits",
     max_tokens: int | None = EVAL_MAX_TOKENS,
 ) -> np.ndarray:
-    """(N, C) float32 logits (or pooled features) in input order, eval mode, length-sorted,
-    at most ``batch_size`` examples and ``max_tokens`` padded positions per batch.
+    """(N, C) float32 logits (or pooled features, or both side by side from one pass: (N,
+    d + C)) in input order, eval mode, length-sorted, at most ``batch_size`` examples and
+    ``max_tokens`` padded positions per batch.
 
     ``precision="fp32"`` (the default, what ``predict`` and the featurizer serve with) runs under
     :func:`~smiexlm.model.encoder.batch_invariant`, so a molecule's output does not depend on
@@ -49,6 +50,9 @@ def predict(
         with autocast(device, precision), batch_invariant() if fp32 else contextlib.nullcontext():
             if output == "pooled":
                 values = model.pool(batch["input_ids"], batch["attention_mask"])
+            elif output == "pooled+logits":
+                served = model(**batch)
+                values = torch.cat([served.pooled, served.logits], dim=1)
             else:
                 values = model(**batch).logits
         values = values.float().cpu().numpy()

@@ -156,12 +156,12 @@ def finetune_once(
     rows, n_cut = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
     targets = _Targets.fit(task, split)
     features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
+    torch.manual_seed(seed)
     encoder, adapted = backbone.build(tokenizer, cfg.dropout), {}
     if cfg.adapt_steps:  # descriptor regression on the training molecules first
         adapted = adapt_descriptors(encoder, [rows[i] for i in split.train],
                                     [inputs[i] for i in split.train], cfg.adapt_steps,
                                     cfg.adapt_lr, cfg.loop.batch_size, seed)  # fmt: skip
-    torch.manual_seed(seed)
     model = ExLMForSequencePrediction(
         encoder, len(task.label_cols),
         "multilabel" if task.is_classification else "regression", cfg.pooler_dropout,

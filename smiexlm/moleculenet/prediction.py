@@ -97,9 +97,12 @@ def _serve_one(
             logits = model.logits(rows, features, batch_size)
         else:
             examples = Examples(rows, None, None if features is None else _tensor(features))
-            logits = engine_predict(model, examples, batch_size)
-            if v == 0:
-                pooled = engine_predict(model, examples, batch_size, output="pooled")
+            if v == 0:  # the embedding of the domain columns comes with the first pass
+                both = engine_predict(model, examples, batch_size, output="pooled+logits")
+                width = both.shape[1] - meta["n_outputs"]
+                pooled, logits = both[:, :width], both[:, width:]
+            else:
+                logits = engine_predict(model, examples, batch_size)
         if temperature is not None:
             logits = logits / temperature
         views.append(to_scores(logits, meta["task_type"], mean, std))
