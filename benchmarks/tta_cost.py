@@ -1,12 +1,16 @@
-"""What test-time augmentation costs per molecule: ``predict`` with K random SMILES against none.
+"""What test-time augmentation and the applicability domain cost per molecule: ``predict``
+with K random SMILES against none, and with the domain columns against without.
 
     export SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1
-    python benchmarks/tta_cost.py --n 1000 --tta 0 4 10
+    python benchmarks/tta_cost.py --n 1000 --tta 0 4 10 --train 1631
 
 A fine-tuned folder is made from the shipped default (a regression head, untrained: the cost
 does not depend on the weights), then ``predict`` scores the first N BBBP molecules with each
 K. Process CPU time per molecule (one thread), the ratio to K = 0, and the mean spread
-(``<label>_tta_std``) are printed as a Markdown table.
+(``<label>_tta_std``) are printed as a Markdown table. With ``--train M`` the same folder is
+also given a reference of M training molecules (BBBP's last M, their embeddings from the
+same model), so that K = 0 is timed again with the five domain columns (ECFP4 and embedding
+neighbours among M molecules).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--tta", type=int, nargs="+", default=[0, 4, 10])
+    parser.add_argument("--train", type=int, default=0, help="training molecules of a domain")
     args = parser.parse_args()
 
     import torch
@@ -52,9 +57,35 @@ def main() -> None:
             base = base or ms
             spread = frame["y_tta_std"].mean() if k else 0.0
             rows.append(f"| {k} | {ms:.2f} | {ms / base:.1f}x | {spread:.4f} |")
+        if args.train:
+            _add_reference(folder, load_task("bbbp").smiles[-args.train :])
+            start = time.process_time()
+            frame = predict(folder, smiles)
+            ms = 1000 * (time.process_time() - start) / len(smiles)
+            assert "in_domain" in frame.columns
+            rows.append(f"| 0, with the domain of {args.train} | {ms:.2f} | {ms / base:.1f}x | – |")
     print(f"predict on {len(smiles)} BBBP molecules, one thread\n")
     print("| K random SMILES | CPU ms per molecule | ratio | mean spread |\n|---|---|---|---|")
     print("\n".join(rows))
+
+
+def _add_reference(folder: Path, train: list[str]) -> None:
+    """Give the folder a reference of ``train`` (validation: the first 10 of them)."""
+    import numpy as np
+
+    from smiexlm.finetuning import Examples
+    from smiexlm.finetuning import predict as engine_predict
+    from smiexlm.model.integrity import record_checksums
+    from smiexlm.moleculenet.folder import load_finetuned
+    from smiexlm.moleculenet.reference import Reference
+
+    served, inputs, _ = load_finetuned(folder, device="cpu")
+    texts = inputs.texts(train, True)
+    rows, _ = inputs.rows(texts, 256)
+    pooled = engine_predict(served, Examples(rows, None, None), output="pooled")
+    valid = np.zeros((10, 1), dtype=np.float32)
+    ref = Reference.build(texts, pooled, texts[:10], pooled[:10], valid, valid, valid)
+    record_checksums(folder, ref.save(folder).name)
 
 
 if __name__ == "__main__":

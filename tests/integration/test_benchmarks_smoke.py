@@ -78,7 +78,8 @@ SMOKE: dict[str, list[Step]] = {
              "2 processes, 1 thread each", "--out", "{tmp}/parallel"),
              expect=("parallel/parallel.json",), prints="| 2 processes, 1 thread each |"),
     ],
-    "tta_cost": [Step("tta_cost.py", ("--n", "20", "--tta", "0", "2"), prints="| 2 |")],
+    "tta_cost": [Step("tta_cost.py", ("--n", "20", "--tta", "0", "2", "--train", "30"),
+                      prints="| 0, with the domain of 30 |")],
     "hpopt_gain": [
         Step("hpopt_gain.py", ("--tasks", "bace", "--trials", "2", "--seeds", "0",
              "--max-train-steps", "2", "--out", "{tmp}/gain"),
