@@ -3,7 +3,6 @@ whitening) and ``smiexlm demo``."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -123,8 +122,9 @@ def echo_parts(result, shown: int = 10) -> None:
 
     from smiexlm.errors import shorten
     from smiexlm.parts import REJECTS
+    from smiexlm.ranks import detect
 
-    if os.environ.get("RANK", "0") != "0":
+    if not detect().is_main:
         return
     for reason in result.parts_damaged.values():
         typer.echo(f"  {reason}: written again", err=True)

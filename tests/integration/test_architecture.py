@@ -220,3 +220,27 @@ def test_one_home_makes_the_per_seed_result():
         )
 
     assert set(_where(makes_result)) == {"smiexlm/moleculenet/task.py"}
+
+
+# The variables torchrun (and ``launch_local``) set to tell a process its place in the job.
+TORCHRUN_PLACE = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"}
+
+
+def test_one_home_reads_the_torchrun_place():
+    """A process learns its rank and world size from ``smiexlm.ranks.detect`` alone, whether
+    it pretrains, fine-tunes or serves a batch job: no other module names one of the
+    variables (``os.environ.get("RANK")``, ``os.getenv("WORLD_SIZE")``, a helper given the
+    name) nor asks torch.distributed (``get_rank``, ``get_world_size``), which only knows once
+    a process group exists. Setting them for a child process is a keyword (``RANK=...``),
+    not a name, and stays allowed."""
+
+    def names_a_variable(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in TORCHRUN_PLACE
+
+    def asks_torch(node: ast.AST) -> bool:
+        return isinstance(node, (ast.Attribute, ast.alias)) and (
+            getattr(node, "attr", None) or getattr(node, "name", None)
+        ) in {"get_rank", "get_world_size", "get_local_rank", "get_node_local_rank"}
+
+    assert set(_where(names_a_variable)) == {"smiexlm/ranks.py"}, _where(names_a_variable)
+    assert _where(asks_torch) == {}, _where(asks_torch)
