@@ -21,7 +21,6 @@ When every shard is written, robust normalisation statistics are fitted on the t
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 from smiexlm.data.shards import locate_row
 from smiexlm.descriptor_stats import STATS_NAME, DescriptorStats, fit_descriptor_stats
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
+from smiexlm.paths import file_sha256
 
 DESCRIPTOR_KINDS: tuple[str, ...] = ("rdkit2d",)
 DESC_SUFFIX = "desc"
@@ -88,16 +88,11 @@ def open_descriptor_shard(folder: Path, shard: dict, n_descriptors: int) -> np.n
             "--descriptors or is incomplete"
         )
     expected = shard.get("sha256", {}).get(DESC_SUFFIX)
-    if expected is not None:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while data := handle.read(1 << 24):
-                digest.update(data)
-        if digest.hexdigest() != expected:
-            raise DataError(
-                f"descriptor shard {str(path)!r} has sha256 {digest.hexdigest()[:16]}…: the "
-                f"manifest records {expected[:16]}…; the file was changed or corrupted"
-            )
+    if expected is not None and (digest := file_sha256(path)) != expected:
+        raise DataError(
+            f"descriptor shard {str(path)!r} has sha256 {digest[:16]}…: the manifest records "
+            f"{expected[:16]}…; the file was changed or corrupted"
+        )
     shape = (shard["molecules"], n_descriptors)
     try:
         rows = np.load(path, mmap_mode="r", allow_pickle=False) if shape[0] else None

@@ -30,11 +30,11 @@ from smiexlm.data.descriptors import (
     finish_descriptors,
 )
 from smiexlm.data.normalize import REJECT_REASONS, NormalizeConfig, process_chunk
-from smiexlm.data.readers import detect_format, file_sha256, read_chunks
+from smiexlm.data.readers import detect_format, read_chunks
 from smiexlm.data.resume import check_resume, drop_uncommitted
 from smiexlm.data.shards import atomic_write_json, read_hashes, write_shard
 from smiexlm.errors import DataError
-from smiexlm.paths import VOCAB_NAME
+from smiexlm.paths import VOCAB_NAME, file_sha256
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.tokenizer.fast import ChunkEncoder
 

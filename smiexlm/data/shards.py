@@ -27,9 +27,8 @@ from typing import Literal
 
 import numpy as np
 
-from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import read_json_file, write_bytes_atomic
+from smiexlm.paths import file_sha256, read_json_file, write_bytes_atomic
 
 Split = Literal["train", "valid"]
 SHARD_SUFFIXES = (".bin", ".idx", ".hash", ".desc")
@@ -188,8 +187,9 @@ def check_shard(folder: Path, shard: dict, vocab_size: int | None) -> np.ndarray
     return idx
 
 
-def _check_digest(path: Path, expected: str) -> None:
-    digest = file_sha256(path)
+def _check_digest(path: Path, expected: str, digest: str | None = None) -> None:
+    """DataError when ``path`` (whose sha256 is ``digest``, when known) is not ``expected``."""
+    digest = digest or file_sha256(path)
     if digest != expected:
         raise DataError(
             f"shard file {str(path)!r} has sha256 {digest[:16]}…: the manifest records "
@@ -197,18 +197,17 @@ def _check_digest(path: Path, expected: str) -> None:
         )
 
 
-def _scan_bin(path: Path, expected: str | None, block: int = 1 << 24) -> int:
+def _scan_bin(path: Path, expected: str | None) -> int:
     """The largest token id in a ``.bin`` file, checking its sha256 on the same pass."""
-    digest, largest = hashlib.sha256(), -1
-    with open(path, "rb") as handle:
-        while data := handle.read(block):
-            digest.update(data)
-            largest = max(largest, int(np.frombuffer(data, dtype="<u2").max()))
-    if expected is not None and digest.hexdigest() != expected:
-        raise DataError(
-            f"shard file {str(path)!r} has sha256 {digest.hexdigest()[:16]}…: the manifest "
-            f"records {expected[:16]}…; the file was changed or corrupted"
-        )
+    largest = -1
+
+    def track(block: bytes) -> None:
+        nonlocal largest
+        largest = max(largest, int(np.frombuffer(block, dtype="<u2").max()))
+
+    digest = file_sha256(path, each_block=track)
+    if expected is not None:
+        _check_digest(path, expected, digest)
     return largest
 
 

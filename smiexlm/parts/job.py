@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smiexlm.data.readers import file_sha256
 from smiexlm.errors import DataError
 from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
+from smiexlm.paths import file_sha256
 from smiexlm.ranks import detect
 
 PART_FORMAT = "smiexlm-part/1"

@@ -22,10 +22,9 @@ from typing import Literal
 import numpy as np
 
 from smiexlm.data.pipeline import FORMAT
-from smiexlm.data.readers import file_sha256
 from smiexlm.data.shards import atomic_write_json, write_shard
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import VOCAB_NAME
+from smiexlm.paths import VOCAB_NAME, file_sha256
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID
 
 Frame = Literal["bos", "bos_eos"]

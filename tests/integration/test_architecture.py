@@ -244,3 +244,39 @@ def test_one_home_reads_the_torchrun_place():
 
     assert set(_where(names_a_variable)) == {"smiexlm/ranks.py"}, _where(names_a_variable)
     assert _where(asks_torch) == {}, _where(asks_torch)
+
+
+HASHLIB_DIGESTS = {"sha256", "sha1", "sha512", "md5", "blake2b", "blake2s", "file_digest"}
+FILE_READS = {"open", "read", "read_bytes", "readinto", "fromfile", "mmap"}
+
+
+def _calls(node: ast.AST) -> set[str]:
+    """The names called under ``node``: ``f`` of ``f(...)`` and ``m.f(...)`` alike, and
+    ``hashlib.new`` as ``hashlib.new``."""
+    names = set()
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+            names.add(call.func.id)
+        elif isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            names.add(ast.unparse(call.func) if call.func.attr == "new" else call.func.attr)
+    return names
+
+
+def test_one_home_hashes_files():
+    """Files are hashed by ``smiexlm.paths.file_sha256`` alone (its ``each_block`` lets a
+    caller learn more on the same pass, as the token shards' scan does). A function elsewhere
+    that both reads a file and builds a digest (``hashlib.sha256()``, ``blake2b``,
+    ``hashlib.new(...)``, ``file_digest``) is a second file hasher. Hashing bytes already in
+    memory (a shard's payload before it is written, a vocabulary, a job's key) reads no file
+    and stays allowed."""
+
+    def hashes_a_file(node: ast.AST) -> bool:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        calls = _calls(node)
+        return bool(calls & (HASHLIB_DIGESTS | {"hashlib.new"})) and bool(calls & FILE_READS)
+
+    homes = _where(hashes_a_file)
+    assert homes == {"smiexlm/paths.py": homes.get("smiexlm/paths.py", [])}, homes
+    hasher = [n for n in ast.walk(_modules()["smiexlm/paths.py"]) if hashes_a_file(n)]
+    assert [n.name for n in hasher] == ["file_sha256"]
