@@ -280,3 +280,24 @@ def test_one_home_hashes_files():
     assert homes == {"smiexlm/paths.py": homes.get("smiexlm/paths.py", [])}, homes
     hasher = [n for n in ast.walk(_modules()["smiexlm/paths.py"]) if hashes_a_file(n)]
     assert [n.name for n in hasher] == ["file_sha256"]
+
+
+def test_one_home_each_for_descriptors_and_their_scaling():
+    """RDKit descriptors are computed in ``fingerprints.py`` alone (the baseline, the hybrid
+    features and the pretraining targets call it), and the statistics of pretraining targets
+    are made and read back in ``descriptor_stats.py`` alone (from a dataset folder or a model
+    folder). The hybrid heads' scaler is ``moleculenet/features.py``'s ``FeatureScaler``."""
+
+    def computes(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr in {
+            "descList", "CalcMolDescriptors", "CalcMolDescriptors3D", "rdMolDescriptors",
+        }  # fmt: skip
+
+    assert set(_where(computes)) == {"smiexlm/fingerprints.py"}, _where(computes)
+
+    def makes_stats(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and ast.unparse(node.func) in {
+            "DescriptorStats", "DescriptorStats.load", "DescriptorStats.from_dict",
+        }  # fmt: skip
+
+    assert set(_where(makes_stats)) == {"smiexlm/descriptor_stats.py"}, _where(makes_stats)
