@@ -26,7 +26,6 @@ from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.fingerprints import tanimoto_matrix
 from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
-from smiexlm.parts import read_parts as read_parts  # re-exported: smiexlm.embed.read_parts
 from smiexlm.paths import atomic_paths, check_output
 
 OUT_SUFFIXES = (".parquet", ".npy")

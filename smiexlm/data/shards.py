@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -34,14 +33,6 @@ Split = Literal["train", "valid"]
 SHARD_SUFFIXES = (".bin", ".idx", ".hash", ".desc")
 SHA_SUFFIXES = ("bin", "idx")  # checked when a split is opened (.hash only feeds dedup)
 COUNT_FIELDS = ("molecules_in", "molecules_out", "duplicates", "unk_tokens", "molecules_with_unk")
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    write_bytes_atomic(path, payload)
-
-
-def atomic_write_json(path: Path, doc: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
 
 
 @dataclass
@@ -73,7 +64,7 @@ def write_shard(
     payloads["hash"] = np.asarray(hashes, dtype="<u8").tobytes()
     payloads["idx"] = offsets.tobytes()
     for suffix, payload in payloads.items():  # .idx last: it is what a reader opens first
-        atomic_write_bytes(out_dir / f"{name}.{suffix}", payload)
+        write_bytes_atomic(out_dir / f"{name}.{suffix}", payload)
     summed = [*SHA_SUFFIXES, *(["desc"] if descriptors is not None else [])]
     digests = {suffix: hashlib.sha256(payloads[suffix]).hexdigest() for suffix in summed}
     return ShardInfo(name, len(lengths), len(ids), digests)

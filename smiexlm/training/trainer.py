@@ -54,7 +54,7 @@ from smiexlm.training.stream import TrainStream, validation_loader
 logger = logging.getLogger(__name__)
 
 RESOLVED_CONFIG = "config.resolved.toml"
-__all__ = ["METRICS_FILE", "RESOLVED_CONFIG", "TrainResult", "pretrain"]
+__all__ = ["RESOLVED_CONFIG", "TrainResult", "pretrain"]
 
 
 @dataclass

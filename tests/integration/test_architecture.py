@@ -301,3 +301,30 @@ def test_one_home_each_for_descriptors_and_their_scaling():
         }  # fmt: skip
 
     assert set(_where(makes_stats)) == {"smiexlm/descriptor_stats.py"}, _where(makes_stats)
+
+
+def test_a_module_exports_only_its_own_names():
+    """Outside a package's ``__init__.py`` (its public face), a module imports a project
+    name only to use it: an import kept for an old path (``from x import y as y``, a name
+    listed in ``__all__`` but defined elsewhere, an import nothing in the module reads) makes
+    a second address for one thing. Importers name the module that defines it."""
+    for path, tree in _modules().items():
+        if path.endswith("__init__.py"):
+            continue
+        imported = {
+            alias.asname or alias.name
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("smiexlm")
+            for alias in node.names
+        }
+        read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        assert not imported - read, (path, sorted(imported - read))
+        exported = [
+            element.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+            for element in getattr(node.value, "elts", [])
+            if isinstance(element, ast.Constant)
+        ]
+        assert not set(exported) & imported, (path, sorted(set(exported) & imported))

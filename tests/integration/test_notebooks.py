@@ -23,7 +23,7 @@ NAMES = ["01_embeddings_quickstart", "02_property_prediction", "03_exlm_case_stu
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path | None:
     """None when the shipped default model exists, else a random tiny ExLM folder."""
-    from smiexlm.featurizer import DEFAULT_MODEL_DIR
+    from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
 
     if (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
         return None

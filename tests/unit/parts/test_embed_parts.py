@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smiexlm.embed import embed_file, embed_parts, read_parts
+from smiexlm.embed import embed_file, embed_parts
 from smiexlm.errors import DataError
-from smiexlm.parts import iter_parts
+from smiexlm.parts.reading import iter_parts, read_parts
 from tests.conftest import smiexlm_command, torchrun_command
 from tests.unit.featurizer.test_featurizer import make_checkpoint
 
