@@ -148,6 +148,3 @@ class PartsResult:
             f"{m['n_rows']:,} rows in {m['n_parts']} parts of {m['part_rows']:,} in "
             f"{self.out} ({done}), {m['n_failed']:,} failed (listed in {self.out / REJECTS})"
         )
-
-
-# ---------------------------------------------------------------------- the folder

@@ -170,7 +170,7 @@ def test_a_folder_of_another_job_is_refused(model, table, tmp_path):
 
 
 def test_parts_options_need_a_folder(tmp_path, monkeypatch):
-    from smiexlm.parts import wants_parts
+    from smiexlm.parts.job import wants_parts
 
     assert wants_parts(tmp_path / "emb", None) and wants_parts(tmp_path, None)
     assert not wants_parts(tmp_path / "emb.parquet", None)
