@@ -76,7 +76,7 @@ def run(mode: str, table: Path, out: Path, part_rows: int, port: int = 29533) ->
 
 
 def embeddings(out: Path) -> tuple[list[str], np.ndarray]:
-    from smiexlm.embed import read_parts
+    from smiexlm.parts.reading import read_parts
 
     table = read_parts(out).to_pandas()
     return table["id"].tolist(), table.filter(regex=r"^e\d+$").to_numpy()

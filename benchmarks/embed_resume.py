@@ -95,7 +95,7 @@ def check_values(out: Path, table: Path, n_check: int, seed: int = 0) -> dict:
     import torch
 
     from smiexlm import Featurizer
-    from smiexlm.embed import read_parts
+    from smiexlm.parts.reading import read_parts
 
     torch.set_num_threads(1)
     got = read_parts(out).to_pandas()

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from smiexlm import ExLMConfig, ExLMModel, Featurizer
-from smiexlm.featurizer import DEFAULT_MODEL_DIR
+from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
 from smiexlm.paths import data_dir
 from smiexlm.tokenizer import SmilesTokenizer
 

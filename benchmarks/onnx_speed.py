@@ -39,8 +39,8 @@ import torch
 
 from smiexlm import Featurizer
 from smiexlm.data.sampler import token_budget_batches
-from smiexlm.featurizer import DEFAULT_MODEL_DIR
 from smiexlm.model.encoder import batch_invariant
+from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
 from smiexlm.paths import data_dir
 from smiexlm.serving.onnx_export import export_onnx, read_manifest
 

@@ -179,3 +179,14 @@ def load_model_descriptor_stats(directory: Path, n_descriptors: int) -> Descript
             f"config says n_descriptors={n_descriptors}: the file does not belong to this model"
         )
     return stats
+
+
+def load_dataset_stats(folder: str | Path) -> DescriptorStats:
+    """A dataset folder's ``descriptors.json``, the statistics fitted on its train split."""
+    path = Path(folder) / STATS_NAME
+    if not path.is_file():
+        raise DataError(
+            f"dataset {str(folder)!r} has no {STATS_NAME}: rebuild it with "
+            "`smiexlm preprocess ... --descriptors rdkit2d`"
+        )
+    return DescriptorStats.load(path)

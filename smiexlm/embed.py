@@ -25,8 +25,7 @@ from smiexlm.data.readers import iter_table
 from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.fingerprints import tanimoto_matrix
-from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
-from smiexlm.parts import read_parts as read_parts  # re-exported: smiexlm.embed.read_parts
+from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.paths import atomic_paths, check_output
 
 OUT_SUFFIXES = (".parquet", ".npy")
@@ -218,7 +217,8 @@ def embed_parts(
     Under ``torchrun`` each process writes its share of the parts (:mod:`smiexlm.workers`;
     ``threads`` per process, default: the cores over the processes of the node).
     """
-    from smiexlm.parts import PartsJob, input_record, model_record, run_parts
+    from smiexlm.parts.job import PartsJob, input_record, model_record
+    from smiexlm.parts.writing import run_parts
     from smiexlm.workers import job_workers
 
     how = EmbedOptions(**options)

@@ -8,7 +8,7 @@ How a call runs, in chunks of ``chunk_size`` molecules so that memory stays boun
 long the input is:
 
 1. each SMILES is normalised as the checkpoint's corpus was (RDKit canonical SMILES by
-   default; see :func:`read_normalization`) and tokenized;
+   default; see :func:`smiexlm.model.pretrained.read_normalization`) and tokenized;
 2. the chunk is sorted by token length (stable) and cut into batches whose padded size stays
    within ``batch_tokens`` (and within ``batch_size`` molecules when given);
 3. each batch goes through ``ExLMModel.encode`` under ``torch.inference_mode`` with the model
@@ -45,12 +45,7 @@ from smiexlm.errors import (
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.inputs import ModelInputs
 from smiexlm.model.model import ExLMModel, pooling_parts
-from smiexlm.model.pretrained import (
-    DEFAULT_MODEL_DIR,
-    DEFAULT_NORMALIZATION,
-    load_pretrained,
-    read_normalization,
-)
+from smiexlm.model.pretrained import DEFAULT_MODEL_DIR, DEFAULT_NORMALIZATION, load_pretrained
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.whitening import Whitening, pooling_whitening
 
@@ -63,7 +58,7 @@ Backend = Literal["torch", "onnx"]
 
 _BACKENDS = ("torch", "onnx")
 _ERRORS = ("raise", "nan")
-__all__ = ["DEFAULT_MODEL_DIR", "FeaturizeReport", "Featurizer", "read_normalization"]
+__all__ = ["FeaturizeReport", "Featurizer"]
 
 
 @dataclass

@@ -1,9 +1,12 @@
 """Classical molecule features: Morgan bit fingerprints (ECFP4) and RDKit 2D descriptors.
 
 The one place the package computes them: the RF baseline, the hybrid fine-tuning features
-(``--features ecfp4|rdkit2d|both``) and the demo's Tanimoto neighbours all call these
-functions.
-RDKit is imported inside the functions so that importing this module stays cheap.
+(``--features ecfp4|rdkit2d|both``), the descriptor targets of pretraining datasets
+(``preprocess --descriptors rdkit2d``, :func:`compute_descriptors`) and the demo's Tanimoto
+neighbours all call these functions. How the values are scaled lives with their users:
+:mod:`smiexlm.descriptor_stats` for pretraining targets, :mod:`smiexlm.moleculenet.features`
+for the hybrid heads. RDKit is imported inside the functions so that importing this module
+stays cheap.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ log = logging.getLogger(__name__)
 
 FeatureKind = Literal["ecfp4", "rdkit2d", "both"]  # both: the bits, then the descriptors
 FEATURE_KINDS: tuple[str, ...] = ("ecfp4", "rdkit2d", "both")
+DESCRIPTOR_KINDS: tuple[str, ...] = ("rdkit2d",)  # what a pretraining dataset can carry
 # Descriptor values beyond ±this are NaN: Ipc reaches 1e40 (BBBP) to 1e227 (a long chain),
 # past float32 and past what a mean and a standard deviation can be computed over.
 DESCRIPTOR_LIMIT = 1e15
@@ -79,6 +83,41 @@ def rdkit2d_descriptors(smiles: Sequence[str]) -> np.ndarray:
                     "missing ones", int(huge.sum()), DESCRIPTOR_LIMIT, columns)  # fmt: skip
         out[huge] = np.nan
     return out
+
+
+def check_descriptor_kind(kind: str | None) -> None:
+    """ConfigError unless ``kind`` is None (no descriptors) or one of DESCRIPTOR_KINDS."""
+    if kind is not None and kind not in DESCRIPTOR_KINDS:
+        raise ConfigError("descriptors", kind, f"None or one of {DESCRIPTOR_KINDS}")
+
+
+def descriptor_names(kind: str) -> list[str]:
+    """The column names of ``kind`` (RDKit's ``Descriptors.descList`` order for rdkit2d)."""
+    check_descriptor_kind(kind)
+    from rdkit.Chem import Descriptors
+
+    return [name for name, _ in Descriptors.descList]
+
+
+def descriptor_version(kind: str) -> str:
+    """What decides the columns and values: ``"rdkit2d: RDKit 2026.09.1, 217 descriptors"``."""
+    import rdkit
+
+    return f"{kind}: RDKit {rdkit.__version__}, {len(descriptor_names(kind))} descriptors"
+
+
+def compute_descriptors(smiles: Sequence[str], kind: str) -> np.ndarray:
+    """(n, D) float32 descriptors of ``smiles``; NaN where a value cannot be computed, and a
+    row of NaN for a SMILES RDKit cannot parse (where :func:`rdkit2d_descriptors` raises)."""
+    check_descriptor_kind(kind)
+    try:
+        values = rdkit2d_descriptors(smiles)
+    except InvalidSmilesError:  # one unparsable SMILES: compute the others one by one
+        values = np.full((len(smiles), len(descriptor_names(kind))), np.nan)
+        for i, s in enumerate(smiles):
+            with contextlib.suppress(InvalidSmilesError):  # else the row stays NaN (masked)
+                values[i] = rdkit2d_descriptors([s])[0]
+    return values.astype(np.float32)
 
 
 def molecule_features(smiles: Sequence[str], kind: str) -> np.ndarray:

@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -137,11 +138,28 @@ def write_json(doc: dict[str, Any], path: str | Path) -> Path:
     return write_text_atomic(path, json.dumps(json_safe(doc), indent=1) + "\n")
 
 
+def file_sha256(path: Path, each_block: Callable[[bytes], None] | None = None) -> str:
+    """sha256 of a file (of ``data.mdb`` for an LMDB folder): the package's one file hasher.
+
+    The file is read in 4 MiB blocks, each also given to ``each_block`` when set, so that a
+    caller can learn something else about the file on the same pass. DataError if it cannot
+    be read."""
+    target = path / "data.mdb" if path.is_dir() else path
+    digest = hashlib.sha256()
+    try:
+        with open(target, "rb") as handle:
+            while block := handle.read(1 << 22):
+                digest.update(block)
+                if each_block is not None:
+                    each_block(block)
+    except OSError as err:
+        raise DataError(f"input {str(path)!r} cannot be read: {err.strerror or err}") from None
+    return digest.hexdigest()
+
+
 def file_record(path: Path) -> dict[str, Any]:
     """``{"bytes": size, "sha256": digest}`` of a file: what an output records of each of its
     files when it is written, for :func:`file_problem` to check when it is read back."""
-    from smiexlm.data.readers import file_sha256
-
     return {"bytes": Path(path).stat().st_size, "sha256": file_sha256(Path(path))}
 
 
@@ -149,8 +167,6 @@ def file_problem(path: Path, record: Any) -> str | None:
     """What is wrong with ``path`` against the :func:`file_record` written with it (missing,
     another size, another sha256, or no record at all), or None when it matches. The size is
     compared first, so that a truncated file is told apart without reading it."""
-    from smiexlm.data.readers import file_sha256
-
     path = Path(path)
     if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
         return "has no recorded sha256 (written by an older smiexlm)"

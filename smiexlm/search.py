@@ -121,7 +121,7 @@ def build_index(
     HNSW parameters: larger gives better recall for a slower build and a larger graph. The
     folder is written under a temporary name and renamed into place when complete.
     """
-    from smiexlm.parts import part_files, read_manifest
+    from smiexlm.parts.reading import part_files, read_manifest
 
     faiss = _faiss()
     for name, value in (("m", m), ("ef_construction", ef_construction)):
@@ -252,7 +252,7 @@ class SearchIndex:
         """``checkpoint`` (a folder or a shipped model's name) or the folder recorded in
         ``index.json``; DataError unless its weights are those that made the embeddings."""
         from smiexlm.model.pretrained import model_folder
-        from smiexlm.parts import model_record
+        from smiexlm.parts.job import model_record
 
         recorded = self.info["model"]
         made_by, want = recorded["folders"][0]["path"], recorded["sha256"]

@@ -256,10 +256,10 @@ def whiten_model(
     written there with the new whitening and its checksums, and ``model`` is left untouched.
     Returns what was recorded."""
     from smiexlm.analysis.inputs import read_smiles
-    from smiexlm.data.readers import file_sha256
     from smiexlm.featurizer import Featurizer
     from smiexlm.model.model import POOLINGS, pooling_parts
     from smiexlm.model.pretrained import model_folder, read_embedding
+    from smiexlm.paths import file_sha256
 
     if not isinstance(rows, int) or rows < 1:
         raise ConfigError("rows", rows, "a positive number of corpus molecules")

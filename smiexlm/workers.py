@@ -2,11 +2,12 @@
 
 ``torchrun --nproc_per_node N smiexlm embed ...`` (or ``python -m torch.distributed.run``)
 sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
-``MASTER_PORT`` in each process. :func:`job_workers` reads them and joins a gloo process group,
-which carries nothing but a few barriers and the per-rank counts at the end (never a tensor on
-a GPU), so gloo serves CPU and GPU jobs alike and needs no coordinator of our own. Each rank
-takes the parts ``i`` with ``i % world_size == rank`` (:meth:`Workers.owns`); a GPU job puts
-rank ``LOCAL_RANK`` on GPU ``LOCAL_RANK``.
+``MASTER_PORT`` in each process. :func:`job_workers` learns this process's place from
+:func:`smiexlm.ranks.detect` and joins a gloo process group, which carries nothing but a few
+barriers and the per-rank counts at the end (never a tensor on a GPU), so gloo serves CPU and
+GPU jobs alike and needs no coordinator of our own. Each rank takes the parts ``i`` with
+``i % world_size == rank`` (:meth:`Workers.owns`); a GPU job puts rank ``LOCAL_RANK`` on GPU
+``LOCAL_RANK``.
 
 Threads: torchrun sets ``OMP_NUM_THREADS=1`` by default, which idles most cores of a large
 node; under torchrun each process therefore uses ``cores / LOCAL_WORLD_SIZE`` threads (cores
@@ -21,9 +22,10 @@ import os
 import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from smiexlm import ranks
 from smiexlm.errors import ConfigError
 
 # The final barrier waits for the slowest rank's last part: with few large parts on CPUs that
@@ -33,22 +35,10 @@ BARRIER_TIMEOUT = datetime.timedelta(hours=24)
 
 
 @dataclass(frozen=True)
-class Workers:
-    """This process's place in the job."""
+class Workers(ranks.DistInfo):
+    """This process's place in the job (rank, world size, local rank) and its threads."""
 
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
     threads: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
 
     def owns(self, part: int) -> bool:
         """Whether part ``part`` is this rank's to write."""
@@ -89,17 +79,14 @@ def detect(threads: int | None = None) -> Workers:
     """This process's rank, world size and thread count, from the torchrun environment."""
     import torch
 
-    from smiexlm.training.distributed import detect as detect_ranks
-
-    info = detect_ranks()
+    info = ranks.detect()
     if threads is not None and threads < 1:
         raise ConfigError("threads", threads, "a positive integer")
     if threads is None and info.enabled:
         threads = max(1, usable_cores() // max(1, info.local_world_size))
     if threads is not None:
         torch.set_num_threads(threads)
-    return Workers(info.rank, info.world_size, info.local_rank, info.local_world_size,
-                   torch.get_num_threads())  # fmt: skip
+    return Workers(**asdict(info), threads=torch.get_num_threads())
 
 
 @contextmanager

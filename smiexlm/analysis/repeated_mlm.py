@@ -40,7 +40,7 @@ from smiexlm.analysis import measures
 from smiexlm.analysis.plots import plot_repeated_mlm
 from smiexlm.analysis.report import write_rows
 from smiexlm.data.collate import collate
-from smiexlm.data.shards import TokenDataset, atomic_write_json, write_shard
+from smiexlm.data.shards import TokenDataset, write_shard
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.expansion import repeat_layout
 from smiexlm.model.masking import mask_tokens, repeat_tokens
@@ -164,7 +164,7 @@ def write_repeated_dataset(
         k_: manifest[k_] for k_ in ("format", "dtype", "vocab_hash", "vocab_size") if k_ in manifest
     }
     doc.update(splits=splits, repeated_from=str(source), repeat_k=k)
-    atomic_write_json(out / "manifest.json", doc)
+    write_json(doc, out / "manifest.json")
     return out
 
 

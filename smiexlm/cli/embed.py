@@ -3,7 +3,6 @@ whitening) and ``smiexlm demo``."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -88,7 +87,7 @@ def embed(
     --out is written part by part and resumed by the same command; run it under `torchrun
     --nproc_per_node N` to share the parts among N processes."""
     from smiexlm.embed import embed_file, embed_parts
-    from smiexlm.parts import DEFAULT_PART_ROWS, wants_parts
+    from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.workers import detect
 
     cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols is not None else None
@@ -122,9 +121,10 @@ def echo_parts(result, shown: int = 10) -> None:
     import csv
 
     from smiexlm.errors import shorten
-    from smiexlm.parts import REJECTS
+    from smiexlm.parts.job import REJECTS
+    from smiexlm.ranks import detect
 
-    if os.environ.get("RANK", "0") != "0":
+    if not detect().is_main:
         return
     for reason in result.parts_damaged.values():
         typer.echo(f"  {reason}: written again", err=True)

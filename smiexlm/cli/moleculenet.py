@@ -118,7 +118,7 @@ def _print_report(results, out: Path, title: str) -> None:
     import sys
 
     from smiexlm.moleculenet.report import markdown_table, write_report
-    from smiexlm.training.distributed import detect
+    from smiexlm.ranks import detect
 
     if not detect().is_main:
         return

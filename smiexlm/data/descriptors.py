@@ -1,7 +1,7 @@
 """Descriptor targets beside the token shards (``smiexlm preprocess --descriptors rdkit2d``).
 
 Workers compute every RDKit 2D descriptor of each kept molecule's final SMILES with
-:func:`smiexlm.fingerprints.rdkit2d_descriptors`, the package's one descriptor code. A value
+:func:`smiexlm.fingerprints.compute_descriptors`, the package's one descriptor code. A value
 RDKit cannot compute, an infinity or a value beyond ±``DESCRIPTOR_LIMIT`` is stored as NaN
 (masked by the losses), never dropped; a SMILES RDKit cannot parse (possible with
 ``--no-canonicalize``) gets a row of NaN. NaN values are counted per split and descriptor in
@@ -20,55 +20,18 @@ When every shard is written, robust normalisation statistics are fitted on the t
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from smiexlm.data.shards import locate_row
-from smiexlm.descriptor_stats import STATS_NAME, DescriptorStats, fit_descriptor_stats
-from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
+from smiexlm.descriptor_stats import STATS_NAME, fit_descriptor_stats
+from smiexlm.errors import DataError
+from smiexlm.fingerprints import descriptor_names, descriptor_version
+from smiexlm.paths import file_sha256
 
-DESCRIPTOR_KINDS: tuple[str, ...] = ("rdkit2d",)
 DESC_SUFFIX = "desc"
 DESC_DTYPE = "<f4"
-
-
-def check_kind(kind: str | None) -> None:
-    if kind is not None and kind not in DESCRIPTOR_KINDS:
-        raise ConfigError("descriptors", kind, f"None or one of {DESCRIPTOR_KINDS}")
-
-
-def descriptor_names(kind: str) -> list[str]:
-    """The column names of ``kind`` (RDKit's ``Descriptors.descList`` order for rdkit2d)."""
-    check_kind(kind)
-    from rdkit.Chem import Descriptors
-
-    return [name for name, _ in Descriptors.descList]
-
-
-def descriptor_version(kind: str) -> str:
-    """What decides the columns and values: ``"rdkit2d: RDKit 2026.09.1, 217 descriptors"``."""
-    import rdkit
-
-    return f"{kind}: RDKit {rdkit.__version__}, {len(descriptor_names(kind))} descriptors"
-
-
-def compute_descriptors(smiles: Sequence[str], kind: str) -> np.ndarray:
-    """(n, D) float32 descriptors of ``smiles``; NaN where a value cannot be computed."""
-    from smiexlm.fingerprints import rdkit2d_descriptors
-
-    check_kind(kind)
-    try:
-        values = rdkit2d_descriptors(smiles)
-    except InvalidSmilesError:  # one unparsable SMILES: compute the others one by one
-        values = np.full((len(smiles), len(descriptor_names(kind))), np.nan)
-        for i, s in enumerate(smiles):
-            with contextlib.suppress(InvalidSmilesError):  # else the row stays NaN (masked)
-                values[i] = rdkit2d_descriptors([s])[0]
-    return values.astype(np.float32)
 
 
 def count_nan(counts: dict[str, list[int]], split: str, values: np.ndarray) -> None:
@@ -88,16 +51,11 @@ def open_descriptor_shard(folder: Path, shard: dict, n_descriptors: int) -> np.n
             "--descriptors or is incomplete"
         )
     expected = shard.get("sha256", {}).get(DESC_SUFFIX)
-    if expected is not None:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while data := handle.read(1 << 24):
-                digest.update(data)
-        if digest.hexdigest() != expected:
-            raise DataError(
-                f"descriptor shard {str(path)!r} has sha256 {digest.hexdigest()[:16]}…: the "
-                f"manifest records {expected[:16]}…; the file was changed or corrupted"
-            )
+    if expected is not None and (digest := file_sha256(path)) != expected:
+        raise DataError(
+            f"descriptor shard {str(path)!r} has sha256 {digest[:16]}…: the manifest records "
+            f"{expected[:16]}…; the file was changed or corrupted"
+        )
     shape = (shard["molecules"], n_descriptors)
     try:
         rows = np.load(path, mmap_mode="r", allow_pickle=False) if shape[0] else None
@@ -161,14 +119,3 @@ def finish_descriptors(
         "stats": STATS_NAME,
         "nan": nan,  # split -> descriptor -> NaN values (descriptors left out have none)
     }
-
-
-def load_dataset_stats(folder: str | Path) -> DescriptorStats:
-    """``folder/descriptors.json``, the statistics fitted on the dataset's train split."""
-    path = Path(folder) / STATS_NAME
-    if not path.is_file():
-        raise DataError(
-            f"dataset {str(folder)!r} has no {STATS_NAME}: rebuild it with "
-            "`smiexlm preprocess ... --descriptors rdkit2d`"
-        )
-    return DescriptorStats.load(path)

@@ -24,13 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from smiexlm.data.descriptors import check_kind
 from smiexlm.data.normalize import NormalizeConfig
-from smiexlm.data.preprocess_run import FORMAT, SPLITS, PreprocessRun
+from smiexlm.data.preprocess_run import SPLITS, PreprocessRun
 from smiexlm.data.readers import detect_format
 from smiexlm.data.resume import remove_run as _remove_run
-from smiexlm.data.shards import ShardInfo
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.fingerprints import check_descriptor_kind
 from smiexlm.paths import check_output
 from smiexlm.tokenizer import SmilesTokenizer
 
@@ -54,7 +53,7 @@ class PreprocessConfig(NormalizeConfig):
             raise ConfigError("shard_size", self.shard_size, "a positive integer")
         if self.chunk_size < 1:
             raise ConfigError("chunk_size", self.chunk_size, "a positive integer")
-        check_kind(self.descriptors)
+        check_descriptor_kind(self.descriptors)
 
 
 @dataclass
@@ -126,4 +125,4 @@ def preprocess(
     return PreprocessResult(out, run.finish(), elapsed, run.processed)
 
 
-__all__ = ["FORMAT", "SPLITS", "PreprocessConfig", "PreprocessResult", "ShardInfo", "preprocess"]
+__all__ = ["PreprocessConfig", "PreprocessResult", "preprocess"]

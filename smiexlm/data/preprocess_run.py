@@ -23,18 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from smiexlm.data.dedup import HashSet64
-from smiexlm.data.descriptors import (
-    compute_descriptors,
-    count_nan,
-    descriptor_version,
-    finish_descriptors,
-)
+from smiexlm.data.descriptors import count_nan, finish_descriptors
 from smiexlm.data.normalize import REJECT_REASONS, NormalizeConfig, process_chunk
-from smiexlm.data.readers import detect_format, file_sha256, read_chunks
+from smiexlm.data.readers import detect_format, read_chunks
 from smiexlm.data.resume import check_resume, drop_uncommitted
-from smiexlm.data.shards import atomic_write_json, read_hashes, write_shard
+from smiexlm.data.shards import read_hashes, write_shard
 from smiexlm.errors import DataError
-from smiexlm.paths import VOCAB_NAME
+from smiexlm.fingerprints import compute_descriptors, descriptor_version
+from smiexlm.paths import VOCAB_NAME, file_sha256, write_json
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.tokenizer.fast import ChunkEncoder
 
@@ -140,7 +136,7 @@ class PreprocessRun:
             "sources": self.source_docs,
             "state": asdict(self.state),
         }
-        atomic_write_json(self.out / "progress.json", doc)
+        write_json(doc, self.out / "progress.json")
 
     @property
     def committed(self) -> bool:
@@ -273,7 +269,7 @@ class PreprocessRun:
             manifest["descriptors"] = finish_descriptors(
                 self.out, self.config.descriptors, self.state.shards, self.state.descriptor_nan
             )
-        atomic_write_json(self.out / "manifest.json", manifest)
+        write_json(manifest, self.out / "manifest.json")
         self.save_progress(complete=True)
         return manifest
 

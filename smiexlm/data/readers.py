@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import io
 import re
 import zlib
@@ -114,19 +113,6 @@ def smiles_column(
         f"{what} {str(path)!r} has no SMILES column {wanted or 'smiles'!r}: not found among "
         f"its columns {columns[:20]!r}; pass --smiles-col with one of them"
     )
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file (of ``data.mdb`` for an LMDB folder); raises DataError if unreadable."""
-    target = path / "data.mdb" if path.is_dir() else path
-    digest = hashlib.sha256()
-    try:
-        with open(target, "rb") as handle:
-            while block := handle.read(1 << 22):
-                digest.update(block)
-    except OSError as err:
-        raise DataError(f"input {str(path)!r} cannot be read: {err.strerror or err}") from None
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------- DataFrames

@@ -20,29 +20,19 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import read_json_file, write_bytes_atomic
+from smiexlm.paths import file_sha256, read_json_file, write_bytes_atomic
 
 Split = Literal["train", "valid"]
 SHARD_SUFFIXES = (".bin", ".idx", ".hash", ".desc")
 SHA_SUFFIXES = ("bin", "idx")  # checked when a split is opened (.hash only feeds dedup)
 COUNT_FIELDS = ("molecules_in", "molecules_out", "duplicates", "unk_tokens", "molecules_with_unk")
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    write_bytes_atomic(path, payload)
-
-
-def atomic_write_json(path: Path, doc: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
 
 
 @dataclass
@@ -74,7 +64,7 @@ def write_shard(
     payloads["hash"] = np.asarray(hashes, dtype="<u8").tobytes()
     payloads["idx"] = offsets.tobytes()
     for suffix, payload in payloads.items():  # .idx last: it is what a reader opens first
-        atomic_write_bytes(out_dir / f"{name}.{suffix}", payload)
+        write_bytes_atomic(out_dir / f"{name}.{suffix}", payload)
     summed = [*SHA_SUFFIXES, *(["desc"] if descriptors is not None else [])]
     digests = {suffix: hashlib.sha256(payloads[suffix]).hexdigest() for suffix in summed}
     return ShardInfo(name, len(lengths), len(ids), digests)
@@ -188,8 +178,9 @@ def check_shard(folder: Path, shard: dict, vocab_size: int | None) -> np.ndarray
     return idx
 
 
-def _check_digest(path: Path, expected: str) -> None:
-    digest = file_sha256(path)
+def _check_digest(path: Path, expected: str, digest: str | None = None) -> None:
+    """DataError when ``path`` (whose sha256 is ``digest``, when known) is not ``expected``."""
+    digest = digest or file_sha256(path)
     if digest != expected:
         raise DataError(
             f"shard file {str(path)!r} has sha256 {digest[:16]}…: the manifest records "
@@ -197,18 +188,17 @@ def _check_digest(path: Path, expected: str) -> None:
         )
 
 
-def _scan_bin(path: Path, expected: str | None, block: int = 1 << 24) -> int:
+def _scan_bin(path: Path, expected: str | None) -> int:
     """The largest token id in a ``.bin`` file, checking its sha256 on the same pass."""
-    digest, largest = hashlib.sha256(), -1
-    with open(path, "rb") as handle:
-        while data := handle.read(block):
-            digest.update(data)
-            largest = max(largest, int(np.frombuffer(data, dtype="<u2").max()))
-    if expected is not None and digest.hexdigest() != expected:
-        raise DataError(
-            f"shard file {str(path)!r} has sha256 {digest.hexdigest()[:16]}…: the manifest "
-            f"records {expected[:16]}…; the file was changed or corrupted"
-        )
+    largest = -1
+
+    def track(block: bytes) -> None:
+        nonlocal largest
+        largest = max(largest, int(np.frombuffer(block, dtype="<u2").max()))
+
+    digest = file_sha256(path, each_block=track)
+    if expected is not None:
+        _check_digest(path, expected, digest)
     return largest
 
 

@@ -23,8 +23,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from smiexlm.errors import SmiexlmError
+from smiexlm.ranks import DistInfo, detect
 from smiexlm.tokenizer.special import IGNORE_INDEX
-from smiexlm.training.distributed import DistInfo, detect, init
+from smiexlm.training.distributed import init
 
 #: the dropout generator of rank r > 0 is seeded with seed + r * RANK_SEED_STRIDE
 RANK_SEED_STRIDE = 1_000_003

@@ -55,10 +55,6 @@ def table11_grid() -> dict[str, dict[str, tuple]]:
     }
 
 
-def paper_seeds() -> tuple[int, ...]:
-    return tuple(glue_settings()["defaults"]["seeds"])
-
-
 def grid_points(task: str | GlueTask) -> list[dict[str, Any]]:
     """Every hyper-parameter combination of Table 11 for ``task``."""
     task = task if isinstance(task, GlueTask) else get_task(task)

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import torch
 
-from smiexlm.data.readers import file_sha256
 from smiexlm.errors import DataError
-from smiexlm.paths import read_json_file, write_text_atomic
+from smiexlm.paths import file_sha256, read_json_file, write_text_atomic
 
 CHECKSUMS_NAME = "checksums.json"
 CHECKSUMS_FORMAT = "smiexlm-checksums/1"

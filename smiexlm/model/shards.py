@@ -19,7 +19,6 @@ unchanged (sha256) and that the shards hold exactly the tensors the index lists.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import read_json_file, write_text_atomic
+from smiexlm.paths import file_sha256, read_json_file, write_text_atomic
 
 FORMAT = "smiexlm-shards/1"
 MODEL_STEM = "model"
@@ -86,14 +85,6 @@ def plan_shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[
     return [names for names, _ in shards]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def save_sharded(
     tensors: dict[str, torch.Tensor],
     directory: Path | str,
@@ -131,7 +122,7 @@ def save_sharded(
                 f"shard {filename!r} has {size:,} bytes, over the {limit:,}-byte limit "
                 f"(max_shard_mib={max_shard_mib})"
             )
-        checksums[filename] = _sha256(path)
+        checksums[filename] = file_sha256(path)
         weight_map.update(dict.fromkeys(names, filename))
     meta = {
         "format": FORMAT,
@@ -179,7 +170,7 @@ def load_sharded(index_path: Path | str, verify: bool = True) -> dict[str, torch
                 f"{str(folder)!r}: the sharded checkpoint is incomplete"
             )
         expected = checksums.get(filename)
-        if expected is not None and _sha256(path) != expected:
+        if expected is not None and file_sha256(path) != expected:
             raise DataError(
                 f"shard {str(path)!r} has changed since it was written (sha256 differs from "
                 f"{index_path.name}): the file is truncated or corrupted"

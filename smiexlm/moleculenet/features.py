@@ -1,25 +1,26 @@
-"""Hybrid features: ECFP4 bits, RDKit 2D descriptors or both beside the pooled embedding.
+"""The scaler of hybrid features: ECFP4 bits, RDKit 2D descriptors or both beside the pooled
+embedding.
 
-``--features ecfp4|rdkit2d|both`` computes the raw features (``smiexlm.fingerprints``), and a
-:class:`FeatureScaler` fitted on the **train split only** fills missing values with the train
-median, standardises each column with the train mean and standard deviation (columns constant
-on train get std 1, so they stay 0) and clips to ±``clip`` so a bit seen once in training
-cannot dominate the head. The scaler is saved with the fine-tuned model and applied at
-prediction time.
+``--features ecfp4|rdkit2d|both`` computes the raw features
+(:func:`smiexlm.fingerprints.molecule_features`), and a :class:`FeatureScaler` fitted on the
+**train split only** fills missing values with the train median, standardises each column
+with the train mean and standard deviation (columns constant on train get std 1, so they stay
+0) and clips to ±``clip`` so a bit seen once in training cannot dominate the head. The scaler
+is saved with the fine-tuned model and applied at prediction time; the RF baseline scales its
+descriptors with it too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from smiexlm.fingerprints import molecule_features
-
 
 @dataclass
 class FeatureScaler:
+    """Train-split statistics of (N, F) raw features of ``kind``, saved with the model."""
+
     kind: str
     median: np.ndarray  # (F,)
     mean: np.ndarray  # (F,)
@@ -53,12 +54,3 @@ class FeatureScaler:
     def from_dict(cls, data: dict) -> FeatureScaler:
         arrays = {k: np.asarray(data[k], dtype=np.float32) for k in ("median", "mean", "std")}
         return cls(data["kind"], clip=float(data["clip"]), **arrays)
-
-
-def hybrid_features(
-    smiles: Sequence[str], kind: str, train_index: Sequence[int]
-) -> tuple[np.ndarray, FeatureScaler]:
-    """Normalised (N, F) features of ``kind`` for every SMILES, scaled on ``train_index``."""
-    raw = molecule_features(smiles, kind)
-    scaler = FeatureScaler.fit(raw[np.asarray(train_index)], kind)
-    return scaler.transform(raw), scaler

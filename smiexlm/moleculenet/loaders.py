@@ -22,11 +22,11 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.data.normalize import smiles_problem
-from smiexlm.data.readers import file_sha256, read_table
+from smiexlm.data.readers import read_table
 from smiexlm.errors import DataError
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
 from smiexlm.moleculenet.task import MoleculeTask
-from smiexlm.paths import cache_dir, check_input_file, data_dir
+from smiexlm.paths import cache_dir, check_input_file, data_dir, file_sha256
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smiexlm.parts import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
+from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 
 Reject = tuple[int, str, str]  # (input row, SMILES, reason)
 How = dict[str, Any]  # predict's options: backend, tta, calibrate, conformal_alpha, mondrian
@@ -84,7 +84,8 @@ def predict_parts(
 
     from smiexlm.data.readers import iter_table
     from smiexlm.moleculenet.folder import finetuned_folders
-    from smiexlm.parts import PartsJob, input_record, model_record, run_parts
+    from smiexlm.parts.job import PartsJob, input_record, model_record
+    from smiexlm.parts.writing import run_parts
     from smiexlm.paths import check_output
     from smiexlm.workers import job_workers
 

@@ -51,13 +51,13 @@ def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
 
 def is_main() -> bool:
     """Whether this process writes (rank 0, or the only process)."""
-    from smiexlm.training.distributed import detect
+    from smiexlm.ranks import detect
 
     return detect().is_main
 
 
 def processes() -> int:
-    from smiexlm.training.distributed import detect
+    from smiexlm.ranks import detect
 
     return detect().world_size
 

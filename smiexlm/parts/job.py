@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smiexlm.data.readers import file_sha256
 from smiexlm.errors import DataError
 from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
+from smiexlm.paths import file_sha256
+from smiexlm.ranks import detect
 
 PART_FORMAT = "smiexlm-part/1"
 REJECTS = "rejects.csv"
@@ -50,8 +50,8 @@ def wants_parts(out: Path, part_rows: int | None) -> bool:
             f"--part-rows {part_rows}: --out {str(out)!r} is a file name; expected a folder "
             "name (no suffix) to hold the parts"
         )
-    world = os.environ.get("WORLD_SIZE", "1")
-    if not parts and world.isdigit() and int(world) > 1:
+    world = detect().world_size
+    if not parts and world > 1:
         raise DataError(
             f"--out {str(out)!r} is a file name, but a job of {world} processes (torchrun) "
             "writes a folder of parts: expected a folder name (no suffix)"
@@ -148,6 +148,3 @@ class PartsResult:
             f"{m['n_rows']:,} rows in {m['n_parts']} parts of {m['part_rows']:,} in "
             f"{self.out} ({done}), {m['n_failed']:,} failed (listed in {self.out / REJECTS})"
         )
-
-
-# ---------------------------------------------------------------------- the folder

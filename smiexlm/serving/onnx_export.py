@@ -26,9 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import check_not_a_file, write_bytes_atomic, write_text_atomic
+from smiexlm.paths import check_not_a_file, file_sha256, write_bytes_atomic, write_text_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn

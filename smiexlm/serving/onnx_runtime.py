@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.paths import file_sha256
 from smiexlm.serving.graph import POOLING_ROWS
 from smiexlm.serving.onnx_export import (
     GRAPH_FILES,

@@ -21,11 +21,10 @@ from typing import Literal
 
 import numpy as np
 
-from smiexlm.data.pipeline import FORMAT
-from smiexlm.data.readers import file_sha256
-from smiexlm.data.shards import atomic_write_json, write_shard
+from smiexlm.data.preprocess_run import FORMAT
+from smiexlm.data.shards import write_shard
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import VOCAB_NAME
+from smiexlm.paths import VOCAB_NAME, file_sha256, write_json
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID
 
 Frame = Literal["bos", "bos_eos"]
@@ -193,5 +192,5 @@ def build_text_dataset(
         "sources": sources,
         "config": {"tokens_per_sample": tokens_per_sample, "frame": frame, "break_mode": "none"},
     }
-    atomic_write_json(out / "manifest.json", manifest)
+    write_json(manifest, out / "manifest.json")
     return manifest

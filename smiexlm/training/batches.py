@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from smiexlm.data.collate import collate
-from smiexlm.data.descriptors import DescriptorTable, load_dataset_stats
+from smiexlm.data.descriptors import DescriptorTable
 from smiexlm.data.sampler import TokenBudgetSampler
 from smiexlm.data.shards import TokenDataset, read_manifest
-from smiexlm.descriptor_stats import DescriptorStats
+from smiexlm.descriptor_stats import DescriptorStats, load_dataset_stats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.masking import mask_tokens
 from smiexlm.paths import VOCAB_NAME

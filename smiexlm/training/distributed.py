@@ -2,7 +2,8 @@
 itself on the cores of one machine (:func:`launch_local`, :mod:`smiexlm.training.launch`).
 
 ``torchrun`` (or :func:`launch_local`) sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR`` and ``MASTER_PORT``; without them the run is a single process. The process group uses NCCL on
+``MASTER_ADDR`` and ``MASTER_PORT``; without them the run is a single process
+(:func:`smiexlm.ranks.detect` reads them). The process group uses NCCL on
 GPUs and gloo on CPUs. Batches are sharded by global micro-batch index (see
 :func:`shard_batches`) so that N processes with ``update_freq = u`` consume exactly the
 micro-batches one process with ``update_freq = N·u`` would, in the same optimiser steps.
@@ -19,7 +20,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,46 +28,7 @@ from torch import nn
 
 from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    """This process's place in a torchrun job (a single process: the defaults)."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-
-def detect() -> DistInfo:
-    """Rank and world size from the torchrun environment (a single process otherwise): the
-    one reader of ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``."""
-    world = _env_int("WORLD_SIZE", 1)
-    if world <= 1:
-        return DistInfo()
-    rank = _env_int("RANK", 0)
-    if not 0 <= rank < world:
-        raise ConfigError("RANK", rank, f"an integer in [0, {world - 1}] (WORLD_SIZE = {world})")
-    return DistInfo(rank, _env_int("LOCAL_RANK", 0), world, _env_int("LOCAL_WORLD_SIZE", world))
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(name, value, "an integer (set by torchrun)") from None
+from smiexlm.ranks import DistInfo, detect
 
 
 def select_device(requested: str, info: DistInfo) -> torch.device:

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smiexlm.ranks import detect
 from smiexlm.training import distributed
 
 
@@ -62,7 +63,7 @@ class PretrainJob:
         from smiexlm.training.trainer import pretrain
 
         cfg = load_config(self.config, self.overrides)
-        info = distributed.detect()
+        info = detect()
         launched = os.environ.get(distributed.LAUNCHED_ENV) == "1"
         if launched:
             distributed.follow_launcher()  # no orphan trains on after a kill -9 of its launcher

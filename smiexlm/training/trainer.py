@@ -33,6 +33,7 @@ import torch
 from smiexlm.device import autocast
 from smiexlm.errors import ConfigError
 from smiexlm.model.model import ExLMModel
+from smiexlm.ranks import detect
 from smiexlm.training import checkpoint as ckpt
 from smiexlm.training import distributed as dist_utils
 from smiexlm.training.batches import check_vocabulary, forward_kwargs, mix_seed, open_dataset
@@ -53,7 +54,7 @@ from smiexlm.training.stream import TrainStream, validation_loader
 logger = logging.getLogger(__name__)
 
 RESOLVED_CONFIG = "config.resolved.toml"
-__all__ = ["METRICS_FILE", "RESOLVED_CONFIG", "TrainResult", "pretrain"]
+__all__ = ["RESOLVED_CONFIG", "TrainResult", "pretrain"]
 
 
 @dataclass
@@ -96,7 +97,7 @@ def pretrain(
     if max_steps is not None:  # a copy: the caller's config stays as it was
         config = dataclasses.replace(config, max_steps=max_steps, total_steps=config.decay_steps)
     out_dir = Path(out_dir)
-    info = dist_utils.detect()
+    info = detect()
     device = dist_utils.select_device(config.device, info)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)

@@ -190,7 +190,7 @@ def test_one_home_reads_tables():
     readers = homes.pop("smiexlm/data/readers.py", set())
     assert {"pandas.read_csv", "pyarrow.parquet.ParquetFile", "csv.reader"} <= readers
     assert homes == {
-        "smiexlm/parts/__init__.py": {"pyarrow.parquet.read_schema"},
+        "smiexlm/parts/writing.py": {"pyarrow.parquet.read_schema"},
         "smiexlm/parts/reading.py": {"pyarrow.parquet.read_table", "pyarrow.dataset.dataset"},
         "smiexlm/search.py": {"pyarrow.parquet.read_table"},
         "smiexlm/cli/embed.py": {"csv.DictReader"},
@@ -220,3 +220,111 @@ def test_one_home_makes_the_per_seed_result():
         )
 
     assert set(_where(makes_result)) == {"smiexlm/moleculenet/task.py"}
+
+
+# The variables torchrun (and ``launch_local``) set to tell a process its place in the job.
+TORCHRUN_PLACE = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"}
+
+
+def test_one_home_reads_the_torchrun_place():
+    """A process learns its rank and world size from ``smiexlm.ranks.detect`` alone, whether
+    it pretrains, fine-tunes or serves a batch job: no other module names one of the
+    variables (``os.environ.get("RANK")``, ``os.getenv("WORLD_SIZE")``, a helper given the
+    name) nor asks torch.distributed (``get_rank``, ``get_world_size``), which only knows once
+    a process group exists. Setting them for a child process is a keyword (``RANK=...``),
+    not a name, and stays allowed."""
+
+    def names_a_variable(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in TORCHRUN_PLACE
+
+    def asks_torch(node: ast.AST) -> bool:
+        return isinstance(node, (ast.Attribute, ast.alias)) and (
+            getattr(node, "attr", None) or getattr(node, "name", None)
+        ) in {"get_rank", "get_world_size", "get_local_rank", "get_node_local_rank"}
+
+    assert set(_where(names_a_variable)) == {"smiexlm/ranks.py"}, _where(names_a_variable)
+    assert _where(asks_torch) == {}, _where(asks_torch)
+
+
+HASHLIB_DIGESTS = {"sha256", "sha1", "sha512", "md5", "blake2b", "blake2s", "file_digest"}
+FILE_READS = {"open", "read", "read_bytes", "readinto", "fromfile", "mmap"}
+
+
+def _calls(node: ast.AST) -> set[str]:
+    """The names called under ``node``: ``f`` of ``f(...)`` and ``m.f(...)`` alike, and
+    ``hashlib.new`` as ``hashlib.new``."""
+    names = set()
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+            names.add(call.func.id)
+        elif isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            names.add(ast.unparse(call.func) if call.func.attr == "new" else call.func.attr)
+    return names
+
+
+def test_one_home_hashes_files():
+    """Files are hashed by ``smiexlm.paths.file_sha256`` alone (its ``each_block`` lets a
+    caller learn more on the same pass, as the token shards' scan does). A function elsewhere
+    that both reads a file and builds a digest (``hashlib.sha256()``, ``blake2b``,
+    ``hashlib.new(...)``, ``file_digest``) is a second file hasher. Hashing bytes already in
+    memory (a shard's payload before it is written, a vocabulary, a job's key) reads no file
+    and stays allowed."""
+
+    def hashes_a_file(node: ast.AST) -> bool:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        calls = _calls(node)
+        return bool(calls & (HASHLIB_DIGESTS | {"hashlib.new"})) and bool(calls & FILE_READS)
+
+    homes = _where(hashes_a_file)
+    assert homes == {"smiexlm/paths.py": homes.get("smiexlm/paths.py", [])}, homes
+    hasher = [n for n in ast.walk(_modules()["smiexlm/paths.py"]) if hashes_a_file(n)]
+    assert [n.name for n in hasher] == ["file_sha256"]
+
+
+def test_one_home_each_for_descriptors_and_their_scaling():
+    """RDKit descriptors are computed in ``fingerprints.py`` alone (the baseline, the hybrid
+    features and the pretraining targets call it), and the statistics of pretraining targets
+    are made and read back in ``descriptor_stats.py`` alone (from a dataset folder or a model
+    folder). The hybrid heads' scaler is ``moleculenet/features.py``'s ``FeatureScaler``."""
+
+    def computes(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr in {
+            "descList", "CalcMolDescriptors", "CalcMolDescriptors3D", "rdMolDescriptors",
+        }  # fmt: skip
+
+    assert set(_where(computes)) == {"smiexlm/fingerprints.py"}, _where(computes)
+
+    def makes_stats(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and ast.unparse(node.func) in {
+            "DescriptorStats", "DescriptorStats.load", "DescriptorStats.from_dict",
+        }  # fmt: skip
+
+    assert set(_where(makes_stats)) == {"smiexlm/descriptor_stats.py"}, _where(makes_stats)
+
+
+def test_a_module_exports_only_its_own_names():
+    """Outside a package's ``__init__.py`` (its public face), a module imports a project
+    name only to use it: an import kept for an old path (``from x import y as y``, a name
+    listed in ``__all__`` but defined elsewhere, an import nothing in the module reads) makes
+    a second address for one thing. Importers name the module that defines it."""
+    for path, tree in _modules().items():
+        if path.endswith("__init__.py"):
+            continue
+        imported = {
+            alias.asname or alias.name
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("smiexlm")
+            for alias in node.names
+        }
+        read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        assert not imported - read, (path, sorted(imported - read))
+        exported = [
+            element.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+            for element in getattr(node.value, "elts", [])
+            if isinstance(element, ast.Constant)
+        ]
+        assert not set(exported) & imported, (path, sorted(set(exported) & imported))

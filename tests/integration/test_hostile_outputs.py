@@ -119,7 +119,7 @@ def test_search_with_another_model_names_both(index):
 # ---------------------------------------------------------------------- 6. parts
 def test_index_and_read_parts_refuse_a_damaged_part(parts, tmp_path):
     from smiexlm.errors import DataError
-    from smiexlm.parts import read_parts
+    from smiexlm.parts.reading import read_parts
 
     copy = tmp_path / "emb"
     shutil.copytree(parts, copy)
@@ -135,7 +135,7 @@ def test_index_and_read_parts_refuse_a_damaged_part(parts, tmp_path):
 
 def test_a_folder_without_part_checksums_is_refused_not_trusted(parts, tmp_path):
     from smiexlm.errors import DataError
-    from smiexlm.parts import read_parts
+    from smiexlm.parts.reading import read_parts
 
     copy = tmp_path / "emb"
     shutil.copytree(parts, copy)
@@ -148,7 +148,7 @@ def test_a_folder_without_part_checksums_is_refused_not_trusted(parts, tmp_path)
 
 
 def test_embed_resume_writes_damaged_parts_again_and_says_so(library, parts, tmp_path):
-    from smiexlm.parts import read_parts
+    from smiexlm.parts.reading import read_parts
 
     copy = tmp_path / "emb"
     shutil.copytree(parts, copy)

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from smiexlm.data import PreprocessConfig, TokenDataset, preprocess
-from smiexlm.data.descriptors import DescriptorTable, descriptor_names
+from smiexlm.data.descriptors import DescriptorTable
 from smiexlm.descriptor_stats import DescriptorStats, fit_descriptor_stats
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.fingerprints import rdkit2d_descriptors
+from smiexlm.fingerprints import descriptor_names, rdkit2d_descriptors
 from smiexlm.tokenizer import SmilesTokenizer
 from tests.conftest import kill_after_two_train_shards, require_file, smiexlm_command
 

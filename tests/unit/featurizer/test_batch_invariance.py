@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from smiexlm.featurizer import DEFAULT_MODEL_DIR
+from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
 
 N_ROWS = 1000
 # Molecules that once came out differently alone: three tokens (BOS, atom, EOS), whose

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smiexlm.data.readers import file_sha256
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.moleculenet import (
     balanced_scaffold_split,
@@ -20,6 +19,7 @@ from smiexlm.moleculenet import (
 from smiexlm.moleculenet.loaders import download
 from smiexlm.moleculenet.registry import DATASETS, get_spec
 from smiexlm.moleculenet.splits import make_split, murcko_scaffolds
+from smiexlm.paths import file_sha256
 
 # (rows kept, RDKit-rejected) per the shared data README
 KNOWN_COUNTS = {

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smiexlm.embed import embed_file, embed_parts, read_parts
+from smiexlm.embed import embed_file, embed_parts
 from smiexlm.errors import DataError
-from smiexlm.parts import iter_parts
+from smiexlm.parts.reading import iter_parts, read_parts
 from tests.conftest import smiexlm_command, torchrun_command
 from tests.unit.featurizer.test_featurizer import make_checkpoint
 
@@ -170,7 +170,7 @@ def test_a_folder_of_another_job_is_refused(model, table, tmp_path):
 
 
 def test_parts_options_need_a_folder(tmp_path, monkeypatch):
-    from smiexlm.parts import wants_parts
+    from smiexlm.parts.job import wants_parts
 
     assert wants_parts(tmp_path / "emb", None) and wants_parts(tmp_path, None)
     assert not wants_parts(tmp_path / "emb.parquet", None)

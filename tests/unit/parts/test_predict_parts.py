@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pandas as pd
 
-from smiexlm.parts import read_parts
+from smiexlm.parts.reading import read_parts
 from tests.conftest import torchrun_command
 
 

@@ -74,7 +74,7 @@ def test_hnsw_finds_what_exact_search_finds_and_skips_failed_rows(index, library
     assert np.all(scores[:, 0] > 0.999)  # each library molecule finds itself (or a duplicate)
     assert not set(BAD_ROWS) & set(rows.ravel().tolist())
     # brute force by hand over the stored parts
-    from smiexlm.parts import read_parts
+    from smiexlm.parts.reading import read_parts
 
     table = read_parts(library[0]).to_pandas()
     emb = table.filter(regex=r"^e\d+$").to_numpy()

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.featurizer import DEFAULT_MODEL_DIR, Featurizer
+from smiexlm.featurizer import Featurizer
+from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
 from tests.conftest import require_file, smiexlm_command
 
 pytest.importorskip("onnxruntime")

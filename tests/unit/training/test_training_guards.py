@@ -131,7 +131,8 @@ def test_every_parameter_gets_a_gradient_under_ddp_even_without_targets(tmp_path
 
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.model import ExLMModel
-    from smiexlm.training.distributed import DistInfo, wrap
+    from smiexlm.ranks import DistInfo
+    from smiexlm.training.distributed import wrap
 
     micro = dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, n_transition_heads=2, vocab_size=40)
     store = dist.FileStore(str(tmp_path / "store"), 1)

@@ -93,7 +93,7 @@ def test_an_ensemble_must_share_its_validation_molecules(tmp_path):
 
 def test_cli_writes_the_columns_into_a_csv_and_parts_alike(tmp_path):
     from smiexlm.cli.main import app
-    from smiexlm.parts import read_parts
+    from smiexlm.parts.reading import read_parts
 
     folders, _ = _models(tmp_path)
     inputs = tmp_path / "new.csv"
