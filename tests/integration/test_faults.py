@@ -405,7 +405,9 @@ def test_predict_empty_cell_is_a_nan_row_and_ids_are_kept(tmp_path, finetuned):
     assert res.returncode == 0, res.stderr
     assert "wrote 4 rows (2 unparsable)" in res.stdout
     preds = pd.read_csv(out, keep_default_na=False, na_values=[""])
-    assert preds.columns.tolist() == ["mol_id", "smiles", "valid", "y"]  # y: the prediction
+    domain = ["nearest_tanimoto", "mean_tanimoto_k5", "nearest_cosine", "mean_cosine_k5",
+              "in_domain"]  # fmt: skip
+    assert preds.columns.tolist() == ["mol_id", "smiles", "valid", "y", *domain]  # y: predicted
     assert preds.mol_id.tolist() == ["a", "b", "c", "d"]
     assert preds.valid.tolist() == [True, False, False, True]
     assert preds.y.isna().tolist() == [False, True, True, False]
