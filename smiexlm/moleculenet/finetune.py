@@ -220,10 +220,12 @@ def _reference(model, parts, inputs: list[str], split: Split, targets: _Targets,
     from smiexlm.finetuning import predict as engine_predict
 
     (train, valid), batch = parts, cfg.loop.eval_batch_size
-    valid_logits = engine_predict(model, valid, batch)
+    both = engine_predict(model, valid, batch, output="pooled+logits")  # one pass for both
+    width = both.shape[1] - targets.y.shape[1]
+    valid_pooled, valid_logits = both[:, :width], both[:, width:]
     return Reference.build(
         [inputs[i] for i in split.train], engine_predict(model, train, batch, output="pooled"),
-        [inputs[i] for i in split.valid], engine_predict(model, valid, batch, output="pooled"),
+        [inputs[i] for i in split.valid], valid_pooled,
         targets.y[split.valid], valid_logits, targets.to_scores(valid_logits),
     )  # fmt: skip
 
