@@ -29,6 +29,7 @@ from torch import nn
 from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError
 from smiexlm.ranks import DistInfo, detect
+from smiexlm.workers import usable_cores
 
 
 def select_device(requested: str, info: DistInfo) -> torch.device:
@@ -96,9 +97,8 @@ MAX_LOCAL_PROCESSES = 8
 
 def free_cores() -> int:
     """Cores this process may use, less the machine's 1-minute load average (at least 1)."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, (usable or 1) - int(busy + 0.5))
+    return max(1, usable_cores() - int(busy + 0.5))
 
 
 def local_processes(requested: int | None, update_freq: int, cores: int) -> int:
