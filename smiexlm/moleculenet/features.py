@@ -39,10 +39,14 @@ class FeatureScaler:
         return cls(kind, median.astype(np.float32), mean.astype(np.float32),
                    std.astype(np.float32), clip)  # fmt: skip
 
+    def fill(self, raw: np.ndarray) -> np.ndarray:
+        """(N, F) raw features with each missing value (NaN) the column's train median."""
+        return np.where(np.isnan(raw), self.median, raw)
+
     def transform(self, raw: np.ndarray) -> np.ndarray:
-        """(N, F) raw features -> (N, F) float32 normalised, clipped."""
-        filled = np.where(np.isnan(raw), self.median, raw)
-        return np.clip((filled - self.mean) / self.std, -self.clip, self.clip).astype(np.float32)
+        """(N, F) raw features -> (N, F) float32 filled, normalised, clipped."""
+        z = (self.fill(raw) - self.mean) / self.std
+        return np.clip(z, -self.clip, self.clip).astype(np.float32)
 
     def to_dict(self) -> dict:
         return {

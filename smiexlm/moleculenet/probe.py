@@ -2,9 +2,11 @@
 
 The encoder runs over the dataset (eval mode, no dropout) and its pooled features (one
 pooling, or several side by side: ``pooling="cls+mean"``), optionally with the hybrid
-features beside them, are standardised on the train split. One model per task is fitted on
-the train rows whose label is known; the regularisation strength is chosen on the valid split
-from ``c_grid`` (the test split is never used for a choice), and test is scored once. It takes seconds and is the baseline to read next to full fine-tuning.
+features beside them (a missing value takes the train median), are standardised on the train
+split. One model per task is fitted on the train rows whose label is known; the
+regularisation strength is chosen on the valid split from ``c_grid`` (the test split is never
+used for a choice), and test is scored once. It takes seconds and is the baseline to read
+next to full fine-tuning.
 Logistic regression with lbfgs is deterministic, so the seeds differ only where the split
 does (the seeded split kinds).
 """
@@ -21,6 +23,7 @@ import pandas as pd
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.model import pooling_parts
+from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS
@@ -96,9 +99,23 @@ def _fit_task(x_tr, y_tr, x_ev, task_type: str, c: float, cfg: ProbeConfig, seed
     return Ridge(alpha=1.0 / c).fit(x_tr, y_tr).predict(x_ev)
 
 
-def probe_split(x: np.ndarray, y: np.ndarray, split, task_type: str, cfg: ProbeConfig, seed: int):
-    """(valid score, test score, chosen C per task) of the probe on one split."""
+def probe_split(
+    x: np.ndarray,
+    y: np.ndarray,
+    split,
+    task_type: str,
+    cfg: ProbeConfig,
+    seed: int,
+    features: np.ndarray | None = None,
+):
+    """(valid score, test score, chosen C per task) of the probe on one split. ``features``
+    (N, F), the raw hybrid features (NaN = not computable), go beside ``x`` with each missing
+    value the train median (:meth:`FeatureScaler.fill`); every column is then standardised
+    with the train mean and standard deviation: no statistic reads a valid or test row."""
     train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
+    if features is not None:
+        fill = FeatureScaler.fit(features[train], cfg.features or "features")
+        x = np.hstack([x, fill.fill(features)])
     mean, std = x[train].mean(0), x[train].std(0)
     z = (x - mean) / np.where(std > 1e-8, std, 1.0)
     higher = task_type == "classification"
@@ -135,17 +152,17 @@ def run_probe(
     start = time.perf_counter()
     inputs = backbone.model_texts(task.smiles, cfg.canonicalize)
     x = pooled_embeddings(backbone, inputs, cfg)
+    raw = None
     if cfg.features:
         from smiexlm.fingerprints import molecule_features
 
-        raw = molecule_features(inputs, cfg.features)
-        x = np.hstack([x, np.where(np.isnan(raw), np.nanmedian(raw, 0), raw)])
+        raw = molecule_features(inputs, cfg.features)  # filled per split, on its train rows
     kind = "logistic" if task.is_classification else "ridge"
     name = f"{backbone.name} linear probe ({kind})" + (", whitened" if cfg.whiten else "")
     name += f" + {cfg.features}" if cfg.features else ""
 
     def one_seed(split, seed: int) -> RunResult:
-        valid, test, chosen = probe_split(x, task.labels, split, task.task_type, cfg, seed)
+        valid, test, chosen = probe_split(x, task.labels, split, task.task_type, cfg, seed, raw)
         config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": chosen,
                                 "pooling": cfg.pooling or backbone.pooling}  # fmt: skip
         return task.result(name, split, seed, valid.mean, test, 0.0, config)

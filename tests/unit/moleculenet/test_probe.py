@@ -1,0 +1,79 @@
+"""The linear probe's hybrid features: filled and scaled on the train rows of each split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from smiexlm.moleculenet import probe as probe_module
+from smiexlm.moleculenet.probe import ProbeConfig, probe_split, run_probe
+from smiexlm.moleculenet.splits import make_split
+from smiexlm.moleculenet.task import MoleculeTask
+
+N = 100
+
+
+class _Backbone:
+    """What run_probe asks of a backbone, with the embeddings given."""
+
+    name, pooling = "fixed", "cls"
+
+    def model_texts(self, smiles, canonicalize):
+        return list(smiles)
+
+
+def _data(seed: int = 0, classes: bool = True):
+    rng = np.random.default_rng(seed)
+    signal = rng.normal(size=N)
+    labels = (signal + 0.3 * rng.normal(size=N))[:, None]
+    labels = (labels > 0).astype(float) if classes else labels
+    feature = signal.copy()
+    feature[::3] = np.nan  # not computable for a third of the molecules
+    smiles = ["C" * (i + 1) for i in range(N)]
+    return rng.normal(size=(N, 4)), feature[:, None], labels, smiles
+
+
+def test_test_rows_do_not_change_the_fill_of_the_others(monkeypatch):
+    embeddings, feature, labels, smiles = _data(classes=False)
+    test_rows = make_split(smiles, "random", 0).test
+    # a regression target: its valid RMSE moves with any change of the fill
+    task = MoleculeTask("toy", smiles, labels, ["y"], "regression")
+    monkeypatch.setattr(probe_module, "pooled_embeddings", lambda *_: embeddings)
+    runs = []
+    for test_value in (-50.0, 50.0):  # every computable test feature pulled one way
+        raw = feature.copy()
+        known = [i for i in test_rows if not np.isnan(raw[i, 0])]
+        raw[known, 0] = test_value
+        monkeypatch.setattr("smiexlm.fingerprints.molecule_features", lambda _s, _k, r=raw: r)
+        cfg = ProbeConfig(split="random", features="rdkit2d", c_grid=(0.01, 1.0))
+        (result,) = run_probe(task, _Backbone(), [0], cfg)
+        runs.append(result)
+    # the model is fitted and chosen without the test rows, so nothing before test moves
+    assert runs[0].valid == runs[1].valid
+    assert runs[0].config["chosen_c"] == runs[1].config["chosen_c"]
+
+
+def test_missing_features_take_the_train_median_by_hand():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    embeddings, feature, labels, smiles = _data(1)
+    split = make_split(smiles, "random", 0)
+    train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
+    cfg = ProbeConfig(c_grid=(0.1,), features="rdkit2d")
+    got_valid, got_test, chosen = probe_split(
+        embeddings, labels, split, "classification", cfg, 0, feature
+    )
+    median = np.nanmedian(feature[train, 0])
+    x = np.hstack([embeddings, np.where(np.isnan(feature), median, feature)])
+    z = (x - x[train].mean(0)) / x[train].std(0)
+    clf = LogisticRegression(C=0.1, class_weight="balanced", max_iter=2000).fit(
+        z[train], labels[train, 0]
+    )
+    assert chosen == [0.1]
+    assert got_valid.mean == pytest.approx(
+        roc_auc_score(labels[valid, 0], clf.predict_proba(z[valid])[:, 1])
+    )
+    assert got_test.mean == pytest.approx(
+        roc_auc_score(labels[test, 0], clf.predict_proba(z[test])[:, 1])
+    )
