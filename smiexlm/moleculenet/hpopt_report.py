@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from smiexlm.moleculenet.hpopt import HpoptConfig, HpoptResult, Search
+from smiexlm.moleculenet.hpopt_search import HpoptConfig, HpoptResult, Search
 from smiexlm.moleculenet.hpopt_study import COUNTED_STATES, spending
 from smiexlm.paths import atomic_path, write_text_atomic
 

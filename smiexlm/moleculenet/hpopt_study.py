@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import DataError
-from smiexlm.moleculenet.hpopt import STUDY_FILE, STUDY_NAME, HpoptConfig, Search
+from smiexlm.moleculenet.hpopt_search import STUDY_FILE, STUDY_NAME, HpoptConfig, Search
 
 COUNTED_STATES = ("COMPLETE", "PRUNED")  # the trials that spend the --trials budget
 

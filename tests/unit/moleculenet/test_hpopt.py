@@ -59,7 +59,7 @@ def trials_of(out):
 
 def test_space_is_around_the_table_8_row_and_holds_it():
     from smiexlm.moleculenet.configs import finetune_config
-    from smiexlm.moleculenet.hpopt import SearchSpace
+    from smiexlm.moleculenet.hpopt_search import SearchSpace
 
     base = finetune_config("clintox")  # lr 5e-5, 100 epochs, pooler dropout 0.5
     space = SearchSpace.around(base, n_layers=4)
@@ -77,7 +77,7 @@ def test_space_is_around_the_table_8_row_and_holds_it():
 def test_the_search_never_reads_the_test_rows(tmp_path):
     """Test labels flipped and test SMILES replaced by other molecules: every trial's params
     and value are the same. A poisoned validation label (the control) changes them."""
-    from smiexlm.moleculenet.hpopt import Search
+    from smiexlm.moleculenet.hpopt_search import Search
     from smiexlm.moleculenet.splits import make_split
 
     frame = toy_frame()
@@ -147,7 +147,7 @@ def test_a_pruning_hook_ends_a_trial_after_the_epoch_it_prunes(tmp_path):
 def test_the_default_pruner_is_the_median_one_after_warm_up(tmp_path):
     import optuna
 
-    from smiexlm.moleculenet.hpopt import HpoptConfig, Search
+    from smiexlm.moleculenet.hpopt_search import HpoptConfig, Search
     from smiexlm.moleculenet.hpopt_study import open_study
 
     hp = HpoptConfig(trials=1, prune_after=5, warmup_epochs=2)
@@ -183,7 +183,7 @@ def test_a_trial_left_running_is_marked_failed_and_not_counted(tmp_path):
     fails, the next one draws the same point, and the budget counts the others only."""
     import optuna
 
-    from smiexlm.moleculenet.hpopt import HpoptConfig, Search
+    from smiexlm.moleculenet.hpopt_search import HpoptConfig, Search
     from smiexlm.moleculenet.hpopt_study import open_study, sampler_for
 
     search(tmp_path, 1)
