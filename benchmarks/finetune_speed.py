@@ -31,7 +31,7 @@ import json, sys, time
 import torch
 torch.set_num_threads(1)
 import smiexlm
-from smiexlm.moleculenet import load_dataset
+from smiexlm import moleculenet
 from smiexlm.moleculenet.configs import finetune_config
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.finetune import finetune_once
@@ -39,13 +39,19 @@ from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import PACKAGE_DIR
 
 seed, steps, amp = int(sys.argv[1]), (int(sys.argv[2]) or None), sys.argv[3]
-df = load_dataset("bbbp")
+# the task where the package has one; older packages took the table as a DataFrame
+if hasattr(moleculenet, "load_task"):
+    data = moleculenet.load_task("bbbp")
+    smiles = data.smiles
+else:
+    data = moleculenet.load_dataset("bbbp")
+    smiles = data["smiles"].tolist()
 extra = {} if amp == "-" else {"amp": amp}  # the old config has no amp field
 cfg = finetune_config("bbbp", device="cpu", max_train_steps=steps, **extra)
-split = make_split(df["smiles"].tolist(), cfg.split, seed)
+split = make_split(smiles, cfg.split, seed)
 backbone = Backbone(checkpoint=PACKAGE_DIR / "assets" / "default_model")
 wall, cpu = time.perf_counter(), time.process_time()
-r = finetune_once(df, split, cfg, seed, backbone)
+r = finetune_once(data, split, cfg, seed, backbone)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 print(json.dumps({"package": smiexlm.__file__, "seed": seed, "steps": r.config["steps"],
                   "wall_s": wall, "cpu_s": cpu, "test": r.test, "valid": r.valid,

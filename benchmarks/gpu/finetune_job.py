@@ -28,7 +28,7 @@ def load_task(cache: Path, task: str):
     from smiexlm.moleculenet.splits import Split
     from smiexlm.moleculenet.task import MoleculeTask
 
-    attrs = json.loads((cache / f"{task}.json").read_text())
+    record = json.loads((cache / f"{task}.json").read_text())  # written by prepare.py
     frame = pd.read_csv(cache / f"{task}.csv", low_memory=False)
     parts = {
         part: frame.index[frame["part"] == part][frame["rank"][frame["part"] == part].argsort()]
@@ -36,9 +36,15 @@ def load_task(cache: Path, task: str):
     }
     split = Split("scaffold", None, *(parts[p].tolist() for p in ("train", "valid", "test")))
     inputs = frame["input"].tolist()
-    df = frame.drop(columns=["input", "part", "rank"])
-    df.attrs.update(attrs)  # the record prepare.py wrote from the task's to_frame()
-    return MoleculeTask.from_frame(df), split, inputs
+    label_cols = list(record["label_cols"])
+    molecules = MoleculeTask(
+        name=record["name"], smiles=frame["smiles"].tolist(),
+        labels=frame[label_cols].to_numpy(dtype=float), label_cols=label_cols,
+        task_type=record["task_type"], source=record.get("source"), sha256=record.get("sha256"),
+        n_raw=record.get("n_raw"), n_invalid=int(record.get("n_invalid", 0)),
+        invalid=[tuple(row) for row in record.get("invalid", [])],
+    )  # fmt: skip
+    return molecules, split, inputs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     from smiexlm.moleculenet.finetune import finetune_once
 
     torch.set_num_threads(1)
-    df, split, inputs = load_task(args.cache, args.task)
+    task, split, inputs = load_task(args.cache, args.task)
     cfg = finetune_config(args.task, epochs=args.epochs, device=args.device)
     result = finetune_once(
-        df, split, cfg, args.seed, Backbone(checkpoint=args.checkpoint), inputs=inputs,
+        task, split, cfg, args.seed, Backbone(checkpoint=args.checkpoint), inputs=inputs,
         progress=False,
     )  # fmt: skip
     if args.name:

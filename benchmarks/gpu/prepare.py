@@ -159,27 +159,33 @@ def build_moses_dataset(data_root: Path, out_file: Path, workers: int, dry_run: 
 def build_finetune_cache(out_file: Path, tasks: tuple[str, ...], rows: int | None) -> dict:
     """Per task: cleaned rows, canonical SMILES (``input``) and the scaffold split."""
     from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.loaders import load_dataset
+    from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.splits import make_split
 
     members: dict[str, Path | bytes] = {}
     sizes = {}
     for task in tasks:
-        df = load_dataset(task, allow_download=False)
-        attrs = dict(df.attrs)
+        loaded = load_task(task, allow_download=False)
         if rows is not None:
-            df = df.iloc[:rows].reset_index(drop=True)
-        smiles = df["smiles"].tolist()
+            loaded = loaded.subset(range(min(rows, len(loaded))))
+        smiles = loaded.smiles
         split = make_split(smiles, "scaffold", 0)
-        frame = df.copy()
+        frame = loaded.table()
         frame.insert(1, "input", Backbone().model_texts(smiles, canonicalize=True))
         frame["part"], frame["rank"] = "", -1
         for part in ("train", "valid", "test"):
             index = list(getattr(split, part))
             frame.loc[index, "part"] = part
             frame.loc[index, "rank"] = range(len(index))
-        attrs.update(
-            source=f"moleculenet/{Path(attrs.get('source', task)).name}",
+        attrs = dict(  # what finetune_job.py needs to make the task again
+            name=loaded.name,
+            task_type=loaded.task_type,
+            label_cols=loaded.label_cols,
+            source=f"moleculenet/{Path(loaded.source or task).name}",
+            sha256=loaded.sha256,
+            n_raw=loaded.n_raw,
+            n_invalid=loaded.n_invalid,
+            invalid=loaded.invalid,
             split=split.label,
             sizes=list(split.sizes),
             rows=len(frame),

@@ -20,7 +20,7 @@ from smiexlm.cli.moleculenet import (
     TaskArg,
     TaskTypeOpt,
     _config,
-    _frames,
+    _load_tasks,
 )
 from smiexlm.cli.options import multi_value
 
@@ -77,10 +77,10 @@ def hpopt(
     hp = HpoptConfig(trials, cpu_minutes, seed)  # the budget checked before any data is read
     base = _config(None if data else task, ctx=ctx, split=split, max_train_steps=max_train_steps,
                    precision=precision, device=device)  # fmt: skip
-    (df,) = _frames([task], data, smiles_col, label_cols, task_type)
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
     out = out if out is not None else Path("runs/hpopt") / task
-    result = run_hpopt(df, base, out, hp, Backbone(checkpoint), progress=True,
+    result = run_hpopt(loaded, base, out, hp, Backbone(checkpoint), progress=True,
                        on_trial=typer.echo, command="smiexlm " + " ".join(sys.argv[1:]))  # fmt: skip
     _echo_result(result, task, data is not None)
 

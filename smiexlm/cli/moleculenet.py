@@ -71,25 +71,26 @@ def _tasks(tasks: list[str] | None) -> list[str]:
     return list(PAPER_TASKS) if names == ["all"] else names
 
 
-def _frames(
+def _load_tasks(
     tasks: list[str] | None, data: Path | None, smiles_col: str, label_cols,
     task_type: str | None,
 ):  # fmt: skip
+    """The MoleculeTasks to run: the user's table (``--data``) or the MoleculeNet sets named."""
     from smiexlm.errors import ConfigError
-    from smiexlm.moleculenet import load_csv, load_dataset
+    from smiexlm.moleculenet import load_task, read_task
 
     if data is not None:  # one task name given (finetune NAME --data) titles the results
         name = tasks[0] if tasks and len(tasks) == 1 else None
         labels = label_cols or []
         kind = task_type or "classification"
-        return [load_csv(data, smiles_col, labels, kind, name)]  # type: ignore[arg-type]
+        return [read_task(data, smiles_col, labels, kind, name)]  # type: ignore[arg-type]
     if task_type is not None:  # never silently ignored
         from smiexlm.moleculenet.registry import get_spec
 
         own = ", ".join(f"{name}: {get_spec(name).task_type}" for name in _tasks(tasks))
         raise ConfigError("--task-type", task_type, "it only with --data (your own table); a "
                           f"MoleculeNet set is read with its own type ({own})")  # fmt: skip
-    return (load_dataset(name) for name in _tasks(tasks))  # one set in memory at a time
+    return (load_task(name) for name in _tasks(tasks))  # one set in memory at a time
 
 
 def _check_outputs(out: Path, save_dir: Path | None = None) -> None:
@@ -152,8 +153,8 @@ def baseline(
     cfg = BaselineConfig(features, n_trees=n_trees, split=split, class_weight=class_weight)
     title = f"{cfg.model_name.split(' (')[0]} baseline"
     results, seeds = [], _seeds(seeds)
-    for df in _frames(tasks, data, smiles_col, label_cols, task_type):
-        results += run_baseline(df, seeds, cfg)
+    for loaded in _load_tasks(tasks, data, smiles_col, label_cols, task_type):
+        results += run_baseline(loaded, seeds, cfg)
         write_report(results, out, title)  # partial results survive an interrupt
     _print_report(results, out, title)
 
@@ -297,11 +298,11 @@ def finetune(
                   patience=patience, precision=precision, augment=augment, tta=tta,
                   adapt_steps=adapt_steps, adapt_lr=adapt_lr)  # fmt: skip
     seeds = _seeds(seeds)
-    (df,) = _frames([task], data, smiles_col, label_cols, task_type)
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective, random_init)
-    results = run_finetune(df, cfg, backbone, seeds, save_dir, overwrite=overwrite,
+    results = run_finetune(loaded, cfg, backbone, seeds, save_dir, overwrite=overwrite,
                            run_root=out / "runs", resume=resume)  # fmt: skip
-    _print_report(results, out, f"Fine-tuning {df.attrs['name']}")
+    _print_report(results, out, f"Fine-tuning {loaded.name}")
 
 
 def benchmark(
@@ -336,12 +337,12 @@ def benchmark(
         return
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     seeds = _seeds(seeds)
-    for df in _frames(tasks, None, "smiles", None, None):
-        cfg = _config(df.attrs["name"], config=config, ctx=ctx, split=split, epochs=epochs,
+    for loaded in _load_tasks(tasks, None, "smiles", None, None):
+        cfg = _config(loaded.name, config=config, ctx=ctx, split=split, epochs=epochs,
                       max_train_steps=max_train_steps, device=device)  # fmt: skip
-        results += run_finetune(df, cfg, backbone, seeds, run_root=out / "runs", resume=resume)
+        results += run_finetune(loaded, cfg, backbone, seeds, run_root=out / "runs", resume=resume)
         if with_baseline:
-            results += run_baseline(df, seeds, BaselineConfig(split=split))
+            results += run_baseline(loaded, seeds, BaselineConfig(split=split))
         if runs.is_main():
             write_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
@@ -378,9 +379,9 @@ def probe(
     _check_outputs(out)
     cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten)
     seeds = _seeds(seeds)
-    (df,) = _frames([task], data, smiles_col, label_cols, task_type)
-    results = run_probe(df, Backbone(checkpoint), seeds, cfg)
-    _print_report(results, out, f"Linear probe {df.attrs['name']}")
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
+    results = run_probe(loaded, Backbone(checkpoint), seeds, cfg)
+    _print_report(results, out, f"Linear probe {loaded.name}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,11 +1,11 @@
 """MoleculeNet: dataset registry and loaders, scaffold splits, metrics, baseline, fine-tuning.
 
 ``from smiexlm.moleculenet import load_task, scaffold_split`` is the stable entry point:
-``load_task``/``read_task`` give a typed :class:`MoleculeTask`, ``load_dataset``/``load_csv``
-the same table as a DataFrame.
+``load_task``/``read_task`` give a typed :class:`MoleculeTask` (what fine-tuning, the probe
+and the baseline take), ``load_dataset`` a MoleculeNet set's table as a DataFrame for display.
 """
 
-from smiexlm.moleculenet.loaders import load_csv, load_dataset, load_task, read_task
+from smiexlm.moleculenet.loaders import load_dataset, load_task, read_task
 from smiexlm.moleculenet.registry import DATASETS, PAPER_TASKS, get_spec
 from smiexlm.moleculenet.splits import (
     balanced_scaffold_split,
@@ -21,7 +21,6 @@ __all__ = [
     "PAPER_TASKS",
     "balanced_scaffold_split",
     "get_spec",
-    "load_csv",
     "load_dataset",
     "load_task",
     "make_split",

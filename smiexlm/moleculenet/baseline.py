@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import pandas as pd
 from scipy import sparse
 from tqdm.auto import tqdm
 
@@ -32,7 +31,7 @@ from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS
-from smiexlm.moleculenet.task import MoleculeTask, as_task, run_seeds
+from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
 
 BASELINE_FEATURES = FEATURE_KINDS
 FEATURE_LABELS = {"ecfp4": "ECFP4", "rdkit2d": "RDKit2D", "both": "ECFP4+RDKit2D"}
@@ -125,13 +124,13 @@ class _Features:
 
 
 def run_baseline(
-    data: MoleculeTask | pd.DataFrame, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None,
+    task: MoleculeTask, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None,
     on_result: Callable[[RunResult], None] | None = None,
 ) -> list[RunResult]:  # fmt: skip
-    """Train and score the RF baseline on a task (or a frame from load_dataset/load_csv)
-    for each seed; ``on_result`` gets each seed's result as soon as it exists."""
+    """Train and score the RF baseline on ``task`` for each seed; ``on_result`` gets each
+    seed's result as soon as it exists."""
     cfg = cfg or BaselineConfig()
-    task = as_task(data)
+    task = check_task(task)
     start = time.perf_counter()
     features = _Features(task.smiles, cfg)
     feature_s = time.perf_counter() - start

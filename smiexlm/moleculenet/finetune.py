@@ -4,7 +4,7 @@ Recipe (paper §5.1, Table 8): sequence head on the first state's features (dens
 pooler dropout → out_proj), multi-label BCE with missing labels masked (MSE on standardised
 targets for regression), validation after every epoch, the best-valid epoch's weights scored
 once on test. The loop itself (optimizer, schedule, clipping, AMP, bucketed batches, early
-stopping) is :func:`smiexlm.finetuning.fit`; this module turns a DataFrame and a split into
+stopping) is :func:`smiexlm.finetuning.fit`; this module turns a task and a split into
 its inputs and its results into a :class:`RunResult`. Inputs have the pretraining form
 (BOS ... EOS; the model expands them for ExLM), from canonical SMILES unless
 ``canonicalize=False``.
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from smiexlm.moleculenet import runs
@@ -40,7 +39,7 @@ from smiexlm.moleculenet.prediction import to_scores
 from smiexlm.moleculenet.reference import Reference
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
-from smiexlm.moleculenet.task import MoleculeTask, as_task, check_seeds, run_seeds
+from smiexlm.moleculenet.task import MoleculeTask, check_seeds, check_task, run_seeds
 from smiexlm.paths import check_output
 
 log = logging.getLogger(__name__)
@@ -124,7 +123,7 @@ def _variants(backbone, tokenizer, inputs, rows, n: int, cfg: FinetuneConfig, se
 
 
 def finetune_once(
-    data: MoleculeTask | pd.DataFrame,
+    task: MoleculeTask,
     split: Split,
     cfg: FinetuneConfig,
     seed: int,
@@ -150,7 +149,7 @@ def finetune_once(
     from smiexlm.model.heads import ExLMForSequencePrediction
 
     t0 = time.perf_counter()
-    task = as_task(data)
+    task = check_task(task)
     inputs = inputs if inputs is not None else backbone.model_texts(task.smiles, cfg.canonicalize)
     tokenizer = backbone.tokenizer(inputs)
     rows, n_cut = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
@@ -231,7 +230,7 @@ def _reference(model, parts, inputs: list[str], split: Split, targets: _Targets,
 
 
 def run_finetune(
-    data: MoleculeTask | pd.DataFrame,
+    task: MoleculeTask,
     cfg: FinetuneConfig,
     backbone: Backbone | None = None,
     seeds: Sequence[int] = (0, 1, 2),
@@ -249,7 +248,7 @@ def run_finetune(
     every epoch, then its result. With ``resume`` a finished run's result is read back instead
     of trained again, and a stopped run goes on from its last epoch; without it, a run folder
     that is already there is refused (:func:`smiexlm.moleculenet.runs.check_fresh`)."""
-    task = as_task(data)
+    task = check_task(task)
     if run_root is not None and not resume:
         runs.check_fresh(run_root, task.name, seeds)
     backbone = backbone or Backbone()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from smiexlm.moleculenet import hpopt_report, hpopt_study
 from smiexlm.moleculenet.backbone import Backbone
@@ -37,14 +36,11 @@ from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
 from smiexlm.training.runlock import RunLock
 
-if TYPE_CHECKING:
-    import pandas as pd
-
 __all__ = ["HpoptConfig", "HpoptResult", "run_hpopt"]  # the search's public entry point
 
 
 def run_hpopt(
-    data: MoleculeTask | pd.DataFrame,
+    task: MoleculeTask,
     base: FinetuneConfig,
     out: Path,
     hp: HpoptConfig,
@@ -54,11 +50,11 @@ def run_hpopt(
     command: str | None = None,
     pruner=None,
 ) -> HpoptResult:
-    """Search around ``base`` on ``data`` (a task or frame) until ``hp``'s budget is spent;
+    """Search around ``base`` on ``task`` until ``hp``'s budget is spent;
     the study and its outputs in ``out`` (see the module docstring). ``on_trial`` gets one
     line per finished trial; ``pruner`` replaces the median pruner (Optuna's interface)."""
     out = check_output(out, "--out", "folder")
-    search = Search.build(data, base, backbone or Backbone(), hp.seed)
+    search = Search.build(task, base, backbone or Backbone(), hp.seed)
     with RunLock(out):
         study = hpopt_study.open_study(out, search, hp, pruner)
         outputs = hpopt_report.Outputs(out, search, hp, command)

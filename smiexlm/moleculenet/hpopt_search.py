@@ -31,7 +31,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,11 +41,8 @@ from smiexlm.model.model import POOLINGS
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.splits import Split, make_split
-from smiexlm.moleculenet.task import MoleculeTask, as_task
+from smiexlm.moleculenet.task import MoleculeTask, check_task
 from smiexlm.paths import json_safe
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 STUDY_NAME = "hpopt"
 STUDY_FILE = "study.sqlite"
@@ -170,9 +167,10 @@ class Search:
 
     @classmethod
     def build(
-        cls, data: MoleculeTask | pd.DataFrame, base: FinetuneConfig, backbone: Backbone, seed: int
+        cls, whole: MoleculeTask, base: FinetuneConfig, backbone: Backbone, seed: int
     ) -> Search:
-        whole = as_task(data)
+        """The search on ``whole``'s train and validation rows (see the module docstring)."""
+        whole = check_task(whole)
         split = make_split(whole.smiles, base.split, seed)
         rows = [*split.train, *split.valid]  # the test rows are left out here, for good
         task = whole.subset(rows)

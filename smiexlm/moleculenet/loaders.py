@@ -6,8 +6,8 @@ or longer than :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS` characters (neve
 RDKit), are dropped and counted, never silently: ``n_invalid``, ``invalid`` (the first rows
 as ``(row, smiles)``) and ``n_raw``. This is the one place a task's SMILES are validated.
 
-``load_task``/``read_task`` give the task; ``load_dataset``/``load_csv`` give the same as a
-DataFrame (``smiles`` + label columns) for display, with the metadata in ``df.attrs``.
+``load_task``/``read_task`` give the task; ``load_dataset`` gives a MoleculeNet set's table as
+a plain DataFrame (``smiles`` + label columns) for display (:meth:`MoleculeTask.table`).
 """
 
 from __future__ import annotations
@@ -111,19 +111,9 @@ def load_task(name: str, allow_download: bool = True) -> MoleculeTask:
 
 
 def load_dataset(name: str, allow_download: bool = True) -> pd.DataFrame:
-    """The MoleculeNet dataset ``name`` as a DataFrame: ``smiles`` + float label columns."""
-    return load_task(name, allow_download).to_frame()
-
-
-def load_csv(
-    path: Path | str,
-    smiles_col: str,
-    label_cols: Sequence[str],
-    task_type: TaskType = "classification",
-    name: str | None = None,
-) -> pd.DataFrame:
-    """:func:`read_task` as a DataFrame: ``smiles`` + float label columns."""
-    return read_task(path, smiles_col, label_cols, task_type, name).to_frame()
+    """The MoleculeNet dataset ``name`` as a plain DataFrame for display: ``smiles`` + float
+    label columns. Fine-tuning, the probe and the baseline take the task (:func:`load_task`)."""
+    return load_task(name, allow_download).table()
 
 
 def read_task(

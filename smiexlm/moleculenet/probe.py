@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import pandas as pd
 
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS
@@ -27,7 +26,7 @@ from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS
-from smiexlm.moleculenet.task import MoleculeTask, as_task, run_seeds
+from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
 
 
 @dataclass
@@ -138,17 +137,17 @@ def probe_split(
 
 
 def run_probe(
-    data: MoleculeTask | pd.DataFrame,
+    task: MoleculeTask,
     backbone=None,
     seeds: Sequence[int] = (0, 1, 2),
     cfg: ProbeConfig | None = None,
 ) -> list[RunResult]:
-    """The linear probe on a task (or a frame from load_dataset/load_csv) for each seed."""
+    """The linear probe on ``task`` for each seed."""
     from smiexlm.moleculenet.backbone import Backbone
 
     cfg = cfg or ProbeConfig()
     backbone = backbone or Backbone()
-    task = as_task(data)
+    task = check_task(task)
     start = time.perf_counter()
     inputs = backbone.model_texts(task.smiles, cfg.canonicalize)
     x = pooled_embeddings(backbone, inputs, cfg)

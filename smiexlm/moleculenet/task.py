@@ -65,35 +65,11 @@ class MoleculeTask:
         """Reported scores are ROC-AUC x 100, or RMSE as it is."""
         return 100.0 if self.is_classification else 1.0
 
-    @classmethod
-    def from_frame(cls, df: pd.DataFrame) -> MoleculeTask:
-        """A task from a frame with a ``smiles`` column and its labels; the metadata that the
-        loaders of earlier versions kept in ``df.attrs`` is read when present."""
-        attrs = df.attrs
-        label_cols = list(attrs.get("label_cols") or [c for c in df.columns if c != "smiles"])
-        return cls(
-            name=attrs.get("name", "data"),
-            smiles=df["smiles"].tolist(),
-            labels=df[label_cols].to_numpy(dtype=float),
-            label_cols=label_cols,
-            task_type=attrs.get("task_type", "classification"),
-            source=attrs.get("source"),
-            sha256=attrs.get("sha256"),
-            n_raw=attrs.get("n_raw"),
-            n_invalid=int(attrs.get("n_invalid", 0)),
-            invalid=list(attrs.get("invalid", [])),
-        )
-
-    def to_frame(self) -> pd.DataFrame:
-        """``smiles`` and the label columns, for display and export; ``attrs`` carries the
-        metadata so that :meth:`from_frame` gives the task back."""
+    def table(self) -> pd.DataFrame:
+        """``smiles`` and the label columns as a plain DataFrame, for display and export; the
+        type and provenance stay on the task."""
         frame = pd.DataFrame(self.labels, columns=self.label_cols)
         frame.insert(0, "smiles", self.smiles)
-        frame.attrs = dict(
-            name=self.name, task_type=self.task_type, label_cols=list(self.label_cols),
-            source=self.source, sha256=self.sha256, n_raw=self.n_raw,
-            n_invalid=self.n_invalid, invalid=list(self.invalid),
-        )  # fmt: skip
         return frame
 
     def subset(self, rows: Sequence[int]) -> MoleculeTask:
@@ -142,9 +118,14 @@ class MoleculeTask:
         )  # fmt: skip
 
 
-def as_task(data: MoleculeTask | pd.DataFrame) -> MoleculeTask:
-    """A :class:`MoleculeTask` from either a task or a frame (see :meth:`from_frame`)."""
-    return data if isinstance(data, MoleculeTask) else MoleculeTask.from_frame(data)
+def check_task(task: object, field: str = "task") -> MoleculeTask:
+    """``task`` when it is a :class:`MoleculeTask`; ConfigError otherwise (a DataFrame is a
+    view for display: ``load_task`` and ``read_task`` give the task)."""
+    if not isinstance(task, MoleculeTask):
+        raise ConfigError(
+            field, type(task).__name__, "a MoleculeTask (from load_task or read_task)"
+        )
+    return task
 
 
 def check_seeds(seeds: Sequence[int]) -> None:

@@ -217,14 +217,13 @@ def test_one_finetuning_epoch_on_cuda(shared_data):
     from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.configs import finetune_config
     from smiexlm.moleculenet.finetune import finetune_once
-    from smiexlm.moleculenet.loaders import load_dataset
+    from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.splits import make_split
 
-    df = load_dataset("bbbp", allow_download=False).iloc[:240].reset_index(drop=True)
-    df.attrs.update(name="bbbp", task_type="classification", label_cols=["p_np"])
-    split = make_split(df["smiles"].tolist(), "random", seed=0)
+    task = load_task("bbbp", allow_download=False).subset(range(240))
+    split = make_split(task.smiles, "random", seed=0)
     cfg = finetune_config("bbbp", epochs=1, batch_size=32, device="cuda")
-    result = finetune_once(df, split, cfg, seed=0, backbone=Backbone(), progress=False)
+    result = finetune_once(task, split, cfg, seed=0, backbone=Backbone(), progress=False)
     assert 0.0 <= result.test <= 100.0 and math.isfinite(result.valid)
     assert result.config["device"] == "cuda"
 

@@ -173,12 +173,12 @@ def test_regression_label_infinity_and_classification_2_are_shown_plainly(tmp_pa
 
 
 def test_true_false_labels_are_1_0_for_classification_and_refused_for_regression(tmp_path):
-    from smiexlm.moleculenet import load_csv
+    from smiexlm.moleculenet import read_task
 
     words = ["True", "false", "TRUE", "False"] * 3
     data = _labelled(tmp_path / "d.csv", words)
-    df = load_csv(data, "smiles", ["y"], "classification")
-    assert df["y"].tolist() == [1.0, 0.0, 1.0, 0.0] * 3
+    task = read_task(data, "smiles", ["y"], "classification")
+    assert task.labels[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0] * 3
     res = run_cli("baseline", "--data", data, "--label-cols", "y", "--task-type", "regression",
                   "--out", tmp_path / "out", timeout=60)  # fmt: skip
     assert_one_line_error(res, "'y'", "row 0 = 'True'", "expected a number")

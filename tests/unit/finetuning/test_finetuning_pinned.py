@@ -17,7 +17,7 @@ import torch
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import finetune_config
 from smiexlm.moleculenet.finetune import run_finetune
-from smiexlm.moleculenet.loaders import load_dataset
+from smiexlm.moleculenet.loaders import load_task
 from smiexlm.moleculenet.prediction import predict
 from smiexlm.paths import ASSETS_DIR
 
@@ -36,13 +36,10 @@ def one_thread():
 
 
 def test_bbbp_subset_repeats_the_pinned_fine_tuning(shared_data, one_thread, tmp_path):
-    frame = load_dataset("bbbp", allow_download=False)
-    attrs = dict(frame.attrs)
-    frame = frame.iloc[:200].reset_index(drop=True)
-    frame.attrs.update(attrs)
+    task = load_task("bbbp", allow_download=False).subset(range(200))
     cfg = finetune_config("bbbp", epochs=2, batch_size=32, precision="fp32", device="cpu")
-    (result,) = run_finetune(frame, cfg, Backbone(ASSETS_DIR / "twins" / "exlm"), seeds=[0], save_dir=tmp_path / "ft", progress=False)  # fmt: skip
-    probabilities = predict(tmp_path / "ft" / "seed0", frame["smiles"][:5].tolist())["p_np"]
+    (result,) = run_finetune(task, cfg, Backbone(ASSETS_DIR / "twins" / "exlm"), seeds=[0], save_dir=tmp_path / "ft", progress=False)  # fmt: skip
+    probabilities = predict(tmp_path / "ft" / "seed0", task.smiles[:5])["p_np"]
     best = (result.best_epoch, round(result.valid, 4), round(result.test, 4))
     if os.environ.get("PINNED_LOSSES_PRINT"):
         print("PINNED_BEST =", best, "PINNED_PROBABILITIES =", [round(p, 6) for p in probabilities])

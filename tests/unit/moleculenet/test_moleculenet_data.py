@@ -10,10 +10,12 @@ import pytest
 
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.moleculenet import (
+    MoleculeTask,
     balanced_scaffold_split,
-    load_csv,
     load_dataset,
+    load_task,
     random_split,
+    read_task,
     scaffold_split,
 )
 from smiexlm.moleculenet.loaders import download
@@ -36,37 +38,43 @@ KNOWN_COUNTS = {
 
 
 @functools.cache
-def _load(name: str) -> pd.DataFrame:
-    """Each set is read once per test session (the tests never modify the frame)."""
-    return load_dataset(name)
+def _load(name: str) -> MoleculeTask:
+    """Each set is read once per test session (the tests never modify the task)."""
+    return load_task(name)
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_COUNTS))
 def test_loader_row_counts_and_columns(shared_data, name):
-    df = _load(name)
+    task = _load(name)
     spec = get_spec(name)
     rows, invalid = KNOWN_COUNTS[name]
-    assert len(df) == rows and df.attrs["n_invalid"] == invalid
-    assert df.attrs["n_raw"] == spec.n_rows
-    assert df.columns[0] == "smiles"
+    assert len(task) == rows and task.n_invalid == invalid
+    assert task.n_raw == spec.n_rows
     n_labels = {"sider": 27, "toxcast": 617, "tox21": 12, "clintox": 2}.get(name, 1)
-    assert df.shape[1] == 1 + n_labels
-    assert df.iloc[:, 1:].dtypes.map(lambda d: d.kind == "f").all()
-    assert not df["smiles"].str.contains(r"\s").any()  # esol's trailing spaces stripped
-    assert df.attrs["sha256"] == spec.sha256  # provenance of the shared copy
+    assert task.labels.shape == (rows, n_labels) and task.labels.dtype == np.float64
+    assert not any(s != s.strip() or " " in s for s in task.smiles)  # esol's spaces stripped
+    assert task.sha256 == spec.sha256  # provenance of the shared copy
+    assert task.name == spec.name and task.task_type == spec.task_type
+
+
+def test_the_dataset_table_is_a_plain_view_of_the_task(shared_data):
+    task, df = _load("bbbp"), load_dataset("bbbp")
+    assert list(df.columns) == ["smiles", *task.label_cols] and not df.attrs
+    assert df["smiles"].tolist() == task.smiles
+    np.testing.assert_array_equal(df[task.label_cols].to_numpy(), task.labels)
 
 
 def test_tox21_invalid_rows_are_listed(shared_data):
-    df = _load("tox21")
-    assert len(df.attrs["invalid"]) == 8
-    assert any("[AlH3]" in smiles for _, smiles in df.attrs["invalid"])
-    assert df.attrs["label_cols"][0] == "NR-AR"
+    task = _load("tox21")
+    assert len(task.invalid) == 8
+    assert any("[AlH3]" in smiles for _, smiles in task.invalid)
+    assert task.label_cols[0] == "NR-AR"
 
 
 @pytest.mark.slow  # MUV scaffolds and HIV parsing take ~40 s
 def test_large_sets_counts_and_muv_table9(shared_data):
-    hiv = load_dataset("hiv")
-    assert (len(hiv), hiv.attrs["n_invalid"]) == (41120, 7)
+    hiv = load_task("hiv")
+    assert (len(hiv), hiv.n_invalid) == (41120, 7)
     muv = load_dataset("muv")
     assert len(muv) == 93087
     sizes = tuple(map(len, scaffold_split(muv["smiles"].tolist())))
@@ -163,18 +171,18 @@ def _write(tmp_path, frame):
 def test_user_csv_loads_and_rejects_bad_input(tmp_path):
     good = pd.DataFrame({"S": ["CCO", "c1ccccc1", "not_a_smiles", "CCN"], "A": [1, 0, 1, None],
                          "B": [0, 1, 0, 1]})  # fmt: skip
-    df = load_csv(_write(tmp_path, good), "S", ["A", "B"], "classification")
-    assert list(df.columns) == ["smiles", "A", "B"] and df.attrs["n_invalid"] == 1
-    assert np.isnan(df["A"].iloc[2])
+    task = read_task(_write(tmp_path, good), "S", ["A", "B"], "classification")
+    assert task.label_cols == ["A", "B"] and task.n_invalid == 1 and task.name == "my"
+    assert np.isnan(task.labels[2, 0])
     with pytest.raises(DataError, match="expected 0/1"):
-        load_csv(_write(tmp_path, good.assign(A=[0.5, 1, 0, 1])), "S", ["A"], "classification")
+        read_task(_write(tmp_path, good.assign(A=[0.5, 1, 0, 1])), "S", ["A"], "classification")
     with pytest.raises(DataError, match="not found"):
-        load_csv(_write(tmp_path, good), "smiles", ["A"], "classification")
+        read_task(_write(tmp_path, good), "smiles", ["A"], "classification")
     with pytest.raises(DataError, match="'C'"):
-        load_csv(_write(tmp_path, good), "S", ["C"], "classification")
+        read_task(_write(tmp_path, good), "S", ["C"], "classification")
     with pytest.raises(DataError, match="no positives"):
-        load_csv(_write(tmp_path, good.assign(B=0)), "S", ["B"], "classification")
+        read_task(_write(tmp_path, good.assign(B=0)), "S", ["B"], "classification")
     with pytest.raises(DataError, match="expected a number"):
-        load_csv(_write(tmp_path, good.assign(A=["x", 1, 0, 1])), "S", ["A"], "regression")
-    reg = load_csv(_write(tmp_path, good.assign(A=[0.5, 1.5, 2, 3])), "S", ["A"], "regression")
-    assert reg["A"].tolist() == [0.5, 1.5, 3.0]
+        read_task(_write(tmp_path, good.assign(A=["x", 1, 0, 1])), "S", ["A"], "regression")
+    reg = read_task(_write(tmp_path, good.assign(A=[0.5, 1.5, 2, 3])), "S", ["A"], "regression")
+    assert reg.labels[:, 0].tolist() == [0.5, 1.5, 3.0]

@@ -208,13 +208,13 @@ def test_baseline_features_match_a_forest_trained_by_hand(features):
     from smiexlm.moleculenet.baseline import DESCRIPTOR_CLIP, BaselineConfig, run_baseline
     from smiexlm.moleculenet.features import FeatureScaler
     from smiexlm.moleculenet.splits import make_split
+    from smiexlm.moleculenet.task import MoleculeTask
 
     smiles = [f"C1{'C' * n}1{tail}" for n in range(2, 14) for tail in ("", "O", "N", "Cl", "CC=O")]
     y = np.array([(len(s) + s.count("O")) % 2 for s in smiles], dtype=float)
-    df = pd.DataFrame({"smiles": smiles, "y": y})
-    df.attrs.update(name="toy", task_type="classification", label_cols=["y"])
+    task = MoleculeTask("toy", smiles, y, ["y"], "classification")
     cfg = BaselineConfig(features, n_trees=20, split="random")
-    (result,) = run_baseline(df, [3], cfg)
+    (result,) = run_baseline(task, [3], cfg)
     assert result.model == {"ecfp4": "RF-ECFP4", "rdkit2d": "RF-RDKit2D",
                             "both": "RF-ECFP4+RDKit2D"}[features] + " (20 trees)"  # fmt: skip
 

@@ -126,13 +126,13 @@ def test_report_mean_std_and_files(tmp_path):
 
 
 def test_rf_baseline_runs_and_is_seeded(shared_data):
-    from smiexlm.moleculenet import load_dataset
+    from smiexlm.moleculenet import load_task
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
 
-    df = load_dataset("bbbp")
+    task = load_task("bbbp")
     cfg = BaselineConfig(n_trees=20)
-    first = run_baseline(df, [0], cfg)[0]
-    again = run_baseline(df, [0], cfg)[0]
+    first = run_baseline(task, [0], cfg)[0]
+    again = run_baseline(task, [0], cfg)[0]
     assert first.test == again.test and first.sizes == (1631, 204, 204)
     assert 55.0 < first.test < 85.0  # a working forest; chance is 50
     assert first.split == "scaffold" and first.n_tasks_scored == 1
