@@ -1,4 +1,4 @@
-"""Embedding whole files (``smiexlm embed``) and the newcomer's demo (``smiexlm demo``).
+"""Embedding whole files (``smiexlm embed``).
 
 ``embed_file`` reads a CSV/TSV/Parquet table or a ``.smi`` file, embeds its SMILES column with
 a :class:`~smiexlm.featurizer.Featurizer`, and writes either a Parquet table (the kept id
@@ -8,9 +8,6 @@ in ``<name>.ids.csv``. Rows that fail are NaN and listed in the returned report.
 ``embed_parts`` writes a folder of Parquet parts instead (:mod:`smiexlm.parts`): resumable
 part by part, and shared among the processes of a ``torchrun`` job; ``read_parts`` reads them
 back as one table in input order.
-
-``run_demo`` embeds a fixed panel of well-known drugs and finds each one's nearest neighbour
-by cosine similarity, next to the nearest neighbour by ECFP4 Tanimoto similarity.
 """
 
 from __future__ import annotations
@@ -24,43 +21,12 @@ import numpy as np
 from smiexlm.data.readers import iter_table
 from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurizer import Featurizer, FeaturizeReport
-from smiexlm.fingerprints import tanimoto_matrix
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.paths import atomic_paths, check_output
 
 OUT_SUFFIXES = (".parquet", ".npy")
 
-# name, SMILES, family (members of a family share a scaffold or a mode of action)
-DRUG_PANEL: list[tuple[str, str, str]] = [
-    ("aspirin", "CC(=O)Oc1ccccc1C(=O)O", "salicylates"),
-    ("salicylic acid", "OC(=O)c1ccccc1O", "salicylates"),
-    ("caffeine", "Cn1cnc2c1c(=O)n(C)c(=O)n2C", "xanthines"),
-    ("theophylline", "Cn1c2nc[nH]c2c(=O)n(C)c1=O", "xanthines"),
-    ("ibuprofen", "CC(C)Cc1ccc(cc1)C(C)C(=O)O", "profens"),
-    ("naproxen", "COc1ccc2cc(ccc2c1)[C@H](C)C(=O)O", "profens"),
-    ("diclofenac", "OC(=O)Cc1ccccc1Nc1c(Cl)cccc1Cl", "NSAID"),
-    ("paracetamol", "CC(=O)Nc1ccc(O)cc1", "anilides"),
-    ("lidocaine", "CCN(CC)CC(=O)Nc1c(C)cccc1C", "anilides"),
-    ("penicillin G", "CC1(C)S[C@@H]2[C@H](NC(=O)Cc3ccccc3)C(=O)N2[C@H]1C(=O)O", "penicillins"),
-    (
-        "amoxicillin",
-        "CC1(C)S[C@@H]2[C@H](NC(=O)[C@H](N)c3ccc(O)cc3)C(=O)N2[C@H]1C(=O)O",
-        "penicillins",
-    ),
-    ("morphine", "CN1CC[C@]23c4c5ccc(O)c4O[C@H]2[C@@H](O)C=C[C@H]3[C@H]1C5", "opioids"),
-    ("codeine", "CN1CC[C@]23c4c5ccc(OC)c4O[C@H]2[C@@H](O)C=C[C@H]3[C@H]1C5", "opioids"),
-    ("diazepam", "CN1C(=O)CN=C(c2ccccc2)c2cc(Cl)ccc21", "benzodiazepines"),
-    ("alprazolam", "Cc1nnc2n1-c1ccc(Cl)cc1C(c1ccccc1)=NC2", "benzodiazepines"),
-    ("fluoxetine", "CNCCC(Oc1ccc(cc1)C(F)(F)F)c1ccccc1", "SSRIs"),
-    ("sertraline", "CN[C@H]1CC[C@@H](c2ccc(Cl)c(Cl)c2)c2ccccc21", "SSRIs"),
-    ("dopamine", "NCCc1ccc(O)c(O)c1", "monoamines"),
-    ("serotonin", "NCCc1c[nH]c2ccc(O)cc12", "monoamines"),
-    ("nicotine", "CN1CCC[C@H]1c1cccnc1", "alkaloids"),
-    ("metformin", "CN(C)C(=N)NC(=N)N", "biguanides"),
-]
 
-
-# ---------------------------------------------------------------------- embed a file
 @dataclass
 class EmbedResult:
     out: Path
@@ -154,14 +120,7 @@ def embed_file(
     """
     how = EmbedOptions(**options)
     out, input_path = Path(out), Path(input_path)
-    if out.suffix not in OUT_SUFFIXES:
-        raise DataError(
-            f"--out {str(out)!r}: expected a file ending in {OUT_SUFFIXES}, or a folder name "
-            "without a suffix for Parquet parts"
-        )
-    check_output(out, "--out")  # before any compute, not after it
-    if out.suffix == ".npy":
-        check_output(out.with_suffix(".ids.csv"), "--out ids file")
+    _check_file_out(out)  # before any compute, not after it
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     id_cols = _id_columns(first, smiles_col, id_cols)
@@ -170,11 +129,7 @@ def embed_file(
     report = FeaturizeReport()
     ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
     finals = [out] if ids_path is None else [out, ids_path]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(unit="mol", desc="embed")
+    bar = _progress_bar("embed") if progress else None
     with atomic_paths(*finals) as tmps:
         writer = _writer(out.suffix, tmps, width)
         try:
@@ -194,6 +149,26 @@ def embed_file(
                 bar.close()
     feat.last_report = report
     return EmbedResult(out, report.n_inputs, width, list(id_cols), report, ids_path)
+
+
+def _check_file_out(out: Path) -> None:
+    """DataError unless ``out`` is a writable ``.parquet`` or ``.npy`` file (and, for ``.npy``,
+    its ``.ids.csv`` beside it)."""
+    if out.suffix not in OUT_SUFFIXES:
+        raise DataError(
+            f"--out {str(out)!r}: expected a file ending in {OUT_SUFFIXES}, or a folder name "
+            "without a suffix for Parquet parts"
+        )
+    check_output(out, "--out")
+    if out.suffix == ".npy":
+        check_output(out.with_suffix(".ids.csv"), "--out ids file")
+
+
+def _progress_bar(desc: str) -> Any:
+    """A tqdm bar counting molecules."""
+    from tqdm.auto import tqdm
+
+    return tqdm(unit="mol", desc=desc)
 
 
 def embed_parts(
@@ -345,70 +320,3 @@ class ParquetRowWriter:
 
     def abort(self) -> None:
         self.close()
-
-
-# ---------------------------------------------------------------------- demo
-@dataclass
-class DemoResult:
-    names: list[str]
-    families: list[str]
-    embeddings: np.ndarray  # (n, d)
-    neighbours: list[int]  # nearest other molecule by cosine similarity of embeddings
-    cosine: list[float]
-    ecfp_neighbours: list[int]  # nearest other molecule by ECFP4 Tanimoto similarity
-    tanimoto: list[float]
-    source: str
-
-    @property
-    def family_hits(self) -> int:
-        """Molecules whose embedding neighbour is from the same family."""
-        return sum(self.families[i] == self.families[j] for i, j in enumerate(self.neighbours))
-
-    @property
-    def ecfp_family_hits(self) -> int:
-        return sum(self.families[i] == self.families[j] for i, j in enumerate(self.ecfp_neighbours))
-
-
-def cosine_matrix(x: np.ndarray) -> np.ndarray:
-    """(n, d) -> (n, n) cosine similarities."""
-    unit = x / np.linalg.norm(x, axis=1, keepdims=True).clip(min=1e-12)
-    return unit @ unit.T
-
-
-def _nearest(sim: np.ndarray) -> tuple[list[int], list[float]]:
-    sim = sim.copy()
-    np.fill_diagonal(sim, -np.inf)
-    best = sim.argmax(axis=1)
-    return best.tolist(), sim[np.arange(len(sim)), best].tolist()
-
-
-def run_demo(checkpoint: Path | None = None, device: str = "auto") -> DemoResult:
-    """Embed :data:`DRUG_PANEL` and find each molecule's nearest neighbour."""
-    feat = Featurizer.from_pretrained(checkpoint, device=device)
-    names, smiles, families = (list(column) for column in zip(*DRUG_PANEL, strict=True))
-    emb = feat.featurize(smiles)  # (n, d)
-    nn, cos = _nearest(cosine_matrix(emb))
-    ecfp_nn, tan = _nearest(tanimoto_matrix(smiles))
-    source = "default model" if checkpoint is None else str(checkpoint)
-    return DemoResult(names, families, emb, nn, cos, ecfp_nn, tan, source)
-
-
-def format_demo(result: DemoResult) -> str:
-    n, d = result.embeddings.shape
-    width = max(map(len, result.names))
-    col = max(width + 9, 27)
-    lines = [
-        f"Embedded {n} drug molecules with {result.source}: array of shape ({n}, {d})",
-        "",
-        f"{'molecule':<{width}}  {'nearest (embedding cosine)':<{col}}  nearest (ECFP4 Tanimoto)",
-    ]
-    for i, name in enumerate(result.names):
-        emb = f"{result.names[result.neighbours[i]]} ({result.cosine[i]:.3f})"
-        fp = f"{result.names[result.ecfp_neighbours[i]]} ({result.tanimoto[i]:.2f})"
-        lines.append(f"{name:<{width}}  {emb:<{col}}  {fp}")
-    lines += [
-        "",
-        f"Nearest neighbour from the same drug family: embeddings {result.family_hits}/{n}, "
-        f"ECFP4 {result.ecfp_family_hits}/{n}",
-    ]
-    return "\n".join(lines)

@@ -144,7 +144,7 @@ def demo(
     device: Device = "auto",
 ) -> None:
     """Embed 21 well-known drugs and show each one's nearest neighbour."""
-    from smiexlm.embed import format_demo, run_demo
+    from smiexlm.demo import format_demo, run_demo
 
     typer.echo(format_demo(run_demo(checkpoint, device)))
 

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from smiexlm import Featurizer
-from smiexlm.embed import DRUG_PANEL, cosine_matrix, embed_file, run_demo
+from smiexlm.demo import DRUG_PANEL, cosine_matrix, run_demo
+from smiexlm.embed import embed_file
 from smiexlm.errors import DataError, InvalidSmilesError
 from tests.conftest import smiexlm_command
 from tests.unit.featurizer.test_featurizer import make_checkpoint

@@ -95,7 +95,7 @@ def test_shipped_model_outputs_stay_inside_the_certified_bounds():
     from smiexlm.dag import matmul
     from smiexlm.dag.gather import logsoftmax_gather
     from smiexlm.dag.reference import prepare
-    from smiexlm.embed import DRUG_PANEL
+    from smiexlm.demo import DRUG_PANEL
     from smiexlm.model.masking import mask_tokens
     from smiexlm.paths import ASSETS_DIR
 

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smiexlm.embed import DRUG_PANEL, embed_parts
+from smiexlm.demo import DRUG_PANEL
+from smiexlm.embed import embed_parts
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from tests.conftest import smiexlm_command
 from tests.unit.featurizer.test_featurizer import make_checkpoint
