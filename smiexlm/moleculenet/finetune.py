@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -122,6 +123,53 @@ def _variants(backbone, tokenizer, inputs, rows, n: int, cfg: FinetuneConfig, se
     return [flat[k * n : (k + 1) * n] for k in range(len(texts))]
 
 
+@dataclass
+class _Setup:
+    """A seed's run before training: the model-side SMILES and their tokenizer, the model, its
+    (train, valid, test) examples, the targets and the hybrid features' scaler."""
+
+    inputs: list[str]
+    tokenizer: Any
+    n_cut: int  # inputs cut to cfg.max_length tokens
+    targets: _Targets
+    scaler: Any  # FeatureScaler, or None without hybrid features
+    model: Any  # ExLMForSequencePrediction
+    parts: tuple[Any, Any, Any]  # (train, valid, test) Examples
+    adapted: dict[str, Any]  # what the descriptor adaptation reports, {} without one
+
+
+def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, backbone: Backbone,
+           inputs: list[str] | None, raw_features: np.ndarray | None) -> _Setup:  # fmt: skip
+    """Tokenize, scale the targets and features on train, build the seeded model (after the
+    descriptor adaptation, when asked for) and its examples, in the order that fixes the
+    random state of the run."""
+    from smiexlm.finetuning import Examples
+    from smiexlm.model.heads import ExLMForSequencePrediction
+
+    inputs = inputs if inputs is not None else backbone.model_texts(task.smiles, cfg.canonicalize)
+    tokenizer = backbone.tokenizer(inputs)
+    rows, n_cut = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
+    targets = _Targets.fit(task, split)
+    features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
+    torch.manual_seed(seed)
+    encoder, adapted = backbone.build(tokenizer, cfg.dropout), {}
+    if cfg.adapt_steps:  # descriptor regression on the training molecules first
+        adapted = adapt_descriptors(encoder, [rows[i] for i in split.train],
+                                    [inputs[i] for i in split.train], cfg.adapt_steps,
+                                    cfg.adapt_lr, cfg.loop.batch_size, seed)  # fmt: skip
+    model = ExLMForSequencePrediction(
+        encoder, len(task.label_cols),
+        "multilabel" if task.is_classification else "regression", cfg.pooler_dropout,
+        cfg.pooling, n_features=0 if features is None else features.shape[1],  # type: ignore[arg-type]
+    )  # fmt: skip
+    examples = Examples(rows, targets.scaled(), features)
+    train, valid, test = (examples.subset(np.asarray(p)) for p in (split.train, split.valid, split.test))  # fmt: skip
+    train.variants = _variants(backbone, tokenizer, inputs, split.train, cfg.augment, cfg, seed)
+    valid.variants = _variants(backbone, tokenizer, inputs, split.valid, cfg.tta, cfg, seed)
+    test.variants = _variants(backbone, tokenizer, inputs, split.test, cfg.tta, cfg, seed)
+    return _Setup(inputs, tokenizer, n_cut, targets, scaler, model, (train, valid, test), adapted)
+
+
 def finetune_once(
     task: MoleculeTask,
     split: Split,
@@ -144,71 +192,66 @@ def finetune_once(
     there goes on from it) and, at the end, its scores (``predictions.npz``) and result
     (``result.json``); see :mod:`smiexlm.moleculenet.runs`.
     """
-    from smiexlm.finetuning import Examples, fit, predict_views
-    from smiexlm.finetuning import predict as engine_predict
-    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.finetuning import fit, predict_views
 
     t0 = time.perf_counter()
     task = check_task(task)
-    inputs = inputs if inputs is not None else backbone.model_texts(task.smiles, cfg.canonicalize)
-    tokenizer = backbone.tokenizer(inputs)
-    rows, n_cut = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
-    targets = _Targets.fit(task, split)
-    features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
-    torch.manual_seed(seed)
-    encoder, adapted = backbone.build(tokenizer, cfg.dropout), {}
-    if cfg.adapt_steps:  # descriptor regression on the training molecules first
-        adapted = adapt_descriptors(encoder, [rows[i] for i in split.train],
-                                    [inputs[i] for i in split.train], cfg.adapt_steps,
-                                    cfg.adapt_lr, cfg.loop.batch_size, seed)  # fmt: skip
-    model = ExLMForSequencePrediction(
-        encoder, len(task.label_cols),
-        "multilabel" if task.is_classification else "regression", cfg.pooler_dropout,
-        cfg.pooling, n_features=0 if features is None else features.shape[1],  # type: ignore[arg-type]
-    )  # fmt: skip
-    examples = Examples(rows, targets.scaled(), features)
-    train, valid, test = (examples.subset(np.asarray(p)) for p in (split.train, split.valid, split.test))  # fmt: skip
-    train.variants = _variants(backbone, tokenizer, inputs, split.train, cfg.augment, cfg, seed)
-    valid.variants = _variants(backbone, tokenizer, inputs, split.valid, cfg.tta, cfg, seed)
-    test.variants = _variants(backbone, tokenizer, inputs, split.test, cfg.tta, cfg, seed)
+    run = _setup(task, split, cfg, seed, backbone, inputs, raw_features)
+    (train, valid, test), targets = run.parts, run.targets
     loop = loop_config(cfg, higher_is_better=task.is_classification)
     state = None if run_dir is None else runs.state_dir(run_dir)
     identity = runs.identity(task, split, cfg, backbone.name)
-    fitted = fit(model, train, valid, loop, lambda logits: targets.score(split.valid, logits).mean,
-                 seed, progress, f"{task.name} seed {seed}", state, identity, on_epoch)  # fmt: skip
+    fitted = fit(run.model, train, valid, loop,
+                 lambda logits: targets.score(split.valid, logits).mean, seed, progress,
+                 f"{task.name} seed {seed}", state, identity, on_epoch)  # fmt: skip
     # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
     # score is the one a user gets back from the saved model
-    test_views = predict_views(model, test, cfg.loop.eval_batch_size)  # (V, N, T)
+    test_views = predict_views(run.model, test, cfg.loop.eval_batch_size)  # (V, N, T)
     test_logits = test_views.mean(axis=0)
-    test_score = targets.score(split.test, test_logits)
     if not runs.is_main():
         save_dir = run_dir = None  # one process writes
-    reference = None
-    if save_dir is not None or run_dir is not None:
-        reference = _reference(model, (train, valid), inputs, split, targets, cfg)
-    if run_dir is not None:
-        valid_logits = predict_views(model, valid, cfg.loop.eval_batch_size).mean(axis=0)
-        test_pooled = engine_predict(model, test, cfg.loop.eval_batch_size, output="pooled")
-        nearness = reference.nearness([inputs[i] for i in split.test], test_pooled)
-        runs.write_predictions(run_dir, split, targets.to_scores(valid_logits),
-                               targets.to_scores(test_logits), reference, nearness)  # fmt: skip
-    if save_dir is not None:
-        save_finetuned(model, tokenizer, save_dir, normalization=backbone.normalization, meta=dict(
-            dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,
-            config=cfg.to_dict(), seed=seed, split=split.label, target_mean=targets.mean.tolist(),
-            target_std=targets.std.tolist(), backbone=backbone.name, best_epoch=fitted.best_epoch,
-            feature_scaler=None if scaler is None else scaler.to_dict(),
-        ), reference=reference)  # fmt: skip
-    config = cfg.to_dict() | {"backbone": backbone.name, "n_truncated": n_cut} | fitted.summary()
-    config |= adapted
+    _write_outputs(run, task, split, cfg, seed, backbone, fitted, test_logits, save_dir, run_dir)
+    config = (
+        cfg.to_dict() | {"backbone": backbone.name, "n_truncated": run.n_cut} | fitted.summary()
+    )
+    config |= run.adapted
     config["processes"] = runs.processes()
     if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
         config["test_canonical"] = targets.score(split.test, test_views[0]).mean * task.scale
-    result = task.result(variant_name(backbone, cfg), split, seed, fitted.best_valid, test_score,
-                         time.perf_counter() - t0, config, fitted.best_epoch)  # fmt: skip
+    result = task.result(variant_name(backbone, cfg), split, seed, fitted.best_valid,
+                         targets.score(split.test, test_logits), time.perf_counter() - t0, config,
+                         fitted.best_epoch)  # fmt: skip
     if run_dir is not None:
         runs.finish(run_dir, result)
     return result
+
+
+def _write_outputs(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int,
+                   backbone: Backbone, fitted, test_logits: np.ndarray, save_dir: Path | None,
+                   run_dir: Path | None) -> None:  # fmt: skip
+    """Write what a finished seed keeps: its scores and nearness in ``run_dir``
+    (``predictions.npz``), the fine-tuned folder in ``save_dir``; nothing when both are None."""
+    from smiexlm.finetuning import predict as engine_predict
+    from smiexlm.finetuning import predict_views
+
+    if save_dir is None and run_dir is None:
+        return
+    (train, valid, test), targets = run.parts, run.targets
+    reference = _reference(run.model, (train, valid), run.inputs, split, targets, cfg)
+    if run_dir is not None:
+        valid_logits = predict_views(run.model, valid, cfg.loop.eval_batch_size).mean(axis=0)
+        test_pooled = engine_predict(run.model, test, cfg.loop.eval_batch_size, output="pooled")
+        nearness = reference.nearness([run.inputs[i] for i in split.test], test_pooled)
+        runs.write_predictions(run_dir, split, targets.to_scores(valid_logits),
+                               targets.to_scores(test_logits), reference, nearness)  # fmt: skip
+    if save_dir is not None:
+        scaler = None if run.scaler is None else run.scaler.to_dict()
+        save_finetuned(run.model, run.tokenizer, save_dir, normalization=backbone.normalization, meta=dict(
+            dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,
+            config=cfg.to_dict(), seed=seed, split=split.label, target_mean=targets.mean.tolist(),
+            target_std=targets.std.tolist(), backbone=backbone.name, best_epoch=fitted.best_epoch,
+            feature_scaler=scaler,
+        ), reference=reference)  # fmt: skip
 
 
 def _reference(model, parts, inputs: list[str], split: Split, targets: _Targets,
