@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from smiexlm.cli.options import multi_value
+from smiexlm.cli.params import Device
 
 analyze_app = typer.Typer(
     name="analyze",
@@ -70,7 +71,7 @@ def repeated_mlm(
     bbbp_max_steps: Annotated[int | None, typer.Option(help="Cap on BBBP steps.")] = None,
     bbbp_rows: Annotated[int | None, typer.Option(help="Seeded BBBP subset size.")] = None,
     seed: Seed = 0,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    device: Device = "auto",
 ) -> None:
     """Repeated MLM grid (ExLM §3): corrupted ratio vs p^k, entropy, BBBP score per (k, p)."""
     from smiexlm.analysis.repeated_mlm import RepeatedMLMConfig, run_repeated_mlm

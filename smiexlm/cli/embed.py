@@ -8,80 +8,59 @@ from typing import Annotated
 
 import typer
 
-PartRows = Annotated[
-    int | None,
+from smiexlm.cli.params import (
+    Canonicalize,
+    Device,
+    ModelFolder,
+    PartRows,
+    Pooling,
+    SmilesCol,
+    Threads,
+    columns,
+)
+
+EmbedInput = Annotated[
+    Path, typer.Argument(help="CSV/TSV/Parquet table or .smi file (optionally .gz).")
+]
+EmbedOut = Annotated[
+    Path,
     typer.Option(
-        help="Input rows per part of a folder --out (default 100,000); each part is written "
-        "atomically and a rerun resumes part by part.",
-        show_default=False,
+        "--out",
+        "-o",
+        help="Output file (.parquet or .npy), or a folder (a name without suffix) of "
+        "resumable Parquet parts with a manifest.json: for large inputs and torchrun.",
     ),
 ]
-Threads = Annotated[
-    int | None,
-    typer.Option(
-        help="Torch threads per process (default: torch's own; under torchrun the cores over "
-        "the processes of the node).",
-        show_default=False,
-    ),
+IdCols = Annotated[
+    str | None, typer.Option(help="Comma-separated columns to keep (default: all but SMILES).")
 ]
-Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
-Checkpoint = Annotated[
-    Path | None,
+Errors = Annotated[str, typer.Option(help="nan: NaN rows for bad SMILES; raise: stop.")]
+Backend = Annotated[
+    str, typer.Option(help="torch, or onnx: the folder's encoder.onnx with onnxruntime.")
+]
+Whiten = Annotated[
+    bool | None,
     typer.Option(
-        "--checkpoint",
-        "-c",
-        help="Model folder, or a shipped model's name (exlm, mlm, maelm, "
-        "mtr; default: the shipped default model).",
+        "--whiten/--no-whiten",
+        help="Apply the model's corpus whitening (default: as its embedding.json says).",
     ),
 ]
 
 
 def embed(
-    input: Annotated[
-        Path, typer.Argument(help="CSV/TSV/Parquet table or .smi file (optionally .gz).")
-    ],
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Output file (.parquet or .npy), or a folder (a name without suffix) of "
-            "resumable Parquet parts with a manifest.json: for large inputs and torchrun.",
-        ),
-    ],
-    smiles_col: Annotated[str, typer.Option(help="Column holding the SMILES.")] = "smiles",
-    id_cols: Annotated[
-        str | None, typer.Option(help="Comma-separated columns to keep (default: all but SMILES).")
-    ] = None,
-    checkpoint: Checkpoint = None,
-    pooling: Annotated[
-        str | None,
-        typer.Option(
-            help="cls, mean, max, or several joined by + such as cls+max (default: "
-            "the model's own, see its card)."
-        ),
-    ] = None,
-    errors: Annotated[str, typer.Option(help="nan: NaN rows for bad SMILES; raise: stop.")] = "nan",
-    canonicalize: Annotated[
-        bool,
-        typer.Option(
-            "--canonicalize/--no-canonicalize",
-            help="Canonicalize each SMILES with RDKit first (--no-canonicalize: as written).",
-        ),
-    ] = True,
+    input: EmbedInput,
+    out: EmbedOut,
+    smiles_col: SmilesCol = "smiles",
+    id_cols: IdCols = None,
+    checkpoint: ModelFolder = None,
+    pooling: Pooling = None,
+    errors: Errors = "nan",
+    canonicalize: Canonicalize = True,
     device: Device = "auto",
-    backend: Annotated[
-        str, typer.Option(help="torch, or onnx: the folder's encoder.onnx with onnxruntime.")
-    ] = "torch",
+    backend: Backend = "torch",
     part_rows: PartRows = None,
     threads: Threads = None,
-    whiten: Annotated[
-        bool | None,
-        typer.Option(
-            "--whiten/--no-whiten",
-            help="Apply the model's corpus whitening (default: as its embedding.json says).",
-        ),
-    ] = None,
+    whiten: Whiten = None,
 ) -> None:
     """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv. A folder
     --out is written part by part and resumed by the same command; run it under `torchrun
@@ -90,7 +69,7 @@ def embed(
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.workers import detect
 
-    cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols is not None else None
+    cols = columns(id_cols)
     how = dict(checkpoint=checkpoint, pooling=pooling, errors=errors, canonicalize=canonicalize,
                device=device, backend=backend, whiten=whiten)  # fmt: skip
     if wants_parts(out, part_rows):  # refuses --part-rows 0 (None: the default)
@@ -140,7 +119,7 @@ def echo_parts(result, shown: int = 10) -> None:
 
 
 def demo(
-    checkpoint: Checkpoint = None,
+    checkpoint: ModelFolder = None,
     device: Device = "auto",
 ) -> None:
     """Embed 21 well-known drugs and show each one's nearest neighbour."""

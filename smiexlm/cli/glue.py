@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from smiexlm.cli.options import multi_value
+from smiexlm.cli.params import Device
 
 
 def glue(
@@ -32,9 +33,7 @@ def glue(
     grid: Annotated[bool, typer.Option(help="Search Table 11's grid (slow).")] = False,
     out: Annotated[Path | None, typer.Option(help="Folder for one JSON result per task.")] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads.")] = None,
-    device: Annotated[
-        str, typer.Option(help="auto (CUDA when available) | cpu | cuda[:N].")
-    ] = "auto",
+    device: Device = "auto",
 ) -> None:
     """Fine-tune a checkpoint on GLUE and print dev scores (median over seeds) next to the
     majority-class baseline. 'all' runs every task whose train and dev files are present."""

@@ -11,7 +11,6 @@ import typer
 from smiexlm.cli.moleculenet import (
     Checkpoint,
     DataCsv,
-    Device,
     LabelCols,
     MaxSteps,
     Precision,
@@ -23,6 +22,7 @@ from smiexlm.cli.moleculenet import (
     _load_tasks,
 )
 from smiexlm.cli.options import multi_value
+from smiexlm.cli.params import Device
 
 Trials = Annotated[
     int | None,

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from smiexlm.cli.options import given, multi_value
+from smiexlm.cli.params import Device, Pooling
 
 Seeds = Annotated[
     list[int] | None, typer.Option("--seeds", help="Training seeds, one run each (default: 0 1 2).")
@@ -179,7 +180,6 @@ Lr = Annotated[float | None, typer.Option("--lr", help="Override the learning ra
 NoCanon = Annotated[
     bool, typer.Option("--no-canonicalize", help="Keep SMILES as written (default: canonical).")
 ]
-Device = Annotated[str, typer.Option(help="auto (CUDA when available) | cpu | cuda[:N].")]
 Freeze = Annotated[bool, typer.Option("--freeze", help="Train the head only (frozen encoder).")]
 FreezeLayers = Annotated[
     int, typer.Option("--freeze-layers", help="Freeze the embeddings and the first N blocks.")
@@ -363,13 +363,7 @@ def probe(
     whiten: Annotated[
         bool, typer.Option(help="Apply the model folder's corpus whitening first.")
     ] = False,
-    pooling: Annotated[
-        str | None,
-        typer.Option(
-            help="cls, mean, max, or several joined by + such as cls+max (default: "
-            "the model's own)."
-        ),
-    ] = None,
+    pooling: Pooling = None,
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""

@@ -10,8 +10,9 @@ from typing import Annotated
 
 import typer
 
-from smiexlm.cli.embed import PartRows, Threads, echo_parts
+from smiexlm.cli.embed import echo_parts
 from smiexlm.cli.options import multi_value
+from smiexlm.cli.params import OutputAlias, PartRows, SmilesCol, Threads, columns
 
 FinetunedDirs = Annotated[
     list[Path],
@@ -26,60 +27,55 @@ OutputCsv = Annotated[
     typer.Option("--out", "-o", help="Predictions CSV, or a folder (a name without suffix) of "
                  "resumable Parquet parts with a manifest.json: for large inputs and torchrun."),
 ]  # fmt: skip
-OutputAlias = Annotated[Path | None, typer.Option("--output", hidden=True)]  # the old name of --out
+IdCols = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated input columns to keep (default: all but the SMILES "
+                 "and the model's label columns)."),
+]  # fmt: skip
+Backend = Annotated[
+    str,
+    typer.Option(help="torch, or onnx: each folder's predictor.onnx with onnxruntime on the CPU "
+                 "(written by `smiexlm export-onnx FOLDER`)."),
+]  # fmt: skip
+Tta = Annotated[
+    int,
+    typer.Option("--tta", min=0, help="Score each molecule as the mean over its canonical "
+                 "SMILES and K random ones; <label>_tta_std is their spread (default 0)."),
+]  # fmt: skip
+Calibrate = Annotated[
+    bool,
+    typer.Option(help="Classification: temperature-scale each model's probabilities "
+                 "(temperature fitted on its validation molecules)."),
+]  # fmt: skip
+ConformalAlpha = Annotated[
+    float | None,
+    typer.Option("--conformal-alpha", help="Add split-conformal sets (<label>_set, "
+                 "classification) or intervals (<label>_low, <label>_high, regression) "
+                 "that hold the true label with probability 1 - ALPHA, calibrated on the "
+                 "validation molecules (e.g. 0.1)."),
+]  # fmt: skip
+Mondrian = Annotated[
+    bool,
+    typer.Option(help="With --conformal-alpha: class-conditional sets (the coverage "
+                 "holds within each class; larger sets for the rare class)."),
+]  # fmt: skip
 
 
 def predict(
     checkpoint: FinetunedDirs,
     input: InputCsv,
-    smiles_col: Annotated[
-        str, typer.Option("--smiles-col", help="SMILES column of --input.")
-    ] = "smiles",
+    smiles_col: SmilesCol = "smiles",
     out: OutputCsv = Path("predictions.csv"),
     output: OutputAlias = None,
-    id_cols: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated input columns to keep (default: all but the SMILES "
-            "and the model's label columns)."
-        ),
-    ] = None,
-    backend: Annotated[
-        str,
-        typer.Option(
-            help="torch, or onnx: each folder's predictor.onnx with onnxruntime on the CPU "
-            "(written by `smiexlm export-onnx FOLDER`)."
-        ),
-    ] = "torch",
+    id_cols: IdCols = None,
+    backend: Backend = "torch",
     part_rows: PartRows = None,
     threads: Threads = None,
-    tta: Annotated[
-        int,
-        typer.Option(
-            "--tta",
-            min=0,
-            help="Score each molecule as the mean over its canonical "
-            "SMILES and K random ones; <label>_tta_std is their spread (default 0).",
-        ),
-    ] = 0,
-    calibrate: Annotated[
-        bool,
-        typer.Option(help="Classification: temperature-scale each model's probabilities "
-                     "(temperature fitted on its validation molecules)."),
-    ] = False,
-    conformal_alpha: Annotated[
-        float | None,
-        typer.Option("--conformal-alpha", help="Add split-conformal sets (<label>_set, "
-                     "classification) or intervals (<label>_low, <label>_high, regression) "
-                     "that hold the true label with probability 1 - ALPHA, calibrated on the "
-                     "validation molecules (e.g. 0.1)."),
-    ] = None,
-    mondrian: Annotated[
-        bool,
-        typer.Option(help="With --conformal-alpha: class-conditional sets (the coverage "
-                     "holds within each class; larger sets for the rare class)."),
-    ] = False,
-) -> None:  # fmt: skip
+    tta: Tta = 0,
+    calibrate: Calibrate = False,
+    conformal_alpha: ConformalAlpha = None,
+    mondrian: Mondrian = False,
+) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES, with the applicability domain (nearness to the training molecules)
     and, on request, calibrated probabilities and conformal sets or intervals. A folder --out
@@ -90,7 +86,7 @@ def predict(
     from smiexlm.workers import detect
 
     output = output if output is not None else out
-    cols = [c.strip() for c in id_cols.split(",") if c.strip()] if id_cols else None
+    cols = columns(id_cols or None)  # an empty --id-cols keeps the default
     how = {"backend": backend, "tta": tta, "calibrate": calibrate,
            "conformal_alpha": conformal_alpha, "mondrian": mondrian}  # fmt: skip
     if wants_parts(output, part_rows):  # refuses --part-rows 0 (None: the default)

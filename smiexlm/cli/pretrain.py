@@ -15,60 +15,69 @@ def register(app: typer.Typer) -> None:
     app.command("export")(export)
 
 
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Config overrides as key=value, e.g. lr=3e-4 model.k=4", show_default=False
+    ),
+]
+ConfigName = Annotated[
+    str | None,
+    typer.Option(
+        help="Config file (TOML/YAML) or a shipped config name, e.g. mol_tiny_exlm. "
+        "Required (unless --list-configs).",
+        show_default=False,
+    ),
+]
+DatasetDir = Annotated[
+    Path | None,
+    typer.Option(
+        help="Dataset folder built by `smiexlm preprocess`. Required (unless --list-configs).",
+        show_default=False,
+    ),
+]
+RunOut = Annotated[
+    Path | None,
+    typer.Option(
+        help="Run folder: metrics.jsonl, checkpoints/. Required (unless --list-configs).",
+        show_default=False,
+    ),
+]
+MaxSteps = Annotated[int | None, typer.Option(help="Stop after this many updates")]
+Resume = Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --out")]
+SkipBadCheckpoints = Annotated[
+    bool,
+    typer.Option(
+        help="With --resume: a truncated or corrupted newest checkpoint is "
+        "skipped for the newest good one (default: stop and name it)"
+    ),
+]
+Nproc = Annotated[
+    int | None,
+    typer.Option(
+        help="Processes for a CPU run (DDP over gloo). Each accumulates update_freq / N "
+        "micro-batches, so the global batch stays the config's. Default: the largest "
+        "divisor of update_freq that fits in the free cores. Several GPUs: use torchrun.",
+        show_default=False,
+    ),
+]
+ListConfigs = Annotated[bool, typer.Option(help="List the shipped configs and exit")]
+
+
 def pretrain(
-    overrides: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Config overrides as key=value, e.g. lr=3e-4 model.k=4", show_default=False
-        ),
-    ] = None,
-    config: Annotated[
-        str | None,
-        typer.Option(
-            help="Config file (TOML/YAML) or a shipped config name, e.g. mol_tiny_exlm. "
-            "Required (unless --list-configs).",
-            show_default=False,
-        ),
-    ] = None,
-    data: Annotated[
-        Path | None,
-        typer.Option(
-            help="Dataset folder built by `smiexlm preprocess`. Required (unless --list-configs).",
-            show_default=False,
-        ),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="Run folder: metrics.jsonl, checkpoints/. Required (unless --list-configs).",
-            show_default=False,
-        ),
-    ] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many updates")] = None,
-    resume: Annotated[
-        bool, typer.Option(help="Continue from the newest checkpoint in --out")
-    ] = False,
-    skip_bad_checkpoints: Annotated[
-        bool,
-        typer.Option(
-            help="With --resume: a truncated or corrupted newest checkpoint is "
-            "skipped for the newest good one (default: stop and name it)"
-        ),
-    ] = False,
-    nproc: Annotated[
-        int | None,
-        typer.Option(
-            help="Processes for a CPU run (DDP over gloo). Each accumulates update_freq / N "
-            "micro-batches, so the global batch stays the config's. Default: the largest "
-            "divisor of update_freq that fits in the free cores. Several GPUs: use torchrun.",
-            show_default=False,
-        ),
-    ] = None,
-    list_configs: Annotated[bool, typer.Option(help="List the shipped configs and exit")] = False,
+    overrides: Overrides = None,
+    config: ConfigName = None,
+    data: DatasetDir = None,
+    out: RunOut = None,
+    max_steps: MaxSteps = None,
+    resume: Resume = False,
+    skip_bad_checkpoints: SkipBadCheckpoints = False,
+    nproc: Nproc = None,
+    list_configs: ListConfigs = False,
 ) -> None:
     """Pre-train an MLM / ExLM / MAE-LM model (one CPU, GPUs, or torchrun DDP)."""
     from smiexlm.training.config import describe_shipped_configs
-    from smiexlm.training.launch import PretrainJob, record_command
+    from smiexlm.training.launch import PretrainJob
 
     if list_configs:
         return typer.echo("\n".join(describe_shipped_configs()))
@@ -76,7 +85,14 @@ def pretrain(
         raise typer.BadParameter("--config, --data and --out are required (or --list-configs)")
     job = PretrainJob(config, data, out, list(overrides or []), max_steps, resume,
                       skip_bad_checkpoints, nproc)  # fmt: skip
-    outcome = job.run()
+    _report(job.run(), out)
+
+
+def _report(outcome, out: Path) -> None:
+    """Record the command in the run folder when the job asks for it, echo its message, and
+    exit with its code."""
+    from smiexlm.training.launch import record_command
+
     if outcome.record:
         record_command(out, ["smiexlm", *sys.argv[1:]])
     if outcome.message:

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
+from smiexlm.cli.params import Device
+
 
 class QueryList(TyperCommand):
     """``--query A B C`` means ``--query A --query B --query C``: values run until the next
@@ -69,7 +71,7 @@ def search(
     ef_search: Annotated[int, typer.Option(help="HNSW candidates per query (efSearch).")] = 128,
     exact: Annotated[bool, typer.Option(help="Exact cosine search (no HNSW).")] = False,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the hits as CSV.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Device = "auto",
 ) -> None:
     """The k nearest library molecules of each query, by embedding cosine and ECFP4 Tanimoto."""
     from smiexlm.data.readers import read_table
