@@ -51,7 +51,8 @@ def one_set(task_name: str, args: argparse.Namespace) -> list[str]:
     from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.configs import finetune_config
     from smiexlm.moleculenet.finetune import run_finetune
-    from smiexlm.moleculenet.hpopt import HpoptConfig, run_hpopt
+    from smiexlm.moleculenet.hpopt import run_hpopt
+    from smiexlm.moleculenet.hpopt_search import HpoptConfig
     from smiexlm.moleculenet.loaders import load_task
 
     task, backbone, root = load_task(task_name), Backbone(args.checkpoint), args.out / task_name

@@ -72,7 +72,8 @@ def hpopt(
     import optuna
 
     from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.hpopt import HpoptConfig, run_hpopt
+    from smiexlm.moleculenet.hpopt import run_hpopt
+    from smiexlm.moleculenet.hpopt_search import HpoptConfig
 
     hp = HpoptConfig(trials, cpu_minutes, seed)  # the budget checked before any data is read
     base = _config(None if data else task, ctx=ctx, split=split, max_train_steps=max_train_steps,

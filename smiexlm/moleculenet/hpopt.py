@@ -36,8 +36,6 @@ from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
 from smiexlm.training.runlock import RunLock
 
-__all__ = ["HpoptConfig", "HpoptResult", "run_hpopt"]  # the search's public entry point
-
 
 def run_hpopt(
     task: MoleculeTask,

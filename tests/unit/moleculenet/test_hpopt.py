@@ -44,7 +44,8 @@ def toy_base(**overrides):
 
 
 def search(out, trials: int, task=None, base=None, **hp):
-    from smiexlm.moleculenet.hpopt import HpoptConfig, run_hpopt
+    from smiexlm.moleculenet.hpopt import run_hpopt
+    from smiexlm.moleculenet.hpopt_search import HpoptConfig
 
     torch.set_num_threads(1)
     settings = dict(trials=trials, startup_trials=2, prune_after=2, warmup_epochs=1) | hp
@@ -127,7 +128,8 @@ def test_a_pruning_hook_ends_a_trial_after_the_epoch_it_prunes(tmp_path):
             calls.append((trial.number, trial.last_step))
             return trial.number >= 1
 
-    from smiexlm.moleculenet.hpopt import HpoptConfig, run_hpopt
+    from smiexlm.moleculenet.hpopt import run_hpopt
+    from smiexlm.moleculenet.hpopt_search import HpoptConfig
 
     torch.set_num_threads(1)
     hp = HpoptConfig(trials=3, startup_trials=2)
@@ -214,7 +216,7 @@ def test_cpu_budget_counts_finished_trials_across_resumes(tmp_path):
 
 
 def test_bad_budgets_and_another_search_in_the_folder_are_refused(tmp_path):
-    from smiexlm.moleculenet.hpopt import HpoptConfig
+    from smiexlm.moleculenet.hpopt_search import HpoptConfig
 
     for bad, field in (({}, "--trials"), ({"trials": 0}, "--trials"),
                        ({"trials": 2.5}, "--trials"), ({"cpu_minutes": 0}, "--cpu-minutes"),
