@@ -126,8 +126,8 @@ def test_scaffold_split_equals_deepchem(data_file, name):
 
 @pytest.mark.parametrize("name", ["bbbp", "clintox", "sider", "toxcast"])
 def test_table9_sizes(shared_data, name):
-    df = _load(name)
-    assert tuple(map(len, scaffold_split(df["smiles"].tolist()))) == get_spec(name).paper_sizes
+    task = _load(name)
+    assert tuple(map(len, scaffold_split(task.smiles))) == get_spec(name).paper_sizes
 
 
 def test_scaffold_split_groups_whole_scaffolds():
@@ -152,7 +152,7 @@ def test_chiral_option_changes_scaffolds():
 
 
 def test_seeded_splits_are_partitions_and_seeded(shared_data):
-    smiles = _load("bbbp")["smiles"].tolist()
+    smiles = _load("bbbp").smiles
     a = balanced_scaffold_split(smiles, seed=0)
     assert a == balanced_scaffold_split(smiles, seed=0)
     assert a != balanced_scaffold_split(smiles, seed=1)
