@@ -67,11 +67,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS))
     parser.add_argument("--out", type=Path, default=None, help="folder for parallel.json")
+    parser.add_argument("--max-train-steps", type=int, default=None, help="smoke runs only")
     args = parser.parse_args()
+    cap = [] if args.max_train_steps is None else ["--max-train-steps", str(args.max_train_steps)]
     records = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.ways:
             threads, extra = WAYS[name]
+            extra = [*extra, *cap]
             records[name] = one(args.task, args.epochs, args.seed, threads, extra, Path(tmp))
             print(name, records[name], flush=True)
     base = records[args.ways[0]]["train_s"]

@@ -63,8 +63,9 @@ SMOKE: dict[str, list[Step]] = {
         Step("applicability_domain.py", ("{tmp}/run", "--out", "{tmp}/domain"),
              expect=("domain/report.md", "domain/domain.csv", "domain/domain.png"),
              prints="| bace | 1 | 152 |"),
-        Step(MN, ("probe", "--tasks", "bace", "--seeds", "0", "--out", "{tmp}/probe"),
-             expect=("probe/results.json",)),
+        # two poolings side by side, not the shipped three: each is a pass over the set
+        Step(MN, ("probe", "--tasks", "bace", "--seeds", "0", "--pooling", "cls+mean", "--out",
+             "{tmp}/probe"), expect=("probe/results.json",)),
         Step(MN, ("baseline", "--tasks", "bace", "--seeds", "0", "--n-trees", "5", "--out",
              "{tmp}/rf"), expect=("rf/results.json",)),
         Step(MN, ("merge", "{tmp}/run", "{tmp}/probe", "{tmp}/rf", "--out", "{tmp}/table"),
@@ -74,8 +75,9 @@ SMOKE: dict[str, list[Step]] = {
              expect=("campaign/report.md", "campaign/rf_ecfp4/runs/bace/seed0/result.json")),
     ],
     "finetune_parallel": [
-        Step("finetune_parallel.py", ("--epochs", "1", "--ways", "1 process, 1 thread",
-             "2 processes, 1 thread each", "--out", "{tmp}/parallel"),
+        Step("finetune_parallel.py", ("--task", "bace", "--epochs", "1", "--max-train-steps",
+             "2", "--ways", "1 process, 1 thread", "2 processes, 1 thread each", "--out",
+             "{tmp}/parallel"),
              expect=("parallel/parallel.json",), prints="| 2 processes, 1 thread each |"),
     ],
     "tta_cost": [Step("tta_cost.py", ("--n", "20", "--tta", "0", "2", "--train", "30"),
@@ -88,7 +90,7 @@ SMOKE: dict[str, list[Step]] = {
              prints="| bace | Table 8 |"),
     ],
     "embed_resume+search": [
-        Step("embed_resume.py", ("--n", "1000", "--part-rows", "10", "--kill-after", "2",
+        Step("embed_resume.py", ("--n", "200", "--part-rows", "10", "--kill-after", "2",
              "--check", "20", "--keep", "{tmp}/emb", "--port", "{port}", "--json",
              "{tmp}/resume.json"), expect=("resume.json", "emb/manifest.json")),
         Step("search.py", ("--embeddings", "{tmp}/emb", "--queries", "20", "--ef", "16",
