@@ -44,7 +44,8 @@ from smiexlm.errors import (
 )
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.inputs import ModelInputs
-from smiexlm.model.model import ExLMModel, pooling_parts
+from smiexlm.model.model import ExLMModel
+from smiexlm.model.pooling import pooling_parts
 from smiexlm.model.pretrained import DEFAULT_MODEL_DIR, DEFAULT_NORMALIZATION, load_pretrained
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.whitening import Whitening, pooling_whitening

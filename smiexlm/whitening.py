@@ -127,7 +127,7 @@ def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
 def can_whiten(stored: Collection[str], pooling: str) -> bool:
     """Whether whitenings stored for the poolings ``stored`` whiten ``pooling``: its own, or
     (a combined pooling) one for each part."""
-    from smiexlm.model.model import pooling_parts
+    from smiexlm.model.pooling import pooling_parts
 
     return pooling in stored or set(pooling_parts(pooling)) <= set(stored)
 
@@ -135,7 +135,7 @@ def can_whiten(stored: Collection[str], pooling: str) -> bool:
 def pooling_whitening(whitenings: Mapping[str, Whitening], pooling: str) -> Whitening | None:
     """The whitening of ``pooling`` from a folder's whitenings by pooling: its own when stored,
     else (a combined pooling) each part by its own; None when a part has none."""
-    from smiexlm.model.model import pooling_parts
+    from smiexlm.model.pooling import pooling_parts
 
     if not can_whiten(whitenings, pooling):
         return None
@@ -176,7 +176,7 @@ def load_whitening(directory: str | Path, dim: int) -> dict[str, Whitening] | No
     from safetensors.numpy import load
 
     from smiexlm.model.integrity import verify_checksum
-    from smiexlm.model.model import pooling_parts
+    from smiexlm.model.pooling import pooling_parts
 
     path = Path(directory) / WHITENING_NAME
     if not path.is_file():
@@ -257,7 +257,7 @@ def whiten_model(
     Returns what was recorded."""
     from smiexlm.analysis.inputs import read_smiles
     from smiexlm.featurizer import Featurizer
-    from smiexlm.model.model import POOLINGS, pooling_parts
+    from smiexlm.model.pooling import POOLINGS, pooling_parts
     from smiexlm.model.pretrained import model_folder, read_embedding
     from smiexlm.paths import file_sha256
 

@@ -152,7 +152,7 @@ def load_pretrained(path: str | Path | None = None) -> Pretrained:
 
 def read_embedding(directory: Path) -> EmbeddingSettings:
     """The :class:`EmbeddingSettings` of a model folder."""
-    from smiexlm.model.model import pooling_parts
+    from smiexlm.model.pooling import pooling_parts
 
     path = Path(directory) / EMBEDDING_NAME
     if not path.is_file():
@@ -175,7 +175,7 @@ def read_embedding(directory: Path) -> EmbeddingSettings:
 
 def write_embedding(directory: Path, pooling: str, whiten: bool = False) -> Path:
     """``embedding.json`` of a model folder (what :func:`read_embedding` reads)."""
-    from smiexlm.model.model import pooling_parts
+    from smiexlm.model.pooling import pooling_parts
 
     pooling_parts(pooling)
     path = Path(directory) / EMBEDDING_NAME

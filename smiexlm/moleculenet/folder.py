@@ -29,7 +29,7 @@ from typing import Any
 
 from smiexlm.errors import DataError
 from smiexlm.model.integrity import verify_checksum
-from smiexlm.model.model import POOLINGS
+from smiexlm.model.pooling import POOLINGS
 from smiexlm.paths import atomic_dir, read_json_file
 
 META_NAME = "finetune.json"

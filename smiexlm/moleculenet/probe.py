@@ -20,7 +20,7 @@ import pandas as pd
 
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.model.model import pooling_parts
+from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import SPLIT_KINDS

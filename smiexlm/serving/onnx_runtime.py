@@ -161,7 +161,7 @@ class OnnxEncoder:
     def encode(self, rows: Sequence[Sequence[int]], pooling: str = "cls") -> np.ndarray:
         """Pooled features (B, n·d) float32 of token-id rows (BOS ... EOS each): ``pooling``
         is one of cls, mean and max, or several joined by ``+``, all from one run."""
-        from smiexlm.model.model import pooling_parts
+        from smiexlm.model.pooling import pooling_parts
 
         parts = pooling_parts(pooling)
         ids, mask = padded(rows, self.config.pad_id)

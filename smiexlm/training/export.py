@@ -17,7 +17,7 @@ from pathlib import Path
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
 from smiexlm.model.checkpoint import CARD_NAME, EMBEDDING_NAME, NORMALIZATION_NAME
-from smiexlm.model.model import pooling_parts
+from smiexlm.model.pooling import pooling_parts
 from smiexlm.model.pretrained import (
     DEFAULT_NORMALIZATION,
     load_pretrained,
