@@ -99,7 +99,7 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
     """The state in ``folder`` (None when there is none), refused with
     :class:`StateMismatchError` when it was saved by a run of another ``identity``, and
     with a DataError naming the file when it is damaged."""
-    from smiexlm.model.checkpoint import load_tensors
+    from smiexlm.model.integrity import load_tensors
 
     folder = Path(folder)
     if not (folder / STATE_JSON).is_file():

@@ -38,7 +38,9 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.moleculenet.folder import finetuned_folders, load_finetuned
+from smiexlm.model.folder import FinetunedFolder
+from smiexlm.model.pretrained import load_finetuned
+from smiexlm.moleculenet.folder import finetuned_folders
 from smiexlm.moleculenet.reference import Reference
 from smiexlm.trust.domain import DEFAULT_K, DomainBounds, cosine_neighbours, tanimoto_neighbours
 
@@ -78,7 +80,7 @@ def _serve_one(
     if backend == "onnx":  # the folder's predictor.onnx (smiexlm export-onnx)
         from smiexlm.serving.onnx_runtime import OnnxPredictor
 
-        model = OnnxPredictor(directory)
+        model = OnnxPredictor(FinetunedFolder(directory))
         inputs, meta = model.inputs, model.meta
     else:
         model, inputs, meta = load_finetuned(directory)

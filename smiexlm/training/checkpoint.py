@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from smiexlm.errors import DataError, SmiexlmError, VocabularyMismatchError
-from smiexlm.model.checkpoint import load_tensors
+from smiexlm.model.integrity import load_tensors
 from smiexlm.paths import atomic_dir, read_json_file
 
 STATE_FILE = "trainer_state.json"
