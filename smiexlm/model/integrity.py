@@ -11,7 +11,8 @@
   existed) loads unverified, and says so on stderr once per folder and process; so does a
   ``finetune.json`` its record leaves out (saved before the record covered it), silently.
 - :func:`read_header` reads a safetensors header alone (names, dtypes, shapes): a config can
-  be checked against the weights before any model is allocated.
+  be checked against the weights before any model is allocated; :func:`load_tensors` reads
+  every tensor, a truncated or foreign file failing with the file's name.
 - :func:`check_finite`: loaded weights must hold no NaN or infinite value, digest or not.
 """
 

@@ -384,5 +384,8 @@ class ExLMModel(nn.Module):
     def from_pretrained(
         cls, directory: Path | str, map_location: str | torch.device = "cpu"
     ) -> ExLMModel:
-        """Load a folder written by ``save_pretrained`` (vocabulary and shapes are checked)."""
+        """The model of a folder written by ``save_pretrained``, every file checked
+        (vocabulary, config sizes, shapes, sha256, finite weights): the weights alone. With
+        its tokenizer, normalisation and embedding settings, a folder (or a shipped model by
+        name) loads with :func:`smiexlm.model.pretrained.load_pretrained`, which calls this."""
         return load_model_folder(cls, Path(directory), map_location=map_location)

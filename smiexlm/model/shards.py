@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.integrity import load_tensors
 from smiexlm.paths import file_sha256, read_json_file, write_text_atomic
 
 FORMAT = "smiexlm-shards/1"
@@ -151,8 +152,6 @@ def load_sharded(index_path: Path | str, verify: bool = True) -> dict[str, torch
 
     A missing or changed shard (sha256, when ``verify``), a tensor the index lists but its
     shard lacks, or a tensor no index entry names raises DataError naming the file."""
-    from smiexlm.model.integrity import load_tensors
-
     index_path = Path(index_path)
     if index_path.is_dir():
         index_path = index_path / index_name()
