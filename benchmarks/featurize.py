@@ -27,7 +27,8 @@ import pandas as pd
 import torch
 
 from smiexlm import ExLMConfig, ExLMModel, Featurizer
-from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
+from smiexlm.model.layout import DEFAULT_MODEL_DIR
+from smiexlm.model.pretrained import Pretrained
 from smiexlm.paths import data_dir
 from smiexlm.tokenizer import SmilesTokenizer
 
@@ -52,7 +53,9 @@ def load_featurizer(args, smiles: list[str], device: str) -> tuple[Featurizer, s
     torch.manual_seed(0)
     config = ExLMConfig.preset(args.preset, objective="exlm", vocab_size=tokenizer.vocab_size)
     model = ExLMModel(config)
-    return Featurizer(model, tokenizer, device=device), f"random-init {args.preset} ExLM"
+    return Featurizer(
+        Pretrained(model, tokenizer), device=device
+    ), f"random-init {args.preset} ExLM"
 
 
 def main() -> None:

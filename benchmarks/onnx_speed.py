@@ -40,9 +40,10 @@ import torch
 from smiexlm import Featurizer
 from smiexlm.data.sampler import token_budget_batches
 from smiexlm.model.encoder import batch_invariant
-from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
+from smiexlm.model.layout import DEFAULT_MODEL_DIR
+from smiexlm.model.records import read_onnx_manifest
 from smiexlm.paths import data_dir
-from smiexlm.serving.onnx_export import export_onnx, read_manifest
+from smiexlm.serving.onnx_export import export_onnx
 
 
 def cpu_name() -> str:
@@ -145,7 +146,7 @@ def main() -> None:
     smiles = pd.read_csv(data_dir() / "moleculenet" / "bbbp.csv")["smiles"].tolist()[: args.n]
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.checkpoint
-        manifest = read_manifest(folder)
+        manifest = read_onnx_manifest(folder)
         if manifest is None or "encoder" not in manifest["graphs"]:
             folder = Path(tmp) / "model"
             shutil.copytree(args.checkpoint, folder)

@@ -31,8 +31,8 @@ def main() -> None:
     import torch
 
     from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.layout import DEFAULT_MODEL_DIR
     from smiexlm.model.model import ExLMModel
-    from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
     from smiexlm.moleculenet import load_task
     from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.moleculenet.prediction import predict
@@ -76,7 +76,7 @@ def _add_reference(folder: Path, train: list[str]) -> None:
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
     from smiexlm.model.integrity import record_checksums
-    from smiexlm.moleculenet.folder import load_finetuned
+    from smiexlm.model.pretrained import load_finetuned
     from smiexlm.moleculenet.reference import Reference
 
     served, inputs, _ = load_finetuned(folder, device="cpu")

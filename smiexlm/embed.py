@@ -70,7 +70,8 @@ class EmbedOptions:
 
     def chosen_pooling(self) -> str:
         """``pooling``, or the model folder's own when None (``embedding.json``)."""
-        from smiexlm.model.pretrained import model_folder, read_embedding
+        from smiexlm.model.layout import model_folder
+        from smiexlm.model.records import read_embedding
 
         return self.pooling or read_embedding(model_folder(self.checkpoint)).pooling
 
@@ -78,8 +79,10 @@ class EmbedOptions:
         """``whiten``, or the model folder's own when None: whitened when its
         ``embedding.json`` says so and it stores a whitening for the chosen pooling (or for
         each of its parts)."""
-        from smiexlm.model.pretrained import model_folder, read_embedding
-        from smiexlm.whitening import can_whiten, whitening_poolings
+        from smiexlm.model.layout import model_folder
+        from smiexlm.model.records import read_embedding
+        from smiexlm.model.whitening_file import whitening_poolings
+        from smiexlm.whitening import can_whiten
 
         if self.whiten is not None:
             return self.whiten

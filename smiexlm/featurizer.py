@@ -8,7 +8,7 @@ How a call runs, in chunks of ``chunk_size`` molecules so that memory stays boun
 long the input is:
 
 1. each SMILES is normalised as the checkpoint's corpus was (RDKit canonical SMILES by
-   default; see :func:`smiexlm.model.pretrained.read_normalization`) and tokenized;
+   default; see :func:`smiexlm.model.records.read_normalization`) and tokenized;
 2. the chunk is sorted by token length (stable) and cut into batches whose padded size stays
    within ``batch_tokens`` (and within ``batch_size`` molecules when given);
 3. each batch goes through ``ExLMModel.encode`` under ``torch.inference_mode`` with the model
@@ -43,10 +43,10 @@ from smiexlm.errors import (
     shorten,
 )
 from smiexlm.model.encoder import batch_invariant
-from smiexlm.model.inputs import ModelInputs
-from smiexlm.model.model import ExLMModel, pooling_parts
-from smiexlm.model.pretrained import DEFAULT_MODEL_DIR, DEFAULT_NORMALIZATION, load_pretrained
-from smiexlm.tokenizer import SmilesTokenizer
+from smiexlm.model.model import ExLMModel
+from smiexlm.model.pooling import pooling_parts
+from smiexlm.model.pretrained import Pretrained, load_pretrained
+from smiexlm.tokenizer import Tokenizer
 from smiexlm.whitening import Whitening, pooling_whitening
 
 logger = logging.getLogger(__name__)
@@ -80,57 +80,46 @@ class FeaturizeReport:
 
 
 class Featurizer:
-    """A pretrained encoder plus its tokenizer and normalisation, in eval mode."""
+    """A pretrained encoder plus its tokenizer and normalisation, in eval mode.
 
-    def __init__(
-        self,
-        model: ExLMModel,
-        tokenizer: SmilesTokenizer,
-        normalization: NormalizeConfig = DEFAULT_NORMALIZATION,
-        device: str = "auto",
-        source: Path | None = None,
-        normalization_source: str = "default",
-        backend: Backend = "torch",
-        pooling: Pooling = "cls",
-        whitening: Mapping[str, Whitening] | None = None,
-        whiten: bool = False,
-    ):
-        """``pooling`` is the embedding used when :meth:`featurize` names none (a model
-        folder's ``embedding.json``; several joined by ``+`` put side by side); ``whitening``
-        maps a pooling to its corpus whitening (``whitening.safetensors``), applied by default
-        when ``whiten``. ``backend="onnx"`` runs the encoder with onnxruntime on the CPU: the
-        graph of ``source`` (``encoder.onnx``, checked against its recorded sha256), or one
-        exported from ``model`` in memory without a ``source`` (and for the shipped default
-        model, which has no graph file). See docs/featurizer.md."""
+    From a model folder: :meth:`from_pretrained`. From a model in memory (a random
+    initialisation, a model being trained): ``Featurizer(Pretrained(model, tokenizer))``,
+    served with the default normalisation and cls pooling, unwhitened."""
+
+    def __init__(self, pretrained: Pretrained, device: str = "auto", backend: Backend = "torch"):
+        """``pretrained`` holds the model, its tokenizer and the folder it was loaded from
+        (:func:`~smiexlm.model.pretrained.load_pretrained`), whose ``embedding.json`` gives the
+        embedding used when :meth:`featurize` names none (:attr:`pooling`; several joined by
+        ``+`` put side by side) and whether its corpus whitening (``whitening.safetensors``)
+        is applied by default (:attr:`whiten`). ``backend="onnx"`` runs the encoder with
+        onnxruntime on the CPU: the folder's graph (``encoder.onnx``, checked against its
+        recorded sha256), or one exported from the model in memory without a folder (and for
+        the shipped default model, which has no graph file). See docs/featurizer.md."""
         if backend not in _BACKENDS:
             raise ConfigError("backend", backend, f"one of {_BACKENDS}")
         if backend == "onnx" and device not in ("auto", "cpu"):
             raise ConfigError("device", device, "'auto' or 'cpu' with backend='onnx'")
+        model, tokenizer = pretrained.model, pretrained.tokenizer
         if tokenizer.vocab_size != model.config.vocab_size:
             raise VocabularyMismatchError(
                 f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                 f"{model.config.vocab_size}"
             )
+        self.pretrained = pretrained
         self.device = resolve_device("cpu" if backend == "onnx" else device)
-        self.model = model.to(self.device).eval()
+        model.to(self.device).eval()
         self.backend = backend
         self._onnx = None
         if backend == "onnx":
             from smiexlm.serving.onnx_runtime import OnnxEncoder
 
-            self._onnx = OnnxEncoder.for_model(self.model, source)
-        self.tokenizer = tokenizer
-        self.normalization = normalization
-        self.inputs = ModelInputs(tokenizer, self.model.config, normalization)
-        self.normalization_source = normalization_source  # where the record was read from
-        self.source = source
-        pooling_parts(pooling)
-        self.pooling = pooling
-        self.whitening = dict(whitening or {})
-        if whiten and pooling_whitening(self.whitening, pooling) is None:
-            raise ConfigError("whiten", whiten, f"False: no whitening is stored for {pooling} "
-                              "pooling")  # fmt: skip
-        self.whiten = whiten
+            self._onnx = OnnxEncoder.for_model(model, pretrained.folder)
+        self.inputs = pretrained.inputs()
+        self.pooling: Pooling = pretrained.pooling
+        self.whiten = pretrained.embedding.whiten
+        if self.whiten and pooling_whitening(self.whitening, self.pooling) is None:
+            raise ConfigError("whiten", self.whiten, f"False: no whitening is stored for "
+                              f"{self.pooling} pooling")  # fmt: skip
         self.last_report = FeaturizeReport()
 
     # ------------------------------------------------------------------ loading
@@ -138,15 +127,41 @@ class Featurizer:
     def from_pretrained(
         cls, path: str | Path | None = None, device: str = "auto", backend: Backend = "torch"
     ) -> Featurizer:
-        """Load a checkpoint folder (``config.json``, ``vocab.json``, ``model.safetensors``).
+        """Load a model folder (``config.json``, ``vocab.json``, ``model.safetensors``) or a
+        shipped model by name (:func:`~smiexlm.model.pretrained.load_pretrained`).
 
         ``path=None`` loads the default model shipped inside the package; no network is used.
         ``backend="onnx"`` serves the folder's ``encoder.onnx`` (``smiexlm export-onnx``).
         """
-        pre = load_pretrained(path)
-        return cls(pre.model, pre.tokenizer, pre.normalization, device, pre.path,
-                   pre.normalization_source, backend, pre.pooling, pre.whitening,
-                   pre.embedding.whiten)  # fmt: skip
+        return cls(load_pretrained(path), device, backend)
+
+    @property
+    def model(self) -> ExLMModel:
+        return self.pretrained.model
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.pretrained.tokenizer
+
+    @property
+    def normalization(self) -> NormalizeConfig:
+        """How SMILES are normalised before tokenizing: as the model's corpus was."""
+        return self.pretrained.normalization
+
+    @property
+    def normalization_source(self) -> str:
+        """Where :attr:`normalization` was read from (a file, the card, or ``default``)."""
+        return self.pretrained.normalization_source
+
+    @property
+    def source(self) -> Path | None:
+        """The model folder, or None for a model built in memory."""
+        return self.pretrained.path
+
+    @property
+    def whitening(self) -> Mapping[str, Whitening]:
+        """The model's corpus whitening by pooling (empty without one)."""
+        return self.pretrained.whitening or {}
 
     @property
     def dim(self) -> int:
@@ -164,8 +179,7 @@ class Featurizer:
 
     def __repr__(self) -> str:
         c = self.model.config
-        shipped = self.source is not None and Path(self.source).resolve() == DEFAULT_MODEL_DIR
-        source = "shipped default model" if shipped else str(self.source)
+        source = "shipped default model" if self.pretrained.is_default else str(self.source)
         return (
             f"Featurizer(source={source!r}, objective={c.objective!r}, "
             f"d={c.d_model}, layers={c.n_layers}, pooling={self.pooling!r}, "

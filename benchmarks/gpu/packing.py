@@ -89,7 +89,7 @@ def model_sources(run_dir: Path) -> dict[str, Path]:
 
 
 def write_weights(sources: dict[str, Path], out_dir: Path, max_shard_mib: float) -> list[Path]:
-    from smiexlm.model.checkpoint import load_tensors
+    from smiexlm.model.integrity import load_tensors
     from smiexlm.model.shards import save_sharded
 
     tensors, models = {}, {}

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from smiexlm.data.readers import iter_smiles
 from smiexlm.errors import DataError
+from smiexlm.model.folder import ModelFolder
 from smiexlm.model.pretrained import load_pretrained
 from smiexlm.paths import check_not_a_file, data_dir
 
@@ -27,13 +28,9 @@ def default_smiles_file() -> Path:
 
 def load_model_and_tokenizer(directory: Path):
     """``(model, tokenizer)`` of a ``save_pretrained`` folder, the model in eval mode."""
-    directory = check_not_a_file(directory)
-    if not (directory / "config.json").is_file():
-        raise DataError(
-            f"checkpoint {str(directory)!r}: no config.json; expected a folder written by "
-            "save_pretrained (config.json, vocab.json, model.safetensors)"
-        )
-    pre = load_pretrained(directory)
+    folder = ModelFolder(check_not_a_file(directory))
+    folder.config  # noqa: B018 (a folder without config.json fails here, naming it)
+    pre = load_pretrained(folder)
     return pre.model.eval(), pre.tokenizer
 
 

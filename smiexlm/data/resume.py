@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, get_args
 
 from smiexlm.data.shards import SHARD_SUFFIXES, Split
+from smiexlm.descriptor_stats import STATS_NAME
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
 from smiexlm.paths import VOCAB_NAME, is_temporary_name
 
 SPLITS: tuple[str, ...] = get_args(Split)
 # The pipeline's own files besides the shards (a run that committed nothing removes them).
-WRITTEN = (VOCAB_NAME, "rejects.csv", "progress.json", "manifest.json", "descriptors.json")
+WRITTEN = (VOCAB_NAME, "rejects.csv", "progress.json", "manifest.json", STATS_NAME)
 
 
 def check_resume(saved, vocab_hash, cfg_doc, source_docs, out) -> None:

@@ -28,11 +28,12 @@ import torch
 from safetensors.torch import save_file
 
 from smiexlm.errors import DataError, SmiexlmError
+from smiexlm.model.layout import WEIGHTS_NAME
 from smiexlm.paths import atomic_dir, read_json_file
 
 FORMAT = "smiexlm-finetune-state/1"
 STATE_JSON = "state.json"
-MODEL_FILE = "model.safetensors"
+MODEL_FILE = WEIGHTS_NAME  # the weights, named as in a model folder
 BEST_FILE = "best.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
@@ -99,7 +100,7 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
     """The state in ``folder`` (None when there is none), refused with
     :class:`StateMismatchError` when it was saved by a run of another ``identity``, and
     with a DataError naming the file when it is damaged."""
-    from smiexlm.model.checkpoint import load_tensors
+    from smiexlm.model.integrity import load_tensors
 
     folder = Path(folder)
     if not (folder / STATE_JSON).is_file():

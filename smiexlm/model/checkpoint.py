@@ -12,6 +12,7 @@ mismatch.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,22 +26,18 @@ from smiexlm.model.config import ExLMConfig
 from smiexlm.model.integrity import (
     Header,
     check_finite,
+    load_tensors,
     read_header,
     record_checksums,
-    unreadable,
     verify_checksum,
 )
-from smiexlm.paths import VOCAB_NAME, check_not_a_file
+from smiexlm.model.layout import CHECKSUMS_NAME, CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from smiexlm.model.shards import load_sharded, read_index, save_sharded
+from smiexlm.paths import VOCAB_NAME, check_not_a_file, read_json_file, write_text_atomic
 from smiexlm.tokenizer import SmilesTokenizer, vocabulary_file_hash
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-NORMALIZATION_NAME = "normalization.json"  # how the corpus SMILES were normalised
-CARD_NAME = "MODEL_CARD.md"
-EMBEDDING_NAME = "embedding.json"  # the pooling the model's embeddings are served with
 
 
 def _default_tokenizer(config: ExLMConfig) -> Any:
@@ -98,19 +95,6 @@ def save_model_folder(
     return directory
 
 
-def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file; a truncated or foreign file raises DataError."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-    except FileNotFoundError:
-        raise DataError(f"{str(path)!r} does not exist") from None
-    except (SafetensorError, OSError, ValueError) as err:
-        raise unreadable(path, str(err)) from None
-
-
 def load_model_folder(
     cls: type[ExLMModel], directory: Path, map_location: str | torch.device = "cpu"
 ) -> ExLMModel:
@@ -124,10 +108,8 @@ def load_model_folder(
     check_folder_vocabulary(directory, config)
     descriptor_stats = load_model_descriptor_stats(directory, config.n_descriptors)
     weights_path = directory / WEIGHTS_NAME
-    if not weights_path.is_file() and (directory / "model.safetensors.index.json").is_file():
-        from smiexlm.model.shards import load_sharded_model  # weights in <= N MiB shards
-
-        return load_sharded_model(cls, directory, map_location)
+    if not weights_path.is_file() and (directory / WEIGHTS_INDEX_NAME).is_file():
+        return load_sharded_model(cls, directory, map_location)  # weights in <= N MiB shards
     if not weights_path.is_file():
         raise DataError(f"checkpoint folder {str(directory)!r} has no {WEIGHTS_NAME}")
     header = read_header(weights_path)
@@ -142,6 +124,63 @@ def load_model_folder(
     model.load_state_dict(loaded)  # casts fp16 weights back to the model's dtype
     model.descriptor_stats = descriptor_stats
     return model.to(map_location).eval()
+
+
+def save_pretrained_sharded(
+    model: ExLMModel,
+    directory: Path | str,
+    tokenizer: Any = None,
+    dtype: torch.dtype | None = None,
+    max_shard_mib: float = 16.0,
+) -> Path:
+    """A model folder (``config.json``, ``vocab.json``) with its weights sharded
+    (:mod:`smiexlm.model.shards`); the folder appears complete or not at all. ``dtype`` (e.g.
+    ``torch.float16``) casts floating weights."""
+    from smiexlm.paths import atomic_dir
+
+    with atomic_dir(directory) as tmp:
+        save_model_folder(model, tmp, tokenizer=tokenizer, dtype=dtype)
+        single = tmp / WEIGHTS_NAME
+        index = save_sharded(load_tensors(single), tmp, max_shard_mib)
+        single.unlink()
+        _replace_checksum_record(tmp, WEIGHTS_NAME, read_index(index)[0]["sha256"])
+    return Path(directory)
+
+
+def _replace_checksum_record(folder: Path, single: str, shards: dict[str, str]) -> None:
+    """In a folder's ``checksums.json`` (when it has one), the shards replace the single file."""
+    path = folder / CHECKSUMS_NAME
+    if not path.is_file():
+        return
+    _, doc = read_json_file(path, "checksums file")
+    digests = {k: v for k, v in doc.get("sha256", {}).items() if k != single} | shards
+    write_text_atomic(path, json.dumps({**doc, "sha256": dict(sorted(digests.items()))}, indent=1))
+
+
+def load_sharded_model(
+    cls: type[ExLMModel], directory: Path, map_location: str | torch.device = "cpu"
+) -> ExLMModel:
+    """The model of a folder whose weights are sharded.
+
+    The shards are checked against the index (presence, sha256, tensor names), joined into a
+    single ``model.safetensors`` in a temporary folder beside copies of the folder's other
+    files, and that folder is loaded by :func:`load_model_folder`, so every check of a
+    single-file folder (vocabulary, config sizes, shapes, finite values) applies unchanged."""
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    index = Path(directory) / WEIGHTS_INDEX_NAME
+    tensors = load_sharded(index)
+    skip = set(read_index(index)[1].values()) | {WEIGHTS_INDEX_NAME, CHECKSUMS_NAME}
+    with tempfile.TemporaryDirectory(prefix="smiexlm-shards-") as tmp:
+        joined = Path(tmp)
+        for item in Path(directory).iterdir():
+            if item.is_file() and item.name not in skip:
+                shutil.copy2(item, joined / item.name)
+        save_file(tensors, str(joined / WEIGHTS_NAME), metadata={"format": "pt"})
+        return load_model_folder(cls, joined, map_location=map_location)
 
 
 def load_module_weights(module: nn.Module, path: Path, source: str) -> None:

@@ -11,7 +11,8 @@
   existed) loads unverified, and says so on stderr once per folder and process; so does a
   ``finetune.json`` its record leaves out (saved before the record covered it), silently.
 - :func:`read_header` reads a safetensors header alone (names, dtypes, shapes): a config can
-  be checked against the weights before any model is allocated.
+  be checked against the weights before any model is allocated; :func:`load_tensors` reads
+  every tensor, a truncated or foreign file failing with the file's name.
 - :func:`check_finite`: loaded weights must hold no NaN or infinite value, digest or not.
 """
 
@@ -26,9 +27,9 @@ from pathlib import Path
 import torch
 
 from smiexlm.errors import DataError
+from smiexlm.model.layout import CHECKSUMS_NAME
 from smiexlm.paths import file_sha256, read_json_file, write_text_atomic
 
-CHECKSUMS_NAME = "checksums.json"
 CHECKSUMS_FORMAT = "smiexlm-checksums/1"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
@@ -97,6 +98,19 @@ def _numel(shape: list[int]) -> int:
     for dim in shape:
         count *= dim
     return count
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file; a truncated or foreign file raises DataError."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    except FileNotFoundError:
+        raise DataError(f"{str(path)!r} does not exist") from None
+    except (SafetensorError, OSError, ValueError) as err:
+        raise unreadable(path, str(err)) from None
 
 
 # ------------------------------------------------------------------ sha256 records

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,23 +38,12 @@ from smiexlm.model.expansion import (
     gather_states,
 )
 from smiexlm.model.heads import LMHead, SequenceHead, task_loss
+from smiexlm.model.pooling import Pooling, pool
 from smiexlm.model.rope import rope_angles, rope_angles_2d
 from smiexlm.model.transitions import TransitionHead, uniform_log_links, valid_successors
 from smiexlm.tokenizer.special import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
-Pooling = Literal["cls", "mean", "max"]
-POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling choices
-
-
-def pooling_parts(spec: str, name: str = "pooling") -> tuple[str, ...]:
-    """The poolings of ``spec``: one of :data:`POOLINGS`, or several joined by ``+`` (such as
-    ``cls+max``), whose vectors are put side by side in that order."""
-    parts = tuple(spec.split("+")) if isinstance(spec, str) else ()
-    if not parts or len(set(parts)) != len(parts) or not set(parts) <= set(POOLINGS):
-        raise ConfigError(name, spec, f"one of {', '.join(POOLINGS)}, or several joined by '+' "
-                          "(such as 'cls+max')")  # fmt: skip
-    return parts
 
 
 @dataclass
@@ -395,19 +384,8 @@ class ExLMModel(nn.Module):
     def from_pretrained(
         cls, directory: Path | str, map_location: str | torch.device = "cpu"
     ) -> ExLMModel:
-        """Load a folder written by ``save_pretrained`` (vocabulary and shapes are checked)."""
+        """The model of a folder written by ``save_pretrained``, every file checked
+        (vocabulary, config sizes, shapes, sha256, finite weights): the weights alone. With
+        its tokenizer, normalisation and embedding settings, a folder (or a shipped model by
+        name) loads with :func:`smiexlm.model.pretrained.load_pretrained`, which calls this."""
         return load_model_folder(cls, Path(directory), map_location=map_location)
-
-
-def pool(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
-    """(B, L, d) features and (B, L) mask -> (B, d) by ``cls`` (first), ``mean`` or ``max``;
-    (B, n·d) for n poolings joined by ``+`` (:func:`pooling_parts`)."""
-    parts = pooling_parts(pooling)
-    if len(parts) > 1:
-        return torch.cat([pool(hidden, mask, part) for part in parts], dim=-1)
-    if pooling == "cls":
-        return hidden[:, 0]
-    m = mask[..., None]  # (B, L, 1)
-    if pooling == "mean":
-        return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
-    return hidden.masked_fill(~m, float("-inf")).amax(1)

@@ -11,8 +11,8 @@ A sharded set ``STEM`` in a folder is
                     …caller's metadata…},
        "weight_map": {"encoder.layers.0.attn.qkv.weight": "STEM-00001-of-00003.safetensors", …}}
 
-A model folder whose weights are sharded holds ``model.safetensors.index.json`` and its shards
-instead of ``model.safetensors``; ``ExLMModel.from_pretrained`` reads either. No pickle: the
+A model folder whose weights are sharded holds the set ``model`` instead of
+``model.safetensors`` (:mod:`smiexlm.model.checkpoint` writes and reads either). No pickle: the
 shards are safetensors and the index is JSON. Loading checks that every shard is present and
 unchanged (sha256) and that the shards hold exactly the tensors the index lists.
 """
@@ -27,14 +27,13 @@ from typing import Any
 import torch
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.integrity import load_tensors
 from smiexlm.paths import file_sha256, read_json_file, write_text_atomic
 
 FORMAT = "smiexlm-shards/1"
 MODEL_STEM = "model"
 INDEX_SUFFIX = ".safetensors.index.json"
-MODEL_INDEX_NAME = MODEL_STEM + INDEX_SUFFIX
 MIB = 1 << 20
-CHECKSUMS_NAME = "checksums.json"  # a model folder's sha256 records, when it has them
 # safetensors header bytes per tensor beyond its name: dtype, shape, offsets, JSON punctuation
 _HEADER_PER_TENSOR = 96
 _HEADER_FIXED = 8 + 64
@@ -153,11 +152,9 @@ def load_sharded(index_path: Path | str, verify: bool = True) -> dict[str, torch
 
     A missing or changed shard (sha256, when ``verify``), a tensor the index lists but its
     shard lacks, or a tensor no index entry names raises DataError naming the file."""
-    from smiexlm.model.checkpoint import load_tensors
-
     index_path = Path(index_path)
     if index_path.is_dir():
-        index_path = index_path / MODEL_INDEX_NAME
+        index_path = index_path / index_name()
     meta, weight_map = read_index(index_path)
     folder = index_path.parent
     checksums = meta.get("sha256", {}) if verify else {}
@@ -185,61 +182,3 @@ def load_sharded(index_path: Path | str, verify: bool = True) -> dict[str, torch
             )
         out.update(loaded)
     return out
-
-
-def save_pretrained_sharded(
-    model: Any,
-    directory: Path | str,
-    tokenizer: Any = None,
-    dtype: torch.dtype | None = None,
-    max_shard_mib: float = 16.0,
-) -> Path:
-    """A model folder (``config.json``, ``vocab.json``) with its weights sharded; the folder
-    appears complete or not at all. ``dtype`` (e.g. ``torch.float16``) casts floating weights."""
-    from smiexlm.model.checkpoint import WEIGHTS_NAME, load_tensors, save_model_folder
-    from smiexlm.paths import atomic_dir
-
-    with atomic_dir(directory) as tmp:
-        save_model_folder(model, tmp, tokenizer=tokenizer, dtype=dtype)
-        single = tmp / WEIGHTS_NAME
-        index = save_sharded(load_tensors(single), tmp, max_shard_mib)
-        single.unlink()
-        _replace_checksum_record(tmp, WEIGHTS_NAME, read_index(index)[0]["sha256"])
-    return Path(directory)
-
-
-def _replace_checksum_record(folder: Path, single: str, shards: dict[str, str]) -> None:
-    """In a folder's ``checksums.json`` (when it has one), the shards replace the single file."""
-    path = folder / CHECKSUMS_NAME
-    if not path.is_file():
-        return
-    _, doc = read_json_file(path, "checksums file")
-    digests = {k: v for k, v in doc.get("sha256", {}).items() if k != single} | shards
-    write_text_atomic(path, json.dumps({**doc, "sha256": dict(sorted(digests.items()))}, indent=1))
-
-
-def load_sharded_model(cls: type, directory: Path | str, map_location: Any = "cpu") -> Any:
-    """``cls.from_pretrained`` of a folder whose weights are sharded.
-
-    The shards are checked against the index (presence, sha256, tensor names), joined into a
-    single ``model.safetensors`` in a temporary folder beside copies of the folder's other
-    files, and that folder is loaded by the regular loader, so every check of a single-file
-    folder (vocabulary, config sizes, shapes, finite values) applies unchanged."""
-    import shutil
-    import tempfile
-
-    from safetensors.torch import save_file
-
-    from smiexlm.model.checkpoint import WEIGHTS_NAME, load_model_folder
-
-    directory = Path(directory)
-    tensors = load_sharded(directory / MODEL_INDEX_NAME)
-    sharded = set(read_index(directory / MODEL_INDEX_NAME)[1].values())
-    skip = sharded | {MODEL_INDEX_NAME, CHECKSUMS_NAME}
-    with tempfile.TemporaryDirectory(prefix="smiexlm-shards-") as tmp:
-        joined = Path(tmp)
-        for item in directory.iterdir():
-            if item.is_file() and item.name not in skip:
-                shutil.copy2(item, joined / item.name)
-        save_file(tensors, str(joined / WEIGHTS_NAME), metadata={"format": "pt"})
-        return load_model_folder(cls, joined, map_location=map_location)

@@ -1,9 +1,10 @@
 """Where a fine-tuned or probed encoder comes from: a model folder, or a random init.
 
 A :class:`Backbone` hands fine-tuning and the probe what the featurizer uses for the same
-folder (:func:`~smiexlm.model.pretrained.load_pretrained`): the weights, the vocabulary and
-the corpus normalisation, so a model is fine-tuned on SMILES prepared as it was pretrained
-on, and ``predict`` serves them prepared the same way.
+folder (its :class:`~smiexlm.model.folder.ModelFolder`, and
+:func:`~smiexlm.model.pretrained.load_pretrained` for the weights): the vocabulary, the
+corpus normalisation and the weights, so a model is fine-tuned on SMILES prepared as it was
+pretrained on, and ``predict`` serves them prepared the same way.
 
 Without a checkpoint the backbone is the shipped default model; a random init of a preset is
 used only when asked (``Backbone(random_init=True)``).
@@ -11,30 +12,28 @@ used only when asked (``Backbone(random_init=True)``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from torch import nn
 
 from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.checkpoint import CONFIG_NAME, VOCAB_NAME
 from smiexlm.model.config import ExLMConfig
+from smiexlm.model.folder import ModelFolder
 from smiexlm.model.inputs import ModelInputs, model_texts
-from smiexlm.model.pretrained import (
-    DEFAULT_NORMALIZATION,
-    load_pretrained,
-    model_folder,
-    read_embedding,
-    read_normalization,
-)
+from smiexlm.model.pretrained import load_pretrained
+from smiexlm.model.records import DEFAULT_NORMALIZATION
 
 
 @dataclass
 class Backbone:
     """A checkpoint folder (default: the shipped model), or, only with ``random_init=True``,
-    a preset initialised at random (``objective`` is used only then)."""
+    a preset initialised at random (``objective`` is used only then). The folder is read
+    once, by its :class:`~smiexlm.model.folder.ModelFolder` (:attr:`folder`)."""
 
     checkpoint: Path | None = None
     preset: str = "tiny"
@@ -45,7 +44,12 @@ class Backbone:
         if self.random_init and self.checkpoint is not None:
             raise ConfigError("random_init", True, "no checkpoint (it ignores the weights)")
         if not self.random_init:  # a folder, a shipped model's name, or None: the default
-            self.checkpoint = model_folder(self.checkpoint)
+            self.checkpoint = ModelFolder(self.checkpoint).path
+
+    @cached_property
+    def folder(self) -> ModelFolder | None:
+        """The checkpoint's reader (None for a random init)."""
+        return None if self.checkpoint is None else ModelFolder(self.checkpoint)
 
     @property
     def name(self) -> str:
@@ -56,26 +60,21 @@ class Backbone:
     @property
     def normalization(self) -> NormalizeConfig:
         """The checkpoint's corpus normalisation (the defaults for a random init)."""
-        if self.checkpoint is None:
-            return DEFAULT_NORMALIZATION
-        return read_normalization(Path(self.checkpoint))[0]
+        return DEFAULT_NORMALIZATION if self.folder is None else self.folder.normalization
 
     @property
     def pooling(self) -> str:
         """The checkpoint's embedding pooling (``embedding.json``; cls for a random init)."""
-        return "cls" if self.checkpoint is None else read_embedding(Path(self.checkpoint)).pooling
+        return "cls" if self.folder is None else self.folder.embedding.pooling
 
     def whitening(self, pooling: str):
         """The checkpoint's corpus whitening for ``pooling`` (None without one; a combined
         pooling: its own, or each part by its own)."""
-        from smiexlm.whitening import load_whitening, pooling_whitening
+        from smiexlm.whitening import pooling_whitening
 
-        if self.checkpoint is None:
+        if self.folder is None:
             return None
-        config = ExLMConfig.load(Path(self.checkpoint) / CONFIG_NAME)
-        return pooling_whitening(
-            load_whitening(Path(self.checkpoint), config.d_model) or {}, pooling
-        )
+        return pooling_whitening(self.folder.whitening or {}, pooling)
 
     def model_texts(self, smiles: Sequence[str], canonicalize: bool = True) -> list[str]:
         """What the model reads: each SMILES normalised as the checkpoint's corpus was (as
@@ -86,18 +85,19 @@ class Backbone:
     def tokenizer(self, corpus: Sequence[str]):
         """The checkpoint's vocabulary; for random init the shipped one, else one built from
         ``corpus`` (the dataset's SMILES: vocabulary only, no labels)."""
-        from smiexlm.tokenizer import SmilesTokenizer, load_tokenizer
+        from smiexlm.tokenizer import SmilesTokenizer
 
-        if self.checkpoint is not None:
-            return load_tokenizer(Path(self.checkpoint) / VOCAB_NAME)
+        if self.folder is not None:
+            return self.folder.tokenizer
         try:
             return SmilesTokenizer()
         except DataError:
             return SmilesTokenizer.build(corpus)
 
     def config(self, tokenizer) -> ExLMConfig:
-        if self.checkpoint is not None:
-            return ExLMConfig.load(Path(self.checkpoint) / CONFIG_NAME)
+        """The checkpoint's config (a copy: callers may change it), or the preset's."""
+        if self.folder is not None:
+            return dataclasses.replace(self.folder.config)
         return ExLMConfig.preset(
             self.preset, vocab_size=tokenizer.vocab_size, objective=self.objective,
             vocab_hash=tokenizer.vocab_hash,
@@ -111,8 +111,8 @@ class Backbone:
         """A fresh encoder (weights read again for each seed) with ``dropout`` everywhere."""
         from smiexlm.model.model import ExLMModel
 
-        if self.checkpoint is not None:
-            model = load_pretrained(self.checkpoint).model
+        if self.folder is not None:
+            model = load_pretrained(self.folder).model
         else:
             model = ExLMModel(self.config(tokenizer))
         model.config.dropout = dropout

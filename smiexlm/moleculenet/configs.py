@@ -11,7 +11,7 @@ from typing import Any
 from smiexlm.errors import ConfigError, check_choice, check_fraction, check_positive_int
 from smiexlm.finetuning.engine import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.model.model import POOLINGS
+from smiexlm.model.pooling import POOLINGS
 from smiexlm.moleculenet.adapt import check_adapt
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.paths import PACKAGE_DIR

@@ -35,8 +35,7 @@ from smiexlm.moleculenet.adapt import adapt_descriptors
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.folder import check_free_seed_folders, save_finetuned
-from smiexlm.moleculenet.metrics import TaskScores, score
-from smiexlm.moleculenet.prediction import to_scores
+from smiexlm.moleculenet.metrics import TaskScores, score, to_scores
 from smiexlm.moleculenet.reference import Reference
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split

@@ -37,7 +37,7 @@ import numpy as np
 
 from smiexlm.errors import ConfigError, DataError, check_positive_int
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.model.model import POOLINGS
+from smiexlm.model.pooling import POOLINGS
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.splits import Split, make_split

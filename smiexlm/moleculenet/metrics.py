@@ -1,4 +1,4 @@
-"""ROC-AUC over tasks with missing labels, and RMSE.
+"""ROC-AUC over tasks with missing labels, RMSE, and a head's scores from its logits.
 
 Labels are ``(N, T)`` float arrays with NaN for a missing label. A task counts towards the
 mean ROC-AUC only when its (non-missing) labels hold both classes; the others are listed in
@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.stats import rankdata
+
+
+def to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Probabilities (sigmoid) of a classification head; values in the labels' units of a
+    regression head trained on standardised targets."""
+    if task_type == "classification":
+        return 1.0 / (1.0 + np.exp(-logits))
+    return logits * std + mean
 
 
 @dataclass

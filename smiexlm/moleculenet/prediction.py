@@ -38,7 +38,10 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.moleculenet.folder import finetuned_folders, load_finetuned
+from smiexlm.model.folder import FinetunedFolder
+from smiexlm.model.pretrained import load_finetuned
+from smiexlm.moleculenet.folder import finetuned_folders
+from smiexlm.moleculenet.metrics import to_scores
 from smiexlm.moleculenet.reference import Reference
 from smiexlm.trust.domain import DEFAULT_K, DomainBounds, cosine_neighbours, tanimoto_neighbours
 
@@ -46,14 +49,6 @@ log = logging.getLogger(__name__)
 _NO_REFERENCE: set[Path] = set()  # folders already reported as lacking one
 DOMAIN_COLUMNS = ("nearest_tanimoto", f"mean_tanimoto_k{DEFAULT_K}", "nearest_cosine",
                   f"mean_cosine_k{DEFAULT_K}", "in_domain")  # fmt: skip
-
-
-def to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """Probabilities (sigmoid) of a classification head; values in the labels' units of a
-    regression head trained on standardised targets."""
-    if task_type == "classification":
-        return 1.0 / (1.0 + np.exp(-logits))
-    return logits * std + mean
 
 
 @dataclass
@@ -78,7 +73,7 @@ def _serve_one(
     if backend == "onnx":  # the folder's predictor.onnx (smiexlm export-onnx)
         from smiexlm.serving.onnx_runtime import OnnxPredictor
 
-        model = OnnxPredictor(directory)
+        model = OnnxPredictor(FinetunedFolder(directory))
         inputs, meta = model.inputs, model.meta
     else:
         model, inputs, meta = load_finetuned(directory)

@@ -21,7 +21,7 @@ import numpy as np
 
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.model.model import pooling_parts
+from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult

@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from smiexlm.errors import DataError
+from smiexlm.model.layout import REFERENCE_NAME
 from smiexlm.trust.domain import DomainBounds, cosine_neighbours, tanimoto_neighbours, unit_rows
-
-REFERENCE_NAME = "reference.safetensors"
 
 
 @dataclass

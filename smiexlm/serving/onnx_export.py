@@ -27,6 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.layout import (
+    CONFIG_NAME,
+    FINETUNE_NAME,
+    GRAPH_FILES,
+    GRAPH_SOURCES,
+    ONNX_MANIFEST_NAME,
+)
+from smiexlm.model.records import ONNX_MANIFEST_FORMAT, read_onnx_manifest
 from smiexlm.paths import check_not_a_file, file_sha256, write_bytes_atomic, write_text_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,13 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
 
 GraphKind = Literal["encoder", "predictor"]
-MANIFEST_NAME = "onnx.json"
-MANIFEST_FORMAT = "smiexlm-onnx/2"  # /2: the encoder returns every pooling of one pass
-GRAPH_FILES: dict[str, str] = {"encoder": "encoder.onnx", "predictor": "predictor.onnx"}
 OPSET = 20  # onnxruntime >= 1.17 runs it; the exporter's Gelu and LayerNormalization need 20
-WEIGHT_FILES = ("model.safetensors", "head.safetensors")
 ENCODER_INPUTS = ["input_ids", "attention_mask", "cls_only"]
-FINETUNE_META = "finetune.json"
 
 
 def sha256_bytes(payload: bytes) -> str:
@@ -166,12 +169,12 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
     ``encoder``. Re-exporting replaces the graph and its record; other records are kept.
     """
     directory = check_not_a_file(directory)
-    if not (directory / "config.json").is_file():
+    if not (directory / CONFIG_NAME).is_file():
         raise DataError(
-            f"model folder {str(directory)!r} has no config.json: expected a folder written by "
-            "`smiexlm export` or `smiexlm finetune --save-dir`"
+            f"model folder {str(directory)!r} has no {CONFIG_NAME}: expected a folder written "
+            "by `smiexlm export` or `smiexlm finetune --save-dir`"
         )
-    finetuned = (directory / FINETUNE_META).is_file()
+    finetuned = (directory / FINETUNE_NAME).is_file()
     kind = kind or ("predictor" if finetuned else "encoder")
     if kind not in GRAPH_FILES:
         raise ConfigError("kind", kind, f"one of {tuple(GRAPH_FILES)}")
@@ -179,10 +182,10 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
     if kind == "predictor":
         if not finetuned:
             raise DataError(
-                f"model folder {str(directory)!r} has no {FINETUNE_META}: a predictor graph "
+                f"model folder {str(directory)!r} has no {FINETUNE_NAME}: a predictor graph "
                 "needs a fine-tuned folder (`smiexlm finetune --save-dir`)"
             )
-        from smiexlm.moleculenet.folder import load_finetuned
+        from smiexlm.model.pretrained import load_finetuned
 
         model, _, meta = load_finetuned(directory, device="cpu")
         payload = predictor_onnx(model)
@@ -198,31 +201,13 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
         "sha256": sha256_bytes(payload),
         "weights_sha256": {
             name: file_sha256(directory / name)
-            for name in WEIGHT_FILES
+            for name in GRAPH_SOURCES
             if (directory / name).is_file()
         },
         "opset": OPSET,
     }
     path = write_bytes_atomic(directory / record["file"], payload)
-    manifest = read_manifest(directory) or {"format": MANIFEST_FORMAT, "graphs": {}}
+    manifest = read_onnx_manifest(directory) or {"format": ONNX_MANIFEST_FORMAT, "graphs": {}}
     manifest["graphs"][kind] = record
-    write_text_atomic(directory / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+    write_text_atomic(directory / ONNX_MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
     return path
-
-
-def read_manifest(directory: Path) -> dict[str, Any] | None:
-    """``onnx.json`` of a model folder, or None when it has none."""
-    from smiexlm.paths import read_json_file
-
-    path = Path(directory) / MANIFEST_NAME
-    if not path.is_file():
-        return None
-    _, doc = read_json_file(path, "ONNX record")
-    if doc.get("format") != MANIFEST_FORMAT:
-        raise DataError(
-            f"ONNX record {str(path)!r} has format {doc.get('format')!r}: expected "
-            f"{MANIFEST_FORMAT!r}; write the graphs again with `smiexlm export-onnx {directory}`"
-        )
-    if not isinstance(doc.get("graphs"), dict):
-        raise DataError(f"ONNX record {str(path)!r}: expected 'graphs' to be a JSON object")
-    return doc

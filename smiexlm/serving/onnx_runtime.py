@@ -17,25 +17,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.layout import GRAPH_FILES, ONNX_MANIFEST_NAME
+from smiexlm.model.pooling import pooling_parts
 from smiexlm.paths import file_sha256
 from smiexlm.serving.graph import POOLING_ROWS
-from smiexlm.serving.onnx_export import (
-    GRAPH_FILES,
-    MANIFEST_NAME,
-    encoder_onnx,
-    read_manifest,
-    sha256_bytes,
-)
+from smiexlm.serving.onnx_export import encoder_onnx, sha256_bytes
 from smiexlm.tokenizer.padding import pad_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.config import ExLMConfig
+    from smiexlm.model.folder import FinetunedFolder, ModelFolder
     from smiexlm.model.model import ExLMModel
 
 logger = logging.getLogger(__name__)
@@ -66,18 +62,19 @@ def open_session(payload: bytes, threads: int | None = None) -> Any:
     return ort.InferenceSession(payload, options, providers=["CPUExecutionProvider"])
 
 
-def read_graph(directory: Path | str, kind: str) -> tuple[bytes, dict[str, Any]]:
-    """The bytes of a folder's ``kind`` graph and its record, both checks passed.
+def read_graph(folder: ModelFolder, kind: str) -> tuple[bytes, dict[str, Any]]:
+    """The bytes of a folder's ``kind`` graph and its record (its ``onnx.json``), both checks
+    passed.
 
     DataError (one line) when the folder has no such graph, when the file's sha256 differs from
     the record, or when a weight file changed since the graph was exported."""
-    directory = Path(directory)
-    manifest = read_manifest(directory)
+    directory = folder.path
+    manifest = folder.onnx_manifest
     record = None if manifest is None else manifest["graphs"].get(kind)
     if record is None:
         raise DataError(
             f"model folder {str(directory)!r} has no ONNX {kind} graph ({GRAPH_FILES[kind]} "
-            f"recorded in {MANIFEST_NAME}): write it with `smiexlm export-onnx {directory}`"
+            f"recorded in {ONNX_MANIFEST_NAME}): write it with `smiexlm export-onnx {directory}`"
         )
     path = directory / str(record.get("file"))
     try:
@@ -87,7 +84,7 @@ def read_graph(directory: Path | str, kind: str) -> tuple[bytes, dict[str, Any]]
     actual, expected = sha256_bytes(payload), str(record.get("sha256"))
     if actual != expected:
         raise DataError(
-            f"ONNX graph {str(path)!r} does not match the sha256 recorded in {MANIFEST_NAME} "
+            f"ONNX graph {str(path)!r} does not match the sha256 recorded in {ONNX_MANIFEST_NAME} "
             f"(file {actual[:12]}…, recorded {expected[:12]}…): re-export it with "
             f"`smiexlm export-onnx {directory}`"
         )
@@ -136,10 +133,10 @@ class OnnxEncoder:
         self.session = open_session(payload, threads)
 
     @classmethod
-    def from_folder(cls, directory: Path | str, config: ExLMConfig, threads: int | None = None):
+    def from_folder(cls, folder: ModelFolder, threads: int | None = None) -> OnnxEncoder:
         """The folder's checked ``encoder.onnx``."""
-        payload, _ = read_graph(directory, "encoder")
-        return cls(payload, config, threads)
+        payload, _ = read_graph(folder, "encoder")
+        return cls(payload, folder.config, threads)
 
     @classmethod
     def from_model(cls, model: ExLMModel, threads: int | None = None) -> OnnxEncoder:
@@ -147,22 +144,17 @@ class OnnxEncoder:
         return cls(encoder_onnx(model), model.config, threads)
 
     @classmethod
-    def for_model(cls, model: ExLMModel, source: Path | str | None) -> OnnxEncoder:
+    def for_model(cls, model: ExLMModel, folder: ModelFolder | None) -> OnnxEncoder:
         """The graph of the folder ``model`` was loaded from; exported in memory when there
         is no folder, or for the shipped default model (the package holds no graph file)."""
-        from smiexlm.paths import ASSETS_DIR
-
-        shipped = source is not None and Path(source).resolve() == (ASSETS_DIR / "default_model").resolve()  # fmt: skip
-        if source is None or (shipped and read_manifest(Path(source)) is None):
+        if folder is None or (folder.is_default and folder.onnx_manifest is None):
             logger.info("exporting the encoder to ONNX in memory (about 10 s)")
             return cls.from_model(model)
-        return cls.from_folder(source, model.config)
+        return cls.from_folder(folder)
 
     def encode(self, rows: Sequence[Sequence[int]], pooling: str = "cls") -> np.ndarray:
         """Pooled features (B, n·d) float32 of token-id rows (BOS ... EOS each): ``pooling``
         is one of cls, mean and max, or several joined by ``+``, all from one run."""
-        from smiexlm.model.model import pooling_parts
-
         parts = pooling_parts(pooling)
         ids, mask = padded(rows, self.config.pad_id)
         check_rows(ids, mask, self.config)
@@ -173,33 +165,17 @@ class OnnxEncoder:
 
 
 class OnnxPredictor:
-    """A fine-tuned folder served from its ``predictor.onnx``: tokenizer, ``finetune.json``
-    and the checked graph; :meth:`logits` batches like the torch engine's ``predict``."""
+    """A fine-tuned folder served from its ``predictor.onnx``: its reader (``finetune.json``,
+    config, tokenizer and normalisation, each checked) and the checked graph; :meth:`logits`
+    batches like the torch engine's ``predict``."""
 
-    def __init__(self, directory: Path | str, threads: int | None = None):
-        from smiexlm.model.checkpoint import CONFIG_NAME, VOCAB_NAME, check_folder_vocabulary
-        from smiexlm.model.config import ExLMConfig
-        from smiexlm.model.inputs import ModelInputs
-        from smiexlm.model.pretrained import read_normalization
-        from smiexlm.moleculenet.folder import META_NAME, read_finetune_meta
-        from smiexlm.paths import check_not_a_file
-        from smiexlm.tokenizer import SmilesTokenizer
-
-        directory = check_not_a_file(directory, "--checkpoint")
-        meta_path = directory / META_NAME
-        if not meta_path.is_file():
-            raise DataError(
-                f"--checkpoint {str(directory)!r}: no {META_NAME}; expected a folder written by "
-                "`smiexlm finetune --save-dir DIR`"
-            )
-        payload, record = read_graph(directory, "predictor")
-        self.directory = directory
-        self.meta = read_finetune_meta(meta_path)
-        self.config = ExLMConfig.load(directory / CONFIG_NAME)
-        check_folder_vocabulary(directory, self.config)
-        self.tokenizer = SmilesTokenizer.load(directory / VOCAB_NAME)
-        normalization = read_normalization(directory)[0]
-        self.inputs = ModelInputs(self.tokenizer, self.config, normalization)
+    def __init__(self, folder: FinetunedFolder, threads: int | None = None):
+        payload, record = read_graph(folder, "predictor")
+        self.folder = folder
+        self.meta = folder.meta
+        self.config = folder.config
+        self.tokenizer = folder.tokenizer
+        self.inputs = folder.inputs()
         self.n_features = int(record.get("n_features", 0))
         self.session = open_session(payload, threads)
 

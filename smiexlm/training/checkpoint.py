@@ -34,7 +34,8 @@ import torch
 from safetensors.torch import save_file
 
 from smiexlm.errors import DataError, SmiexlmError, VocabularyMismatchError
-from smiexlm.model.checkpoint import load_tensors
+from smiexlm.model.integrity import load_tensors
+from smiexlm.model.layout import CONFIG_NAME, WEIGHTS_NAME
 from smiexlm.paths import atomic_dir, read_json_file
 
 STATE_FILE = "trainer_state.json"
@@ -185,11 +186,11 @@ def restore_training_state(folder: Path, model, optimizer: torch.optim.Optimizer
     optimiser untouched."""
     folder = Path(folder)
     try:
-        for name in ("config.json", "model.safetensors", OPTIMIZER_FILE, STATE_FILE):
+        for name in (CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_FILE, STATE_FILE):
             if not (folder / name).is_file():
                 raise DataError(f"{name} is missing")
-        _, saved_config = read_json_file(folder / "config.json", "checkpoint config.json")
-        weights = load_tensors(folder / "model.safetensors")
+        _, saved_config = read_json_file(folder / CONFIG_NAME, f"checkpoint {CONFIG_NAME}")
+        weights = load_tensors(folder / WEIGHTS_NAME)
         _, payload = read_json_file(folder / STATE_FILE, STATE_FILE)
         if not all(k in payload for k in ("state", "optimizer_groups", "rng")):
             raise DataError(f"{STATE_FILE} lacks state, optimizer_groups or rng")

@@ -16,14 +16,10 @@ from pathlib import Path
 
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
-from smiexlm.model.checkpoint import CARD_NAME, EMBEDDING_NAME, NORMALIZATION_NAME
-from smiexlm.model.model import pooling_parts
-from smiexlm.model.pretrained import (
-    DEFAULT_NORMALIZATION,
-    load_pretrained,
-    write_embedding,
-    write_normalization,
-)
+from smiexlm.model.layout import CARD_NAME, EMBEDDING_NAME, NORMALIZATION_NAME, WEIGHTS_NAME
+from smiexlm.model.pooling import pooling_parts
+from smiexlm.model.pretrained import load_pretrained
+from smiexlm.model.records import DEFAULT_NORMALIZATION, write_embedding, write_normalization
 from smiexlm.paths import atomic_dir, read_json_file
 
 
@@ -88,7 +84,7 @@ def export_run(
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     source = run_dir / "checkpoints" / checkpoint
-    if not (source / "model.safetensors").is_file():
+    if not (source / WEIGHTS_NAME).is_file():
         raise DataError(
             f"checkpoint {str(source)!r} does not exist: expected a run folder of "
             "`smiexlm pretrain` and a checkpoint name such as 'last' or 'best'"

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.integrity import load_tensors
+from smiexlm.model.layout import CONFIG_NAME, WEIGHTS_NAME
 from smiexlm.model.shards import MIB, index_name, is_sharded, load_sharded, save_sharded
 from smiexlm.paths import VOCAB_NAME, read_json_file, write_text_atomic
 from smiexlm.training import checkpoint as ckpt
@@ -40,7 +42,7 @@ logger = logging.getLogger(__name__)
 SHARDED_FILE = "sharded.json"
 FORMAT = "smiexlm-sharded-checkpoint/1"
 OPTIMIZER_STEM = "optimizer"
-_COPIED = (ckpt.STATE_FILE, ckpt.CONFIG_FILE, ckpt.RNG_FILE, "config.json", VOCAB_NAME)
+_COPIED = (ckpt.STATE_FILE, ckpt.CONFIG_FILE, ckpt.RNG_FILE, CONFIG_NAME, VOCAB_NAME)
 
 
 @dataclass
@@ -77,16 +79,16 @@ def export_sharded(
     keeps the default, the training dtype). When weights and optimizer state together exceed
     ``max_total_mib``, the optimizer state is left behind (see :func:`restore_sharded`)."""
     source, out = Path(checkpoint), Path(out)
-    for name in ("model.safetensors", ckpt.STATE_FILE, "config.json", VOCAB_NAME):
+    for name in (WEIGHTS_NAME, ckpt.STATE_FILE, CONFIG_NAME, VOCAB_NAME):
         if not (source / name).is_file():
             raise DataError(f"checkpoint {str(source)!r} has no {name}: expected a step_* folder")
-    weights = ckpt.load_tensors(source / "model.safetensors")
+    weights = load_tensors(source / WEIGHTS_NAME)
     if weights_dtype is not None:
         weights = {
             k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in weights.items()
         }
     optimizer_path = source / ckpt.OPTIMIZER_FILE
-    optimizer = ckpt.load_tensors(optimizer_path) if optimizer_path.is_file() else {}
+    optimizer = load_tensors(optimizer_path) if optimizer_path.is_file() else {}
     weights_mib, optimizer_mib = _mib(weights), _mib(optimizer)
     note = "" if optimizer else f"{source.name} holds no {ckpt.OPTIMIZER_FILE}"
     if optimizer and max_total_mib is not None and weights_mib + optimizer_mib > max_total_mib:
@@ -138,7 +140,7 @@ def restore_sharded(
     from smiexlm.training.optim import build_optimizer
 
     sharded, run_dir = Path(sharded), Path(run_dir)
-    for name in (ckpt.STATE_FILE, ckpt.CONFIG_FILE, "config.json", VOCAB_NAME):
+    for name in (ckpt.STATE_FILE, ckpt.CONFIG_FILE, CONFIG_NAME, VOCAB_NAME):
         if not (sharded / name).is_file():
             raise DataError(f"sharded checkpoint {str(sharded)!r} has no {name}")
     if not is_sharded(sharded):
@@ -153,7 +155,7 @@ def restore_sharded(
                            rewarm_batches, device)  # fmt: skip
     model = model.cpu()
     if (sharded / ckpt.RNG_FILE).is_file():
-        ckpt.set_rng_state(ckpt.load_tensors(sharded / ckpt.RNG_FILE), payload["rng"])
+        ckpt.set_rng_state(load_tensors(sharded / ckpt.RNG_FILE), payload["rng"])
     folder = ckpt.save_training_state(
         ckpt.step_dir(run_dir, state.step),
         model,

@@ -44,8 +44,9 @@ def _embed(tmp_path: Path, folder: Path):
 # ---------------------------------------------------------------------- 2. whiten
 def test_whiten_leaves_shipped_models_alone_and_writes_a_copy_with_out(shared_data, tmp_path):
     from smiexlm.model.integrity import read_checksums, verify_checksum
-    from smiexlm.model.pretrained import load_pretrained, read_embedding
-    from smiexlm.whitening import whitening_source
+    from smiexlm.model.pretrained import load_pretrained
+    from smiexlm.model.records import read_embedding
+    from smiexlm.model.whitening_file import whitening_source
 
     before = _digests(ASSETS_DIR)
     small = tmp_path / "c.csv"

@@ -13,21 +13,11 @@ from typer.testing import CliRunner
 from smiexlm import Featurizer
 from smiexlm.cli.main import app
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.pretrained import (
-    DEFAULT_MODEL_DIR,
-    EmbeddingSettings,
-    read_embedding,
-    write_embedding,
-)
-from smiexlm.whitening import (
-    WHITENING_NAME,
-    Whitening,
-    fit_whitening,
-    load_whitening,
-    save_whitening,
-    whiten_model,
-    whitening_source,
-)
+from smiexlm.model.layout import DEFAULT_MODEL_DIR, WHITENING_NAME
+from smiexlm.model.records import EmbeddingSettings, read_embedding, write_embedding
+from smiexlm.model.whitening_file import load_whitening, save_whitening, whitening_source
+from smiexlm.whiten import whiten_model
+from smiexlm.whitening import Whitening, fit_whitening
 
 # 225 small molecules the shipped vocabulary covers: ethers and amines of two alkyl chains
 CORPUS = [f"{'C' * i}{x}{'C' * j}" for i in range(1, 16) for j in range(1, 16) for x in "O"]

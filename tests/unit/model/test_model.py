@@ -437,7 +437,7 @@ def test_load_rejects_wrong_vocabulary_and_shapes(tmp_path):
 
 
 def test_a_combined_pooling_puts_each_pooling_side_by_side():
-    from smiexlm.model.model import pool, pooling_parts
+    from smiexlm.model.pooling import pool, pooling_parts
 
     hidden = torch.randn(3, 5, 4)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)

@@ -10,7 +10,8 @@ from smiexlm.errors import ConfigError
 
 
 def _encoder():
-    from smiexlm.model.pretrained import DEFAULT_MODEL_DIR, load_pretrained
+    from smiexlm.model.layout import DEFAULT_MODEL_DIR
+    from smiexlm.model.pretrained import load_pretrained
 
     return load_pretrained(DEFAULT_MODEL_DIR)
 

@@ -237,8 +237,8 @@ def test_baseline_features_match_a_forest_trained_by_hand(features):
 def test_predict_with_no_parsable_smiles_gives_nan_rows(tmp_path):
     """A file of nothing but bad SMILES still gets one NaN row per input, valid False."""
     from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.layout import DEFAULT_MODEL_DIR
     from smiexlm.model.model import ExLMModel
-    from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
     from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.moleculenet.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer
@@ -267,8 +267,8 @@ def test_predict_with_test_time_augmentation(tmp_path):
     """tta=K: the mean over the canonical and K random spellings, their spread in
     <label>_tta_std; a molecule's value is the same alone or among others; tta=0 is unchanged."""
     from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.layout import DEFAULT_MODEL_DIR
     from smiexlm.model.model import ExLMModel
-    from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
     from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.moleculenet.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer

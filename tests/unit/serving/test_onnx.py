@@ -19,7 +19,7 @@ import torch
 
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.featurizer import Featurizer
-from smiexlm.model.pretrained import DEFAULT_MODEL_DIR
+from smiexlm.model.layout import DEFAULT_MODEL_DIR
 from tests.conftest import require_file, smiexlm_command
 
 pytest.importorskip("onnxruntime")
@@ -77,11 +77,11 @@ def test_featurizer_parity(featurizers, smiles, pooling, n):
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
 def test_onnx_outputs_do_not_depend_on_the_batch(folder, smiles, threads):
-    from smiexlm.model.config import ExLMConfig
+    from smiexlm.model.folder import ModelFolder
     from smiexlm.serving.onnx_runtime import OnnxEncoder
 
     feat = Featurizer.from_pretrained(folder, backend="onnx")
-    feat._onnx = OnnxEncoder.from_folder(folder, ExLMConfig.load(folder / "config.json"), threads)
+    feat._onnx = OnnxEncoder.from_folder(ModelFolder(folder), threads)
     part = smiles[:40] + smiles[-40:]
     for pooling in ("cls", "mean", "max"):
         batched = feat.featurize(part, pooling=pooling, errors="nan")
@@ -127,9 +127,11 @@ def test_cli_embed_with_the_onnx_backend_matches_torch(folder, tmp_path):
 
 
 def test_in_memory_graph_of_an_mlm_model():
-    """Featurizer(model, tokenizer, backend="onnx") exports in memory; MLM layout, 1D RoPE."""
+    """Featurizer(Pretrained(model, tokenizer), backend="onnx") exports in memory; MLM layout,
+    1D RoPE."""
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.model import ExLMModel
+    from smiexlm.model.pretrained import Pretrained
     from smiexlm.tokenizer import SmilesTokenizer
 
     tokenizer = SmilesTokenizer()
@@ -137,8 +139,8 @@ def test_in_memory_graph_of_an_mlm_model():
     config = ExLMConfig.tiny(objective="mlm", vocab_size=tokenizer.vocab_size, n_layers=2)
     model = ExLMModel(config).eval()
     some = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "C1CCCCC1N", "O=C(O)c1ccccc1OC(C)=O"]
-    expected = Featurizer(model, tokenizer, device="cpu").featurize(some, pooling="mean")
-    got = Featurizer(model, tokenizer, backend="onnx").featurize(some, pooling="mean")
+    expected = Featurizer(Pretrained(model, tokenizer), device="cpu").featurize(some, "mean")
+    got = Featurizer(Pretrained(model, tokenizer), backend="onnx").featurize(some, "mean")
     assert np.abs(got - expected).max() <= TOLERANCE
 
 
@@ -198,6 +200,7 @@ def test_record_of_an_older_format_is_refused(folder, tmp_path):
 
 
 def test_graph_of_other_weights_is_refused(folder, tmp_path):
+    from smiexlm.model.folder import ModelFolder
     from smiexlm.serving.onnx_runtime import read_graph
 
     copy = tmp_path / "model"
@@ -206,7 +209,7 @@ def test_graph_of_other_weights_is_refused(folder, tmp_path):
     manifest["graphs"]["encoder"]["weights_sha256"]["model.safetensors"] = "0" * 64
     (copy / "onnx.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match="exported from another model.safetensors"):
-        read_graph(copy, "encoder")
+        read_graph(ModelFolder(copy), "encoder")
 
 
 def test_missing_graph_names_the_command(tmp_path):
@@ -234,7 +237,7 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None)
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.inputs import model_texts
     from smiexlm.model.model import ExLMModel
-    from smiexlm.model.pretrained import DEFAULT_NORMALIZATION
+    from smiexlm.model.records import DEFAULT_NORMALIZATION
     from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.moleculenet.features import FeatureScaler
     from smiexlm.moleculenet.folder import save_finetuned

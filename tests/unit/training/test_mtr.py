@@ -22,7 +22,8 @@ from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import rdkit2d_descriptors
 from smiexlm.model.config import ExLMConfig
 from smiexlm.model.heads import task_loss
-from smiexlm.model.model import ExLMModel, pool
+from smiexlm.model.model import ExLMModel
+from smiexlm.model.pooling import pool
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.training.config import load_config
 from tests.conftest import require_file

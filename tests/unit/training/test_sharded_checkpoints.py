@@ -13,13 +13,9 @@ import torch
 
 from smiexlm import ExLMConfig, ExLMModel, SmilesTokenizer
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.shards import (
-    MIB,
-    MODEL_INDEX_NAME,
-    load_sharded,
-    save_pretrained_sharded,
-    save_sharded,
-)
+from smiexlm.model.checkpoint import save_pretrained_sharded
+from smiexlm.model.layout import WEIGHTS_INDEX_NAME
+from smiexlm.model.shards import MIB, load_sharded, save_sharded
 from tests.unit.training.test_training_support import FAST, MICRO_MODEL, build_dataset
 
 
@@ -36,7 +32,7 @@ def test_round_trip_is_exact_and_every_shard_is_under_the_limit(tmp_path):
     shards = sorted(folder.glob("model-*-of-*.safetensors"))
     assert len(shards) == 5 and not (folder / "model.safetensors").exists()  # 4.2 MB of fp32
     assert all(p.stat().st_size <= MIB for p in shards)
-    index = json.loads((folder / MODEL_INDEX_NAME).read_text())
+    index = json.loads((folder / WEIGHTS_INDEX_NAME).read_text())
     assert set(index["weight_map"]) == set(model.state_dict())
     assert set(index["metadata"]["sha256"]) == {p.name for p in shards}
     assert index["metadata"]["total_size"] == sum(
@@ -83,9 +79,9 @@ def test_missing_changed_or_foreign_shards_are_errors(tmp_path):
     assert load_sharded(changed, verify=False)["t0"].shape == (40_000,)
 
     foreign = shutil.copytree(tmp_path / "a", tmp_path / "d")
-    doc = json.loads((foreign / MODEL_INDEX_NAME).read_text())
+    doc = json.loads((foreign / WEIGHTS_INDEX_NAME).read_text())
     doc["weight_map"].pop("t0")
-    (foreign / MODEL_INDEX_NAME).write_text(json.dumps(doc))
+    (foreign / WEIGHTS_INDEX_NAME).write_text(json.dumps(doc))
     with pytest.raises(DataError, match="unlisted tensors \\['t0'\\]"):
         load_sharded(foreign)
 

@@ -97,9 +97,10 @@ def _finetuned(tmp_path):
 
 
 def test_reference_and_predict_columns_match_brute_force(tmp_path, caplog):
-    from smiexlm.moleculenet.folder import load_finetuned
+    from smiexlm.model.layout import REFERENCE_NAME
+    from smiexlm.model.pretrained import load_finetuned
     from smiexlm.moleculenet.prediction import predict
-    from smiexlm.moleculenet.reference import REFERENCE_NAME, Reference
+    from smiexlm.moleculenet.reference import Reference
     from smiexlm.moleculenet.splits import make_split
 
     folder, frame, run = _finetuned(tmp_path)
@@ -144,8 +145,8 @@ def test_reference_and_predict_columns_match_brute_force(tmp_path, caplog):
 
 
 def test_a_damaged_reference_is_refused(tmp_path):
+    from smiexlm.model.layout import REFERENCE_NAME
     from smiexlm.moleculenet.prediction import predict
-    from smiexlm.moleculenet.reference import REFERENCE_NAME
 
     folder, _, _ = _finetuned(tmp_path)
     data = bytearray((folder / REFERENCE_NAME).read_bytes())

@@ -1,0 +1,136 @@
+"""The small JSON records of a model folder, read and written: ``embedding.json`` (the pooling
+served by default and whether it is whitened), ``normalization.json`` (how the corpus SMILES
+were normalised, or a block in ``MODEL_CARD.md``) and ``onnx.json`` (the ONNX graphs beside
+the weights). :class:`smiexlm.model.folder.ModelFolder` reads them for a folder; the writers
+are the exporters (``smiexlm export``, ``smiexlm whiten``, fine-tuning, ``export-onnx``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from smiexlm.data.normalize import NormalizeConfig
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.model.layout import (
+    CARD_NAME,
+    EMBEDDING_NAME,
+    NORMALIZATION_NAME,
+    ONNX_MANIFEST_NAME,
+    WHITENING_NAME,
+)
+from smiexlm.model.pooling import pooling_parts
+from smiexlm.paths import read_json_file, write_text_atomic
+
+# The preprocessing defaults without the corpus' size limits (serving rejects nothing for
+# size here; the model's max_positions is checked on its own).
+DEFAULT_NORMALIZATION = NormalizeConfig(max_length=None)
+ONNX_MANIFEST_FORMAT = "smiexlm-onnx/2"  # /2: the encoder returns every pooling of one pass
+# A fenced block in the model card: ```json normalization\n{...}\n```
+_CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class EmbeddingSettings:
+    """How a model folder serves its embeddings when a caller names nothing (``embedding.json``):
+    the pooling (chosen by measurement; cls without a file; several joined by ``+`` are served
+    side by side) and whether they are whitened (``whitening.safetensors``, written by ``smiexlm whiten``)."""
+
+    pooling: str = "cls"
+    whiten: bool = False
+
+
+def read_embedding(directory: Path) -> EmbeddingSettings:
+    """The :class:`EmbeddingSettings` of a model folder."""
+    path = Path(directory) / EMBEDDING_NAME
+    if not path.is_file():
+        return EmbeddingSettings()
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        pooling, whiten = doc.get("pooling"), doc.get("whiten", False)
+    except (json.JSONDecodeError, AttributeError):
+        raise DataError(
+            f'{str(path)!r}: expected a JSON object such as {{"pooling": "mean", "whiten": true}}'
+        ) from None
+    pooling_parts(pooling, f"pooling (in {path})")
+    if not isinstance(whiten, bool):
+        raise ConfigError(f"whiten (in {path})", whiten, "true or false")
+    if whiten and not (Path(directory) / WHITENING_NAME).is_file():
+        raise DataError(f"{str(path)!r} says whiten, but the folder has no {WHITENING_NAME}: "
+                        "run `smiexlm whiten` on it")  # fmt: skip
+    return EmbeddingSettings(pooling, whiten)
+
+
+def write_embedding(directory: Path, pooling: str, whiten: bool = False) -> Path:
+    """``embedding.json`` of a model folder (what :func:`read_embedding` reads)."""
+    pooling_parts(pooling)
+    path = Path(directory) / EMBEDDING_NAME
+    doc = {"pooling": pooling} | ({"whiten": True} if whiten else {})
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def read_normalization(directory: Path) -> tuple[NormalizeConfig, str]:
+    """How a model's corpus was normalised, and where that was read from.
+
+    From ``normalization.json`` in the folder, or from a fenced ````` ```json normalization `````
+    block in its ``MODEL_CARD.md``; without either, the preprocessing defaults apply (RDKit
+    canonical SMILES, stereo kept, salts kept). Only the steps that rewrite a SMILES
+    (``canonicalize``, ``strip_salts``) are applied when serving; the corpus' size limits
+    are not.
+    """
+    path = Path(directory) / NORMALIZATION_NAME
+    if path.is_file():
+        return _normalization_from_json(path.read_text(encoding="utf-8"), str(path)), str(path)
+    card = Path(directory) / CARD_NAME
+    if card.is_file():
+        match = _CARD_BLOCK.search(card.read_text(encoding="utf-8"))
+        if match:
+            source = f"{card} (normalization block)"
+            return _normalization_from_json(match.group(1), source), source
+    return DEFAULT_NORMALIZATION, "default"
+
+
+def write_normalization(directory: Path, normalization: NormalizeConfig) -> Path:
+    """``normalization.json`` of a model folder (what :func:`read_normalization` reads)."""
+    doc = {"canonicalize": normalization.canonicalize, "strip_salts": normalization.strip_salts}
+    path = Path(directory) / NORMALIZATION_NAME
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def _normalization_from_json(text: str, source: str) -> NormalizeConfig:
+    try:
+        doc: Any = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"normalisation record {source!r} is not valid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise DataError(f"normalisation record {source!r}: expected a JSON object")
+    values = {}
+    for key in ("canonicalize", "strip_salts"):
+        value = doc.get(key, getattr(DEFAULT_NORMALIZATION, key))
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, f"true or false (in {source})")
+        values[key] = value
+    return dataclasses.replace(DEFAULT_NORMALIZATION, **values)
+
+
+def read_onnx_manifest(directory: Path) -> dict[str, Any] | None:
+    """``onnx.json`` of a model folder (the graphs :mod:`smiexlm.serving.onnx_export` wrote),
+    or None when it has none."""
+    path = Path(directory) / ONNX_MANIFEST_NAME
+    if not path.is_file():
+        return None
+    _, doc = read_json_file(path, "ONNX record")
+    if doc.get("format") != ONNX_MANIFEST_FORMAT:
+        raise DataError(
+            f"ONNX record {str(path)!r} has format {doc.get('format')!r}: expected "
+            f"{ONNX_MANIFEST_FORMAT!r}; write the graphs again with `smiexlm export-onnx {directory}`"
+        )
+    if not isinstance(doc.get("graphs"), dict):
+        raise DataError(f"ONNX record {str(path)!r}: expected 'graphs' to be a JSON object")
+    return doc

@@ -1,0 +1,109 @@
+"""``smiexlm whiten``: fit a model folder's corpus whitening and store it with the model.
+
+Embeds a corpus with every pooling in one pass, fits the whitening of each pooling (and of a
+combined one, jointly) with :func:`smiexlm.whitening.fit_whitening`, and writes
+``whitening.safetensors`` and ``embedding.json`` into the folder, or into a full copy of it
+(``--out``). The maths is :mod:`smiexlm.whitening`; the file is
+:mod:`smiexlm.model.whitening_file`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from smiexlm.analysis.inputs import read_smiles
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.featurizer import Featurizer
+from smiexlm.model.folder import ModelFolder
+from smiexlm.model.layout import is_shipped
+from smiexlm.model.pooling import POOLINGS, pooling_parts
+from smiexlm.model.records import write_embedding
+from smiexlm.model.whitening_file import save_whitening
+from smiexlm.paths import atomic_dir, check_output, file_sha256
+from smiexlm.whitening import DEFAULT_REL_TOL, fit_whitening
+
+DEFAULT_CORPUS_ROWS = 20_000
+
+
+def whiten_model(
+    model: str | Path,
+    corpus: str | Path,
+    rows: int = DEFAULT_CORPUS_ROWS,
+    default: bool = True,
+    rel_tol: float = DEFAULT_REL_TOL,
+    device: str = "auto",
+    progress: bool = True,
+    pooling: str | None = None,
+    out: str | Path | None = None,
+) -> dict[str, Any]:
+    """Fit the whitening of every pooling of ``model`` (a model folder) on the first ``rows``
+    SMILES of ``corpus`` (any file ``smiexlm preprocess`` reads), store it, and make it the
+    featurizer's default when ``default``. ``pooling`` (such as ``cls+mean+max``) also fits
+    that combination jointly and, with ``default``, makes it the folder's pooling; a combined
+    pooling already in ``embedding.json`` is fitted jointly too.
+
+    Without ``out`` the whitening is stored in ``model`` itself, which a shipped model refuses
+    (they are read-only); with ``out`` (a new or empty folder) a full copy of the folder is
+    written there with the new whitening and its checksums, and ``model`` is left untouched.
+    Returns what was recorded."""
+    if not isinstance(rows, int) or rows < 1:
+        raise ConfigError("rows", rows, "a positive number of corpus molecules")
+    folder = ModelFolder(model)
+    target = _whitening_target(folder.path, out)  # before the corpus is embedded
+    own = folder.embedding.pooling
+    chosen = own if pooling is None else pooling
+    pooling_parts(chosen)  # a bad name fails before the corpus is embedded
+    smiles = read_smiles(Path(corpus), rows)
+    feat = Featurizer.from_pretrained(folder.path, device=device)
+    every = feat.featurize(smiles, pooling="+".join(POOLINGS), whiten=False, errors="nan",
+                           progress=progress)  # fmt: skip
+    d = feat.model.config.d_model
+    raw = {p: every[:, i * d : (i + 1) * d] for i, p in enumerate(POOLINGS)}  # one pass
+    whitenings = {}
+    for spec in dict.fromkeys([*POOLINGS, own, chosen]):
+        whitenings[spec] = fit_whitening(np.hstack([raw[p] for p in pooling_parts(spec)]), rel_tol)
+    n_used = len(smiles) - feat.last_report.n_failed
+    source = {"corpus": Path(corpus).name, "corpus_sha256": file_sha256(Path(corpus)),
+              "rows": n_used, "rel_tol": rel_tol,
+              "rank": {spec: w.rank for spec, w in whitenings.items()}}  # fmt: skip
+    settings = (chosen if default else own, default)
+    if target is None:
+        _store(folder.path, whitenings, source, *settings)
+    else:
+        _store_copy(folder.path, target, whitenings, source, *settings)
+    return source | {"folder": str(target or folder.path), "default": default, "pooling": chosen}
+
+
+def _whitening_target(folder: Path, out: str | Path | None) -> Path | None:
+    """Where ``smiexlm whiten`` may write: ``out`` (a new or empty folder outside the package),
+    or None for ``folder`` itself, unless it is a shipped model."""
+    if out is None:
+        if is_shipped(folder):
+            raise DataError(f"model {str(folder)!r} is shipped with smiexlm and is read-only: "
+                            "pass --out DIR to write a whitened copy of it there")  # fmt: skip
+        return None
+    target = check_output(out, "--out", kind="folder")
+    if is_shipped(target):
+        raise DataError(f"--out {str(target)!r} is inside the package's shipped models, which "
+                        "are read-only: expected a folder of your own")  # fmt: skip
+    if target.is_dir() and any(target.iterdir()):
+        raise DataError(f"--out {str(target)!r} is a folder with files in it: expected a new "
+                        f"or empty folder for the whitened copy of {str(folder)!r}")  # fmt: skip
+    return target
+
+
+def _store(folder: Path, whitenings, source, pooling: str, default: bool) -> None:
+    save_whitening(folder, whitenings, source)
+    write_embedding(folder, pooling, whiten=default)
+
+
+def _store_copy(folder: Path, target: Path, whitenings, source, pooling: str, default: bool):
+    """A full copy of ``folder`` in ``target`` with the new whitening; it appears complete
+    or not at all."""
+    with atomic_dir(target) as tmp:
+        shutil.copytree(folder, tmp, dirs_exist_ok=True)
+        _store(tmp, whitenings, source, pooling, default)
