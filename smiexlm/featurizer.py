@@ -228,11 +228,7 @@ class Featurizer:
         self.model.eval()  # dropout off, whatever the caller did to the model since loading
         out = np.empty((len(items), self.width(pooling)), dtype=np.float32)
         report = FeaturizeReport(n_inputs=len(items))
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(items), unit="mol", desc="featurize")
+        bar = _progress_bar(len(items)) if progress else None
         for start in range(0, len(items), chunk_size):
             chunk = items[start : start + chunk_size]
             out[start : start + len(chunk)] = self._featurize_chunk(
@@ -364,6 +360,12 @@ def release_free_memory() -> None:
             _MALLOC_TRIM = False
     if _MALLOC_TRIM:
         _MALLOC_TRIM(0)
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="mol", desc="featurize")
 
 
 def _log_failures(report: FeaturizeReport) -> None:
