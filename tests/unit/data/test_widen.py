@@ -190,3 +190,29 @@ def test_coverage_matches_a_count_by_hand():
     assert got.elements == ["C", "N", "O", "P", "Cl", "Br"]
     assert got.missing_elements == ["P", "Cl", "Br"]
     assert molecule_facts("CC[NH3+].[Cl-]").weight == pytest.approx(81.545, abs=0.01)
+
+
+def test_coverage_of_clintox_matches_a_count_from_the_text():
+    """Charged and several-component shares of a real set against a count on the text of
+    RDKit's SMILES (a sign inside a bracket atom, a dot): two routes to the same figures.
+    RDKit's text, not the file's: sanitisation charge-separates some hypervalent atoms
+    (ClinTox's perchloric acid ``OCl(=O)(=O)=O`` becomes ``O=[Cl+3]([O-])([O-])O``)."""
+    import os
+    import re
+    from pathlib import Path
+
+    from smiexlm.data.readers import iter_smiles
+
+    root = os.environ.get("SMIEXLM_DATA")
+    if not root or not (Path(root) / "moleculenet" / "clintox.csv").is_file():
+        pytest.fail(f"SMIEXLM_DATA={root!r}: this test needs moleculenet/clintox.csv")
+    smiles = list(iter_smiles(Path(root) / "moleculenet" / "clintox.csv"))
+    got = measure_coverage("clintox", smiles, CorpusRange(0, 1e9, 10**6))
+    parsed = [Chem.MolToSmiles(m) for m in map(Chem.MolFromSmiles, smiles) if m is not None]
+    signed = re.compile(r"\[[^\]]*[+-][^\]]*\]")
+    assert got.n == len(parsed)
+    assert got.pct_charged == pytest.approx(100 * sum(bool(signed.search(s)) for s in parsed)
+                                            / len(parsed))  # fmt: skip
+    assert got.pct_multi_component == pytest.approx(100 * sum("." in s for s in parsed)
+                                                    / len(parsed))  # fmt: skip
+    assert got.pct_outside_weight == 0.0 and got.pct_over_heavy_atoms == 0.0
