@@ -23,6 +23,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "smiexlm.cli.tokenize",
     "smiexlm.cli.preprocess",
+    "smiexlm.cli.widen",
     "smiexlm.cli.pretrain",
     "smiexlm.cli.moleculenet",
     "smiexlm.cli.predict",
