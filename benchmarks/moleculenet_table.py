@@ -225,7 +225,7 @@ def campaign(args: argparse.Namespace) -> None:
 
 def _spread(processes: int) -> bool:
     """True when ``processes`` copies of this script ran it (see ``distributed.relaunch``)."""
-    from smiexlm.training.distributed import relaunch
+    from smiexlm.pretraining.distributed import relaunch
 
     code = relaunch(processes, [sys.executable, *sys.argv])
     if code:

@@ -38,7 +38,7 @@ def hardware() -> str:
 
 def build_dataset(out: Path, n: int) -> Path:
     from smiexlm.paths import data_dir
-    from tests.unit.training.test_training_support import build_dataset as build
+    from tests.unit.pretraining.test_training_support import build_dataset as build
 
     return build(data_dir() / "pretrain" / "moses_test.smi.gz", out, n=n)
 
@@ -49,9 +49,9 @@ def time_objectives(dataset: Path, preset: str, steps: int, max_tokens: int) -> 
     from smiexlm.data.shards import TokenDataset
     from smiexlm.model.masking import mask_tokens
     from smiexlm.model.model import ExLMModel
+    from smiexlm.pretraining.config import TrainConfig
+    from smiexlm.pretraining.optim import build_optimizer, clip_gradients
     from smiexlm.tokenizer import SmilesTokenizer
-    from smiexlm.training.config import TrainConfig
-    from smiexlm.training.optim import build_optimizer, clip_gradients
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     train = TokenDataset(dataset, "train")

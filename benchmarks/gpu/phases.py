@@ -150,7 +150,7 @@ def correctness(ctx: Context) -> tuple[str, dict]:
             "-k",
             "counts_and_averages or cuda",
         ]
-        rest = ["tests/unit/training/test_sharded_checkpoints.py", "-k", "over_the_limit"]
+        rest = ["tests/unit/pretraining/test_sharded_checkpoints.py", "-k", "over_the_limit"]
     cuda = pytest(ctx, "cuda", first, ctx.budgets["phase1_cuda"])
     ctx.report("phase1", "running", "cuda/dag tests: " + counts_line(cuda), cuda=cuda)
     budget = ctx.budgets["phase1"] - cuda["elapsed_s"]

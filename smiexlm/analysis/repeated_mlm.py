@@ -4,7 +4,7 @@ For every cell (k, p) of the grid:
 
 1. **Data.** Every ordinary token of the pre-training set is repeated k times in place
    (BOS/EOS kept once), written as a dataset folder next to the run (same vocabulary).
-2. **Pre-training.** The project's trainer (:func:`smiexlm.training.pretrain`) trains an MLM
+2. **Pre-training.** The project's trainer (:func:`smiexlm.pretraining.pretrain`) trains an MLM
    on it with mask probability p; every other setting is the same across cells except
    ``max_positions`` (× k, as the paper's 512·k) and the token budget (× k, so a step sees
    as many molecules whatever k, like the paper's batch of samples).
@@ -50,9 +50,9 @@ from smiexlm.moleculenet.configs import finetune_config
 from smiexlm.moleculenet.finetune import finetune_once
 from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import VOCAB_NAME, write_json
+from smiexlm.pretraining.config import load_config
+from smiexlm.pretraining.trainer import pretrain
 from smiexlm.tokenizer.special import IGNORE_INDEX, N_SPECIAL_TOKENS
-from smiexlm.training.config import load_config
-from smiexlm.training.trainer import pretrain
 
 
 @dataclass

@@ -108,7 +108,7 @@ def _spread(processes: int) -> bool:
     failed); False when this process is to run it itself (see ``distributed.relaunch``)."""
     import sys
 
-    from smiexlm.training.distributed import relaunch
+    from smiexlm.pretraining.distributed import relaunch
 
     code = relaunch(processes, [sys.executable, *sys.argv])
     if code:

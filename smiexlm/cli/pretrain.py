@@ -76,8 +76,8 @@ def pretrain(
     list_configs: ListConfigs = False,
 ) -> None:
     """Pre-train an MLM / ExLM / MAE-LM model (one CPU, GPUs, or torchrun DDP)."""
-    from smiexlm.training.config import describe_shipped_configs
-    from smiexlm.training.launch import PretrainJob
+    from smiexlm.pretraining.config import describe_shipped_configs
+    from smiexlm.pretraining.launch import PretrainJob
 
     if list_configs:
         return typer.echo("\n".join(describe_shipped_configs()))
@@ -91,7 +91,7 @@ def pretrain(
 def _report(outcome, out: Path) -> None:
     """Record the command in the run folder when the job asks for it, echo its message, and
     exit with its code."""
-    from smiexlm.training.launch import record_command
+    from smiexlm.pretraining.launch import record_command
 
     if outcome.record:
         record_command(out, ["smiexlm", *sys.argv[1:]])
@@ -110,7 +110,7 @@ def plot_run(
     output: Annotated[Path | None, typer.Option("--output", hidden=True)] = None,  # old name
 ) -> None:
     """Draw the training and validation loss curves of a run to PNG."""
-    from smiexlm.training.plot import plot_run as draw
+    from smiexlm.pretraining.plot import plot_run as draw
 
     typer.echo(str(draw(run_dir, out if out is not None else output)))
 
@@ -135,7 +135,7 @@ def export(
     ] = False,
 ) -> None:
     """Package a run's checkpoint as a model folder with normalization.json and MODEL_CARD.md."""
-    from smiexlm.training.export import export_run
+    from smiexlm.pretraining.export import export_run
 
     if onnx:  # fail before the export, not after it
         from smiexlm.serving.onnx_export import require_exporter

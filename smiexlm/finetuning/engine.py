@@ -177,7 +177,7 @@ class _Fit:
     (the weights kept)."""
 
     def __init__(self, model, train, valid, config: LoopConfig, score, seed: int):
-        from smiexlm.training.optim import PolynomialDecaySchedule, adamw_with_decay_groups
+        from smiexlm.pretraining.optim import PolynomialDecaySchedule, adamw_with_decay_groups
 
         self.start, self.cpu_start = time.perf_counter(), time.process_time()
         self.before_s = self.before_cpu_s = 0.0  # spent by earlier segments of a resumed run
@@ -244,7 +244,7 @@ class _Fit:
     def keep_state(self, folder: Path, identity: dict[str, Any]) -> None:
         """Save the state in ``folder`` after every epoch; go on from the one there now."""
         from smiexlm.finetuning.state import load_state
-        from smiexlm.training.checkpoint import optimizer_from_tensors
+        from smiexlm.pretraining.run_state import optimizer_from_tensors
 
         self.state_dir = folder
         self.identity = {
@@ -313,7 +313,7 @@ class _Fit:
     def _update(self, train: Examples, index: np.ndarray) -> torch.Tensor:
         """One optimiser step on the batch ``index`` (this process's share of it); the share's
         (detached) loss, weighted so that the shares' losses sum to the batch's."""
-        from smiexlm.training.optim import set_lr
+        from smiexlm.pretraining.optim import set_lr
 
         set_lr(self.optimizer, self.schedule.lr_at(self.result.steps))
         self.optimizer.zero_grad(set_to_none=True)

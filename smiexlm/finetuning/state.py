@@ -69,7 +69,7 @@ def save_state(
     state: EpochState,
 ) -> Path:
     """Write ``folder`` whole or not at all; returns it."""
-    from smiexlm.training.checkpoint import optimizer_to_tensors
+    from smiexlm.pretraining.run_state import optimizer_to_tensors
 
     optim_tensors, groups = optimizer_to_tensors(optimizer)
     state.optimizer_groups = groups

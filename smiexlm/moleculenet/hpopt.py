@@ -34,7 +34,7 @@ from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.hpopt_search import HpoptConfig, HpoptResult, Search
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
-from smiexlm.training.runlock import RunLock
+from smiexlm.pretraining.runlock import RunLock
 
 
 def run_hpopt(

@@ -134,7 +134,7 @@ class Outputs:
         return improved
 
     def _write_best(self, trial) -> None:
-        from smiexlm.training.config import to_toml
+        from smiexlm.pretraining.config import to_toml
 
         name = self.search.task.name
         head = (f"# The best trial of `smiexlm hpopt` in this folder: trial {trial.number}, "

@@ -55,7 +55,7 @@ def test_tokenizer_package_sits_below_the_rest():
 
 def test_training_does_not_import_the_text_adapter():
     for path, tree in _modules().items():
-        if path.startswith("smiexlm/training/"):
+        if path.startswith("smiexlm/pretraining/"):
             assert not any(m.startswith("smiexlm.text") for m in _imports(tree)), path
 
 
@@ -120,7 +120,7 @@ def test_one_home_loads_a_model_folder():
         return calls
 
     homes = set(_where(called("from_pretrained", "ExLMModel")))
-    assert homes == {"smiexlm/model/pretrained.py", "smiexlm/training/sharded.py"}, homes
+    assert homes == {"smiexlm/model/pretrained.py", "smiexlm/pretraining/sharded.py"}, homes
     assert set(_where(called("read_finetune_meta"))) == {"smiexlm/model/folder.py"}
     assert set(_where(called("load_whitening"))) == {"smiexlm/model/folder.py"}
     assert set(_where(called("read_onnx_manifest"))) == {

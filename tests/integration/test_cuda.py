@@ -173,7 +173,7 @@ def test_kernels_take_lengths_from_another_device(kernels):
 @pytest.fixture(scope="module")
 def moses_dataset(shared_data: Path, tmp_path_factory) -> Path:
     from tests.conftest import require_file
-    from tests.unit.training.test_training_support import build_dataset
+    from tests.unit.pretraining.test_training_support import build_dataset
 
     source = require_file(shared_data, "pretrain/moses_test.smi.gz")
     return build_dataset(source, tmp_path_factory.mktemp("cuda") / "ds", n=600)
@@ -182,9 +182,9 @@ def moses_dataset(shared_data: Path, tmp_path_factory) -> Path:
 def test_tiny_exlm_50_bf16_steps_on_cuda_lower_the_loss(moses_dataset, tmp_path):
     from smiexlm.model.checkpoint import save_pretrained_sharded
     from smiexlm.model.model import ExLMModel
+    from smiexlm.pretraining.config import load_config
+    from smiexlm.pretraining.trainer import pretrain
     from smiexlm.tokenizer import load_tokenizer
-    from smiexlm.training.config import load_config
-    from smiexlm.training.trainer import pretrain
 
     overrides = [
         "device=cuda", "precision=bf16", "max_tokens=2048", "update_freq=1", "warmup_steps=5",

@@ -271,14 +271,14 @@ def test_preprocess_interrupted_before_its_first_shard_leaves_nothing(tmp_path):
 # ---------------------------------------------------------------------- datasets and runs
 @pytest.fixture(scope="module")
 def dataset(shared_data, tmp_path_factory):
-    from tests.unit.training.test_training_support import build_dataset
+    from tests.unit.pretraining.test_training_support import build_dataset
 
     source = shared_data / "pretrain" / "moses_test.smi.gz"
     return build_dataset(source, tmp_path_factory.mktemp("data") / "ds", n=300)
 
 
 def _pretrain_args(data: Path, out: Path, *extra: str) -> list[str]:
-    from tests.unit.training.test_training_support import FAST, MICRO_MODEL
+    from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL
 
     return ["pretrain", "--config", "mol_tiny_exlm", *MICRO_MODEL, *FAST,
             "--data", str(data), "--out", str(out), *extra]  # fmt: skip
@@ -333,8 +333,8 @@ def test_damaged_dataset_is_one_line(dataset, tmp_path, damage, problem):
 
 @pytest.mark.parametrize("damage", ["truncated_weights", "state_not_json"])
 def test_resume_from_a_bad_checkpoint(dataset, tmp_path, damage):
-    from smiexlm.training.trainer import pretrain
-    from tests.unit.training.test_training import _config
+    from smiexlm.pretraining.trainer import pretrain
+    from tests.unit.pretraining.test_training import _config
 
     run = tmp_path / "run"
     pretrain(_config(), dataset, run, max_steps=8)  # checkpoints at steps 4 and 8
@@ -356,8 +356,8 @@ def test_resume_from_a_bad_checkpoint(dataset, tmp_path, damage):
 def test_export_without_data_writes_its_card_and_failures_leave_the_old_folder(dataset, tmp_path):
     from smiexlm import Featurizer
     from smiexlm.model.integrity import verify_checksum
-    from smiexlm.training.trainer import pretrain
-    from tests.unit.training.test_training import _config
+    from smiexlm.pretraining.trainer import pretrain
+    from tests.unit.pretraining.test_training import _config
 
     run = tmp_path / "run"
     pretrain(_config(), dataset, run, max_steps=4)

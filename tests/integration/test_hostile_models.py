@@ -133,22 +133,22 @@ def test_folder_without_checksums_loads_and_says_so_once(tmp_path):
 # ---------------------------------------------------------------------- 10. settings on resume
 @pytest.fixture(scope="module")
 def dataset(shared_data, tmp_path_factory):
-    from tests.unit.training.test_training_support import build_dataset
+    from tests.unit.pretraining.test_training_support import build_dataset
 
     source = shared_data / "pretrain" / "moses_test.smi.gz"
     return build_dataset(source, tmp_path_factory.mktemp("data") / "ds", n=300)
 
 
 def _resume(data: Path, run: Path, *extra: str):
-    from tests.unit.training.test_training_support import FAST, MICRO_MODEL
+    from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL
 
     return run_cli("pretrain", "--config", "mol_tiny_exlm", *MICRO_MODEL, *FAST, "--data", data,
                    "--out", run, "--resume", *extra)  # fmt: skip
 
 
 def test_resume_records_safe_changes_and_refuses_the_others(dataset, tmp_path):
-    from smiexlm.training.trainer import pretrain
-    from tests.unit.training.test_training import _config
+    from smiexlm.pretraining.trainer import pretrain
+    from tests.unit.pretraining.test_training import _config
 
     run = tmp_path / "run"
     pretrain(_config(), dataset, run, max_steps=4)  # lr 0.003, seed 1; a checkpoint at step 4

@@ -96,19 +96,26 @@ def moleculenet_files() -> list[tuple[str, Path]]:
 
 def exclusion_keys(progress: bool = False) -> frozenset[str]:
     """The keys of every molecule of every MoleculeNet file (cached by the files' sha256)."""
-    from smiexlm.paths import cache_dir, file_sha256, write_bytes_atomic
+    from smiexlm.paths import cache_dir, write_bytes_atomic
 
     files = moleculenet_files()
-    digest = hashlib.sha256(KEY_VERSION.encode())
-    for name, path in files:
-        digest.update(f"{name}:{file_sha256(path)}\n".encode())
-    cached = cache_dir() / "widen" / f"exclusion-{digest.hexdigest()[:16]}.txt.gz"
+    cached = cache_dir() / "widen" / f"exclusion-{_files_key(files)}.txt.gz"
     if cached.is_file():
         return frozenset(gzip.decompress(cached.read_bytes()).decode().split())
     keys = _compute_keys([name for name, _ in files], progress)
     text = "\n".join(sorted(keys)) + "\n"
     write_bytes_atomic(cached, gzip.compress(text.encode(), mtime=0))
     return frozenset(keys)
+
+
+def _files_key(files: list[tuple[str, Path]]) -> str:
+    """16 hex digits naming the key version and every file's name and sha256."""
+    from smiexlm.paths import file_sha256
+
+    digest = hashlib.sha256(KEY_VERSION.encode())
+    for name, path in files:
+        digest.update(f"{name}:{file_sha256(path)}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def _compute_keys(names: list[str], progress: bool) -> set[str]:

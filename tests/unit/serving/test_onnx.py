@@ -148,9 +148,9 @@ def test_in_memory_graph_of_an_mlm_model():
 @pytest.mark.slow
 def test_cli_export_onnx_of_a_maelm_run(shared_data, tmp_path):
     """`smiexlm export RUN --out MODEL --onnx` on a micro MAE-LM run (the third layout)."""
-    from smiexlm.training.trainer import pretrain
-    from tests.unit.training.test_training import _config
-    from tests.unit.training.test_training_support import build_dataset
+    from smiexlm.pretraining.trainer import pretrain
+    from tests.unit.pretraining.test_training import _config
+    from tests.unit.pretraining.test_training_support import build_dataset
 
     source = require_file(shared_data, "pretrain/moses_test.smi.gz")
     dataset = build_dataset(source, tmp_path / "ds", n=300)

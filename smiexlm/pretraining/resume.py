@@ -26,7 +26,7 @@ from typing import Any
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import VocabularyMismatchError
 from smiexlm.paths import read_json_file, write_json, write_text_atomic
-from smiexlm.training import checkpoint as ckpt
+from smiexlm.pretraining import run_state as ckpt
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.unit.training.test_training_support import FAST, MICRO_MODEL, build_dataset, cli, cli_env
+from tests.unit.pretraining.test_training_support import (
+    FAST,
+    MICRO_MODEL,
+    build_dataset,
+    cli,
+    cli_env,
+)
 
 # total_steps fixes the schedule's horizon, so the three runs share one learning-rate curve.
 ARGS = ["--config", "mol_tiny_exlm", *MICRO_MODEL, *FAST, "save_every=1000", "total_steps=400"]

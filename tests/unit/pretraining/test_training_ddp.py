@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.unit.training.test_training_support import (
+from tests.unit.pretraining.test_training_support import (
     FAST,
     MICRO_MODEL,
     build_dataset,

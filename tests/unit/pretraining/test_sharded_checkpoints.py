@@ -1,5 +1,5 @@
 """Sharded safetensors (smiexlm.model.shards) and sharded training checkpoints
-(smiexlm.training.sharded): round trips, size limits, clear errors, and a run resumed from a
+(smiexlm.pretraining.sharded): round trips, size limits, clear errors, and a run resumed from a
 sharded checkpoint copied to a fresh folder, with and without its optimizer state."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.checkpoint import save_pretrained_sharded
 from smiexlm.model.layout import WEIGHTS_INDEX_NAME
 from smiexlm.model.shards import MIB, load_sharded, save_sharded
-from tests.unit.training.test_training_support import FAST, MICRO_MODEL, build_dataset
+from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL, build_dataset
 
 
 def tiny_model() -> tuple[ExLMModel, SmilesTokenizer]:
@@ -95,14 +95,14 @@ def dataset(shared_data, tmp_path_factory):
 
 
 def _config():
-    from smiexlm.training.config import load_config
+    from smiexlm.pretraining.config import load_config
 
     extra = ["save_every=4", "total_steps=40", "device=cpu", "precision=fp32"]
     return load_config("mol_tiny_exlm", [*MICRO_MODEL, *FAST, *extra])
 
 
 def _run(dataset, out, steps, resume=False):
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.trainer import pretrain
 
     return pretrain(_config(), dataset, out, max_steps=steps, resume=resume)
 
@@ -113,7 +113,7 @@ def _losses(run_dir) -> dict[int, float]:
 
 
 def test_resume_from_sharded_checkpoint_on_a_fresh_folder_is_exact(dataset, tmp_path):
-    from smiexlm.training.sharded import describe, export_sharded, restore_sharded
+    from smiexlm.pretraining.sharded import describe, export_sharded, restore_sharded
 
     reference = _run(dataset, tmp_path / "reference", 8)
     _run(dataset, tmp_path / "first", 4)
@@ -133,7 +133,7 @@ def test_resume_from_sharded_checkpoint_on_a_fresh_folder_is_exact(dataset, tmp_
 
 
 def test_optimizer_left_behind_is_rewarmed_and_said(dataset, tmp_path, caplog):
-    from smiexlm.training.sharded import describe, export_sharded, restore_sharded
+    from smiexlm.pretraining.sharded import describe, export_sharded, restore_sharded
 
     _run(dataset, tmp_path / "first", 4)
     step4 = tmp_path / "first/checkpoints/step_000004"
@@ -145,7 +145,7 @@ def test_optimizer_left_behind_is_rewarmed_and_said(dataset, tmp_path, caplog):
     with pytest.raises(ConfigError, match="data_dir"):
         restore_sharded(tmp_path / "s", tmp_path / "resumed")
 
-    with caplog.at_level(logging.WARNING, logger="smiexlm.training.sharded"):
+    with caplog.at_level(logging.WARNING, logger="smiexlm.pretraining.sharded"):
         report = restore_sharded(tmp_path / "s", tmp_path / "resumed", dataset, rewarm_batches=3)
     assert report.optimizer == "re-warmed from 3 micro-batches at lr 0"
     assert "left behind" in caplog.text and "re-warmed" in caplog.text

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from tests.integration.test_faults import assert_one_line_error, run_cli
-from tests.unit.training.test_training_support import FAST, MICRO_MODEL, build_dataset, cli, cli_env
+from tests.unit.pretraining.test_training_support import (
+    FAST,
+    MICRO_MODEL,
+    build_dataset,
+    cli,
+    cli_env,
+)
 
 LONG = ["--max-steps", "100000", "total_steps=100000"]  # a run that is still going when killed
 
@@ -31,8 +37,8 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _train(data: Path, out: Path, steps: int, *extra: str):
-    from smiexlm.training.config import load_config
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.config import load_config
+    from smiexlm.pretraining.trainer import pretrain
 
     return pretrain(load_config("mol_tiny_exlm", [*MICRO_MODEL, *FAST, *extra]), data, out, steps)
 
@@ -131,8 +137,8 @@ def test_every_parameter_gets_a_gradient_under_ddp_even_without_targets(tmp_path
 
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.model import ExLMModel
+    from smiexlm.pretraining.distributed import wrap
     from smiexlm.ranks import DistInfo
-    from smiexlm.training.distributed import wrap
 
     micro = dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, n_transition_heads=2, vocab_size=40)
     store = dist.FileStore(str(tmp_path / "store"), 1)

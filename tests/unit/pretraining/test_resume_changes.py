@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from smiexlm.training.checkpoint import CONFIG_FILE, ResumeMismatchError, TrainerState
-from smiexlm.training.config import load_config
-from smiexlm.training.resume import CHANGES_FILE, config_changes, record_config_changes
+from smiexlm.pretraining.config import load_config
+from smiexlm.pretraining.resume import CHANGES_FILE, config_changes, record_config_changes
+from smiexlm.pretraining.run_state import CONFIG_FILE, ResumeMismatchError, TrainerState
 
 
 def _checkpoint(tmp_path, world_size, *overrides):

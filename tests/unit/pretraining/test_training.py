@@ -10,17 +10,17 @@ import torch
 
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
 from smiexlm.paths import atomic_dir
-from smiexlm.training import checkpoint as ckpt
-from smiexlm.training.config import (
+from smiexlm.pretraining import run_state as ckpt
+from smiexlm.pretraining.config import (
     TrainConfig,
     load_config,
     parse_override,
     shipped_configs,
     valid_keys,
 )
-from smiexlm.training.optim import PolynomialDecaySchedule, build_optimizer
+from smiexlm.pretraining.optim import PolynomialDecaySchedule, build_optimizer
 from tests.conftest import require_file
-from tests.unit.training.test_training_support import FAST, MICRO_MODEL, build_dataset
+from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL, build_dataset
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +196,7 @@ def _config(*extra: str) -> TrainConfig:
 @pytest.mark.parametrize("objective", ["exlm", "mlm", "maelm"])
 def test_short_run_writes_metrics_and_a_loadable_checkpoint(dataset, tmp_path, objective):
     from smiexlm import ExLMModel
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.trainer import pretrain
 
     out = tmp_path / "run"
     result = pretrain(_config(f"model.objective={objective}"), dataset, out, max_steps=8)
@@ -218,7 +218,7 @@ def test_short_run_writes_metrics_and_a_loadable_checkpoint(dataset, tmp_path, o
 
 
 def test_vocabulary_mismatch_and_missing_dataset(dataset, tmp_path):
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.trainer import pretrain
 
     with pytest.raises(VocabularyMismatchError, match="vocab_size = 999"):
         pretrain(_config("model.vocab_size=999"), dataset, tmp_path / "r1", max_steps=1)
@@ -231,8 +231,8 @@ def test_vocabulary_mismatch_and_missing_dataset(dataset, tmp_path):
 def test_resume_refuses_a_dataset_with_another_vocabulary(dataset, tmp_path):
     import shutil
 
+    from smiexlm.pretraining.trainer import pretrain
     from smiexlm.tokenizer import SmilesTokenizer
-    from smiexlm.training.trainer import pretrain
 
     out = tmp_path / "run"
     pretrain(_config(), dataset, out, max_steps=4)
@@ -251,8 +251,8 @@ def test_resume_refuses_a_dataset_with_another_vocabulary(dataset, tmp_path):
 
 
 def test_plot_run_draws_a_png(dataset, tmp_path):
-    from smiexlm.training.plot import plot_run
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.plot import plot_run
+    from smiexlm.pretraining.trainer import pretrain
 
     out = tmp_path / "run"
     pretrain(_config("model.objective=mlm"), dataset, out, max_steps=4)
@@ -264,8 +264,8 @@ def test_plot_run_draws_a_png(dataset, tmp_path):
 
 def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
     from smiexlm import ExLMModel, Featurizer
-    from smiexlm.training.export import export_run
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.export import export_run
+    from smiexlm.pretraining.trainer import pretrain
 
     out = tmp_path / "run"
     result = pretrain(_config(), dataset, out, max_steps=4)
@@ -291,7 +291,7 @@ def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
 
 def test_out_of_memory_batch_suggests_a_smaller_max_tokens(dataset, tmp_path, monkeypatch):
     from smiexlm.model.model import ExLMModel
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.trainer import pretrain
 
     def exhausted(self, *args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 GB")

@@ -3,7 +3,7 @@ position (epoch, index of the next micro-batch), and the fixed sample that valid
 
 An optimiser step consumes ``world_size × update_freq`` consecutive micro-batches of an epoch's
 order; the global index of a micro-batch picks the process that reads it
-(:mod:`~smiexlm.training.batches`). Sequences longer than the model's ``max_positions`` are
+(:mod:`~smiexlm.pretraining.batches`). Sequences longer than the model's ``max_positions`` are
 left out of both.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from smiexlm.errors import DataError
-from smiexlm.training import distributed as dist_utils
-from smiexlm.training.batches import MaskingCollator, TrainingData, epoch_batches, make_loader
-from smiexlm.training.config import TrainConfig
+from smiexlm.pretraining import distributed as dist_utils
+from smiexlm.pretraining.batches import MaskingCollator, TrainingData, epoch_batches, make_loader
+from smiexlm.pretraining.config import TrainConfig
 
 
 class TrainStream:

@@ -28,9 +28,9 @@ from smiexlm.descriptor_stats import DescriptorStats, load_dataset_stats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.masking import mask_tokens
 from smiexlm.paths import VOCAB_NAME
+from smiexlm.pretraining.config import TrainConfig
 from smiexlm.tokenizer import Tokenizer, load_tokenizer
 from smiexlm.tokenizer.special import IGNORE_INDEX
-from smiexlm.training.config import TrainConfig
 
 
 def mix_seed(*parts: int) -> int:

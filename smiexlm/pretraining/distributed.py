@@ -1,5 +1,5 @@
 """Distributed data parallel training: under ``torchrun``, or started by a pretraining job
-itself on the cores of one machine (:func:`launch_local`, :mod:`smiexlm.training.launch`).
+itself on the cores of one machine (:func:`launch_local`, :mod:`smiexlm.pretraining.launch`).
 
 ``torchrun`` (or :func:`launch_local`) sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT``; without them the run is a single process
@@ -126,7 +126,7 @@ def run_on_free_cores(
     holding ``run_dir``'s lock, and return their exit code; None when this process should
     train alone (a GPU run, or one process). ``worker(update_freq)`` is a worker's command."""
     from smiexlm.device import resolve_device
-    from smiexlm.training.runlock import RunLock
+    from smiexlm.pretraining.runlock import RunLock
 
     if resolve_device(config.device).type != "cpu":
         return None

@@ -24,11 +24,11 @@ from smiexlm.model.config import ExLMConfig
 from smiexlm.model.heads import task_loss
 from smiexlm.model.model import ExLMModel
 from smiexlm.model.pooling import pool
+from smiexlm.pretraining.config import load_config
 from smiexlm.tokenizer import SmilesTokenizer
-from smiexlm.training.config import load_config
 from tests.conftest import require_file
-from tests.unit.training.test_training_pinned import PINNED_RUN
-from tests.unit.training.test_training_support import FAST, MICRO_MODEL, ddp_and_one_process
+from tests.unit.pretraining.test_training_pinned import PINNED_RUN
+from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL, ddp_and_one_process
 
 NAN = float("nan")
 MICRO = dict(n_layers=2, n_heads=2, d_model=32, d_ff=64, n_transition_heads=2, dropout=0.0,
@@ -188,7 +188,7 @@ def test_tiny_model_memorises_the_descriptors_of_32_molecules(shared_data):
 
 # ------------------------------------------------------------------ training
 def _train(dataset, out, config_name, *overrides, **kwargs):
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.trainer import pretrain
 
     config = load_config(config_name, [*MICRO_MODEL, *FAST, 'precision="fp32"', *overrides])
     return pretrain(config, dataset, out, **kwargs)
@@ -199,7 +199,7 @@ def _records(run_dir):
 
 
 def test_auxiliary_training_logs_resumes_exactly_and_exports(dataset, tmp_path):
-    from smiexlm.training.export import export_run
+    from smiexlm.pretraining.export import export_run
 
     steps = ["max_steps=8", "total_steps=8", "valid_every=4", "save_every=4"]
     full = _train(dataset, tmp_path / "full", "mol_tiny_exlm_desc", *steps)
@@ -254,7 +254,7 @@ PINNED_MTR_LOSSES = [
 
 
 def test_tiny_mtr_run_repeats_the_pinned_losses(dataset, tmp_path):
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.trainer import pretrain
 
     out = tmp_path / "run"
     pretrain(load_config("mol_tiny_mtr", PINNED_RUN), dataset, out, max_steps=20)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from smiexlm.training.config import TrainConfig
+from smiexlm.pretraining.config import TrainConfig
 
 
 @dataclass

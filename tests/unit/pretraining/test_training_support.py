@@ -63,7 +63,7 @@ _DDP_SCRIPT = """
 import os, sys
 from pathlib import Path
 from safetensors.torch import save_file
-from smiexlm.training import load_config, pretrain
+from smiexlm.pretraining import load_config, pretrain
 data, out, name, *overrides = sys.argv[1:]
 result = pretrain(load_config(name, overrides), Path(data), Path(out))
 rank = int(os.environ.get("RANK", "0"))

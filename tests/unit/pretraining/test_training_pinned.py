@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from smiexlm.training.config import load_config
+from smiexlm.pretraining.config import load_config
 from tests.conftest import require_file
-from tests.unit.training.test_training_support import build_dataset
+from tests.unit.pretraining.test_training_support import build_dataset
 
 # mol_tiny_exlm as shipped (preset "tiny", ExLM k = 2, dropout 0.1), made small and exact.
 PINNED_RUN = [
@@ -67,7 +67,7 @@ def dataset(shared_data, tmp_path_factory):
 
 
 def test_tiny_run_repeats_the_pinned_losses(dataset, tmp_path):
-    from smiexlm.training.trainer import pretrain
+    from smiexlm.pretraining.trainer import pretrain
 
     out = tmp_path / "run"
     config = load_config("mol_tiny_exlm", PINNED_RUN)

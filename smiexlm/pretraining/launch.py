@@ -4,9 +4,9 @@ runs, as a library call.
 >>> job = PretrainJob("mol_tiny_exlm", Path("datasets/moses"), Path("runs/tiny"), ["lr=3e-4"])
 >>> outcome = job.run()          # outcome.code: 0, or 130/143 when stopped by a signal
 
-On a CPU a job takes the cores it finds free (:func:`~smiexlm.training.distributed.
+On a CPU a job takes the cores it finds free (:func:`~smiexlm.pretraining.distributed.
 local_processes`): it starts N worker processes of this module (``python -m
-smiexlm.training.launch JOB_JSON``), each with ``update_freq / N`` micro-batches per update,
+smiexlm.pretraining.launch JOB_JSON``), each with ``update_freq / N`` micro-batches per update,
 so the global batch stays the config's. Under ``torchrun`` (several GPUs or machines) every
 process runs the job itself.
 """
@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smiexlm.pretraining import distributed
 from smiexlm.ranks import detect
-from smiexlm.training import distributed
 
 
 @dataclass
@@ -59,8 +59,8 @@ class PretrainJob:
 
     def run(self) -> JobOutcome:
         """Train (or start the workers that train) and report."""
-        from smiexlm.training.config import load_config
-        from smiexlm.training.trainer import pretrain
+        from smiexlm.pretraining.config import load_config
+        from smiexlm.pretraining.trainer import pretrain
 
         cfg = load_config(self.config, self.overrides)
         info = detect()
@@ -81,7 +81,7 @@ class PretrainJob:
     def _worker(self, update_freq: int) -> list[str]:
         """The command of one worker process, with its share of the micro-batches."""
         job = dataclasses.replace(self, overrides=[*self.overrides, f"update_freq={update_freq}"])
-        return [sys.executable, "-m", "smiexlm.training.launch", job.to_json()]
+        return [sys.executable, "-m", "smiexlm.pretraining.launch", job.to_json()]
 
 
 def report(result, max_steps: int) -> str:
@@ -106,7 +106,7 @@ def record_command(out: Path, argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """A worker process: ``python -m smiexlm.training.launch JOB_JSON``."""
+    """A worker process: ``python -m smiexlm.pretraining.launch JOB_JSON``."""
     args = sys.argv[1:] if argv is None else argv
     outcome = PretrainJob.from_json(args[0]).run()
     if outcome.message:

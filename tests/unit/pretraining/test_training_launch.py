@@ -10,8 +10,14 @@ import torch
 from safetensors.torch import load_file
 
 from smiexlm.errors import ConfigError
-from smiexlm.training.distributed import MAX_LOCAL_PROCESSES, free_cores, local_processes
-from tests.unit.training.test_training_support import FAST, MICRO_MODEL, build_dataset, cli, cli_env
+from smiexlm.pretraining.distributed import MAX_LOCAL_PROCESSES, free_cores, local_processes
+from tests.unit.pretraining.test_training_support import (
+    FAST,
+    MICRO_MODEL,
+    build_dataset,
+    cli,
+    cli_env,
+)
 
 
 @pytest.mark.parametrize(

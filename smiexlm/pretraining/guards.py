@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from smiexlm.errors import ConfigError
-from smiexlm.training.config import TrainConfig
+from smiexlm.pretraining.config import TrainConfig
 
 
 class StopRequest:

@@ -3,14 +3,14 @@ the free cores), ``trainer`` (the loop, :func:`pretrain`) with its ``stream`` (w
 micro-batch), ``reporting`` (metrics.jsonl, TensorBoard) and ``guards`` (stop requests, out
 of memory), ``optim``, ``checkpoint``, ``distributed``, and ``plot`` (loss curves)."""
 
-from smiexlm.training.config import TrainConfig, load_config
+from smiexlm.pretraining.config import TrainConfig, load_config
 
 __all__ = ["TrainConfig", "load_config", "pretrain"]
 
 
 def __getattr__(name: str):
     if name == "pretrain":
-        from smiexlm.training.trainer import pretrain
+        from smiexlm.pretraining.trainer import pretrain
 
         return pretrain
-    raise AttributeError(f"module 'smiexlm.training' has no attribute {name!r}")
+    raise AttributeError(f"module 'smiexlm.pretraining' has no attribute {name!r}")
