@@ -71,12 +71,10 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
     rows, _ = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
     encoder = backbone.build(tokenizer, 0.0)
     spec = cfg.pooling or backbone.pooling
-    blocks = []
-    for pooling in pooling_parts(spec):
-        model = ExLMForSequencePrediction(encoder, 1, pooling=pooling)  # type: ignore[arg-type]
-        model.to(resolve_device(cfg.device))
-        blocks.append(engine_predict(model, Examples(rows), cfg.batch_size, output="pooled"))
-    x = np.hstack(blocks)
+    # every part of a combined pooling from one pass of the encoder (the head is not used)
+    model = ExLMForSequencePrediction(encoder, 1, pooling=spec)  # type: ignore[arg-type]
+    model.to(resolve_device(cfg.device))
+    x = engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
     if not cfg.whiten:
         return x
     whitening = backbone.whitening(spec)
