@@ -7,7 +7,7 @@
 How a call runs, in chunks of ``chunk_size`` molecules so that memory stays bounded however
 long the input is:
 
-1. each SMILES is normalised as the checkpoint's corpus was (RDKit canonical SMILES by
+1. each SMILES is normalised as the model folder's corpus was (RDKit canonical SMILES by
    default; see :func:`smiexlm.model.records.read_normalization`) and tokenized;
 2. the chunk is sorted by token length (stable) and cut into batches whose padded size stays
    within ``batch_tokens`` (and within ``batch_size`` molecules when given);
@@ -216,7 +216,7 @@ class Featurizer:
         whitening for the others.
         ``errors``: ``raise`` on the first bad SMILES, or ``nan`` to fill its row with NaN.
         ``batch_tokens``: padded tokens per batch; ``batch_size``: molecules per batch cap.
-        ``canonicalize=False`` skips the checkpoint's normalisation (SMILES used as written).
+        ``canonicalize=False`` skips the model folder's normalisation (SMILES used as written).
         ``index_offset`` is added to the input indices in errors and in the report (a caller
         that streams a file in pieces reports file rows); ``log_failures=False`` leaves the
         listing of bad inputs to the caller.

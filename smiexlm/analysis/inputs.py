@@ -1,4 +1,4 @@
-"""Inputs shared by the analyses: a checkpoint with its vocabulary, SMILES files, batches.
+"""Inputs shared by the analyses: a model folder with its vocabulary, SMILES files, batches.
 
 Held-out SMILES default to ``$SMIEXLM_DATA/pretrain/moses_test.smi.gz`` (the analyses are
 run on data the model did not train on, as in ExLM Appendix E.2 and MAE-LM §2.2).
@@ -26,11 +26,11 @@ def default_smiles_file() -> Path:
     return data_dir() / DEFAULT_SMILES
 
 
-def load_model_and_tokenizer(directory: Path):
+def load_model_and_tokenizer(folder: Path):
     """``(model, tokenizer)`` of a ``save_pretrained`` folder, the model in eval mode."""
-    folder = ModelFolder(check_not_a_file(directory))
-    folder.config  # noqa: B018 (a folder without config.json fails here, naming it)
-    pre = load_pretrained(folder)
+    reader = ModelFolder(check_not_a_file(folder))
+    reader.config  # noqa: B018 (a folder without config.json fails here, naming it)
+    pre = load_pretrained(reader)
     return pre.model.eval(), pre.tokenizer
 
 

@@ -1,6 +1,6 @@
 """The encoder core and its objectives: ``config`` (presets), ``rope``, ``encoder``,
 ``expansion`` (ExLM states), ``transitions`` (DAG edges), ``masking``, ``heads``, ``model``
-(``ExLMModel``) and ``checkpoint`` (safetensors folders)."""
+(``ExLMModel``) and ``checkpoint`` (a model folder's weights, written and read)."""
 
 from smiexlm.model.config import ExLMConfig
 

@@ -1,4 +1,4 @@
-"""Self-describing checkpoints: ``config.json`` + ``vocab.json`` + ``model.safetensors``.
+"""Self-describing model folders: ``config.json`` + ``vocab.json`` + ``model.safetensors``.
 
 No pickle anywhere. ``checksums.json`` records the sha256 of ``model.safetensors``
 (:mod:`smiexlm.model.integrity`). Loading checks, in this order and before the model is
@@ -61,7 +61,7 @@ def _default_tokenizer(config: ExLMConfig) -> Any:
 
 
 def save_model_folder(
-    model: ExLMModel, directory: Path, tokenizer: Any = None, dtype: torch.dtype | None = None
+    model: ExLMModel, folder: Path, tokenizer: Any = None, dtype: torch.dtype | None = None
 ) -> Path:
     """Write the three files; ``dtype`` (e.g. ``torch.float16``) casts floating weights."""
     from safetensors.torch import save_file
@@ -79,39 +79,39 @@ def save_model_folder(
             f"config.vocab_hash {config.vocab_hash}"
         )
     config.vocab_hash = tokenizer.vocab_hash
-    directory.mkdir(parents=True, exist_ok=True)
-    config.save(directory / CONFIG_NAME)
-    tokenizer.save(directory / VOCAB_NAME)
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save(folder / CONFIG_NAME)
+    tokenizer.save(folder / VOCAB_NAME)
     if getattr(model, "descriptor_stats", None) is not None:  # how to denormalise its head
-        model.descriptor_stats.save(directory / STATS_NAME)
+        model.descriptor_stats.save(folder / STATS_NAME)
     tensors = {}
     for name, value in model.state_dict().items():
         value = value.detach()
         if dtype is not None and value.is_floating_point():
             value = value.to(dtype)
         tensors[name] = value.contiguous().cpu()
-    save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
-    record_checksums(directory, WEIGHTS_NAME)
-    return directory
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    record_checksums(folder, WEIGHTS_NAME)
+    return folder
 
 
 def load_model_folder(
-    cls: type[ExLMModel], directory: Path, map_location: str | torch.device = "cpu"
+    cls: type[ExLMModel], folder: Path, map_location: str | torch.device = "cpu"
 ) -> ExLMModel:
     """The model of a folder, every file checked before the model is allocated."""
-    if not check_not_a_file(directory).is_dir():
-        raise DataError(f"checkpoint folder {str(directory)!r} does not exist")
-    config_path = directory / CONFIG_NAME
+    if not check_not_a_file(folder).is_dir():
+        raise DataError(f"checkpoint folder {str(folder)!r} does not exist")
+    config_path = folder / CONFIG_NAME
     if not config_path.is_file():
-        raise DataError(f"checkpoint folder {str(directory)!r} has no {CONFIG_NAME}")
+        raise DataError(f"checkpoint folder {str(folder)!r} has no {CONFIG_NAME}")
     config = ExLMConfig.load(config_path)
-    check_folder_vocabulary(directory, config)
-    descriptor_stats = load_model_descriptor_stats(directory, config.n_descriptors)
-    weights_path = directory / WEIGHTS_NAME
-    if not weights_path.is_file() and (directory / WEIGHTS_INDEX_NAME).is_file():
-        return load_sharded_model(cls, directory, map_location)  # weights in <= N MiB shards
+    check_folder_vocabulary(folder, config)
+    descriptor_stats = load_model_descriptor_stats(folder, config.n_descriptors)
+    weights_path = folder / WEIGHTS_NAME
+    if not weights_path.is_file() and (folder / WEIGHTS_INDEX_NAME).is_file():
+        return load_sharded_model(cls, folder, map_location)  # weights in <= N MiB shards
     if not weights_path.is_file():
-        raise DataError(f"checkpoint folder {str(directory)!r} has no {WEIGHTS_NAME}")
+        raise DataError(f"checkpoint folder {str(folder)!r} has no {WEIGHTS_NAME}")
     header = read_header(weights_path)
     check_config_sizes(config, header, config_path, weights_path)
     with torch.device("meta"):  # shapes only: nothing is allocated
@@ -158,7 +158,7 @@ def _replace_checksum_record(folder: Path, single: str, shards: dict[str, str]) 
 
 
 def load_sharded_model(
-    cls: type[ExLMModel], directory: Path, map_location: str | torch.device = "cpu"
+    cls: type[ExLMModel], folder: Path, map_location: str | torch.device = "cpu"
 ) -> ExLMModel:
     """The model of a folder whose weights are sharded.
 
@@ -171,12 +171,12 @@ def load_sharded_model(
 
     from safetensors.torch import save_file
 
-    index = Path(directory) / WEIGHTS_INDEX_NAME
+    index = Path(folder) / WEIGHTS_INDEX_NAME
     tensors = load_sharded(index)
     skip = set(read_index(index)[1].values()) | {WEIGHTS_INDEX_NAME, CHECKSUMS_NAME}
     with tempfile.TemporaryDirectory(prefix="smiexlm-shards-") as tmp:
         joined = Path(tmp)
-        for item in Path(directory).iterdir():
+        for item in Path(folder).iterdir():
             if item.is_file() and item.name not in skip:
                 shutil.copy2(item, joined / item.name)
         save_file(tensors, str(joined / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -195,10 +195,10 @@ def load_module_weights(module: nn.Module, path: Path, source: str) -> None:
     module.load_state_dict(loaded)
 
 
-def check_folder_vocabulary(directory: Path, config: ExLMConfig) -> None:
+def check_folder_vocabulary(folder: Path, config: ExLMConfig) -> None:
     """The folder's vocabulary is the config's: its size, and the hash of its tokens (computed,
     whatever the file records) against the config's ``vocab_hash`` when it has one."""
-    path, size, found = vocabulary_file_hash(directory / VOCAB_NAME)
+    path, size, found = vocabulary_file_hash(folder / VOCAB_NAME)
     if size != config.vocab_size:
         raise VocabularyMismatchError(
             f"{str(path)!r} has {size} tokens but {CONFIG_NAME} says vocab_size="

@@ -151,13 +151,13 @@ class FinetunedFolder(ModelFolder):
     path in errors (the option it came from)."""
 
     def __init__(self, path: str | Path, what: str = "--checkpoint"):
-        directory = check_not_a_file(path, what)
-        if not (directory / FINETUNE_NAME).is_file():
+        folder = check_not_a_file(path, what)
+        if not (folder / FINETUNE_NAME).is_file():
             raise DataError(
-                f"{what} {str(directory)!r}: no {FINETUNE_NAME}; expected a folder written by "
+                f"{what} {str(folder)!r}: no {FINETUNE_NAME}; expected a folder written by "
                 "`smiexlm finetune --save-dir DIR`, which writes DIR/seed0, DIR/seed1, ..."
             )
-        self.path = directory
+        self.path = folder
 
     @cached_property
     def meta(self) -> dict[str, Any]:

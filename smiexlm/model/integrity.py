@@ -114,9 +114,9 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------ sha256 records
-def read_checksums(directory: Path) -> dict[str, str] | None:
-    """File name -> sha256 recorded in ``directory``; None when it records none."""
-    path = Path(directory) / CHECKSUMS_NAME
+def read_checksums(folder: Path) -> dict[str, str] | None:
+    """File name -> sha256 recorded in ``folder``; None when it records none."""
+    path = Path(folder) / CHECKSUMS_NAME
     if not path.is_file():
         return None
     path, doc = read_json_file(path, "checksums file", CHECKSUMS_FORMAT)
@@ -131,13 +131,13 @@ def read_checksums(directory: Path) -> dict[str, str] | None:
     return digests
 
 
-def record_checksums(directory: Path, *names: str) -> Path:
-    """Record the sha256 of ``directory/<name>`` for each name, keeping other records."""
-    directory = Path(directory)
-    digests = read_checksums(directory) or {}
-    digests.update({name: file_sha256(directory / name) for name in names})
+def record_checksums(folder: Path, *names: str) -> Path:
+    """Record the sha256 of ``folder/<name>`` for each name, keeping other records."""
+    folder = Path(folder)
+    digests = read_checksums(folder) or {}
+    digests.update({name: file_sha256(folder / name) for name in names})
     doc = {"format": CHECKSUMS_FORMAT, "sha256": dict(sorted(digests.items()))}
-    return write_text_atomic(directory / CHECKSUMS_NAME, json.dumps(doc, indent=1) + "\n")
+    return write_text_atomic(folder / CHECKSUMS_NAME, json.dumps(doc, indent=1) + "\n")
 
 
 def verify_checksum(path: Path, required: bool = True) -> bool:

@@ -373,7 +373,7 @@ class ExLMModel(nn.Module):
             out_mask = out_mask[:, :first]
         return EncoderOutput(hidden, pool(hidden, out_mask, pooling), out_mask)
 
-    # ------------------------------------------------------------------ checkpoints
+    # ---------------------------------------------------------------- model folders
     def save_pretrained(
         self, directory: Path | str, tokenizer: Any = None, dtype: torch.dtype | None = None
     ) -> Path:

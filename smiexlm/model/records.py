@@ -44,9 +44,9 @@ class EmbeddingSettings:
     whiten: bool = False
 
 
-def read_embedding(directory: Path) -> EmbeddingSettings:
+def read_embedding(folder: Path) -> EmbeddingSettings:
     """The :class:`EmbeddingSettings` of a model folder."""
-    path = Path(directory) / EMBEDDING_NAME
+    path = Path(folder) / EMBEDDING_NAME
     if not path.is_file():
         return EmbeddingSettings()
     try:
@@ -59,22 +59,22 @@ def read_embedding(directory: Path) -> EmbeddingSettings:
     pooling_parts(pooling, f"pooling (in {path})")
     if not isinstance(whiten, bool):
         raise ConfigError(f"whiten (in {path})", whiten, "true or false")
-    if whiten and not (Path(directory) / WHITENING_NAME).is_file():
+    if whiten and not (Path(folder) / WHITENING_NAME).is_file():
         raise DataError(f"{str(path)!r} says whiten, but the folder has no {WHITENING_NAME}: "
                         "run `smiexlm whiten` on it")  # fmt: skip
     return EmbeddingSettings(pooling, whiten)
 
 
-def write_embedding(directory: Path, pooling: str, whiten: bool = False) -> Path:
+def write_embedding(folder: Path, pooling: str, whiten: bool = False) -> Path:
     """``embedding.json`` of a model folder (what :func:`read_embedding` reads)."""
     pooling_parts(pooling)
-    path = Path(directory) / EMBEDDING_NAME
+    path = Path(folder) / EMBEDDING_NAME
     doc = {"pooling": pooling} | ({"whiten": True} if whiten else {})
     write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     return path
 
 
-def read_normalization(directory: Path) -> tuple[NormalizeConfig, str]:
+def read_normalization(folder: Path) -> tuple[NormalizeConfig, str]:
     """How a model's corpus was normalised, and where that was read from.
 
     From ``normalization.json`` in the folder, or from a fenced ````` ```json normalization `````
@@ -83,10 +83,10 @@ def read_normalization(directory: Path) -> tuple[NormalizeConfig, str]:
     (``canonicalize``, ``strip_salts``) are applied when serving; the corpus' size limits
     are not.
     """
-    path = Path(directory) / NORMALIZATION_NAME
+    path = Path(folder) / NORMALIZATION_NAME
     if path.is_file():
         return _normalization_from_json(path.read_text(encoding="utf-8"), str(path)), str(path)
-    card = Path(directory) / CARD_NAME
+    card = Path(folder) / CARD_NAME
     if card.is_file():
         match = _CARD_BLOCK.search(card.read_text(encoding="utf-8"))
         if match:
@@ -95,10 +95,10 @@ def read_normalization(directory: Path) -> tuple[NormalizeConfig, str]:
     return DEFAULT_NORMALIZATION, "default"
 
 
-def write_normalization(directory: Path, normalization: NormalizeConfig) -> Path:
+def write_normalization(folder: Path, normalization: NormalizeConfig) -> Path:
     """``normalization.json`` of a model folder (what :func:`read_normalization` reads)."""
     doc = {"canonicalize": normalization.canonicalize, "strip_salts": normalization.strip_salts}
-    path = Path(directory) / NORMALIZATION_NAME
+    path = Path(folder) / NORMALIZATION_NAME
     write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     return path
 
@@ -119,17 +119,17 @@ def _normalization_from_json(text: str, source: str) -> NormalizeConfig:
     return dataclasses.replace(DEFAULT_NORMALIZATION, **values)
 
 
-def read_onnx_manifest(directory: Path) -> dict[str, Any] | None:
+def read_onnx_manifest(folder: Path) -> dict[str, Any] | None:
     """``onnx.json`` of a model folder (the graphs :mod:`smiexlm.serving.onnx_export` wrote),
     or None when it has none."""
-    path = Path(directory) / ONNX_MANIFEST_NAME
+    path = Path(folder) / ONNX_MANIFEST_NAME
     if not path.is_file():
         return None
     _, doc = read_json_file(path, "ONNX record")
     if doc.get("format") != ONNX_MANIFEST_FORMAT:
         raise DataError(
             f"ONNX record {str(path)!r} has format {doc.get('format')!r}: expected "
-            f"{ONNX_MANIFEST_FORMAT!r}; write the graphs again with `smiexlm export-onnx {directory}`"
+            f"{ONNX_MANIFEST_FORMAT!r}; write the graphs again with `smiexlm export-onnx {folder}`"
         )
     if not isinstance(doc.get("graphs"), dict):
         raise DataError(f"ONNX record {str(path)!r}: expected 'graphs' to be a JSON object")

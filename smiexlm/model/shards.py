@@ -48,9 +48,9 @@ def shard_name(stem: str, number: int, count: int) -> str:
     return f"{stem}-{number:05d}-of-{count:05d}.safetensors"
 
 
-def is_sharded(directory: Path | str, stem: str = MODEL_STEM) -> bool:
-    """True when ``directory`` holds the index of a sharded set ``stem``."""
-    return (Path(directory) / index_name(stem)).is_file()
+def is_sharded(folder: Path | str, stem: str = MODEL_STEM) -> bool:
+    """True when ``folder`` holds the index of a sharded set ``stem``."""
+    return (Path(folder) / index_name(stem)).is_file()
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -86,7 +86,7 @@ def plan_shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[
 
 def save_sharded(
     tensors: dict[str, torch.Tensor],
-    directory: Path | str,
+    folder: Path | str,
     max_shard_mib: float = 16.0,
     stem: str = MODEL_STEM,
     metadata: dict[str, Any] | None = None,
@@ -94,7 +94,7 @@ def save_sharded(
     """Write ``tensors`` as shards of at most ``max_shard_mib`` MiB and the index; returns the
     index path. ``metadata`` (JSON-able) is stored in the index beside the shard checksums.
 
-    Old shards of the same stem in ``directory`` are removed first, so a re-sharded set never
+    Old shards of the same stem in ``folder`` are removed first, so a re-sharded set never
     mixes with a previous one."""
     from safetensors.torch import save_file
 
@@ -102,18 +102,18 @@ def save_sharded(
         raise ConfigError("max_shard_mib", max_shard_mib, "a positive number of MiB")
     if not tensors:
         raise ConfigError("tensors", "{}", "at least one tensor to save")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     limit = int(max_shard_mib * MIB)
     cpu = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     plan = plan_shards(cpu, limit)
-    for old in directory.glob(f"{stem}-*-of-*.safetensors"):
+    for old in folder.glob(f"{stem}-*-of-*.safetensors"):
         old.unlink()
     weight_map: dict[str, str] = {}
     checksums: dict[str, str] = {}
     for number, names in enumerate(plan, start=1):
         filename = shard_name(stem, number, len(plan))
-        path = directory / filename
+        path = folder / filename
         save_file({n: cpu[n] for n in names}, str(path), metadata={"format": "pt"})
         size = path.stat().st_size
         if size > limit:  # the header estimate is generous; this guards the promise anyway
@@ -130,7 +130,7 @@ def save_sharded(
         "sha256": checksums,
         **(metadata or {}),
     }
-    index = directory / index_name(stem)
+    index = folder / index_name(stem)
     write_text_atomic(index, json.dumps({"metadata": meta, "weight_map": weight_map}, indent=1))
     return index
 

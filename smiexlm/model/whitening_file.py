@@ -27,7 +27,7 @@ WHITENING_FORMAT = "smiexlm-whitening/1"
 
 
 def save_whitening(
-    directory: str | Path, whitenings: Mapping[str, Whitening], source: Mapping[str, Any]
+    folder: str | Path, whitenings: Mapping[str, Whitening], source: Mapping[str, Any]
 ) -> Path:
     """Write ``whitening.safetensors`` (one whitening per pooling) and record its sha256 in the
     folder's ``checksums.json``; a model folder without one (written before they existed) is
@@ -39,21 +39,21 @@ def save_whitening(
         tensors[f"{pooling}.mean"] = np.ascontiguousarray(w.mean, dtype=np.float32)
         tensors[f"{pooling}.matrix"] = np.ascontiguousarray(w.matrix, dtype=np.float32)
     metadata = {"format": WHITENING_FORMAT, "source": json.dumps(dict(source), sort_keys=True)}
-    directory = Path(directory)
-    path = write_bytes_atomic(directory / WHITENING_NAME, save(tensors, metadata))
-    weights = [p for p in directory.glob("*.safetensors") if p.name != WHITENING_NAME]
-    if read_checksums(directory) is not None or not weights:
-        record_checksums(directory, WHITENING_NAME)
+    folder = Path(folder)
+    path = write_bytes_atomic(folder / WHITENING_NAME, save(tensors, metadata))
+    weights = [p for p in folder.glob("*.safetensors") if p.name != WHITENING_NAME]
+    if read_checksums(folder) is not None or not weights:
+        record_checksums(folder, WHITENING_NAME)
     return path
 
 
-def load_whitening(directory: str | Path, dim: int) -> dict[str, Whitening] | None:
+def load_whitening(folder: str | Path, dim: int) -> dict[str, Whitening] | None:
     """The whitenings of a model folder by pooling (None without ``whitening.safetensors``),
     checked against its recorded sha256 and the model's width ``dim``."""
     from safetensors import SafetensorError, safe_open
     from safetensors.numpy import load
 
-    path = Path(directory) / WHITENING_NAME
+    path = Path(folder) / WHITENING_NAME
     if not path.is_file():
         return None
     verify_checksum(path)  # raises on a digest that differs from the folder's record
@@ -88,22 +88,22 @@ def load_whitening(directory: str | Path, dim: int) -> dict[str, Whitening] | No
     return out
 
 
-def whitening_poolings(directory: str | Path) -> list[str]:
+def whitening_poolings(folder: str | Path) -> list[str]:
     """The poolings a model folder stores a whitening of their own for (none without the
     file); a combined pooling whose parts are all here can be whitened too
     (:func:`pooling_whitening`)."""
     from safetensors import safe_open
 
-    path = Path(directory) / WHITENING_NAME
+    path = Path(folder) / WHITENING_NAME
     if not path.is_file():
         return []
     with safe_open(str(path), "np") as handle:
         return sorted({key.split(".")[0] for key in handle.keys()})  # noqa: SIM118 (not iterable)
 
 
-def whitening_source(directory: str | Path) -> dict[str, Any]:
+def whitening_source(folder: str | Path) -> dict[str, Any]:
     """What a folder's whitening was fitted on (the metadata ``smiexlm whiten`` wrote)."""
     from safetensors import safe_open
 
-    with safe_open(str(Path(directory) / WHITENING_NAME), "np") as handle:
+    with safe_open(str(Path(folder) / WHITENING_NAME), "np") as handle:
         return json.loads((handle.metadata() or {}).get("source", "{}"))

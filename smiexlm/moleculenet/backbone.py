@@ -6,7 +6,7 @@ folder (its :class:`~smiexlm.model.folder.ModelFolder`, and
 corpus normalisation and the weights, so a model is fine-tuned on SMILES prepared as it was
 pretrained on, and ``predict`` serves them prepared the same way.
 
-Without a checkpoint the backbone is the shipped default model; a random init of a preset is
+Without a model folder the backbone is the shipped default model; a random init of a preset is
 used only when asked (``Backbone(random_init=True)``).
 """
 
@@ -31,9 +31,9 @@ from smiexlm.model.records import DEFAULT_NORMALIZATION
 
 @dataclass
 class Backbone:
-    """A checkpoint folder (default: the shipped model), or, only with ``random_init=True``,
-    a preset initialised at random (``objective`` is used only then). The folder is read
-    once, by its :class:`~smiexlm.model.folder.ModelFolder` (:attr:`folder`)."""
+    """A model folder, ``checkpoint`` (default: the shipped model), or, only with
+    ``random_init=True``, a preset initialised at random (``objective`` is used only then). The
+    folder is read once, by its :class:`~smiexlm.model.folder.ModelFolder` (:attr:`folder`)."""
 
     checkpoint: Path | None = None
     preset: str = "tiny"
@@ -48,7 +48,7 @@ class Backbone:
 
     @cached_property
     def folder(self) -> ModelFolder | None:
-        """The checkpoint's reader (None for a random init)."""
+        """The model folder's reader (None for a random init)."""
         return None if self.checkpoint is None else ModelFolder(self.checkpoint)
 
     @property
@@ -59,16 +59,16 @@ class Backbone:
 
     @property
     def normalization(self) -> NormalizeConfig:
-        """The checkpoint's corpus normalisation (the defaults for a random init)."""
+        """The model folder's corpus normalisation (the defaults for a random init)."""
         return DEFAULT_NORMALIZATION if self.folder is None else self.folder.normalization
 
     @property
     def pooling(self) -> str:
-        """The checkpoint's embedding pooling (``embedding.json``; cls for a random init)."""
+        """The model folder's embedding pooling (``embedding.json``; cls for a random init)."""
         return "cls" if self.folder is None else self.folder.embedding.pooling
 
     def whitening(self, pooling: str):
-        """The checkpoint's corpus whitening for ``pooling`` (None without one; a combined
+        """The model folder's corpus whitening for ``pooling`` (None without one; a combined
         pooling: its own, or each part by its own)."""
         from smiexlm.whitening import pooling_whitening
 
@@ -77,13 +77,13 @@ class Backbone:
         return pooling_whitening(self.folder.whitening or {}, pooling)
 
     def model_texts(self, smiles: Sequence[str], canonicalize: bool = True) -> list[str]:
-        """What the model reads: each SMILES normalised as the checkpoint's corpus was (as
+        """What the model reads: each SMILES normalised as the model folder's corpus was (as
         written when not ``canonicalize``). Each must be parsable: a task's table is checked
         when it is read, so a failure here raises, naming the input."""
         return model_texts(smiles, self.normalization, canonicalize)
 
     def tokenizer(self, corpus: Sequence[str]):
-        """The checkpoint's vocabulary; for random init the shipped one, else one built from
+        """The model folder's vocabulary; for random init the shipped one, else one built from
         ``corpus`` (the dataset's SMILES: vocabulary only, no labels)."""
         from smiexlm.tokenizer import SmilesTokenizer
 
@@ -95,7 +95,7 @@ class Backbone:
             return SmilesTokenizer.build(corpus)
 
     def config(self, tokenizer) -> ExLMConfig:
-        """The checkpoint's config (a copy: callers may change it), or the preset's."""
+        """The model folder's config (a copy: callers may change it), or the preset's."""
         if self.folder is not None:
             return dataclasses.replace(self.folder.config)
         return ExLMConfig.preset(

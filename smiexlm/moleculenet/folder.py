@@ -60,14 +60,14 @@ def _holding(folder: Path) -> str:
     )
 
 
-def finetuned_folders(checkpoint: Path | str | Sequence[Path | str]) -> list[Path | str]:
+def finetuned_folders(folders: Path | str | Sequence[Path | str]) -> list[Path | str]:
     """The fine-tuned folders of ``--checkpoint`` as a list: at least one, each once (a folder
     named twice, by any path, would count as two agreeing models and shrink ``<label>_std``)."""
-    folders = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
-    if not folders:
+    listed = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    if not listed:
         raise DataError("--checkpoint: expected at least one fine-tuned folder")
     seen: dict[Path, Path | str] = {}
-    for folder in folders:
+    for folder in listed:
         key = Path(folder).expanduser().resolve()
         if key in seen:
             raise DataError(
@@ -75,11 +75,11 @@ def finetuned_folders(checkpoint: Path | str | Sequence[Path | str]) -> list[Pat
                 f"{str(seen[key])!r} did): expected each fine-tuned folder once"
             )
         seen[key] = folder
-    return folders
+    return listed
 
 
 def save_finetuned(
-    model, tokenizer, directory: Path, meta: dict[str, Any], normalization=None, reference=None,
+    model, tokenizer, folder: Path, meta: dict[str, Any], normalization=None, reference=None,
 ) -> Path:  # fmt: skip
     """Write the folder ``predict`` reads (see the module docstring) atomically: the backbone
     as a model folder with its normalisation (the default's when None), the head,
@@ -89,8 +89,8 @@ def save_finetuned(
     from smiexlm.model.integrity import record_checksums
     from smiexlm.model.records import DEFAULT_NORMALIZATION, write_normalization
 
-    directory = Path(directory)
-    with atomic_dir(directory) as tmp:  # the folder appears complete or not at all
+    folder = Path(folder)
+    with atomic_dir(folder) as tmp:  # the folder appears complete or not at all
         model.model.save_pretrained(tmp, tokenizer=tokenizer)
         write_normalization(tmp, normalization or DEFAULT_NORMALIZATION)
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
@@ -102,4 +102,4 @@ def save_finetuned(
         if reference is not None:
             names.append(reference.save(tmp).name)
         record_checksums(tmp, *names)  # beside the backbone's model.safetensors
-    return directory
+    return folder

@@ -63,7 +63,7 @@ class _Served:
 
 
 def _serve_one(
-    directory: Path | str, smiles: list[str], batch_size: int, backend: str, tta: int,
+    folder: Path | str, smiles: list[str], batch_size: int, backend: str, tta: int,
     calibrate: bool,
 ) -> _Served:  # fmt: skip
     from smiexlm.data.augment import random_smiles
@@ -73,18 +73,18 @@ def _serve_one(
     if backend == "onnx":  # the folder's predictor.onnx (smiexlm export-onnx)
         from smiexlm.serving.onnx_runtime import OnnxPredictor
 
-        model = OnnxPredictor(FinetunedFolder(directory))
+        model = OnnxPredictor(FinetunedFolder(folder))
         inputs, meta = model.inputs, model.meta
     else:
-        model, inputs, meta = load_finetuned(directory)
+        model, inputs, meta = load_finetuned(folder)
     cfg = meta["config"]
     texts = inputs.texts(smiles, cfg.get("canonicalize", True))
     features = _features(meta, texts)
     spellings = [texts] + (list(zip(*random_smiles(texts, tta, 0), strict=True)) if tta else [])
     mean = np.asarray(meta["target_mean"], dtype=np.float32)
     std = np.asarray(meta["target_std"], dtype=np.float32)
-    reference = Reference.load(directory)
-    temperature = _temperature(directory, meta, reference) if calibrate else None
+    reference = Reference.load(folder)
+    temperature = _temperature(folder, meta, reference) if calibrate else None
     views, pooled = [], None
     for v, view in enumerate(spellings):
         rows, _ = inputs.rows(list(view), cfg.get("max_length", 256))
@@ -107,21 +107,21 @@ def _serve_one(
     return _Served(texts, np.stack(views), pooled, meta, reference)
 
 
-def _temperature(directory: Path | str, meta: dict, reference: Reference | None) -> np.ndarray:
+def _temperature(folder: Path | str, meta: dict, reference: Reference | None) -> np.ndarray:
     """(T,) float32 temperatures fitted on the folder's validation molecules."""
     from smiexlm.trust.calibration import fit_temperature
 
     if meta["task_type"] != "classification":
         raise ConfigError("calibrate", True, "classification models (temperature scaling of "
-                          f"probabilities); {str(directory)!r} is a regression model")  # fmt: skip
-    _require(directory, reference, "calibrate")
+                          f"probabilities); {str(folder)!r} is a regression model")  # fmt: skip
+    _require(folder, reference, "calibrate")
     return fit_temperature(reference.valid_labels, reference.valid_logits).astype(np.float32)
 
 
-def _require(directory: Path | str, reference: Reference | None, option: str) -> None:
+def _require(folder: Path | str, reference: Reference | None, option: str) -> None:
     if reference is None:
         raise DataError(
-            f"--checkpoint {str(directory)!r}: no reference.safetensors (fine-tuned before "
+            f"--checkpoint {str(folder)!r}: no reference.safetensors (fine-tuned before "
             f"it was kept), which {option} needs: expected a folder fine-tuned by this version"
         )
 

@@ -72,16 +72,16 @@ class Reference:
     def bounds(self) -> DomainBounds:
         return DomainBounds.of(self.valid_tanimoto, self.valid_cosine)
 
-    def save(self, directory: Path) -> Path:
+    def save(self, folder: Path) -> Path:
         from safetensors.numpy import save_file
 
-        path = Path(directory) / REFERENCE_NAME
+        path = Path(folder) / REFERENCE_NAME
         arrays = {f.name: np.ascontiguousarray(getattr(self, f.name)) for f in fields(self)}
         save_file(arrays, str(path), metadata={"format": "smiexlm-reference/1"})
         return path
 
     @classmethod
-    def load(cls, directory: Path | str) -> Reference | None:
+    def load(cls, folder: Path | str) -> Reference | None:
         """The folder's reference, checked against its sha256 and its shapes; None when the
         folder has none (written before it existed)."""
         from safetensors import SafetensorError
@@ -89,7 +89,7 @@ class Reference:
 
         from smiexlm.model.integrity import verify_checksum
 
-        path = Path(directory) / REFERENCE_NAME
+        path = Path(folder) / REFERENCE_NAME
         if not path.is_file():
             return None
         verify_checksum(path, required=True)

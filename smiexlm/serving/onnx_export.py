@@ -161,20 +161,20 @@ def predictor_onnx(model: ExLMForSequencePrediction) -> bytes:
     return _export(graph, args, _predictor_inputs(model.n_features), ["logits"])
 
 
-def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
-    """Write the ONNX graph of the model folder ``directory`` into it and record it in
+def export_onnx(folder: Path | str, kind: GraphKind | None = None) -> Path:
+    """Write the ONNX graph of the model folder ``folder`` into it and record it in
     ``onnx.json``; returns the graph's path.
 
     ``kind`` defaults to ``predictor`` for a fine-tuned folder (``finetune.json``), else
     ``encoder``. Re-exporting replaces the graph and its record; other records are kept.
     """
-    directory = check_not_a_file(directory)
-    if not (directory / CONFIG_NAME).is_file():
+    folder = check_not_a_file(folder)
+    if not (folder / CONFIG_NAME).is_file():
         raise DataError(
-            f"model folder {str(directory)!r} has no {CONFIG_NAME}: expected a folder written "
+            f"model folder {str(folder)!r} has no {CONFIG_NAME}: expected a folder written "
             "by `smiexlm export` or `smiexlm finetune --save-dir`"
         )
-    finetuned = (directory / FINETUNE_NAME).is_file()
+    finetuned = (folder / FINETUNE_NAME).is_file()
     kind = kind or ("predictor" if finetuned else "encoder")
     if kind not in GRAPH_FILES:
         raise ConfigError("kind", kind, f"one of {tuple(GRAPH_FILES)}")
@@ -182,12 +182,12 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
     if kind == "predictor":
         if not finetuned:
             raise DataError(
-                f"model folder {str(directory)!r} has no {FINETUNE_NAME}: a predictor graph "
+                f"model folder {str(folder)!r} has no {FINETUNE_NAME}: a predictor graph "
                 "needs a fine-tuned folder (`smiexlm finetune --save-dir`)"
             )
         from smiexlm.model.pretrained import load_finetuned
 
-        model, _, meta = load_finetuned(directory, device="cpu")
+        model, _, meta = load_finetuned(folder, device="cpu")
         payload = predictor_onnx(model)
         record |= {"inputs": _predictor_inputs(model.n_features), "outputs": ["logits"],
                    "pooling": meta["pooling"], "n_features": model.n_features}  # fmt: skip
@@ -195,19 +195,17 @@ def export_onnx(directory: Path | str, kind: GraphKind | None = None) -> Path:
         from smiexlm.model.pretrained import load_pretrained
         from smiexlm.serving.graph import POOLING_ROWS
 
-        payload = encoder_onnx(load_pretrained(directory).model)
+        payload = encoder_onnx(load_pretrained(folder).model)
         record |= {"inputs": ENCODER_INPUTS, "outputs": ["poolings"], "pooling_rows": POOLING_ROWS}
     record |= {
         "sha256": sha256_bytes(payload),
         "weights_sha256": {
-            name: file_sha256(directory / name)
-            for name in GRAPH_SOURCES
-            if (directory / name).is_file()
+            name: file_sha256(folder / name) for name in GRAPH_SOURCES if (folder / name).is_file()
         },
         "opset": OPSET,
     }
-    path = write_bytes_atomic(directory / record["file"], payload)
-    manifest = read_onnx_manifest(directory) or {"format": ONNX_MANIFEST_FORMAT, "graphs": {}}
+    path = write_bytes_atomic(folder / record["file"], payload)
+    manifest = read_onnx_manifest(folder) or {"format": ONNX_MANIFEST_FORMAT, "graphs": {}}
     manifest["graphs"][kind] = record
-    write_text_atomic(directory / ONNX_MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+    write_text_atomic(folder / ONNX_MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
     return path

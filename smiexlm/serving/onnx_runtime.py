@@ -68,15 +68,14 @@ def read_graph(folder: ModelFolder, kind: str) -> tuple[bytes, dict[str, Any]]:
 
     DataError (one line) when the folder has no such graph, when the file's sha256 differs from
     the record, or when a weight file changed since the graph was exported."""
-    directory = folder.path
     manifest = folder.onnx_manifest
     record = None if manifest is None else manifest["graphs"].get(kind)
     if record is None:
         raise DataError(
-            f"model folder {str(directory)!r} has no ONNX {kind} graph ({GRAPH_FILES[kind]} "
-            f"recorded in {ONNX_MANIFEST_NAME}): write it with `smiexlm export-onnx {directory}`"
+            f"model folder {str(folder.path)!r} has no ONNX {kind} graph ({GRAPH_FILES[kind]} "
+            f"recorded in {ONNX_MANIFEST_NAME}): write it with `smiexlm export-onnx {folder.path}`"
         )
-    path = directory / str(record.get("file"))
+    path = folder.path / str(record.get("file"))
     try:
         payload = path.read_bytes()
     except OSError as err:
@@ -86,13 +85,13 @@ def read_graph(folder: ModelFolder, kind: str) -> tuple[bytes, dict[str, Any]]:
         raise DataError(
             f"ONNX graph {str(path)!r} does not match the sha256 recorded in {ONNX_MANIFEST_NAME} "
             f"(file {actual[:12]}…, recorded {expected[:12]}…): re-export it with "
-            f"`smiexlm export-onnx {directory}`"
+            f"`smiexlm export-onnx {folder.path}`"
         )
     for name, digest in record.get("weights_sha256", {}).items():
-        if not (directory / name).is_file() or file_sha256(directory / name) != digest:
+        if not (folder.path / name).is_file() or file_sha256(folder.path / name) != digest:
             raise DataError(
                 f"ONNX graph {str(path)!r} was exported from another {name} than the one in "
-                f"{str(directory)!r}: re-export it with `smiexlm export-onnx {directory}`"
+                f"{str(folder.path)!r}: re-export it with `smiexlm export-onnx {folder.path}`"
             )
     return payload, record
 
