@@ -3,12 +3,13 @@
 
     python benchmarks/corpus_coverage.py [--sample 50000] [--seed 0] [--steps all]
                                          [--per-molecule 1] [--fraction 1.0] [--workdir DIR]
+                                         [--sets bace,bbbp,...] [--out FILE]
 
 Draws a seeded random sample of ``--sample`` molecules from the MOSES training corpus,
 widens it (the library path of ``smiexlm widen``, timed), and measures the coverage
 (:mod:`smiexlm.chemistry_coverage`) of the sample, the widened sample and each MoleculeNet
 set of Table 1 against both. Prints the tables and writes them, with the command and the
-timings, to ``benchmarks/results/corpus_coverage.md``. Needs SMIEXLM_DATA.
+timings, to ``--out`` (``benchmarks/results/corpus_coverage.md``). Needs SMIEXLM_DATA.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def main() -> None:
     parser.add_argument("--per-molecule", type=int, default=1)
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--sets", default=",".join(TABLE1), help="MoleculeNet sets to measure")
+    parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
     steps = STEPS if args.steps == "all" else tuple(args.steps.split(","))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="corpus-coverage-"))
@@ -82,7 +85,7 @@ def main() -> None:
     before, limits_before, elements_before = _corpus("MOSES sample", sample)
     after, limits_after, elements_after = _corpus("widened", work / "moses_sample_widened.smi.gz")
     old, new = [], []
-    for name in TABLE1:
+    for name in args.sets.split(","):
         facts, invalid = collect_facts(load_task(name, allow_download=False).smiles)
         old.append(summarize(name.upper(), facts, invalid, limits_before, elements_before))
         new.append(summarize(name.upper(), facts, invalid, limits_after, elements_after))
@@ -90,13 +93,14 @@ def main() -> None:
                      corpus_table([(before, limits_before), (after, limits_after)]),
                      comparison_table(old, new))  # fmt: skip
     print(text)
-    write_text_atomic(RESULT, text)
+    write_text_atomic(args.out, text)
 
 
 def _document(args, report, key_seconds, widen_seconds, corpora: str, sets: str) -> str:
     words = sys.argv[1:]
-    if "--workdir" in words:  # where the files go does not change the figures
-        del words[words.index("--workdir") : words.index("--workdir") + 2]
+    for option in ("--workdir", "--out"):  # where the files go does not change the figures
+        if option in words:
+            del words[words.index(option) : words.index(option) + 2]
     command = "python benchmarks/corpus_coverage.py " + shlex.join(words)
     steps = "\n".join(
         f"| {name} | {c['made']:,} | {c['written']:,} | {c['duplicate']:,} | {c['excluded']:,} "

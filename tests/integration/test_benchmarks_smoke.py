@@ -144,6 +144,11 @@ SMOKE: dict[str, list[Step]] = {
         Step("embed_memory.py", ("--sizes", "40", "--scratch", "{tmp}/scratch"),
              prints="| 40 |"),
     ],
+    "corpus_coverage": [
+        Step("corpus_coverage.py", ("--sample", "200", "--fraction", "0.2", "--sets", "bace",
+             "--workdir", "{tmp}/work", "--out", "{tmp}/coverage.md"),
+             expect=("coverage.md",), prints="| BACE |"),
+    ],
     "preprocess": [
         Step("preprocess.py", ("--n-canon", "60", "--n-fast", "200"),
              prints="pipeline, canonicalize, 2 workers"),
