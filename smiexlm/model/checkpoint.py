@@ -100,10 +100,10 @@ def load_model_folder(
 ) -> ExLMModel:
     """The model of a folder, every file checked before the model is allocated."""
     if not check_not_a_file(folder).is_dir():
-        raise DataError(f"checkpoint folder {str(folder)!r} does not exist")
+        raise DataError(f"model folder {str(folder)!r} does not exist")
     config_path = folder / CONFIG_NAME
     if not config_path.is_file():
-        raise DataError(f"checkpoint folder {str(folder)!r} has no {CONFIG_NAME}")
+        raise DataError(f"model folder {str(folder)!r} has no {CONFIG_NAME}")
     config = ExLMConfig.load(config_path)
     check_folder_vocabulary(folder, config)
     descriptor_stats = load_model_descriptor_stats(folder, config.n_descriptors)
@@ -111,7 +111,7 @@ def load_model_folder(
     if not weights_path.is_file() and (folder / WEIGHTS_INDEX_NAME).is_file():
         return load_sharded_model(cls, folder, map_location)  # weights in <= N MiB shards
     if not weights_path.is_file():
-        raise DataError(f"checkpoint folder {str(folder)!r} has no {WEIGHTS_NAME}")
+        raise DataError(f"model folder {str(folder)!r} has no {WEIGHTS_NAME}")
     header = read_header(weights_path)
     check_config_sizes(config, header, config_path, weights_path)
     with torch.device("meta"):  # shapes only: nothing is allocated
@@ -202,12 +202,12 @@ def check_folder_vocabulary(folder: Path, config: ExLMConfig) -> None:
     if size != config.vocab_size:
         raise VocabularyMismatchError(
             f"{str(path)!r} has {size} tokens but {CONFIG_NAME} says vocab_size="
-            f"{config.vocab_size}: the vocabulary does not belong to this checkpoint"
+            f"{config.vocab_size}: the vocabulary does not belong to this model folder"
         )
     if config.vocab_hash is not None and found != config.vocab_hash:
         raise VocabularyMismatchError(
             f"{str(path)!r}: its tokens hash to {found}, but {CONFIG_NAME} expects vocab_hash "
-            f"{config.vocab_hash}: the vocabulary was edited or does not belong to this checkpoint"
+            f"{config.vocab_hash}: the vocabulary was edited or does not belong to this model folder"
         )
 
 
