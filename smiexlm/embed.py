@@ -13,8 +13,9 @@ back as one table in input order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.paths import atomic_paths, check_output
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smiexlm.model.folder import ModelFolder
 
 OUT_SUFFIXES = (".parquet", ".npy")
 
@@ -68,27 +72,27 @@ class EmbedOptions:
                               whiten=self.whiten, index_offset=index_offset,
                               log_failures=False)  # fmt: skip
 
+    @cached_property
+    def folder(self) -> ModelFolder:
+        """The model folder's reader (each record read once, whatever asks for it)."""
+        from smiexlm.model.folder import ModelFolder
+
+        return ModelFolder(self.checkpoint)
+
     def chosen_pooling(self) -> str:
         """``pooling``, or the model folder's own when None (``embedding.json``)."""
-        from smiexlm.model.layout import model_folder
-        from smiexlm.model.records import read_embedding
-
-        return self.pooling or read_embedding(model_folder(self.checkpoint)).pooling
+        return self.pooling or self.folder.embedding.pooling
 
     def chosen_whiten(self) -> bool:
         """``whiten``, or the model folder's own when None: whitened when its
         ``embedding.json`` says so and it stores a whitening for the chosen pooling (or for
         each of its parts)."""
-        from smiexlm.model.layout import model_folder
-        from smiexlm.model.records import read_embedding
-        from smiexlm.model.whitening_file import whitening_poolings
         from smiexlm.whitening import can_whiten
 
         if self.whiten is not None:
             return self.whiten
-        folder = model_folder(self.checkpoint)
-        stored = whitening_poolings(folder)
-        return read_embedding(folder).whiten and can_whiten(stored, self.chosen_pooling())
+        stored = self.folder.whitening or {}
+        return self.folder.embedding.whiten and can_whiten(stored, self.chosen_pooling())
 
     def settings(self) -> dict[str, Any]:
         """What a folder of parts records, so that a resume cannot mix two kinds of rows."""

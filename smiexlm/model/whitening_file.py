@@ -88,19 +88,6 @@ def load_whitening(folder: str | Path, dim: int) -> dict[str, Whitening] | None:
     return out
 
 
-def whitening_poolings(folder: str | Path) -> list[str]:
-    """The poolings a model folder stores a whitening of their own for (none without the
-    file); a combined pooling whose parts are all here can be whitened too
-    (:func:`pooling_whitening`)."""
-    from safetensors import safe_open
-
-    path = Path(folder) / WHITENING_NAME
-    if not path.is_file():
-        return []
-    with safe_open(str(path), "np") as handle:
-        return sorted({key.split(".")[0] for key in handle.keys()})  # noqa: SIM118 (not iterable)
-
-
 def whitening_source(folder: str | Path) -> dict[str, Any]:
     """What a folder's whitening was fitted on (the metadata ``smiexlm whiten`` wrote)."""
     from safetensors import safe_open
