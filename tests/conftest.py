@@ -4,6 +4,11 @@ Tests that read the shared datasets take the ``shared_data`` fixture. When ``SMI
 is set (as CI sets it), a missing folder or file is a test *failure*, never a skip: a CI run
 that silently skipped the data tests would prove nothing. When it is unset (a user's quick
 run), those tests are skipped with the reason.
+
+The suite runs on pytest-xdist (``-n auto`` in pyproject.toml): one worker per usable core, at
+most :data:`MAX_WORKERS`, a test module's tests on one worker (its module fixtures are built
+once). Each worker, and every process a test starts, runs torch on one thread, so that the
+workers share the cores instead of fighting over them; ``-n 0`` runs in one process as before.
 """
 
 from __future__ import annotations
@@ -14,6 +19,23 @@ import sys
 from pathlib import Path
 
 import pytest
+
+#: workers of ``-n auto`` at most (each holds torch, RDKit and the tests' models in memory)
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    from smiexlm.workers import usable_cores
+
+    return min(MAX_WORKERS, usable_cores())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker and per child process
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
