@@ -168,7 +168,8 @@ def probe(args: argparse.Namespace) -> None:
     for task in args.tasks:
         _, todo = _cells(args.out, task, args.seeds)
         if todo:
-            for r in run_probe(load_task(task), Backbone(args.checkpoint), todo, cfg):
+            for r in run_probe(load_task(task), Backbone(args.checkpoint), todo, cfg,
+                               run_root=args.out / "runs"):  # fmt: skip
                 _keep(args.out, args.name)(r)
                 print(f"{args.name} {task} seed {r.seed}: test {r.test:.1f} valid {r.valid:.1f}")
             _report(args.out, args.name)
@@ -184,7 +185,8 @@ def baseline(args: argparse.Namespace) -> None:
     for task in args.tasks:
         _, todo = _cells(args.out, task, args.seeds)
         if todo:
-            run_baseline(load_task(task), todo, cfg, on_result=_keep(args.out, name))
+            run_baseline(load_task(task), todo, cfg, on_result=_keep(args.out, name),
+                         run_root=args.out / "runs")  # fmt: skip
             _report(args.out, name)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import sparse
@@ -30,6 +31,7 @@ from smiexlm.fingerprints import FEATURE_KINDS, morgan_fingerprints, rdkit2d_des
 from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
+from smiexlm.moleculenet.runs import keep_predictions
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
 
@@ -125,10 +127,11 @@ class _Features:
 
 def run_baseline(
     task: MoleculeTask, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None,
-    on_result: Callable[[RunResult], None] | None = None,
+    on_result: Callable[[RunResult], None] | None = None, run_root: Path | None = None,
 ) -> list[RunResult]:  # fmt: skip
     """Train and score the RF baseline on ``task`` for each seed; ``on_result`` gets each
-    seed's result as soon as it exists."""
+    seed's result as soon as it exists. With ``run_root``, each seed's valid and test
+    predictions are kept as fine-tuning keeps them (``run_root/<set>/seed<k>/``)."""
     cfg = cfg or BaselineConfig()
     task = check_task(task)
     start = time.perf_counter()
@@ -147,6 +150,7 @@ def run_baseline(
         n_valid = len(split.valid)
         valid = score(task.task_type, task.labels[split.valid], pred[:n_valid])
         test = score(task.task_type, task.labels[split.test], pred[n_valid:])
+        keep_predictions(run_root, task.name, seed, split, pred[:n_valid], pred[n_valid:])
         bar.update()
         config = asdict(cfg) | {"train_cpu_seconds": time.process_time() - cpu}
         return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, config)

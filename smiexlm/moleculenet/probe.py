@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,8 +25,9 @@ from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.features import FeatureScaler
-from smiexlm.moleculenet.metrics import score
+from smiexlm.moleculenet.metrics import TaskScores, score
 from smiexlm.moleculenet.report import RunResult
+from smiexlm.moleculenet.runs import keep_predictions
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
 
@@ -96,6 +99,17 @@ def _fit_task(x_tr, y_tr, x_ev, task_type: str, c: float, cfg: ProbeConfig, seed
     return Ridge(alpha=1.0 / c).fit(x_tr, y_tr).predict(x_ev)
 
 
+class ProbeScores(NamedTuple):
+    """The probe on one split: the valid and test scores, the C chosen per task, and every
+    valid and test molecule's prediction (probabilities, or values for regression)."""
+
+    valid: TaskScores
+    test: TaskScores
+    chosen: list[float]
+    valid_pred: np.ndarray
+    test_pred: np.ndarray
+
+
 def probe_split(
     x: np.ndarray,
     y: np.ndarray,
@@ -104,8 +118,8 @@ def probe_split(
     cfg: ProbeConfig,
     seed: int,
     features: np.ndarray | None = None,
-):
-    """(valid score, test score, chosen C per task) of the probe on one split. ``features``
+) -> ProbeScores:
+    """The probe on one split. ``features``
     (N, F), the raw hybrid features (NaN = not computable), go beside ``x`` with each missing
     value the train median (:meth:`FeatureScaler.fill`); every column is then standardised
     with the train mean and standard deviation: no statistic reads a valid or test row."""
@@ -131,7 +145,8 @@ def probe_split(
                 best = (v, c, pred)
         chosen.append(best[1])
         valid_pred[:, t], test_pred[:, t] = best[2][: len(valid)], best[2][len(valid) :]
-    return score(task_type, y[valid], valid_pred), score(task_type, y[test], test_pred), chosen
+    return ProbeScores(score(task_type, y[valid], valid_pred), score(task_type, y[test], test_pred),
+                       chosen, valid_pred, test_pred)  # fmt: skip
 
 
 def run_probe(
@@ -139,8 +154,11 @@ def run_probe(
     backbone=None,
     seeds: Sequence[int] = (0, 1, 2),
     cfg: ProbeConfig | None = None,
+    run_root: Path | None = None,
 ) -> list[RunResult]:
-    """The linear probe on ``task`` for each seed."""
+    """The linear probe on ``task`` for each seed; with ``run_root``, each seed's valid and
+    test predictions are kept as fine-tuning keeps them, in
+    ``run_root/<set>/seed<k>/predictions.npz``."""
     from smiexlm.moleculenet.backbone import Backbone
 
     cfg = cfg or ProbeConfig()
@@ -159,9 +177,10 @@ def run_probe(
     name += f" + {cfg.features}" if cfg.features else ""
 
     def one_seed(split, seed: int) -> RunResult:
-        valid, test, chosen = probe_split(x, task.labels, split, task.task_type, cfg, seed, raw)
-        config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": chosen,
+        got = probe_split(x, task.labels, split, task.task_type, cfg, seed, raw)
+        keep_predictions(run_root, task.name, seed, split, got.valid_pred, got.test_pred)
+        config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": got.chosen,
                                 "pooling": cfg.pooling or backbone.pooling}  # fmt: skip
-        return task.result(name, split, seed, valid.mean, test, 0.0, config)
+        return task.result(name, split, seed, got.valid.mean, got.test, 0.0, config)
 
     return run_seeds(task, seeds, cfg.split, one_seed, shared_s=time.perf_counter() - start)

@@ -118,6 +118,17 @@ def write_predictions(
         np.savez_compressed(handle, **arrays)
 
 
+def keep_predictions(
+    root: Path | None, dataset: str, seed: int, split: Split, valid: np.ndarray, test: np.ndarray
+) -> None:
+    """:func:`write_predictions` into the cell ``root/<dataset>/seed<seed>/`` (made when
+    missing) of a probe or forest; nothing when ``root`` is None."""
+    if root is not None:
+        folder = run_dir(root, dataset, seed)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_predictions(folder, split, valid, test)
+
+
 def finish(folder: Path, result: RunResult) -> None:
     """Write ``result.json`` (atomically), then drop the state it no longer needs."""
     record = dataclasses.asdict(result) | {"sizes": list(result.sizes)}

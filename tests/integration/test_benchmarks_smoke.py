@@ -70,6 +70,9 @@ SMOKE: dict[str, list[Step]] = {
              "{tmp}/rf"), expect=("rf/results.json",)),
         Step(MN, ("merge", "{tmp}/run", "{tmp}/probe", "{tmp}/rf", "--out", "{tmp}/table"),
              expect=("table/report.md",)),
+        # the probe and the forests keep their predictions as fine-tuning does
+        Step("conformal_coverage.py", ("{tmp}/probe", "{tmp}/rf", "--out", "{tmp}/rows",
+             "--resplits", "2"), expect=("rows/coverage.csv",), prints="| bace | 0 | rf |"),
         Step(MN, ("campaign", "--root", "{tmp}/campaign", "--rows", "rf_ecfp4", "--tasks",
              "bace", "--seeds", "0", "--n-trees", "2"),
              expect=("campaign/report.md", "campaign/rf_ecfp4/runs/bace/seed0/result.json")),

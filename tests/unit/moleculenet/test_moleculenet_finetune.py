@@ -198,9 +198,10 @@ def test_cli_probe_on_a_user_csv(tmp_path):
 
 
 @pytest.mark.parametrize("features", ["ecfp4", "rdkit2d", "both"])
-def test_baseline_features_match_a_forest_trained_by_hand(features):
-    """The baseline's score equals a RandomForest fitted here on the same features and split
-    (descriptors median-filled and scaled on the split's train rows)."""
+def test_baseline_features_match_a_forest_trained_by_hand(features, tmp_path):
+    """The baseline's score, and the predictions it keeps, equal a RandomForest's fitted here
+    on the same features and split (descriptors median-filled and scaled on the split's train
+    rows)."""
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.metrics import roc_auc_score
 
@@ -214,7 +215,7 @@ def test_baseline_features_match_a_forest_trained_by_hand(features):
     y = np.array([(len(s) + s.count("O")) % 2 for s in smiles], dtype=float)
     task = MoleculeTask("toy", smiles, y, ["y"], "classification")
     cfg = BaselineConfig(features, n_trees=20, split="random")
-    (result,) = run_baseline(task, [3], cfg)
+    (result,) = run_baseline(task, [3], cfg, run_root=tmp_path)
     assert result.model == {"ecfp4": "RF-ECFP4", "rdkit2d": "RF-RDKit2D",
                             "both": "RF-ECFP4+RDKit2D"}[features] + " (20 trees)"  # fmt: skip
 
@@ -232,6 +233,12 @@ def test_baseline_features_match_a_forest_trained_by_hand(features):
     forest.fit(x[split.train], y[split.train])
     expected = roc_auc_score(y[split.test], forest.predict_proba(x[split.test])[:, 1]) * 100
     assert result.test == pytest.approx(expected)
+    kept = np.load(tmp_path / "toy" / "seed3" / "predictions.npz")
+    assert kept["test_rows"].tolist() == list(split.test)
+    np.testing.assert_allclose(kept["test"][:, 0], forest.predict_proba(x[split.test])[:, 1],
+                               rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(kept["valid"][:, 0], forest.predict_proba(x[split.valid])[:, 1],
+                               rtol=1e-6)  # fmt: skip
 
 
 def test_predict_with_no_parsable_smiles_gives_nan_rows(tmp_path):

@@ -61,7 +61,7 @@ def test_missing_features_take_the_train_median_by_hand():
     split = make_split(smiles, "random", 0)
     train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
     cfg = ProbeConfig(c_grid=(0.1,), features="rdkit2d")
-    got_valid, got_test, chosen = probe_split(
+    got_valid, got_test, chosen, *_ = probe_split(
         embeddings, labels, split, "classification", cfg, 0, feature
     )
     median = np.nanmedian(feature[train, 0])
