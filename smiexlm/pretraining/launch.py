@@ -106,9 +106,20 @@ def record_command(out: Path, argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """A worker process: ``python -m smiexlm.pretraining.launch JOB_JSON``."""
+    """A worker process: ``python -m smiexlm.pretraining.launch JOB_JSON``.
+
+    A refusal (a bad config, dataset or ``--resume``) ends it with exit code 2 and the one
+    ``error:`` line the single-process command prints, written by rank 0 only: every rank
+    checks the same config and files, so the others would print the same line again."""
+    from smiexlm.errors import SmiexlmError
+
     args = sys.argv[1:] if argv is None else argv
-    outcome = PretrainJob.from_json(args[0]).run()
+    try:
+        outcome = PretrainJob.from_json(args[0]).run()
+    except SmiexlmError as err:
+        if detect().is_main:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
     if outcome.message:
         print(outcome.message, flush=True)
     return outcome.code

@@ -161,6 +161,11 @@ def test_resume_records_safe_changes_and_refuses_the_others(dataset, tmp_path):
         assert {name: (run / name).read_bytes() for name in kept} == kept
         assert not (run / "config.changes.json").exists()
 
+    # spread over two worker processes, the refusal is still one line from one of them
+    res = _resume(dataset, run, "--max-steps", "6", "--nproc", "2", "update_freq=2", "seed=2")
+    assert_one_line_error(res, "step_000004", "seed = 1", "seed = 2", "start a new --out")
+    assert not (run / "config.changes.json").exists()
+
     res = _resume(dataset, run, "--max-steps", "6", "lr=0.01")
     assert res.returncode == 0, res.stderr
     assert "lr 0.003 -> 0.01" in res.stderr and "max_steps 4 -> 6" in res.stderr
