@@ -312,7 +312,9 @@ def run_finetune(
         run_dir = None if run_root is None else runs.run_dir(run_root, task.name, seed)
         if run_dir is not None and (done := runs.finished(run_dir)) is not None:
             log.info("%s seed %d: finished before (%s)", task.name, seed, run_dir)
-            return done
+            return runs.check_finished(
+                done, run_dir, runs.identity(task, split, cfg, backbone.name)
+            )
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
         r = finetune_once(task, split, cfg, seed, backbone, target, inputs, raw, progress,
                           run_dir)  # fmt: skip

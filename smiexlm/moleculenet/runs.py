@@ -11,6 +11,7 @@ finished run: it is read back, never trained again.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 from collections.abc import Sequence
@@ -78,6 +79,39 @@ def finished(folder: Path) -> RunResult | None:
         return RunResult(**record | scores | {"sizes": tuple(record["sizes"])})
     except (KeyError, TypeError) as err:
         raise DataError(f"run result {str(path)!r} is damaged: {err}") from None
+
+
+#: settings of how a run is carried out, not of what it computes: a finished run is read back
+#: whatever they are now
+HOW_RUN = frozenset({"device", "eval_batch_size"})
+
+
+def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> RunResult:
+    """``done``, read back from ``folder``, when it ran as ``expected`` (:func:`identity`)
+    says; otherwise a DataError naming the first setting that differs, so that a resume with
+    other settings never returns the result of a run made with the old ones. A setting the
+    result does not record (runs older than it) is its default, or is not compared."""
+    from smiexlm.moleculenet.configs import FinetuneConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)
+                if f.default is not dataclasses.MISSING}  # fmt: skip
+    recorded = json.loads(json.dumps(done.config))  # tuples and lists alike
+    pairs = [("data_sha256", done.data_sha256, expected["data_sha256"]),
+             ("split", done.split, expected["split"]),
+             ("backbone", recorded.get("backbone", expected["backbone"]), expected["backbone"])]  # fmt: skip
+    for key, want in json.loads(json.dumps(expected["finetune"])).items():
+        if key in HOW_RUN or (key == "precision" and want == "auto"):
+            continue  # the result records the precision "auto" resolved to
+        if key in recorded or key in defaults:
+            pairs.append((key, recorded.get(key, defaults.get(key)), want))
+    for key, was, now in pairs:
+        if was != now:
+            raise DataError(
+                f"run folder {str(folder)!r} holds a finished run made with {key} = {was!r}, "
+                f"but this run asks for {key} = {now!r}: give another --out, or the settings "
+                "it was made with"
+            )
+    return done
 
 
 def check_fresh(root: Path, dataset: str, seeds: Sequence[int]) -> None:

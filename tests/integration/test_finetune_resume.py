@@ -84,6 +84,12 @@ def test_kill_9_then_resume_gives_the_uninterrupted_result(small, tmp_path):
     again = run_cli(*_args(small, cut, "--resume"))  # finished: read back, not trained
     assert again.returncode == 0, again.stderr
     assert _result(cut) == b and time.perf_counter() - started < 60
+    # other settings never get the finished run's result back; how it runs may change
+    changed = run_cli(*_args(small, cut, "--resume", "--lr", "3e-4"))
+    assert_one_line_error(changed, "finished run made with lr = ", "lr = 0.0003", "another --out")
+    sized = run_cli(*_args(small, cut, "--resume", "--device", "auto"))
+    assert sized.returncode == 0, sized.stderr
+    assert _result(cut) == b
 
 
 def test_two_processes_run_one_finetune(small, tmp_path):
