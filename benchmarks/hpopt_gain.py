@@ -8,7 +8,10 @@ and test, mean ± sample std.
 Everything resumes when run again: the study in ``OUT/<set>/search/`` goes on to the budget,
 and each fine-tuning run is a run folder (``run_finetune(..., run_root=..., resume=True)``):
 ``OUT/<set>/table8/`` and ``OUT/<set>/best<k>/`` (k the best trial, so that a search that
-finds a better one after a resume gets fresh runs). ``OUT/gain.md`` is rewritten after each
+finds a better one after a resume gets fresh runs). ``--table8-runs`` takes the Table 8 runs
+from another run root instead, such as the campaign's row of the same backbone
+(``benchmarks/results/table1/default/runs``): its finished cells are read back when they were
+made with the same settings (and refused otherwise), the missing ones run there. ``OUT/gain.md`` is rewritten after each
 set. The search selects on validation only; the test columns are the first look at test.
 """
 
@@ -68,8 +71,11 @@ def one_set(task_name: str, args: argparse.Namespace) -> list[str]:
     for name, cfg, folder in (("Table 8", base, "table8"),
                               (f"hpopt (trial {found.best_number})", best,
                                f"best{found.best_number}")):  # fmt: skip
-        results = run_finetune(task, cfg, backbone, args.seeds, progress=False,
-                               run_root=root / folder / "runs", resume=True)  # fmt: skip
+        runs = (
+            args.table8_runs if folder == "table8" and args.table8_runs else root / folder / "runs"
+        )
+        results = run_finetune(task, cfg, backbone, args.seeds, progress=False, run_root=runs,
+                               resume=True)  # fmt: skip
         search = (
             f"{found.counted} trials, {found.cpu_seconds / 60:.1f}" if folder != "table8" else "–"
         )
@@ -112,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-train-steps", type=int, default=None, help="quick runs only")
     parser.add_argument("--checkpoint", default=None, help="default: the shipped model")
     parser.add_argument("--out", type=Path, default=Path("runs/hpopt_gain"))
+    parser.add_argument("--table8-runs", type=Path, default=None,
+                        help="run root of the Table 8 runs (default OUT/<set>/table8/runs)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.trials is None and args.cpu_minutes is None:
         args.trials = 20

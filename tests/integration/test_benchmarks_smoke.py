@@ -87,9 +87,8 @@ SMOKE: dict[str, list[Step]] = {
                       prints="| 0, with the domain of 30 |")],
     "hpopt_gain": [
         Step("hpopt_gain.py", ("--tasks", "bace", "--trials", "2", "--seeds", "0",
-             "--max-train-steps", "2", "--out", "{tmp}/gain"),
-             expect=("gain/gain.md", "gain/bace/search/best.toml",
-                     "gain/bace/table8/runs/bace/seed0/result.json"),
+             "--max-train-steps", "2", "--out", "{tmp}/gain", "--table8-runs", "{tmp}/t8"),
+             expect=("gain/gain.md", "gain/bace/search/best.toml", "t8/bace/seed0/result.json"),
              prints="| bace | Table 8 |"),
     ],
     "embed_resume+search": [
