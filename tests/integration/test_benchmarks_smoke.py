@@ -6,7 +6,7 @@ Each figure in ``benchmarks/results/`` comes from one of these scripts; one that
 nobody can reproduce. Each test runs one script, or a short chain (a run, then the script that
 reads it), as a subprocess with the smallest arguments it accepts, writing only under pytest's
 temporary folder, and checks its exit code and the output it exists for. The runs go two at a
-time, about 2.5 minutes for the module on 2 cores. ``benchmarks/gpu/`` is covered by its CPU
+time: about 9 of the suite's 23 minutes on 2 cores, beside the other worker's tests. ``benchmarks/gpu/`` is covered by its CPU
 dry run (``tests/integration/test_gpu_campaign.py``).
 """
 
