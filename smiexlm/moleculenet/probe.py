@@ -8,7 +8,8 @@ regularisation strength is chosen on the valid split from ``c_grid`` (the test s
 used for a choice), and test is scored once. It takes seconds and is the baseline to read
 next to full fine-tuning.
 Logistic regression with lbfgs is deterministic, so the seeds differ only where the split
-does (the seeded split kinds).
+does (the seeded split kinds); on a deterministic split (scaffold) the probe is fitted once
+and its result serves every seed.
 """
 
 from __future__ import annotations
@@ -176,8 +177,13 @@ def run_probe(
     name = f"{backbone.name} linear probe ({kind})" + (", whitened" if cfg.whiten else "")
     name += f" + {cfg.features}" if cfg.features else ""
 
+    fitted: dict[tuple, ProbeScores] = {}  # a deterministic split's fits serve every seed
+
     def one_seed(split, seed: int) -> RunResult:
-        got = probe_split(x, task.labels, split, task.task_type, cfg, seed, raw)
+        key = (split.label, None if split.seed is None else seed)
+        if key not in fitted:
+            fitted[key] = probe_split(x, task.labels, split, task.task_type, cfg, seed, raw)
+        got = fitted[key]
         keep_predictions(run_root, task.name, seed, split, got.valid_pred, got.test_pred)
         config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": got.chosen,
                                 "pooling": cfg.pooling or backbone.pooling}  # fmt: skip

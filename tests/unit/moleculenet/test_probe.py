@@ -77,3 +77,21 @@ def test_missing_features_take_the_train_median_by_hand():
     assert got_test.mean == pytest.approx(
         roc_auc_score(labels[test, 0], clf.predict_proba(z[test])[:, 1])
     )
+
+
+def test_a_deterministic_split_is_fitted_once_for_every_seed(monkeypatch, tmp_path):
+    embeddings, _, labels, _ = _data()
+    smiles = [f"C1{'C' * ring}C1{'C' * chain}" for ring in range(1, 11) for chain in range(10)]
+    task = MoleculeTask("toy", smiles, labels, ["y"], "classification")  # 10 scaffolds
+    monkeypatch.setattr(probe_module, "pooled_embeddings", lambda *_: embeddings)
+    calls = []
+    real = probe_module.probe_split
+    monkeypatch.setattr(probe_module, "probe_split", lambda *a: calls.append(a) or real(*a))
+    cfg = ProbeConfig(c_grid=(0.1, 1.0))
+    scaffold = run_probe(task, _Backbone(), [0, 1, 2], cfg, run_root=tmp_path)
+    assert len(calls) == 1 and len({(r.valid, r.test) for r in scaffold}) == 1
+    kept = [np.load(tmp_path / "toy" / f"seed{s}" / "predictions.npz")["test"] for s in (0, 2)]
+    np.testing.assert_array_equal(*kept)
+    calls.clear()
+    run_probe(task, _Backbone(), [0, 1], ProbeConfig(c_grid=(0.1,), split="random"))
+    assert len(calls) == 2  # a seeded split kind: one fit per seed
