@@ -120,9 +120,8 @@ def probe_split(
     seed: int,
     features: np.ndarray | None = None,
 ) -> ProbeScores:
-    """The probe on one split. ``features``
-    (N, F), the raw hybrid features (NaN = not computable), go beside ``x`` with each missing
-    value the train median (:meth:`FeatureScaler.fill`); every column is then standardised
+    """The probe on one split. ``features`` (N, F), the raw hybrid features (NaN = not
+    computable), go beside ``x`` with each missing value the train median (:meth:`FeatureScaler.fill`); every column is then standardised
     with the train mean and standard deviation: no statistic reads a valid or test row."""
     train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
     if features is not None:

@@ -101,7 +101,7 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> R
              ("backbone", recorded.get("backbone", expected["backbone"]), expected["backbone"])]  # fmt: skip
     for key, want in json.loads(json.dumps(expected["finetune"])).items():
         if key in HOW_RUN or (key == "precision" and want == "auto"):
-            continue  # the result records the precision "auto" resolved to
+            continue  # (a result records the precision that "auto" resolved to)
         if key in recorded or key in defaults:
             pairs.append((key, recorded.get(key, defaults.get(key)), want))
     for key, was, now in pairs:
