@@ -11,8 +11,8 @@ and each fine-tuning run is a run folder (``run_finetune(..., run_root=..., resu
 finds a better one after a resume gets fresh runs). ``--table8-runs`` takes the Table 8 runs
 from another run root instead, such as the campaign's row of the same backbone
 (``benchmarks/results/table1/default/runs``): its finished cells are read back when they were
-made with the same settings (and refused otherwise), the missing ones run there. ``OUT/gain.md`` is rewritten after each
-set. The search selects on validation only; the test columns are the first look at test.
+made with the same settings (and refused otherwise), the missing ones run there.
+``OUT/gain.md`` is rewritten after each set. The search selects on validation only; the test columns are the first look at test.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ Descriptors are normalised with the backbone's own statistics (``descriptors.jso
 updates walk through shuffled epochs of the training molecules in length-bucketed batches, as
 fine-tuning does (a random batch pads to its longest SMILES: on ClinTox that tripled the
 padded length and the cost); AdamW at a constant learning rate with a linear warm-up over the
-first tenth, gradients clipped to norm 1. Needs a backbone with a
-descriptor head, such as the shipped default.
+first tenth, gradients clipped to norm 1. Needs a backbone with a descriptor head, such as
+the shipped default.
 """
 
 from __future__ import annotations
