@@ -87,7 +87,7 @@ def read_run(folder: Path, root: str, tasks: dict) -> Run:
     """The run in ``folder``; its set's table is loaded once into ``tasks``."""
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, finished
+    from smiexlm.moleculenet.runs import finished, read_predictions
 
     result = finished(folder)
     if result.dataset not in tasks:
@@ -98,15 +98,7 @@ def read_run(folder: Path, root: str, tasks: dict) -> Run:
             f"run {str(folder)!r} was made from a {result.dataset} table with sha256 "
             f"{result.data_sha256}; the table here has {task.sha256}: its rows may differ"
         )
-    with np.load(folder / PREDICTIONS_NAME) as saved:
-        arrays = {key: saved[key] for key in ("valid_rows", "valid", "test_rows", "test")}
-    for part in ("valid", "test"):
-        rows = arrays[f"{part}_rows"]
-        if rows.max(initial=-1) >= len(task) or arrays[part].shape != (
-            len(rows),
-            task.labels.shape[1],
-        ):
-            raise DataError(f"{str(folder / PREDICTIONS_NAME)!r}: {part} does not fit {result.dataset}")  # fmt: skip
+    arrays = read_predictions(folder, task)
     return Run(root, result.model, result.dataset, result.seed, result.split, task.task_type,
                task.labels[arrays["valid_rows"]], arrays["valid"].astype(np.float64),
                task.labels[arrays["test_rows"]], arrays["test"].astype(np.float64),

@@ -152,6 +152,28 @@ def write_predictions(
         np.savez_compressed(handle, **arrays)
 
 
+def read_predictions(folder: Path, task) -> dict[str, np.ndarray]:
+    """The validation and test scores and rows kept in ``folder`` (:func:`write_predictions`),
+    checked against ``task``: rows inside its table, one column per label. DataError naming
+    the file otherwise."""
+    path = Path(folder) / PREDICTIONS_NAME
+    if not path.is_file():
+        raise DataError(f"{str(path)!r}: no such file; expected a finished run's predictions")
+    with np.load(path) as saved:
+        arrays = {key: saved[key] for key in ("valid_rows", "valid", "test_rows", "test")}
+    for part in ("valid", "test"):
+        rows = arrays[f"{part}_rows"]
+        if rows.max(initial=-1) >= len(task) or arrays[part].shape != (
+            len(rows),
+            task.labels.shape[1],
+        ):
+            raise DataError(
+                f"{str(path)!r}: the {part} scores, shape {arrays[part].shape}, do not fit "
+                f"{task.name} ({len(task)} rows, {task.labels.shape[1]} labels)"
+            )
+    return arrays
+
+
 def keep_predictions(
     root: Path | None, dataset: str, seed: int, split: Split, valid: np.ndarray, test: np.ndarray
 ) -> None:

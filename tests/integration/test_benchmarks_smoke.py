@@ -7,14 +7,17 @@ nobody can reproduce. Each test runs one script, or a short chain (a run, then t
 reads it), as a subprocess with the smallest arguments it accepts, writing only under pytest's
 temporary folder, and checks its exit code and the output it exists for. The runs go two at a
 time: about 9 of the suite's 23 minutes on 2 cores, beside the other worker's tests. ``benchmarks/gpu/`` is covered by its CPU
-dry run (``tests/integration/test_gpu_campaign.py``).
+dry run (``tests/integration/test_gpu_campaign.py``). With ``SMOKE_TIMES=FILE`` set, each
+step's seconds are written to FILE as JSON.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +76,10 @@ SMOKE: dict[str, list[Step]] = {
         # the probe and the forests keep their predictions as fine-tuning does
         Step("conformal_coverage.py", ("{tmp}/probe", "{tmp}/rf", "--out", "{tmp}/rows",
              "--resplits", "2"), expect=("rows/coverage.csv",), prints="| bace | 0 | rf |"),
+        Step("forest_blend.py", ("{tmp}/run", "--forests", "ecfp4", "--forest-root",
+             "{tmp}/forests", "--n-trees", "5", "--out", "{tmp}/blend"),
+             expect=("blend/blend.md", "forests/ecfp4_5trees/bace/seed0/predictions.npz"),
+             prints="| run | bace | ecfp4 | 1 |"),
         Step(MN, ("campaign", "--root", "{tmp}/campaign", "--rows", "rf_ecfp4", "--tasks",
              "bace", "--seeds", "0", "--n-trees", "2"),
              expect=("campaign/report.md", "campaign/rf_ecfp4/runs/bace/seed0/result.json")),
@@ -178,9 +185,11 @@ def _run_chain(name: str, folder: Path) -> list[subprocess.CompletedProcess]:
     for step in SMOKE[name]:
         fill = {"tmp": str(folder), "port": str(free_port())}
         args = [a.format(**fill) for a in step.args]
+        start = time.perf_counter()
         done.append(subprocess.run([sys.executable, str(BENCHMARKS / step.script), *args],
                                    capture_output=True, text=True, timeout=900, env=_env(),
                                    cwd=folder))  # fmt: skip
+        done[-1].seconds = time.perf_counter() - start  # type: ignore[attr-defined]
         if done[-1].returncode != 0:
             break
     return done
@@ -211,6 +220,9 @@ def smoke_runs(request, shared_data, tmp_path_factory):
         futures = {name: pool.submit(_run_chain, name, root / name.replace("+", "_"))
                    for name in SMOKE if name in chosen}  # fmt: skip
         runs = {name: (root / name.replace("+", "_"), f.result()) for name, f in futures.items()}
+    if os.environ.get("SMOKE_TIMES"):  # where the time goes: {chain: [seconds of each step]}
+        times = {name: [round(p.seconds, 1) for p in done] for name, (_, done) in runs.items()}
+        Path(os.environ["SMOKE_TIMES"]).write_text(json.dumps(times, indent=1), encoding="utf-8")
     return runs, before, _tree(BENCHMARKS)
 
 

@@ -190,3 +190,27 @@ def test_user_csv_loads_and_rejects_bad_input(tmp_path):
         read_task(_write(tmp_path, good.assign(A=["x", 1, 0, 1])), "S", ["A"], "regression")
     reg = read_task(_write(tmp_path, good.assign(A=[0.5, 1.5, 2, 3])), "S", ["A"], "regression")
     assert reg.labels[:, 0].tolist() == [0.5, 1.5, 3.0]
+
+
+def test_kept_predictions_read_back_and_a_file_of_another_table_is_refused(tmp_path):
+    from smiexlm.moleculenet.runs import keep_predictions, read_predictions, run_dir
+    from smiexlm.moleculenet.splits import Split
+    from smiexlm.moleculenet.task import MoleculeTask
+
+    task = MoleculeTask("toy", ["C"] * 6, np.arange(12).reshape(6, 2) % 2, ["a", "b"])
+    split = Split("scaffold", None, [0, 1], [2, 3], [4, 5])
+    valid, test = np.full((2, 2), 0.25), np.full((2, 2), 0.75)
+    keep_predictions(tmp_path, "toy", 0, split, valid, test)
+    got = read_predictions(run_dir(tmp_path, "toy", 0), task)
+    assert got["valid_rows"].tolist() == [2, 3] and got["test_rows"].tolist() == [4, 5]
+    np.testing.assert_array_equal(got["valid"], valid)
+    np.testing.assert_array_equal(got["test"], test)
+
+    one_label = MoleculeTask("toy", ["C"] * 6, np.zeros(6), ["a"])
+    with pytest.raises(DataError, match=r"the valid scores, shape \(2, 2\), do not fit toy"):
+        read_predictions(run_dir(tmp_path, "toy", 0), one_label)
+    short = MoleculeTask("toy", ["C"] * 4, np.zeros((4, 2)), ["a", "b"])
+    with pytest.raises(DataError, match="do not fit toy"):
+        read_predictions(run_dir(tmp_path, "toy", 0), short)
+    with pytest.raises(DataError, match="no such file"):
+        read_predictions(tmp_path / "nothing", task)

@@ -1,0 +1,173 @@
+"""What a random forest beside a fine-tuned model buys: the two blended, from finished runs.
+
+    export SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1
+    python benchmarks/forest_blend.py benchmarks/results/table1/default \
+        --forests rdkit2d both --forest-root runs/forests --out runs/blend
+
+Each MODEL_ROOT holds runs as ``moleculenet_table.py run`` (or ``smiexlm benchmark``) leaves
+them: ``ROOT/runs/<set>/seed<k>/`` with ``result.json`` and ``predictions.npz``. For each of
+its (set, seed), the forest of each ``--forests`` kind (``--n-trees`` 500, balanced class
+weights, the same split and seed: the campaign's forest rows) is trained unless its
+predictions are in ``--forest-root/<kind>_<n>trees/<set>/seed<k>/`` already, and kept there. Test scores of:
+
+- ``model`` and ``forest`` alone;
+- ``mean``: the two predictions averaged (probabilities, or values for regression);
+- ``quantile`` (classification): each score replaced by its quantile among the same model's
+  validation scores, then averaged; a per-molecule transform, so a served model can apply it;
+- ``chosen``: ``quantile`` (``mean`` for regression) with the model's weight picked from
+  0, 0.1, ..., 1 on the validation split.
+
+Only the validation split makes a choice; test is read once per blend. Writes ``blend.md``
+and ``blend.json`` into ``--out`` and prints the table (ROC-AUC x 100 or RMSE, mean ± sample
+std over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 1)
+
+
+def quantiles(reference: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Per column, each score's mid-rank quantile among ``reference``'s scores (NaN-free)."""
+    out = np.empty_like(scores, dtype=np.float64)
+    for j in range(scores.shape[1]):
+        ref = np.sort(reference[:, j])
+        low = np.searchsorted(ref, scores[:, j], side="left")
+        high = np.searchsorted(ref, scores[:, j], side="right")
+        out[:, j] = (low + high) / (2.0 * len(ref))
+    return out
+
+
+def forest_predictions(
+    task, seed: int, kind: str, root: Path, n_trees: int
+) -> dict[str, np.ndarray]:
+    """The forest's kept predictions for (``task``, ``seed``), trained first when missing."""
+    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, read_predictions, run_dir
+
+    kept = root / f"{kind}_{n_trees}trees"
+    folder = run_dir(kept, task.name, seed)
+    if not (folder / PREDICTIONS_NAME).is_file():
+        cfg = BaselineConfig(features=kind, n_trees=n_trees)
+        run_baseline(task, seeds=[seed], cfg=cfg, run_root=kept)
+    return read_predictions(folder, task)
+
+
+def blends(task, model: dict, forest: dict) -> dict[str, float]:
+    """Test scores of the model, the forest and their blends (see the module docstring)."""
+    from smiexlm.moleculenet.metrics import score
+
+    y_valid, y_test = task.labels[model["valid_rows"]], task.labels[model["test_rows"]]
+
+    def test_score(pred: np.ndarray) -> float:
+        return score(task.task_type, y_test, pred).mean
+
+    out = {"model": test_score(model["test"]), "forest": test_score(forest["test"]),
+           "mean": test_score((model["test"] + forest["test"]) / 2)}  # fmt: skip
+    if task.is_classification:
+        parts = [
+            (quantiles(m["valid"], m["valid"]), quantiles(m["valid"], m["test"]))
+            for m in (model, forest)
+        ]
+        (model_valid, model_test), (forest_valid, forest_test) = parts
+        out["quantile"] = test_score((model_test + forest_test) / 2)
+    else:
+        model_valid, model_test = model["valid"], model["test"]
+        forest_valid, forest_test = forest["valid"], forest["test"]
+    valid = [
+        score(task.task_type, y_valid, w * model_valid + (1 - w) * forest_valid).mean
+        for w in WEIGHTS
+    ]
+    pick = int(np.nanargmax(valid) if task.is_classification else np.nanargmin(valid))
+    out["chosen"] = test_score(WEIGHTS[pick] * model_test + (1 - WEIGHTS[pick]) * forest_test)
+    out["chosen_weight"] = float(WEIGHTS[pick])
+    return out
+
+
+def _mean_std(values: list[float], scale: float) -> str:
+    values = [v * scale for v in values if not math.isnan(v)]
+    if not values:
+        return "–"
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return (
+        f"{np.mean(values):.1f} ± {std:.1f}"
+        if scale == 100
+        else f"{np.mean(values):.3f} ± {std:.3f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_roots", type=Path, nargs="+", metavar="MODEL_ROOT")
+    parser.add_argument("--forests", nargs="+", default=["rdkit2d", "both"],
+                        choices=["ecfp4", "rdkit2d", "both"])  # fmt: skip
+    parser.add_argument("--forest-root", type=Path, required=True)
+    parser.add_argument("--n-trees", type=int, default=500, help="trees of a forest trained here")
+    parser.add_argument("--tasks", nargs="+", default=None, help="sets to read (default: all)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    from smiexlm.errors import DataError
+    from smiexlm.moleculenet.loaders import load_task
+    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, finished, read_predictions
+
+    cells, tasks = [], {}
+    for root in args.model_roots:
+        folders = sorted((root / "runs").glob(f"*/seed*/{PREDICTIONS_NAME}"))
+        if not folders:
+            raise DataError(f"MODEL_ROOT {str(root)!r}: no runs/<set>/seed<k>/{PREDICTIONS_NAME}")
+        for path in folders:
+            result = finished(path.parent)
+            if result is None or (args.tasks and result.dataset not in args.tasks):
+                continue
+            task = tasks.setdefault(result.dataset, load_task(result.dataset))
+            model = read_predictions(path.parent, task)
+            for kind in args.forests:
+                forest = forest_predictions(task, result.seed, kind, args.forest_root, args.n_trees)
+                for part in ("valid_rows", "test_rows"):
+                    if not np.array_equal(model[part], forest[part]):
+                        raise DataError(f"{str(path)!r}: the forest's {part} differ from the model's")  # fmt: skip
+                cells.append({"root": root.name, "name": result.model, "dataset": result.dataset,
+                              "seed": result.seed, "features": kind,
+                              **blends(task, model, forest)})  # fmt: skip
+                print(json.dumps(cells[-1]), flush=True)
+
+    columns = ["model", "forest", "mean", "quantile", "chosen"]
+    lines = ["# A forest beside the fine-tuned model: blends on test", "",
+             f"`python {' '.join(sys.argv)}`", "",
+             "Test ROC-AUC x 100 (RMSE for regression), mean ± sample std over seeds; `chosen` "
+             "is the model's weight picked on validation (the weights chosen are listed).", "",
+             "| root | set | forest | seeds | " + " | ".join(columns) + " | weights chosen |",
+             "|" + "---|" * (len(columns) + 5)]  # fmt: skip
+    groups: dict[tuple, list[dict]] = {}
+    for cell in cells:
+        groups.setdefault((cell["root"], cell["features"], cell["dataset"]), []).append(cell)
+    summary: dict[tuple, dict[str, list[float]]] = {}
+    for (root, kind, dataset), group in groups.items():
+        scale = 100 if tasks[dataset].is_classification else 1
+        row = [_mean_std([c.get(col, math.nan) for c in group], scale) for col in columns]
+        weights = ", ".join(f"{c['chosen_weight']:.1f}" for c in group)
+        lines.append(f"| {root} | {dataset} | {kind} | {len(group)} | " + " | ".join(row) + f" | {weights} |")  # fmt: skip
+        if scale == 100:
+            means = summary.setdefault((root, kind), {})
+            for col in columns:
+                means.setdefault(col, []).append(100 * np.mean([c[col] for c in group]))
+    for (root, kind), means in summary.items():
+        row = [f"{np.mean(v):.1f}" for v in means.values()]
+        lines.append(f"| {root} | mean of {len(means['model'])} classification sets | {kind} | | " + " | ".join(row) + " | |")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "blend.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (args.out / "blend.json").write_text(json.dumps(cells, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
