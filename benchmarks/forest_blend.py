@@ -13,7 +13,8 @@ predictions are in ``--forest-root/<kind>_<n>trees/<set>/seed<k>/`` already, and
 - ``model`` and ``forest`` alone;
 - ``mean``: the two predictions averaged (probabilities, or values for regression);
 - ``quantile`` (classification): each score replaced by its quantile among the same model's
-  validation scores, then averaged; a per-molecule transform, so a served model can apply it;
+  validation scores, then averaged (:mod:`smiexlm.moleculenet.blend`); a per-molecule
+  transform, so a served model can apply it;
 - ``chosen``: ``quantile`` (``mean`` for regression) with the model's weight picked from
   0, 0.1, ..., 1 on the validation split.
 
@@ -35,17 +36,6 @@ import numpy as np
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 1)
 
 
-def quantiles(reference: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """Per column, each score's mid-rank quantile among ``reference``'s scores (NaN-free)."""
-    out = np.empty_like(scores, dtype=np.float64)
-    for j in range(scores.shape[1]):
-        ref = np.sort(reference[:, j])
-        low = np.searchsorted(ref, scores[:, j], side="left")
-        high = np.searchsorted(ref, scores[:, j], side="right")
-        out[:, j] = (low + high) / (2.0 * len(ref))
-    return out
-
-
 def forest_predictions(
     task, seed: int, kind: str, root: Path, n_trees: int
 ) -> dict[str, np.ndarray]:
@@ -63,6 +53,7 @@ def forest_predictions(
 
 def blends(task, model: dict, forest: dict) -> dict[str, float]:
     """Test scores of the model, the forest and their blends (see the module docstring)."""
+    from smiexlm.moleculenet.blend import blend
     from smiexlm.moleculenet.metrics import score
 
     y_valid, y_test = task.labels[model["valid_rows"]], task.labels[model["test_rows"]]
@@ -73,21 +64,18 @@ def blends(task, model: dict, forest: dict) -> dict[str, float]:
     out = {"model": test_score(model["test"]), "forest": test_score(forest["test"]),
            "mean": test_score((model["test"] + forest["test"]) / 2)}  # fmt: skip
     if task.is_classification:
-        parts = [
-            (quantiles(m["valid"], m["valid"]), quantiles(m["valid"], m["test"]))
-            for m in (model, forest)
-        ]
-        (model_valid, model_test), (forest_valid, forest_test) = parts
-        out["quantile"] = test_score((model_test + forest_test) / 2)
-    else:
-        model_valid, model_test = model["valid"], model["test"]
-        forest_valid, forest_test = forest["valid"], forest["test"]
+        out["quantile"] = test_score(
+            blend(task.task_type, model["valid"], model["test"], forest["valid"], forest["test"])
+        )
     valid = [
-        score(task.task_type, y_valid, w * model_valid + (1 - w) * forest_valid).mean
+        score(task.task_type, y_valid, blend(task.task_type, model["valid"], model["valid"],
+                                             forest["valid"], forest["valid"], w)).mean
         for w in WEIGHTS
-    ]
+    ]  # fmt: skip
     pick = int(np.nanargmax(valid) if task.is_classification else np.nanargmin(valid))
-    out["chosen"] = test_score(WEIGHTS[pick] * model_test + (1 - WEIGHTS[pick]) * forest_test)
+    chosen = blend(task.task_type, model["valid"], model["test"], forest["valid"], forest["test"],
+                   WEIGHTS[pick])  # fmt: skip
+    out["chosen"] = test_score(chosen)
     out["chosen_weight"] = float(WEIGHTS[pick])
     return out
 

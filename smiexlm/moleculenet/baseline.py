@@ -70,20 +70,21 @@ class BaselineConfig:
             raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
 
 
-def _fit_predict(
-    x_train: np.ndarray | sparse.csr_matrix, y_train: np.ndarray,
-    x_eval: np.ndarray | sparse.csr_matrix, task_type: str, seed: int,
+def fit_forests(
+    x_train: np.ndarray | sparse.csr_matrix, y_train: np.ndarray, task_type: str, seed: int,
     cfg: BaselineConfig,
-) -> np.ndarray:  # fmt: skip
-    """Scores (N_eval, T): P(class 1) for classification, predictions for regression."""
+) -> list:  # fmt: skip
+    """One fitted forest per task, on the train rows whose label is known; a classification
+    task whose known train labels hold one class (or none) gets its prior instead (a float:
+    the class-1 share, 0.5 with no label)."""
     from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 
-    out = np.zeros((x_eval.shape[0], y_train.shape[1]))
+    fitted: list = []
     for t in range(y_train.shape[1]):
         known = ~np.isnan(y_train[:, t])
         y = y_train[known, t]
         if task_type == "classification" and len(np.unique(y)) < 2:
-            out[:, t] = y.mean() if len(y) else 0.5
+            fitted.append(float(y.mean()) if len(y) else 0.5)
             continue
         if task_type == "classification":
             weight = None if cfg.class_weight == "none" else cfg.class_weight
@@ -94,12 +95,33 @@ def _fit_predict(
             forest = RandomForestRegressor(
                 n_estimators=cfg.n_trees, n_jobs=cfg.n_jobs, random_state=seed
             )
-        forest.fit(x_train[known], y)
-        if task_type == "classification":
+        fitted.append(forest.fit(x_train[known], y))
+    return fitted
+
+
+def forest_scores(
+    fitted: list, x_eval: np.ndarray | sparse.csr_matrix, task_type: str
+) -> np.ndarray:
+    """Scores (N_eval, T) of :func:`fit_forests`' forests: P(class 1) for classification,
+    predictions for regression; a task's prior where it has no forest."""
+    out = np.zeros((x_eval.shape[0], len(fitted)))
+    for t, forest in enumerate(fitted):
+        if isinstance(forest, float):
+            out[:, t] = forest
+        elif task_type == "classification":
             out[:, t] = forest.predict_proba(x_eval)[:, 1]
         else:
             out[:, t] = forest.predict(x_eval)
     return out
+
+
+def _fit_predict(
+    x_train: np.ndarray | sparse.csr_matrix, y_train: np.ndarray,
+    x_eval: np.ndarray | sparse.csr_matrix, task_type: str, seed: int,
+    cfg: BaselineConfig,
+) -> np.ndarray:  # fmt: skip
+    """Scores (N_eval, T): P(class 1) for classification, predictions for regression."""
+    return forest_scores(fit_forests(x_train, y_train, task_type, seed, cfg), x_eval, task_type)
 
 
 class _Features:

@@ -48,6 +48,7 @@ PRECISION_FREE = frozenset(
         "model/test_model_overfit.py",
         "moleculenet/test_moleculenet_data.py",
         "moleculenet/test_moleculenet_metrics.py",
+        "moleculenet/test_blend.py",
         "parts/test_embed_parts.py",
         "parts/test_search.py",
         "test_paths.py",

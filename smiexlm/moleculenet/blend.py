@@ -1,0 +1,57 @@
+"""Blending a fine-tuned model with a random forest on the same split, molecule by molecule.
+
+A balanced forest's probabilities and a network's sigmoid outputs are not on one scale, so a
+classification score is first replaced by its quantile among the same model's scores of the
+validation molecules (:func:`quantiles`): a per-molecule transform, so a served model can
+apply it to one molecule as well as to a test split. Regression values are in the label's
+units already and are averaged as they are. :func:`blend` gives the model the weight
+``weight`` and the forest the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smiexlm.errors import ConfigError, DataError
+
+
+def quantiles(reference: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """(N, T) float64: per column, each score's mid-rank quantile among ``reference``'s
+    scores, (number below + number at or below) / (2 x references); 0 below every reference,
+    1 above every one."""
+    reference, scores = np.asarray(reference), np.asarray(scores)
+    if reference.ndim != 2 or scores.ndim != 2 or reference.shape[1] != scores.shape[1]:
+        raise DataError(
+            f"quantiles: reference of shape {reference.shape} and scores of shape "
+            f"{scores.shape}: expected two (N, T) arrays with the same T"
+        )
+    if len(reference) == 0 or np.isnan(reference).any():
+        raise DataError(
+            f"quantiles: {len(reference)} reference scores, "
+            f"{int(np.isnan(reference).sum())} NaN: expected one or more, none NaN"
+        )
+    out = np.empty(scores.shape, dtype=np.float64)
+    for j in range(scores.shape[1]):
+        ref = np.sort(reference[:, j])
+        below = np.searchsorted(ref, scores[:, j], side="left")
+        at_or_below = np.searchsorted(ref, scores[:, j], side="right")
+        out[:, j] = (below + at_or_below) / (2.0 * len(ref))
+    return out
+
+
+def blend(
+    task_type: str,
+    model_valid: np.ndarray,
+    model: np.ndarray,
+    forest_valid: np.ndarray,
+    forest: np.ndarray,
+    weight: float = 0.5,
+) -> np.ndarray:
+    """(N, T) blended scores of ``model`` and ``forest`` (each (N, T)): for classification the
+    weighted mean of their :func:`quantiles` among their own validation scores
+    (``model_valid``, ``forest_valid``), for regression the weighted mean of the values."""
+    if not 0.0 <= weight <= 1.0:
+        raise ConfigError("weight", weight, "the model's weight, from 0 (the forest alone) to 1")
+    if task_type == "classification":
+        model, forest = quantiles(model_valid, model), quantiles(forest_valid, forest)
+    return weight * np.asarray(model, np.float64) + (1.0 - weight) * np.asarray(forest, np.float64)
