@@ -61,21 +61,18 @@ def blends(task, model: dict, forest: dict) -> dict[str, float]:
     def test_score(pred: np.ndarray) -> float:
         return score(task.task_type, y_test, pred).mean
 
+    parts = (model["valid"], model["test"], forest["valid"], forest["test"])
     out = {"model": test_score(model["test"]), "forest": test_score(forest["test"]),
-           "mean": test_score((model["test"] + forest["test"]) / 2)}  # fmt: skip
+           "mean": test_score(blend(task.task_type, *parts, how="mean"))}  # fmt: skip
     if task.is_classification:
-        out["quantile"] = test_score(
-            blend(task.task_type, model["valid"], model["test"], forest["valid"], forest["test"])
-        )
+        out["quantile"] = test_score(blend(task.task_type, *parts, how="quantile"))
     valid = [
         score(task.task_type, y_valid, blend(task.task_type, model["valid"], model["valid"],
-                                             forest["valid"], forest["valid"], w)).mean
+                                             forest["valid"], forest["valid"], w, "quantile")).mean
         for w in WEIGHTS
     ]  # fmt: skip
     pick = int(np.nanargmax(valid) if task.is_classification else np.nanargmin(valid))
-    chosen = blend(task.task_type, model["valid"], model["test"], forest["valid"], forest["test"],
-                   WEIGHTS[pick])  # fmt: skip
-    out["chosen"] = test_score(chosen)
+    out["chosen"] = test_score(blend(task.task_type, *parts, WEIGHTS[pick], "quantile"))
     out["chosen_weight"] = float(WEIGHTS[pick])
     return out
 

@@ -213,6 +213,22 @@ AdaptSteps = Annotated[
 AdaptLr = Annotated[
     float | None, typer.Option("--adapt-lr", help="Learning rate of --adapt-steps (1e-4).")
 ]
+Forest = Annotated[
+    str | None,
+    typer.Option("--forest", help="ecfp4 | rdkit2d | both: after training, fit a random forest "
+                 "on these features of the same training molecules, keep it in --save-dir and "
+                 "serve the two blended (the model and the forest alone are reported beside)."),
+]  # fmt: skip
+ForestTrees = Annotated[int | None, typer.Option("--forest-trees", help="Trees of --forest (500).")]
+ForestBlend = Annotated[
+    str | None,
+    typer.Option("--forest-blend", help="quantile (default: each score's quantile among the "
+                 "validation molecules' scores, then averaged) | mean (the scores averaged)."),
+]  # fmt: skip
+ForestWeight = Annotated[
+    float | None,
+    typer.Option("--forest-weight", help="The model's weight in the blend, 0 to 1 (0.5)."),
+]
 Resume = Annotated[
     bool,
     typer.Option("--resume", help="Keep the runs already in --out: a finished (set, seed) is "
@@ -281,6 +297,10 @@ def finetune(
     tta: Tta = None,
     adapt_steps: AdaptSteps = None,
     adapt_lr: AdaptLr = None,
+    forest: Forest = None,
+    forest_trees: ForestTrees = None,
+    forest_blend: ForestBlend = None,
+    forest_weight: ForestWeight = None,
     config: ConfigFile = None,
 ) -> None:
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
@@ -296,7 +316,9 @@ def finetune(
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, features=features,
                   patience=patience, precision=precision, augment=augment, tta=tta,
-                  adapt_steps=adapt_steps, adapt_lr=adapt_lr)  # fmt: skip
+                  adapt_steps=adapt_steps, adapt_lr=adapt_lr, forest=forest,
+                  forest_trees=forest_trees, forest_blend=forest_blend,
+                  forest_weight=forest_weight)  # fmt: skip
     seeds = _seeds(seeds)
     (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective, random_init)

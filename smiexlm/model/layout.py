@@ -17,7 +17,8 @@ A pre-trained model folder holds::
 
 A fine-tuned folder is a model folder (its backbone) plus ``finetune.json`` (task, labels,
 target scaling), ``head.safetensors``, ``reference.safetensors`` (applicability domain and
-calibration) and, once exported, ``predictor.onnx``.
+calibration), ``forest.skops`` (with ``finetune --forest``) and, once exported,
+``predictor.onnx``.
 
 The names are defined here and nowhere else, so one module says what a folder is; the
 folder's reader is :class:`smiexlm.model.folder.ModelFolder`. ``vocab.json`` and
@@ -44,6 +45,7 @@ CARD_NAME = "MODEL_CARD.md"
 FINETUNE_NAME = "finetune.json"  # a fine-tuned folder's record
 HEAD_NAME = "head.safetensors"
 REFERENCE_NAME = "reference.safetensors"
+FOREST_NAME = "forest.skops"  # the forest blended with a fine-tuned model (finetune --forest)
 ONNX_MANIFEST_NAME = "onnx.json"
 GRAPH_FILES: dict[str, str] = {"encoder": "encoder.onnx", "predictor": "predictor.onnx"}
 # The weight files an ONNX graph is exported from (its record keeps their sha256).
@@ -53,6 +55,7 @@ FILES = (
     CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, CHECKSUMS_NAME,
     NORMALIZATION_NAME, EMBEDDING_NAME, WHITENING_NAME, STATS_NAME, CARD_NAME,
     ONNX_MANIFEST_NAME, *GRAPH_FILES.values(), FINETUNE_NAME, HEAD_NAME, REFERENCE_NAME,
+    FOREST_NAME,
 )  # fmt: skip
 
 DEFAULT_MODEL_DIR = ASSETS_DIR / "default_model"

@@ -3,16 +3,20 @@
 A balanced forest's probabilities and a network's sigmoid outputs are not on one scale, so a
 classification score is first replaced by its quantile among the same model's scores of the
 validation molecules (:func:`quantiles`): a per-molecule transform, so a served model can
-apply it to one molecule as well as to a test split. Regression values are in the label's
-units already and are averaged as they are. :func:`blend` gives the model the weight
-``weight`` and the forest the rest.
+apply it to one molecule as well as to a test split (``how="quantile"``); ``how="mean"``
+averages the probabilities as they are. Regression values are in the label's units already and
+are averaged as they are. :func:`blend` gives the model the weight ``weight`` and the forest
+the rest.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from smiexlm.errors import ConfigError, DataError
+from smiexlm.errors import ConfigError, DataError, check_choice
+
+BLENDS = ("quantile", "mean")
+DEFAULT_BLEND = "quantile"
 
 
 def quantiles(reference: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -46,12 +50,21 @@ def blend(
     forest_valid: np.ndarray,
     forest: np.ndarray,
     weight: float = 0.5,
+    how: str = DEFAULT_BLEND,
 ) -> np.ndarray:
-    """(N, T) blended scores of ``model`` and ``forest`` (each (N, T)): for classification the
-    weighted mean of their :func:`quantiles` among their own validation scores
-    (``model_valid``, ``forest_valid``), for regression the weighted mean of the values."""
-    if not 0.0 <= weight <= 1.0:
-        raise ConfigError("weight", weight, "the model's weight, from 0 (the forest alone) to 1")
-    if task_type == "classification":
+    """(N, T) blended scores of ``model`` and ``forest`` (each (N, T)): the weighted mean of
+    the values, of their :func:`quantiles` among their own validation scores
+    (``model_valid``, ``forest_valid``) for a classification task blended ``how="quantile"``."""
+    check_blend(weight, how)
+    if task_type == "classification" and how == "quantile":
         model, forest = quantiles(model_valid, model), quantiles(forest_valid, forest)
     return weight * np.asarray(model, np.float64) + (1.0 - weight) * np.asarray(forest, np.float64)
+
+
+def check_blend(weight: float, how: str) -> None:
+    """ConfigError unless ``weight`` is in [0, 1] and ``how`` one of :data:`BLENDS`."""
+    check_choice("forest_blend", how, BLENDS)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 <= weight <= 1.0:
+        raise ConfigError(
+            "forest_weight", weight, "the model's weight, from 0 (the forest alone) to 1"
+        )

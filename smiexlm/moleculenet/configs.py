@@ -13,6 +13,7 @@ from smiexlm.finetuning.engine import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import POOLINGS
 from smiexlm.moleculenet.adapt import check_adapt
+from smiexlm.moleculenet.blend import DEFAULT_BLEND, check_blend
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.paths import PACKAGE_DIR
 
@@ -41,8 +42,10 @@ class FinetuneConfig:
     ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``) and what the
     MoleculeNet adapter adds (dropouts, pooling, SMILES normalisation, split, truncation,
     hybrid ``features``: ``ecfp4`` | ``rdkit2d`` | ``both``, random-SMILES ``augment`` of the
-    training molecules, test-time ``tta``, and ``adapt_steps`` of descriptor regression on the
-    training molecules before fine-tuning, :mod:`~smiexlm.moleculenet.adapt`).
+    training molecules, test-time ``tta``, ``adapt_steps`` of descriptor regression on the
+    training molecules before fine-tuning, :mod:`~smiexlm.moleculenet.adapt`, and a random
+    ``forest`` on ``ecfp4`` | ``rdkit2d`` | ``both`` kept beside the model and blended with it,
+    :mod:`~smiexlm.moleculenet.forest`).
 
     The TOML tables, the CLI and :func:`finetune_config` speak flat keys
     (:meth:`from_flat`, :meth:`to_dict`); ``max_train_steps`` is the loop's ``max_steps`` and is
@@ -61,6 +64,12 @@ class FinetuneConfig:
     tta: int = 0  # random SMILES averaged with the canonical one for the scores kept (0 = none)
     adapt_steps: int = 0  # descriptor-regression updates on the training molecules first
     adapt_lr: float = 1e-4
+    forest: str | None = (
+        None  # features of a random forest blended with the model (None: no forest)
+    )
+    forest_trees: int = 500
+    forest_blend: str = DEFAULT_BLEND  # how the two are blended (smiexlm.moleculenet.blend)
+    forest_weight: float = 0.5  # the model's weight in the blend
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -76,6 +85,10 @@ class FinetuneConfig:
         check_choice("split", self.split, SPLIT_KINDS)
         if self.features is not None:
             check_choice("features", self.features, FEATURE_KINDS)
+        if self.forest is not None:
+            check_choice("forest", self.forest, FEATURE_KINDS)
+        check_positive_int("forest_trees", self.forest_trees)
+        check_blend(self.forest_weight, self.forest_blend)
         if self.loop.freeze and self.loop.freeze_layers:
             raise ConfigError(
                 "freeze_layers",

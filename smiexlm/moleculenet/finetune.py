@@ -59,7 +59,8 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
         name += " frozen"
     elif cfg.loop.freeze_layers:
         name += f" ({cfg.loop.freeze_layers} layers frozen)"
-    return name + (f" + {cfg.features}" if cfg.features else "")
+    name += f" + {cfg.features}" if cfg.features else ""
+    return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
 
 
 @dataclass
@@ -89,10 +90,50 @@ class _Targets:
         return to_scores(logits, self.task_type, self.mean, self.std)
 
     def score(self, rows: Sequence[int], logits: np.ndarray):
+        return self.score_values(rows, self.to_scores(logits))
+
+    def score_values(self, rows: Sequence[int], values: np.ndarray):
+        """The metric of ``values`` (probabilities, or values in the labels' units)."""
         if not len(rows):  # a split without test rows (hpopt's): nothing to score
             n = self.y.shape[1]
             return TaskScores(float("nan"), [float("nan")] * n, 0, list(range(n)))
-        return score(self.task_type, self.y[rows], self.to_scores(logits))
+        return score(self.task_type, self.y[rows], values)
+
+
+@dataclass
+class _Scores:
+    """A finished run's validation and test scores (probabilities, or values in the labels'
+    units): the model's, then, with a forest beside it, the blend's, the model's and the
+    forest's kept apart."""
+
+    valid: np.ndarray  # the served scores (the mean over the TTA views)
+    valid_canonical: np.ndarray  # the canonical SMILES' alone: the blend's reference, as served
+    test: np.ndarray
+    forest: Any = None  # KeptForest
+    parts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def add_forest(self, run: _Setup, task: MoleculeTask, split: Split, seed: int,
+                   cfg: FinetuneConfig) -> None:  # fmt: skip
+        """Fit the forest of ``cfg.forest`` on the training molecules and blend."""
+        from smiexlm.moleculenet.forest import KeptForest
+
+        self.forest, forest = KeptForest.fit(run.inputs, task.labels, split.train, split.valid,
+                                             task.task_type, seed, cfg)  # fmt: skip
+        self.parts = {"valid_model": self.valid, "test_model": self.test,
+                      "valid_forest": forest[split.valid], "test_forest": forest[split.test]}  # fmt: skip
+        self.valid, self.test = (
+            self.forest.blended(task.task_type, self.valid_canonical, self.parts[f"{p}_model"],
+                                self.parts[f"{p}_forest"])
+            for p in ("valid", "test")
+        )  # fmt: skip
+
+    def forest_summary(self, targets: _Targets, split: Split, scale: float) -> dict[str, float]:
+        """The model's and the forest's scores alone, beside the blend's in the result."""
+        return {
+            f"{p}_{who}": targets.score_values(rows, self.parts[f"{p}_{who}"]).mean * scale
+            for p, rows in (("valid", split.valid), ("test", split.test))
+            for who in ("model", "forest")
+        }  # fmt: skip
 
 
 def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | None, split: Split):
@@ -207,9 +248,9 @@ def finetune_once(
     # score is the one a user gets back from the saved model
     test_views = predict_views(run.model, test, cfg.loop.eval_batch_size)  # (V, N, T)
     test_logits = test_views.mean(axis=0)
-    if not runs.is_main():
-        save_dir = run_dir = None  # one process writes
-    _write_outputs(run, task, split, cfg, seed, backbone, fitted, test_logits, save_dir, run_dir)
+    valid_views = predict_views(run.model, valid, cfg.loop.eval_batch_size)
+    scores = _Scores(targets.to_scores(valid_views.mean(axis=0)),
+                     targets.to_scores(valid_views[0]), targets.to_scores(test_logits))  # fmt: skip
     config = (
         cfg.to_dict() | {"backbone": backbone.name, "n_truncated": run.n_cut} | fitted.summary()
     )
@@ -217,40 +258,48 @@ def finetune_once(
     config["processes"] = runs.processes()
     if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
         config["test_canonical"] = targets.score(split.test, test_views[0]).mean * task.scale
-    result = task.result(variant_name(backbone, cfg), split, seed, fitted.best_valid,
-                         targets.score(split.test, test_logits), time.perf_counter() - t0, config,
-                         fitted.best_epoch)  # fmt: skip
+    valid_score, test_score = fitted.best_valid, targets.score_values(split.test, scores.test)
+    if cfg.forest:
+        scores.add_forest(run, task, split, seed, cfg)
+        config |= scores.forest_summary(targets, split, task.scale)
+        valid_score = targets.score_values(split.valid, scores.valid).mean
+        test_score = targets.score_values(split.test, scores.test)
+    if not runs.is_main():
+        save_dir = run_dir = None  # one process writes
+    _write_outputs(run, task, split, cfg, seed, backbone, fitted, scores, save_dir, run_dir)
+    result = task.result(variant_name(backbone, cfg), split, seed, valid_score, test_score,
+                         time.perf_counter() - t0, config, fitted.best_epoch)  # fmt: skip
     if run_dir is not None:
         runs.finish(run_dir, result)
     return result
 
 
 def _write_outputs(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int,
-                   backbone: Backbone, fitted, test_logits: np.ndarray, save_dir: Path | None,
+                   backbone: Backbone, fitted, scores: _Scores, save_dir: Path | None,
                    run_dir: Path | None) -> None:  # fmt: skip
     """Write what a finished seed keeps: its scores and nearness in ``run_dir``
     (``predictions.npz``), the fine-tuned folder in ``save_dir``; nothing when both are None."""
     from smiexlm.finetuning import predict as engine_predict
-    from smiexlm.finetuning import predict_views
 
     if save_dir is None and run_dir is None:
         return
     (train, valid, test), targets = run.parts, run.targets
     reference = _reference(run.model, (train, valid), run.inputs, split, targets, cfg)
     if run_dir is not None:
-        valid_logits = predict_views(run.model, valid, cfg.loop.eval_batch_size).mean(axis=0)
         test_pooled = engine_predict(run.model, test, cfg.loop.eval_batch_size, output="pooled")
         nearness = reference.nearness([run.inputs[i] for i in split.test], test_pooled)
-        runs.write_predictions(run_dir, split, targets.to_scores(valid_logits),
-                               targets.to_scores(test_logits), reference, nearness)  # fmt: skip
+        runs.write_predictions(run_dir, split, scores.valid, scores.test, reference, nearness,
+                               scores.parts)  # fmt: skip
     if save_dir is not None:
         scaler = None if run.scaler is None else run.scaler.to_dict()
-        save_finetuned(run.model, run.tokenizer, save_dir, normalization=backbone.normalization, meta=dict(
+        meta = dict(
             dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,
             config=cfg.to_dict(), seed=seed, split=split.label, target_mean=targets.mean.tolist(),
             target_std=targets.std.tolist(), backbone=backbone.name, best_epoch=fitted.best_epoch,
             feature_scaler=scaler,
-        ), reference=reference)  # fmt: skip
+        )  # fmt: skip
+        save_finetuned(run.model, run.tokenizer, save_dir, normalization=backbone.normalization,
+                       meta=meta, reference=reference, forest=scores.forest)  # fmt: skip
 
 
 def _reference(model, parts, inputs: list[str], split: Split, targets: _Targets,

@@ -4,8 +4,9 @@ which are read.
 A fine-tuned folder holds the backbone (``config.json``, ``vocab.json``, ``model.safetensors``,
 its normalisation), ``head.safetensors``, ``finetune.json`` (task, label columns, config,
 target scaling, the hybrid features' scaler) and ``reference.safetensors`` (what the
-applicability domain and calibration need, :mod:`smiexlm.moleculenet.reference`), each file's
-sha256 in ``checksums.json``. It is read, every file checked, by
+applicability domain and calibration need, :mod:`smiexlm.moleculenet.reference`), with
+``finetune --forest`` the forest blended with the model (``forest.skops``,
+:mod:`smiexlm.moleculenet.forest`), each file's sha256 in ``checksums.json``. It is read, every file checked, by
 :class:`smiexlm.model.folder.FinetunedFolder` and loaded by
 :func:`smiexlm.model.pretrained.load_finetuned` (torch) or
 :class:`smiexlm.serving.onnx_runtime.OnnxPredictor` (its ONNX graph).
@@ -80,10 +81,12 @@ def finetuned_folders(folders: Path | str | Sequence[Path | str]) -> list[Path |
 
 def save_finetuned(
     model, tokenizer, folder: Path, meta: dict[str, Any], normalization=None, reference=None,
+    forest=None,
 ) -> Path:  # fmt: skip
     """Write the folder ``predict`` reads (see the module docstring) atomically: the backbone
     as a model folder with its normalisation (the default's when None), the head,
-    ``finetune.json`` and, when given, the :class:`~smiexlm.moleculenet.reference.Reference`."""
+    ``finetune.json`` and, when given, the :class:`~smiexlm.moleculenet.reference.Reference`
+    and the :class:`~smiexlm.moleculenet.forest.KeptForest`."""
     from safetensors.torch import save_file
 
     from smiexlm.model.integrity import record_checksums
@@ -97,8 +100,11 @@ def save_finetuned(
         save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
         meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
                        "n_features": model.n_features}  # fmt: skip
-        (tmp / FINETUNE_NAME).write_text(json.dumps(meta, indent=1))
         names = [HEAD_NAME, FINETUNE_NAME]
+        if forest is not None:
+            meta["forest"] = forest.record()
+            names.append(forest.save(tmp).name)
+        (tmp / FINETUNE_NAME).write_text(json.dumps(meta, indent=1))
         if reference is not None:
             names.append(reference.save(tmp).name)
         record_checksums(tmp, *names)  # beside the backbone's model.safetensors

@@ -7,6 +7,10 @@ Columns of :func:`predict`, in order:
 - ``<label>``: the probability (classification) or value (regression), the ensemble's mean;
 - ``<label>_std``: the spread over the ensemble's models (several folders);
 - ``<label>_tta_std``: the spread over the random SMILES of each molecule (``tta``);
+- ``<label>_model`` and ``<label>_forest``: folders fine-tuned with a forest beside the model
+  (``finetune --forest``, :mod:`smiexlm.moleculenet.forest`) serve their blend as
+  ``<label>`` (and its spread as ``<label>_std``), and the model's and the forest's scores
+  alone in these two (the ensemble's means);
 - the applicability domain (:mod:`smiexlm.trust.domain`; folders with a reference):
   ``nearest_tanimoto`` and ``mean_tanimoto_k5`` (ECFP4 to the training molecules),
   ``nearest_cosine`` and ``mean_cosine_k5`` (the models' own embeddings, the ensemble's mean;
@@ -21,7 +25,9 @@ Columns of :func:`predict`, in order:
 ``calibrate=True`` divides each classification model's logits by the temperature fitted on
 its validation molecules (:func:`smiexlm.trust.calibration.fit_temperature`) before the
 sigmoid: the probabilities, the ensemble spread and the conformal sets use the calibrated
-scores. The columns that need a folder's ``reference.safetensors`` are left out, with one
+scores (the model's part of a blend; a forest is not recalibrated). A quantile blend
+(``forest_blend = "quantile"``) serves a score in [0, 1] that ranks molecules, not a
+probability; the conformal sets are calibrated on the blend's own validation scores. The columns that need a folder's ``reference.safetensors`` are left out, with one
 warning per folder, for folders fine-tuned before it was kept; ``calibrate`` and
 ``conformal_alpha`` refuse them.
 """
@@ -41,6 +47,7 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.folder import FinetunedFolder
 from smiexlm.model.pretrained import load_finetuned
 from smiexlm.moleculenet.folder import finetuned_folders
+from smiexlm.moleculenet.forest import KeptForest
 from smiexlm.moleculenet.metrics import to_scores
 from smiexlm.moleculenet.reference import Reference
 from smiexlm.trust.domain import DEFAULT_K, DomainBounds, cosine_neighbours, tanimoto_neighbours
@@ -60,6 +67,24 @@ class _Served:
     pooled: np.ndarray | None  # (N, d) the head's input embedding (torch backend)
     meta: dict[str, Any]
     reference: Reference | None
+    forest: KeptForest | None = None
+    forest_scores: np.ndarray | None = None  # (N, T) the forest's scores of ``texts``
+
+    def scores(self) -> np.ndarray:
+        """(N, T) what the folder serves: the model's (mean over the views), blended with its
+        forest's when it has one."""
+        model = self.views.mean(axis=0)
+        if self.forest is None:
+            return model
+        return self.forest.blended(self.meta["task_type"], self.reference.valid_scores, model,
+                                   self.forest_scores)  # fmt: skip
+
+    def valid_scores(self) -> np.ndarray:
+        """(n_valid, T) what the folder serves for its validation molecules."""
+        valid = self.reference.valid_scores
+        if self.forest is None:
+            return valid
+        return self.forest.blended(self.meta["task_type"], valid, valid, self.forest.valid_scores)
 
 
 def _serve_one(
@@ -104,7 +129,18 @@ def _serve_one(
     if temperature is not None:  # what conformal calibration sees: the calibrated scores
         reference.valid_scores = to_scores(reference.valid_logits / temperature, "classification",
                                            mean, std).astype(np.float32)  # fmt: skip
-    return _Served(texts, np.stack(views), pooled, meta, reference)
+    served = _Served(texts, np.stack(views), pooled, meta, reference)
+    served.forest = KeptForest.load(folder, meta)
+    if served.forest is not None:
+        _require(folder, reference, "its forest")
+        if len(served.forest.valid_scores) != len(reference.valid_scores):
+            raise DataError(
+                f"--checkpoint {str(folder)!r}: its forest scored {len(served.forest.valid_scores)}"
+                f" validation molecules and its reference holds {len(reference.valid_scores)}: "
+                "expected the same molecules"
+            )
+        served.forest_scores = served.forest.scores(texts, meta["task_type"])
+    return served
 
 
 def _temperature(folder: Path | str, meta: dict, reference: Reference | None) -> np.ndarray:
@@ -183,19 +219,23 @@ def predict(
     stack = np.stack([s.views for s in served]).reshape(
         len(folders), tta + 1, len(good), len(labels)
     )  # (M, V, N, T); N may be 0
-    frame = pd.DataFrame(_rows_of(stack.mean(axis=(0, 1)), ok), columns=labels)
-    spreads = {"std": stack.mean(axis=1).std(axis=0) if len(folders) > 1 else None,
+    final = np.stack([s.scores() for s in served]).reshape(len(folders), len(good), len(labels))
+    frame = pd.DataFrame(_rows_of(final.mean(axis=0), ok), columns=labels)
+    columns = {"std": final.std(axis=0) if len(folders) > 1 else None,
                "tta_std": stack.std(axis=1).mean(axis=0) if tta else None}  # fmt: skip
-    for suffix, spread in spreads.items():
-        if spread is not None:
-            values = _rows_of(spread, ok)
+    if served[0].forest is not None:  # the two a blend is made of
+        columns["model"] = stack.mean(axis=(0, 1))
+        columns["forest"] = np.mean([s.forest_scores for s in served], axis=0)
+    for suffix, values in columns.items():
+        if values is not None:
+            values = _rows_of(values.reshape(len(good), len(labels)), ok)
             for j, label in enumerate(labels):
                 frame[f"{label}_{suffix}"] = values[:, j]
     domain = _domain(folders, served)
     for name, values in (domain or {}).items():
         frame[name] = _column_of(values, ok)
     if conformal_alpha is not None:
-        mean = stack.mean(axis=(0, 1))  # (N, T)
+        mean = final.mean(axis=0)  # (N, T)
         for name, values in _conformal(folders, served, mean, conformal_alpha, mondrian).items():
             frame[name] = _column_of(values, ok)
     frame.insert(0, "valid", ok)
@@ -204,13 +244,21 @@ def predict(
 
 
 def _check_agree(folders: list, metas: list[dict]) -> None:
-    """DataError unless every folder predicts the same labels of the same kind."""
+    """DataError unless every folder predicts the same labels of the same kind, each with a
+    forest beside its model or none."""
     first = metas[0]
     for folder, meta in zip(folders[1:], metas[1:], strict=True):
         if (meta["label_cols"], meta["task_type"]) != (first["label_cols"], first["task_type"]):
             raise DataError(
                 f"--checkpoint {str(folder)!r}: predicts {meta['label_cols']} "
                 f"({meta['task_type']}); expected {first['label_cols']} like {str(folders[0])!r}"
+            )
+        if ("forest" in meta) != ("forest" in first):
+            has = "has a forest" if "forest" in meta else "has no forest"
+            raise DataError(
+                f"--checkpoint {str(folder)!r} {has} beside its model and {str(folders[0])!r} "
+                "does not: expected the folders of an ensemble to be blended alike (all "
+                "fine-tuned with --forest, or none)"
             )
 
 
@@ -268,7 +316,7 @@ def _conformal(
                 f"--checkpoint {str(folder)!r}: its validation molecules differ from those of "
                 f"{str(folders[0])!r}: expected the seeds of one split for a conformal ensemble"
             )
-    valid = np.mean([s.reference.valid_scores for s in served], axis=0)
+    valid = np.mean([s.valid_scores() for s in served], axis=0)
     names = served[0].meta["label_cols"]
     if served[0].meta["task_type"] == "classification":
         sets = ClassificationCalibrator(labels, valid).sets(scores, alpha, mondrian, "full")

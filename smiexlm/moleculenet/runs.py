@@ -44,6 +44,9 @@ def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
     finetune = cfg.to_dict()
     if not finetune["adapt_steps"]:  # recorded only when used, as by runs older than it
         del finetune["adapt_steps"], finetune["adapt_lr"]
+    if finetune["forest"] is None:  # likewise
+        for key in ("forest", "forest_trees", "forest_blend", "forest_weight"):
+            del finetune[key]
     return {
         "dataset": task.name, "data_sha256": task.sha256, "n_molecules": len(task),
         "split": split.label, "backbone": backbone, "finetune": finetune,
@@ -132,13 +135,15 @@ def check_fresh(root: Path, dataset: str, seeds: Sequence[int]) -> None:
 
 def write_predictions(
     folder: Path, split: Split, valid: np.ndarray, test: np.ndarray, reference: Any = None,
-    nearness: dict[str, np.ndarray] | None = None,
+    nearness: dict[str, np.ndarray] | None = None, parts: dict[str, np.ndarray] | None = None,
 ) -> None:  # fmt: skip
     """The validation and test scores (probabilities or values, float32) and their rows; with
     the run's :class:`~smiexlm.moleculenet.reference.Reference` and the test molecules'
     ``nearness`` to the training molecules, also each validation and test molecule's nearest
     training similarity (``valid_tanimoto``, ``valid_cosine``, ``test_tanimoto``,
-    ``test_cosine``; runs finished before they were kept lack them)."""
+    ``test_cosine``; runs finished before they were kept lack them). A run with a forest
+    beside its model keeps the blend as ``valid`` and ``test`` and the two alone in ``parts``
+    (``valid_model``, ``test_model``, ``valid_forest``, ``test_forest``)."""
     arrays = {
         "valid_rows": np.asarray(split.valid, dtype=np.int64), "valid": valid.astype(np.float32),
         "test_rows": np.asarray(split.test, dtype=np.int64), "test": test.astype(np.float32),
@@ -147,6 +152,7 @@ def write_predictions(
         arrays |= {"valid_tanimoto": reference.valid_tanimoto,
                    "valid_cosine": reference.valid_cosine,
                    "test_tanimoto": nearness["tanimoto"], "test_cosine": nearness["cosine"]}  # fmt: skip
+    arrays |= {key: value.astype(np.float32) for key, value in (parts or {}).items()}
     path = Path(folder) / PREDICTIONS_NAME
     with atomic_paths(path) as (tmp,), open(tmp, "wb") as handle:
         np.savez_compressed(handle, **arrays)
