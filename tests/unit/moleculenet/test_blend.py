@@ -37,11 +37,19 @@ def test_blend_ranks_classification_scores_and_averages_regression_values():
         blend("regression", valid_model, np.array([[2.0]]), valid_forest, np.array([[4.0]]), 0.25),
         [[3.5]],
     )
+    # how="mean": the probabilities themselves, weighted
+    np.testing.assert_allclose(
+        blend("classification", valid_model, model, valid_forest, forest, 0.75, how="mean"),
+        0.75 * model + 0.25 * forest,
+    )
 
 
 def test_blend_refuses_what_it_cannot_rank():
     with pytest.raises(ConfigError, match="weight"):
         blend("regression", np.ones((2, 1)), np.ones((2, 1)), np.ones((2, 1)), np.ones((2, 1)), 1.5)
+    with pytest.raises(ConfigError, match="forest_blend"):
+        blend("regression", np.ones((2, 1)), np.ones((2, 1)), np.ones((2, 1)), np.ones((2, 1)),
+              how="median")  # fmt: skip
     with pytest.raises(DataError, match="0 reference scores"):
         quantiles(np.zeros((0, 1)), np.ones((2, 1)))
     with pytest.raises(DataError, match="1 NaN"):
