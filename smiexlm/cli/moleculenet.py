@@ -343,6 +343,10 @@ def benchmark(
     out: Out = Path("runs/benchmark"),
     resume: Resume = False,
     processes: Processes = 1,
+    forest: Forest = None,
+    forest_trees: ForestTrees = None,
+    forest_blend: ForestBlend = None,
+    forest_weight: ForestWeight = None,
     config: ConfigFile = None,
 ) -> None:
     """Fine-tune on several datasets x seeds and write one report next to the paper's numbers
@@ -361,7 +365,9 @@ def benchmark(
     seeds = _seeds(seeds)
     for loaded in _load_tasks(tasks, None, "smiles", None, None):
         cfg = _config(loaded.name, config=config, ctx=ctx, split=split, epochs=epochs,
-                      max_train_steps=max_train_steps, device=device)  # fmt: skip
+                      max_train_steps=max_train_steps, device=device, forest=forest,
+                      forest_trees=forest_trees, forest_blend=forest_blend,
+                      forest_weight=forest_weight)  # fmt: skip
         results += run_finetune(loaded, cfg, backbone, seeds, run_root=out / "runs", resume=resume)
         if with_baseline:
             results += run_baseline(loaded, seeds, BaselineConfig(split=split))

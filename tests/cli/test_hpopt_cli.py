@@ -128,14 +128,18 @@ def test_a_config_file_beats_the_options_left_at_their_defaults(toy_csv, tmp_pat
 
 
 @pytest.mark.data
-def test_benchmark_takes_a_config_file(shared_data, tmp_path):
+def test_benchmark_takes_a_config_file_and_a_forest(shared_data, tmp_path):
     config = tmp_path / "quick.toml"
     config.write_text("max_train_steps = 1\nfreeze_layers = 1\neval_batch_size = 512\n")
     done = _invoke("benchmark", "--tasks", "bace", "--seeds", "0", "--device", "cpu",
-                   "--config", str(config), "--out", str(tmp_path / "bench"))  # fmt: skip
+                   "--config", str(config), "--out", str(tmp_path / "bench"), "--forest", "ecfp4",
+                   "--forest-trees", "3")  # fmt: skip
     assert done.exit_code == 0, done.output
-    recorded = json.loads(pd.read_csv(tmp_path / "bench" / "results.csv")["config"][0])
+    row = pd.read_csv(tmp_path / "bench" / "results.csv").iloc[0]
+    recorded = json.loads(row["config"])
     assert (recorded["freeze_layers"], recorded["steps"], recorded["lr"]) == (1, 1, 1e-4)
+    assert (recorded["forest"], recorded["forest_trees"]) == ("ecfp4", 3)
+    assert row["model"].endswith("+ RF-ecfp4") and 0 < recorded["test_forest"] <= 100
 
 
 def test_bad_budgets_and_config_keys_are_clear_errors(toy_csv, tmp_path):
