@@ -1,8 +1,9 @@
-"""What test-time augmentation and the applicability domain cost per molecule: ``predict``
-with K random SMILES against none, and with the domain columns against without.
+"""What test-time augmentation, the applicability domain and a forest beside the model cost
+per molecule: ``predict`` with K random SMILES against none, with the domain columns against
+without, and with a forest blended in.
 
     export SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1
-    python benchmarks/tta_cost.py --n 1000 --tta 0 4 10 --train 1631
+    python benchmarks/tta_cost.py --n 1000 --tta 0 4 10 --train 1631 --forest rdkit2d both
 
 A fine-tuned folder is made from the shipped default (a regression head, untrained: the cost
 does not depend on the weights), then ``predict`` scores the first N BBBP molecules with each
@@ -10,7 +11,9 @@ K. Process CPU time per molecule (one thread), the ratio to K = 0, and the mean 
 (``<label>_tta_std``) are printed as a Markdown table. With ``--train M`` the same folder is
 also given a reference of M training molecules (BBBP's last M, their embeddings from the
 same model), so that K = 0 is timed again with the five domain columns (ECFP4 and embedding
-neighbours among M molecules).
+neighbours among M molecules). Each ``--forest KIND`` (with ``--train``) then gives the folder
+the forest ``finetune --forest KIND`` keeps (``--forest-trees``, 500; fitted on the M
+molecules' BBBP labels as values) and times K = 0 once more, domain and blend included.
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--tta", type=int, nargs="+", default=[0, 4, 10])
     parser.add_argument("--train", type=int, default=0, help="training molecules of a domain")
+    parser.add_argument("--forest", nargs="*", default=[], help="forest kinds to time (--train)")
+    parser.add_argument("--forest-trees", type=int, default=500)
     args = parser.parse_args()
+    if args.forest and not args.train:
+        parser.error("--forest needs --train (the molecules the forest is fitted on)")
 
     import torch
 
@@ -64,6 +71,16 @@ def main() -> None:
             ms = 1000 * (time.process_time() - start) / len(smiles)
             assert "in_domain" in frame.columns
             rows.append(f"| 0, with the domain of {args.train} | {ms:.2f} | {ms / base:.1f}x | – |")
+        for kind in args.forest:
+            task = load_task("bbbp")
+            _add_forest(folder, task.smiles[-args.train :], task.labels[-args.train :], kind,
+                        args.forest_trees)  # fmt: skip
+            start = time.process_time()
+            frame = predict(folder, smiles)
+            ms = 1000 * (time.process_time() - start) / len(smiles)
+            assert "y_forest" in frame.columns
+            rows.append(f"| 0, with the domain and a forest on {kind} ({args.forest_trees} trees) "
+                        f"| {ms:.2f} | {ms / base:.1f}x | – |")  # fmt: skip
     print(f"predict on {len(smiles)} BBBP molecules, one thread\n")
     print("| K random SMILES | CPU ms per molecule | ratio | mean spread |\n|---|---|---|---|")
     print("\n".join(rows))
@@ -86,6 +103,27 @@ def _add_reference(folder: Path, train: list[str]) -> None:
     valid = np.zeros((10, 1), dtype=np.float32)
     ref = Reference.build(texts, pooled, texts[:10], pooled[:10], valid, valid, valid)
     record_checksums(folder, ref.save(folder).name)
+
+
+def _add_forest(folder: Path, train: list[str], labels, kind: str, n_trees: int) -> None:
+    """Give the folder the forest of ``kind`` fitted on ``train`` (validation: the first 10,
+    as :func:`_add_reference` has it)."""
+    import json
+
+    from smiexlm.model.integrity import record_checksums
+    from smiexlm.model.layout import FINETUNE_NAME
+    from smiexlm.model.pretrained import load_finetuned
+    from smiexlm.moleculenet.configs import FinetuneConfig
+    from smiexlm.moleculenet.forest import KeptForest
+
+    _, inputs, meta = load_finetuned(folder, device="cpu")
+    texts = inputs.texts(train, True)
+    cfg = FinetuneConfig(forest=kind, forest_trees=n_trees)
+    kept, _ = KeptForest.fit(texts, labels.astype(float), list(range(len(texts))),
+                             list(range(10)), "regression", 0, cfg)  # fmt: skip
+    meta = meta | {"forest": kept.record()}
+    (folder / FINETUNE_NAME).write_text(json.dumps(meta, indent=1))
+    record_checksums(folder, kept.save(folder).name, FINETUNE_NAME)
 
 
 if __name__ == "__main__":

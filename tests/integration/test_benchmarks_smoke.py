@@ -90,8 +90,9 @@ SMOKE: dict[str, list[Step]] = {
              "{tmp}/parallel"),
              expect=("parallel/parallel.json",), prints="| 2 processes, 1 thread each |"),
     ],
-    "tta_cost": [Step("tta_cost.py", ("--n", "20", "--tta", "0", "2", "--train", "30"),
-                      prints="| 0, with the domain of 30 |")],
+    "tta_cost": [Step("tta_cost.py", ("--n", "20", "--tta", "0", "2", "--train", "30",
+                      "--forest", "rdkit2d", "--forest-trees", "5"),
+                      prints="| 0, with the domain and a forest on rdkit2d (5 trees) |")],
     "hpopt_gain": [
         Step("hpopt_gain.py", ("--tasks", "bace", "--trials", "2", "--seeds", "0",
              "--max-train-steps", "2", "--out", "{tmp}/gain", "--table8-runs", "{tmp}/t8"),
