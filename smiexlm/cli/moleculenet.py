@@ -392,6 +392,15 @@ def probe(
         bool, typer.Option(help="Apply the model folder's corpus whitening first.")
     ] = False,
     pooling: Pooling = None,
+    tta: Annotated[
+        int,
+        typer.Option(
+            "--tta",
+            min=0,
+            help="Each embedding the mean over the canonical and K "
+            "random SMILES of the molecule (default 0).",
+        ),
+    ] = 0,
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""
@@ -399,7 +408,8 @@ def probe(
     from smiexlm.moleculenet.probe import ProbeConfig, run_probe
 
     _check_outputs(out)
-    cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten)
+    cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten,
+                      tta=tta)  # fmt: skip
     seeds = _seeds(seeds)
     (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
     results = run_probe(loaded, Backbone(checkpoint), seeds, cfg)

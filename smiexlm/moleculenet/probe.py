@@ -45,6 +45,7 @@ class ProbeConfig:
     max_length: int = 256
     features: str | None = None
     whiten: bool = False  # the checkpoint's corpus whitening (whitening.safetensors) first
+    tta: int = 0  # each embedding the mean over the canonical and this many random SMILES
     class_weight: str = "balanced"  # "balanced" | "none"
     batch_size: int = 256
     device: str = "auto"
@@ -61,11 +62,15 @@ class ProbeConfig:
             raise ConfigError("features", self.features, f"one of {', '.join(FEATURE_KINDS)}")
         if self.class_weight not in ("balanced", "none"):
             raise ConfigError("class_weight", self.class_weight, "'balanced' or 'none'")
+        if isinstance(self.tta, bool) or not isinstance(self.tta, int) or self.tta < 0:
+            raise ConfigError("tta", self.tta, "0 (none) or a positive number of random SMILES")
 
 
 def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.ndarray:
     """(N, d) pooled encoder features of ``inputs`` (eval mode, length-sorted batches); a
-    combined pooling such as ``cls+mean`` gives the poolings side by side, (N, 2d)."""
+    combined pooling such as ``cls+mean`` gives the poolings side by side, (N, 2d). With
+    ``cfg.tta`` = K, each row is the mean over the molecule's canonical SMILES and K random
+    ones (:func:`~smiexlm.data.augment.random_smiles`, seed 0)."""
     from smiexlm.device import resolve_device
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
@@ -79,6 +84,13 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
     model = ExLMForSequencePrediction(encoder, 1, pooling=spec)  # type: ignore[arg-type]
     model.to(resolve_device(cfg.device))
     x = engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+    if cfg.tta:
+        from smiexlm.data.augment import random_smiles
+
+        for view in zip(*random_smiles(list(inputs), cfg.tta, 0), strict=True):
+            rows, _ = backbone.inputs(tokenizer).rows(list(view), cfg.max_length)
+            x += engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+        x /= cfg.tta + 1
     if not cfg.whiten:
         return x
     whitening = backbone.whitening(spec)
@@ -175,6 +187,7 @@ def run_probe(
     kind = "logistic" if task.is_classification else "ridge"
     name = f"{backbone.name} linear probe ({kind})" + (", whitened" if cfg.whiten else "")
     name += f" + {cfg.features}" if cfg.features else ""
+    name += f", mean of {cfg.tta + 1} SMILES" if cfg.tta else ""
 
     fitted: dict[tuple, ProbeScores] = {}  # a deterministic split's fits serve every seed
 

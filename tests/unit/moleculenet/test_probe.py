@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from smiexlm.errors import ConfigError
 from smiexlm.moleculenet import probe as probe_module
 from smiexlm.moleculenet.probe import ProbeConfig, probe_split, run_probe
 from smiexlm.moleculenet.splits import make_split
@@ -95,3 +96,24 @@ def test_a_deterministic_split_is_fitted_once_for_every_seed(monkeypatch, tmp_pa
     calls.clear()
     run_probe(task, _Backbone(), [0, 1], ProbeConfig(c_grid=(0.1,), split="random"))
     assert len(calls) == 2  # a seeded split kind: one fit per seed
+
+
+def test_tta_embeddings_are_the_mean_over_the_spellings():
+    """tta=K: each row is the mean of the canonical SMILES' embedding and its K random
+    spellings' (seed 0), each embedded on its own."""
+    import torch
+
+    from smiexlm.data.augment import random_smiles
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.probe import pooled_embeddings
+
+    torch.set_num_threads(1)
+    backbone, inputs = Backbone(), ["CCO", "c1ccccc1CN", "CC(=O)Nc1ccc(O)cc1"]
+    cfg = ProbeConfig(device="cpu", pooling="cls")
+    spellings = [inputs] + [list(v) for v in zip(*random_smiles(inputs, 3, 0), strict=True)]
+    each = [pooled_embeddings(backbone, view, cfg) for view in spellings]
+    got = pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu", pooling="cls", tta=3))
+    np.testing.assert_allclose(got, np.mean(each, axis=0), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got, each[0])
+    with pytest.raises(ConfigError, match="tta"):
+        ProbeConfig(tta=-1)
