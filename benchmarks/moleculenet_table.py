@@ -164,7 +164,7 @@ def probe(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     cfg = ProbeConfig(device="cpu", pooling=args.pooling, features=args.features,
-                      whiten=args.whiten, tta=args.tta)  # fmt: skip
+                      whiten=args.whiten, tta=args.tta, layers=args.layers)  # fmt: skip
     for task in args.tasks:
         _, todo = _cells(args.out, task, args.seeds)
         if todo:
@@ -267,6 +267,7 @@ def main() -> None:
         "--whiten", action="store_true", help="the folder's stored whitening first"
     )
     p_probe.add_argument("--tta", type=int, default=0, help="mean embedding over K random SMILES")
+    p_probe.add_argument("--layers", type=int, default=1, help="the last N blocks side by side")
     p_base = sub.add_parser("baseline", help="a random forest on every task")
     p_base.add_argument("--name", default=None, help="default: RF-<features> (N trees)")
     p_base.add_argument("--features", choices=["ecfp4", "rdkit2d", "both"], default="ecfp4")

@@ -401,6 +401,15 @@ def probe(
             "random SMILES of the molecule (default 0).",
         ),
     ] = 0,
+    layers: Annotated[
+        int,
+        typer.Option(
+            "--layers",
+            min=1,
+            help="Pool the outputs of the last N blocks and put "
+            "them side by side (default 1: the last block's).",
+        ),
+    ] = 1,
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""
@@ -409,7 +418,7 @@ def probe(
 
     _check_outputs(out)
     cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten,
-                      tta=tta)  # fmt: skip
+                      tta=tta, layers=layers)  # fmt: skip
     seeds = _seeds(seeds)
     (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
     results = run_probe(loaded, Backbone(checkpoint), seeds, cfg)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from smiexlm.errors import ConfigError
+from smiexlm.errors import ConfigError, check_positive_int
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.features import FeatureScaler
@@ -46,6 +46,7 @@ class ProbeConfig:
     features: str | None = None
     whiten: bool = False  # the checkpoint's corpus whitening (whitening.safetensors) first
     tta: int = 0  # each embedding the mean over the canonical and this many random SMILES
+    layers: int = 1  # the pooled outputs of the last this many blocks, side by side
     class_weight: str = "balanced"  # "balanced" | "none"
     batch_size: int = 256
     device: str = "auto"
@@ -64,32 +65,47 @@ class ProbeConfig:
             raise ConfigError("class_weight", self.class_weight, "'balanced' or 'none'")
         if isinstance(self.tta, bool) or not isinstance(self.tta, int) or self.tta < 0:
             raise ConfigError("tta", self.tta, "0 (none) or a positive number of random SMILES")
+        check_positive_int("layers", self.layers)
+        if self.whiten and self.layers > 1:
+            raise ConfigError("whiten", True, "False with layers > 1 (the whitening was fitted "
+                              "on the last block alone)")  # fmt: skip
 
 
 def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.ndarray:
     """(N, d) pooled encoder features of ``inputs`` (eval mode, length-sorted batches); a
-    combined pooling such as ``cls+mean`` gives the poolings side by side, (N, 2d). With
-    ``cfg.tta`` = K, each row is the mean over the molecule's canonical SMILES and K random
-    ones (:func:`~smiexlm.data.augment.random_smiles`, seed 0)."""
+    combined pooling such as ``cls+mean`` gives the poolings side by side, (N, 2d), and
+    ``cfg.layers`` = n the last n blocks' (the last first), (N, n·d). With ``cfg.tta`` = K,
+    each row is the mean over the molecule's canonical SMILES and K random ones
+    (:func:`~smiexlm.data.augment.random_smiles`, seed 0)."""
     from smiexlm.device import resolve_device
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
     from smiexlm.model.heads import ExLMForSequencePrediction
 
     tokenizer = backbone.tokenizer(inputs)
-    rows, _ = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
     encoder = backbone.build(tokenizer, 0.0)
+    if cfg.layers > encoder.config.n_layers:
+        raise ConfigError("layers", cfg.layers, f"at most the {encoder.config.n_layers} blocks "
+                          f"of {backbone.name}")  # fmt: skip
     spec = cfg.pooling or backbone.pooling
     # every part of a combined pooling from one pass of the encoder (the head is not used)
     model = ExLMForSequencePrediction(encoder, 1, pooling=spec)  # type: ignore[arg-type]
-    model.to(resolve_device(cfg.device))
-    x = engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+    device = resolve_device(cfg.device)
+    model.to(device).eval()
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        rows, _ = backbone.inputs(tokenizer).rows(list(texts), cfg.max_length)
+        if cfg.layers == 1:
+            return engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+        return np.hstack([_block_pooled(encoder, rows, spec, -k, cfg.batch_size, tokenizer.pad_id,
+                                        device) for k in range(1, cfg.layers + 1)])  # fmt: skip
+
+    x = embed(inputs)
     if cfg.tta:
         from smiexlm.data.augment import random_smiles
 
         for view in zip(*random_smiles(list(inputs), cfg.tta, 0), strict=True):
-            rows, _ = backbone.inputs(tokenizer).rows(list(view), cfg.max_length)
-            x += engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
+            x += embed(view)
         x /= cfg.tta + 1
     if not cfg.whiten:
         return x
@@ -98,6 +114,27 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
         raise ConfigError("whiten", True, f"False: {backbone.name} stores no whitening for "
                           f"{spec} pooling (`smiexlm whiten` fits one)")  # fmt: skip
     return whitening(x)
+
+
+def _block_pooled(encoder, rows: list[list[int]], pooling: str, layer: int, batch_size: int,
+                  pad_id: int, device) -> np.ndarray:  # fmt: skip
+    """(N, n·d) float32: ``pooling`` of block ``layer``'s output (through the final norm) for
+    each row, in length-sorted batches of ``batch_size``."""
+    import torch
+
+    from smiexlm.data.collate import collate
+    from smiexlm.model.pooling import pooling_parts
+
+    width = encoder.config.d_model * len(pooling_parts(pooling))
+    out = np.empty((len(rows), width), dtype=np.float32)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            ids, mask = collate([rows[i] for i in batch], pad_id)
+            pooled = encoder.encode(ids.to(device), mask.to(device), pooling, layer).pooled
+            out[batch] = pooled.float().cpu().numpy()
+    return out
 
 
 def _fit_task(x_tr, y_tr, x_ev, task_type: str, c: float, cfg: ProbeConfig, seed: int):
@@ -187,6 +224,7 @@ def run_probe(
     kind = "logistic" if task.is_classification else "ridge"
     name = f"{backbone.name} linear probe ({kind})" + (", whitened" if cfg.whiten else "")
     name += f" + {cfg.features}" if cfg.features else ""
+    name += f", last {cfg.layers} blocks" if cfg.layers > 1 else ""
     name += f", mean of {cfg.tta + 1} SMILES" if cfg.tta else ""
 
     fitted: dict[tuple, ProbeScores] = {}  # a deterministic split's fits serve every seed

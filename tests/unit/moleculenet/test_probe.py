@@ -117,3 +117,29 @@ def test_tta_embeddings_are_the_mean_over_the_spellings():
     assert not np.allclose(got, each[0])
     with pytest.raises(ConfigError, match="tta"):
         ProbeConfig(tta=-1)
+
+
+def test_layers_put_the_last_blocks_side_by_side_as_the_featurizer_pools_them():
+    """layers=3: the last, second-last and third-last blocks' poolings, equal to the
+    Featurizer's embedding of each block (an independent path: its own batching)."""
+    import torch
+
+    from smiexlm.featurizer import Featurizer
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.probe import pooled_embeddings
+
+    torch.set_num_threads(1)
+    backbone = Backbone()
+    inputs = backbone.model_texts(["CCO", "c1ccccc1CN", "CC(=O)Nc1ccc(O)cc1", "C"], True)
+    cfg = ProbeConfig(device="cpu", pooling="cls+mean", layers=3)
+    got = pooled_embeddings(backbone, inputs, cfg)
+    featurizer = Featurizer.from_pretrained(None, device="cpu")
+    blocks = [featurizer.featurize(inputs, pooling="cls+mean", layer=layer, whiten=False,
+                                   canonicalize=False) for layer in (-1, -2, -3)]  # fmt: skip
+    np.testing.assert_allclose(got, np.hstack(blocks), rtol=1e-4, atol=1e-5)
+    last = pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu", pooling="cls+mean"))
+    np.testing.assert_allclose(last, blocks[0], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ConfigError, match="layers"):
+        pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu", layers=9))
+    with pytest.raises(ConfigError, match="whiten"):
+        ProbeConfig(layers=2, whiten=True)
