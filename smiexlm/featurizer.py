@@ -191,7 +191,7 @@ class Featurizer:
         self,
         smiles: Sequence[str] | Iterable[str],
         pooling: Pooling | None = None,
-        layer: int = -1,
+        layer: int | Sequence[int] = -1,
         errors: Errors = "raise",
         batch_tokens: int = 16384,
         batch_size: int | None = None,
@@ -210,7 +210,9 @@ class Featurizer:
         several joined by ``+`` (``cls+max``: both side by side, (n, 2d), from one pass of the
         encoder); None: the model's own (:attr:`pooling`, from its folder's
         ``embedding.json``).
-        ``layer``: encoder block whose output is pooled (−1 = last).
+        ``layer``: encoder block whose output is pooled (−1 = last); several, such as
+        ``(-1, -2, -3)``, put side by side in that order, (n, 3·width) (each block is a pass of
+        the encoder up to it).
         ``whiten``: apply the model's corpus whitening (:mod:`smiexlm.whitening`, fitted on
         the last block); None: the model's default (:attr:`whiten`) for the last block, no
         whitening for the others.
@@ -226,7 +228,7 @@ class Featurizer:
         whitening = self._whitening(pooling, layer, whiten)
         items = _as_list(smiles)
         self.model.eval()  # dropout off, whatever the caller did to the model since loading
-        out = np.empty((len(items), self.width(pooling)), dtype=np.float32)
+        out = np.empty((len(items), self.width(pooling) * len(_layers(layer))), dtype=np.float32)
         report = FeaturizeReport(n_inputs=len(items))
         bar = _progress_bar(len(items)) if progress else None
         for start in range(0, len(items), chunk_size):
@@ -252,9 +254,14 @@ class Featurizer:
         if errors not in _ERRORS:
             raise ConfigError("errors", errors, f"one of {_ERRORS}")
         n_layers = self.model.config.n_layers
-        if not isinstance(layer, int) or not -n_layers <= layer < n_layers:
-            raise ConfigError("layer", layer, f"an integer in [{-n_layers}, {n_layers - 1}]")
-        if self._onnx is not None and layer % n_layers != n_layers - 1:
+        expected = f"an integer in [{-n_layers}, {n_layers - 1}], or several different ones"
+        try:
+            layers = _layers(layer)
+        except TypeError:
+            raise ConfigError("layer", layer, expected) from None
+        if len(set(layers)) != len(layers) or not all(-n_layers <= x < n_layers for x in layers):
+            raise ConfigError("layer", layer, expected)
+        if self._onnx is not None and layers != (-1,) and layers != (n_layers - 1,):
             raise ConfigError("layer", layer, "-1 with backend='onnx' (the graph ends at the last block)")  # fmt: skip
         if not isinstance(batch_tokens, int) or batch_tokens < 1:
             raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
@@ -263,7 +270,9 @@ class Featurizer:
 
     def _whitening(self, pooling: str, layer: int, whiten: bool | None) -> Whitening | None:
         """The whitening a call applies, or None."""
-        last = layer % self.model.config.n_layers == self.model.config.n_layers - 1
+        n_layers = self.model.config.n_layers
+        layers = _layers(layer)
+        last = len(layers) == 1 and layers[0] % n_layers == n_layers - 1
         whitening = pooling_whitening(self.whitening, pooling)
         if whiten is None:
             whiten = self.whiten and last and whitening is not None
@@ -303,7 +312,8 @@ class Featurizer:
     ) -> np.ndarray:
         ids, reasons, changed = self.prepare(chunk, canonicalize)
         report.n_changed_by_normalization += changed
-        out = np.full((len(chunk), self.width(pooling)), np.nan, dtype=np.float32)
+        out = np.full((len(chunk), self.width(pooling) * len(_layers(layer))), np.nan,
+                      dtype=np.float32)  # fmt: skip
         for i, reason in enumerate(reasons):
             if reason is not None:
                 if errors == "raise":
@@ -327,9 +337,10 @@ class Featurizer:
         return out
 
     def encode_ids(
-        self, rows: list[list[int]], pooling: str = "cls", layer: int = -1
+        self, rows: list[list[int]], pooling: str = "cls", layer: int | Sequence[int] = -1
     ) -> np.ndarray:
-        """Pooled embeddings (B, n·d) float32 of token-id rows (BOS ... EOS each)."""
+        """Pooled embeddings (B, n·d) float32 of token-id rows (BOS ... EOS each); several
+        layers side by side, (B, layers·n·d)."""
         import torch
 
         if self._onnx is not None:
@@ -337,7 +348,8 @@ class Featurizer:
         ids, mask = collate(rows, self.tokenizer.pad_id)  # (B, T), True = real token
         input_ids, mask = ids.to(self.device), mask.to(self.device)
         with torch.inference_mode(), batch_invariant():
-            pooled = self.model.encode(input_ids, mask, pooling=pooling, layer=layer).pooled
+            pooled = torch.cat([self.model.encode(input_ids, mask, pooling=pooling, layer=x).pooled
+                                for x in _layers(layer)], dim=1)  # fmt: skip
         return pooled.float().cpu().numpy()
 
 
@@ -375,6 +387,14 @@ def _log_failures(report: FeaturizeReport) -> None:
         "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",
         report.n_failed, report.n_inputs, shown, more,
     )  # fmt: skip
+
+
+def _layers(layer: int | Sequence[int]) -> tuple[int, ...]:
+    """``layer`` as a tuple of block indices (TypeError when it is not an int or ints)."""
+    layers = (layer,) if isinstance(layer, int) else tuple(layer)
+    if not layers or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+        raise TypeError(layer)
+    return layers
 
 
 def _as_list(smiles: Any) -> list[Any]:

@@ -92,6 +92,15 @@ def test_matches_direct_model_encode(feat, pooling, layer):
     np.testing.assert_allclose(got, reference(feat, texts, pooling, layer), atol=2e-5)
 
 
+def test_several_layers_are_the_blocks_side_by_side(feat):
+    canonical = feat.prepare(PANEL)
+    texts = [feat.tokenizer.decode(ids) for ids in canonical[0]]
+    got = feat.featurize(PANEL, pooling="cls+mean", layer=(-1, 0))
+    expected = np.hstack([reference(feat, texts, "cls+mean", x) for x in (-1, 0)])
+    assert got.shape == (len(PANEL), 2 * feat.width("cls+mean"))
+    np.testing.assert_allclose(got, expected, atol=2e-5)
+
+
 def test_input_order_is_kept(feat):
     x = feat.featurize(PANEL)
     rev = feat.featurize(PANEL[::-1])
@@ -213,8 +222,9 @@ def test_bad_options(feat):
         feat.featurize(["CCO"], pooling="sum")
     with pytest.raises(ConfigError, match="errors"):
         feat.featurize(["CCO"], errors="ignore")
-    with pytest.raises(ConfigError, match="layer"):
-        feat.featurize(["CCO"], layer=5)
+    for layer in (5, (-1, -1), (), ("a",), 1.5):
+        with pytest.raises(ConfigError, match="layer"):
+            feat.featurize(["CCO"], layer=layer)
     with pytest.raises(ConfigError, match="batch_tokens"):
         feat.featurize(["CCO"], batch_tokens=0)
     from smiexlm.model.pretrained import Pretrained
