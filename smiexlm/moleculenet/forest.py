@@ -12,8 +12,8 @@ A fine-tuned folder keeps the forest in ``forest.skops``: the fitted forests (on
 a label whose training molecules hold one class keeps that class's share instead), and the
 forest's scores of the validation molecules, which the quantile blend and conformal
 calibration need. The file is written with `skops <https://skops.readthedocs.io>`_, whose
-format holds no pickle; it is read back with scikit-learn's tree type the one type trusted
-beyond skops' defaults, after its sha256 is checked against ``checksums.json``. The settings
+format holds no pickle; it is read back trusting, beyond skops' defaults, scikit-learn's tree
+type alone, after its sha256 is checked against ``checksums.json``. The settings
 and the descriptors' scaling are in ``finetune.json["forest"]``.
 """
 

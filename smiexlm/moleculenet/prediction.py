@@ -27,9 +27,10 @@ its validation molecules (:func:`smiexlm.trust.calibration.fit_temperature`) bef
 sigmoid: the probabilities, the ensemble spread and the conformal sets use the calibrated
 scores (the model's part of a blend; a forest is not recalibrated). A quantile blend
 (``forest_blend = "quantile"``) serves a score in [0, 1] that ranks molecules, not a
-probability; the conformal sets are calibrated on the blend's own validation scores. The columns that need a folder's ``reference.safetensors`` are left out, with one
-warning per folder, for folders fine-tuned before it was kept; ``calibrate`` and
-``conformal_alpha`` refuse them.
+probability; the conformal sets are calibrated on the blend's own validation scores. The
+columns that need a folder's ``reference.safetensors`` are left out, with one warning per
+folder, for folders fine-tuned before it was kept; ``calibrate`` and ``conformal_alpha``
+refuse them.
 """
 
 from __future__ import annotations
@@ -254,11 +255,11 @@ def _check_agree(folders: list, metas: list[dict]) -> None:
                 f"({meta['task_type']}); expected {first['label_cols']} like {str(folders[0])!r}"
             )
         if ("forest" in meta) != ("forest" in first):
-            has = "has a forest" if "forest" in meta else "has no forest"
+            has, other = ("has", "does not") if "forest" in meta else ("has no", "does")
             raise DataError(
-                f"--checkpoint {str(folder)!r} {has} beside its model and {str(folders[0])!r} "
-                "does not: expected the folders of an ensemble to be blended alike (all "
-                "fine-tuned with --forest, or none)"
+                f"--checkpoint {str(folder)!r} {has} forest beside its model and "
+                f"{str(folders[0])!r} {other}: expected the folders of an ensemble to be "
+                "blended alike (all fine-tuned with --forest, or none)"
             )
 
 
