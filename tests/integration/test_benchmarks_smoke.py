@@ -45,6 +45,11 @@ class Step:
 MN = "moleculenet_table.py"
 # chain name -> steps, the longest chains first (they are started first)
 SMOKE: dict[str, list[Step]] = {
+    "corpus_coverage": [
+        Step("corpus_coverage.py", ("--sample", "200", "--fraction", "0.2", "--sets", "bace",
+             "--workdir", "{tmp}/work", "--out", "{tmp}/coverage.md"),
+             expect=("coverage.md",), prints="| BACE |"),
+    ],
     "pretrain_throughput+precision_curves": [
         # a one-process and a two-process launch (the other two differ by a precision word)
         Step("pretrain_throughput.py", ("--steps", "1", "--molecules", "200", "--max-tokens",
@@ -153,11 +158,6 @@ SMOKE: dict[str, list[Step]] = {
     "embed_memory": [
         Step("embed_memory.py", ("--sizes", "40", "--scratch", "{tmp}/scratch"),
              prints="| 40 |"),
-    ],
-    "corpus_coverage": [
-        Step("corpus_coverage.py", ("--sample", "200", "--fraction", "0.2", "--sets", "bace",
-             "--workdir", "{tmp}/work", "--out", "{tmp}/coverage.md"),
-             expect=("coverage.md",), prints="| BACE |"),
     ],
     "preprocess": [
         Step("preprocess.py", ("--n-canon", "60", "--n-fast", "200"),
