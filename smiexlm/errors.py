@@ -41,6 +41,12 @@ def check_choice(field: str, value: object, choices: tuple) -> None:
         raise ConfigError(field, value, "one of " + ", ".join(repr(c) for c in choices))
 
 
+def check_spellings(field: str, value: object) -> None:
+    """ConfigError unless ``value`` is a number of random SMILES: 0 (none) or more."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(field, value, "0 (none) or a positive number of random SMILES")
+
+
 def check_positive_int(field: str, value: object, optional: bool = False) -> None:
     """ConfigError unless ``value`` is an integer >= 1 (or None when ``optional``)."""
     if optional and value is None:

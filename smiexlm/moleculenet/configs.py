@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smiexlm.errors import ConfigError, check_choice, check_fraction, check_positive_int
+from smiexlm.errors import (
+    ConfigError,
+    check_choice,
+    check_fraction,
+    check_positive_int,
+    check_spellings,
+)
 from smiexlm.finetuning.engine import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import POOLINGS
@@ -76,9 +82,7 @@ class FinetuneConfig:
         check_positive_int("max_length", self.max_length)
         check_adapt(self.adapt_steps, self.adapt_lr)
         for name in ("augment", "tta"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(name, value, "0 (none) or a positive number of random SMILES")
+            check_spellings(name, getattr(self, name))
         for name in ("dropout", "pooler_dropout"):
             check_fraction(name, getattr(self, name))
         check_choice("pooling", self.pooling, POOLINGS)

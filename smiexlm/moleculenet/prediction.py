@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from smiexlm.errors import ConfigError, DataError
+from smiexlm.errors import ConfigError, DataError, check_spellings
 from smiexlm.model.folder import FinetunedFolder
 from smiexlm.model.pretrained import load_finetuned
 from smiexlm.moleculenet.folder import finetuned_folders
@@ -207,8 +207,7 @@ def predict(
 
     if backend not in ("torch", "onnx"):
         raise ConfigError("backend", backend, "'torch' or 'onnx'")
-    if not isinstance(tta, int) or isinstance(tta, bool) or tta < 0:
-        raise ConfigError("tta", tta, "0 (none) or a positive number of random SMILES")
+    check_spellings("tta", tta)
     if conformal_alpha is not None:
         check_alpha(conformal_alpha)
     folders = finetuned_folders(checkpoint)

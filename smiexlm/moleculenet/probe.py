@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from smiexlm.errors import ConfigError, check_positive_int
+from smiexlm.errors import ConfigError, check_positive_int, check_spellings
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.features import FeatureScaler
@@ -63,8 +63,7 @@ class ProbeConfig:
             raise ConfigError("features", self.features, f"one of {', '.join(FEATURE_KINDS)}")
         if self.class_weight not in ("balanced", "none"):
             raise ConfigError("class_weight", self.class_weight, "'balanced' or 'none'")
-        if isinstance(self.tta, bool) or not isinstance(self.tta, int) or self.tta < 0:
-            raise ConfigError("tta", self.tta, "0 (none) or a positive number of random SMILES")
+        check_spellings("tta", self.tta)
         check_positive_int("layers", self.layers)
         if self.whiten and self.layers > 1:
             raise ConfigError("whiten", True, "False with layers > 1 (the whitening was fitted "
