@@ -348,8 +348,9 @@ class Featurizer:
         ids, mask = collate(rows, self.tokenizer.pad_id)  # (B, T), True = real token
         input_ids, mask = ids.to(self.device), mask.to(self.device)
         with torch.inference_mode(), batch_invariant():
-            pooled = torch.cat([self.model.encode(input_ids, mask, pooling=pooling, layer=x).pooled
-                                for x in _layers(layer)], dim=1)  # fmt: skip
+            pooled = self.model.encode(
+                input_ids, mask, pooling=pooling, layer=_layers(layer)
+            ).pooled
         return pooled.float().cpu().numpy()
 
 

@@ -189,6 +189,11 @@ Features = Annotated[
     typer.Option("--features", help="ecfp4 | rdkit2d | both: concatenate to the pooled "
                  "embedding (normalised on the train split)."),
 ]  # fmt: skip
+HeadLayers = Annotated[
+    int | None,
+    typer.Option("--layers", min=1, help="The head reads the pooled outputs of the last N blocks "
+                 "side by side, from one pass (default 1: the last block's)."),
+]  # fmt: skip
 Patience = Annotated[
     int | None,
     typer.Option("--patience", help="Stop after N epochs without a better valid score "
@@ -281,6 +286,7 @@ def finetune(
     device: Device = "auto",
     freeze: Freeze = False,
     freeze_layers: FreezeLayers = 0,
+    layers: HeadLayers = None,
     features: Features = None,
     patience: Patience = None,
     precision: Precision = "auto",
@@ -314,7 +320,7 @@ def finetune(
         return
     cfg = _config(None if data else task, no_canonicalize, config, ctx, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
-                  freeze=freeze, freeze_layers=freeze_layers, features=features,
+                  freeze=freeze, freeze_layers=freeze_layers, layers=layers, features=features,
                   patience=patience, precision=precision, augment=augment, tta=tta,
                   adapt_steps=adapt_steps, adapt_lr=adapt_lr, forest=forest,
                   forest_trees=forest_trees, forest_blend=forest_blend,
@@ -343,6 +349,7 @@ def benchmark(
     out: Out = Path("runs/benchmark"),
     resume: Resume = False,
     processes: Processes = 1,
+    layers: HeadLayers = None,
     forest: Forest = None,
     forest_trees: ForestTrees = None,
     forest_blend: ForestBlend = None,
@@ -365,7 +372,7 @@ def benchmark(
     seeds = _seeds(seeds)
     for loaded in _load_tasks(tasks, None, "smiles", None, None):
         cfg = _config(loaded.name, config=config, ctx=ctx, split=split, epochs=epochs,
-                      max_train_steps=max_train_steps, device=device, forest=forest,
+                      max_train_steps=max_train_steps, device=device, layers=layers, forest=forest,
                       forest_trees=forest_trees, forest_blend=forest_blend,
                       forest_weight=forest_weight)  # fmt: skip
         results += run_finetune(loaded, cfg, backbone, seeds, run_root=out / "runs", resume=resume)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -203,12 +203,29 @@ class Encoder(nn.Module):
         returns (B, n, d): the same values as the full pass, for a fraction of the last
         block's cost (fine-tuning on the first state needs nothing else).
         """
+        last = len(self.layers[:n_layers]) - 1
+        return self.outputs(x, rotary, attention_mask, (last,), last_queries)[0]
+
+    def outputs(
+        self,
+        x: Tensor,
+        rotary: tuple[Tensor, Tensor],
+        attention_mask: Tensor,
+        blocks: Sequence[int],
+        last_queries: int | None = None,
+    ) -> list[Tensor]:
+        """The outputs of ``blocks`` (0-based, in the order given) of one pass that stops at
+        the deepest of them; ``last_queries`` applies to that deepest block, as in
+        :meth:`forward`, so its output is (B, n, d) and the others (B, L, d)."""
         cos, sin = rotary
         key_mask = attention_mask[:, None, None, :]  # (B, 1, 1, L)
-        layers = self.layers[:n_layers]
-        for i, layer in enumerate(layers):
-            x = layer(x, cos, sin, key_mask, last_queries if i == len(layers) - 1 else None)
-        return x
+        deepest = max(blocks)
+        kept: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.layers[: deepest + 1]):
+            x = layer(x, cos, sin, key_mask, last_queries if i == deepest else None)
+            if i in blocks:
+                kept[i] = x
+        return [kept[i] for i in blocks]
 
 
 def count_parameters(module: nn.Module) -> int:

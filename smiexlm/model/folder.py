@@ -209,6 +209,9 @@ def read_finetune_meta(path: Path) -> dict[str, Any]:
     n_features = meta.setdefault("n_features", 0)
     if type(n_features) is not int or n_features < 0:
         raise bad("n_features", "a non-negative integer")
+    layers = meta.setdefault("layers", 1)  # folders from before the option: the last block
+    if type(layers) is not int or layers < 1:
+        raise bad("layers", "a positive integer (the last blocks the head reads)")
     scaler = meta.get("feature_scaler")
     if (n_features > 0) != isinstance(scaler, dict):
         raise bad("feature_scaler", f"an object exactly when n_features ({n_features}) > 0")

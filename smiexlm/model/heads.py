@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from smiexlm.errors import ConfigError
 from smiexlm.model.dropout import Dropout
 from smiexlm.model.encoder import linear
+from smiexlm.model.pooling import pooling_parts
 from smiexlm.tokenizer.special import IGNORE_INDEX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,6 +122,9 @@ class ExLMForSequencePrediction(nn.Module):
     normalised, are concatenated to the pooled embedding before the head (chemprop's extra
     features). ``pooled`` may be passed instead of ids when the encoder is frozen and its
     features were computed once.
+
+    ``layers`` = n > 1 puts the pooled outputs of the last n blocks (each through the final
+    LayerNorm, the last first) side by side before the head, from one pass of the encoder.
     """
 
     def __init__(
@@ -131,23 +135,31 @@ class ExLMForSequencePrediction(nn.Module):
         pooler_dropout: float = 0.1,
         pooling: Literal["cls", "mean", "max"] = "cls",
         n_features: int = 0,
+        layers: int = 1,
     ):
         super().__init__()
         if task_type not in _TASK_TYPES:
             raise ConfigError("task_type", task_type, f"one of {_TASK_TYPES}")
         if n_features < 0:
             raise ConfigError("n_features", n_features, "0 or a positive integer")
+        n_blocks = model.config.n_layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= n_blocks:
+            raise ConfigError("layers", layers, f"an integer in [1, {n_blocks}] (the encoder's "
+                              "blocks)")  # fmt: skip
         self.model = model
         self.task_type = task_type
         self.pooling = pooling
         self.n_features = n_features
-        d = model.config.d_model
-        self.head = SequenceHead(d, n_outputs, pooler_dropout, n_inputs=d + n_features)
+        self.layers = layers
+        d = model.config.d_model * len(pooling_parts(pooling)) * layers
+        self.head = SequenceHead(model.config.d_model, n_outputs, pooler_dropout,
+                                 n_inputs=d + n_features)  # fmt: skip
 
     def pool(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """(B, T) ids and mask -> (B, d) pooled encoder features."""
+        """(B, T) ids and mask -> (B, layers·d) pooled encoder features."""
+        blocks = tuple(range(-1, -self.layers - 1, -1))
         return self.model.encode(
-            input_ids, attention_mask, pooling=self.pooling, pooled_only=True
+            input_ids, attention_mask, pooling=self.pooling, layer=blocks, pooled_only=True
         ).pooled
 
     def forward(

@@ -17,6 +17,7 @@ as in pre-training (for exlm, BOS and EOS are still expanded into k states).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,11 +137,18 @@ class ExLMModel(nn.Module):
         ids: Tensor,
         mask: Tensor,
         rotary: tuple[Tensor, Tensor],
-        n_layers: int | None = None,
+        blocks: Sequence[int] | None = None,
         last_queries: int | None = None,
     ) -> Tensor:
+        """Final-normed states (B, L, d) of the last block, or of each of ``blocks`` (0-based)
+        side by side, (B, L, n·d); ``last_queries`` cuts them all to the first n positions."""
         x = self.dropout(self.embed(ids))  # (B, L, d)
-        return self.final_norm(self.encoder(x, rotary, mask, n_layers, last_queries))
+        blocks = (self.config.n_layers - 1,) if blocks is None else blocks
+        states = self.encoder.outputs(x, rotary, mask, blocks, last_queries)
+        if len(states) == 1:
+            return self.final_norm(states[0])
+        n = min(h.shape[1] for h in states)
+        return torch.cat([self.final_norm(h[:, :n]) for h in states], dim=-1)
 
     def _expand(self, input_ids: Tensor, mask: Tensor, labels: Tensor | None) -> ExpandedBatch:
         c = self.config
@@ -157,22 +165,23 @@ class ExLMModel(nn.Module):
         )
 
     def _encode_expanded(
-        self, ex: ExpandedBatch, n_layers: int | None = None, last_queries: int | None = None
-    ) -> Tensor:
+        self, ex: ExpandedBatch, blocks: Sequence[int] | None = None,
+        last_queries: int | None = None,
+    ) -> Tensor:  # fmt: skip
         rotary = rope_angles_2d(
             ex.seq_positions, ex.clone_positions, self.config.head_dim, self.config.rope_theta
         )
-        return self._run_encoder(ex.input_ids, ex.attention_mask, rotary, n_layers, last_queries)
+        return self._run_encoder(ex.input_ids, ex.attention_mask, rotary, blocks, last_queries)
 
     def _encode_real_tokens(
-        self, input_ids: Tensor, mask: Tensor, n_layers: int | None = None,
+        self, input_ids: Tensor, mask: Tensor, blocks: Sequence[int] | None = None,
         last_queries: int | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         """MAE-LM encoder: [MASK] positions removed, original positions kept via RoPE.
         Returns hidden (B, Te, d), the original column of each row (B, Te), its mask."""
         index, valid = compact_positions(mask & (input_ids != self.config.mask_id))
         ids = input_ids.gather(1, index).masked_fill(~valid, self.config.pad_id)
-        hidden = self._run_encoder(ids, valid, self._rotary_1d(index), n_layers, last_queries)
+        hidden = self._run_encoder(ids, valid, self._rotary_1d(index), blocks, last_queries)
         return hidden, index, valid
 
     # ------------------------------------------------------------------ forward
@@ -342,36 +351,46 @@ class ExLMModel(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor,
         pooling: str = "cls",
-        layer: int = -1,
+        layer: int | Sequence[int] = -1,
         pooled_only: bool = False,
     ) -> EncoderOutput:
         """Encoder features for fine-tuning and embedding.
 
         ``layer`` picks the block whose output is returned (0-based, −1 = last), always passed
-        through the final LayerNorm. ``cls`` pools the first position (for exlm the first BOS
-        state); ``mean``/``max`` pool over the real positions of ``hidden_states``; several
+        through the final LayerNorm; several different ones, such as ``(-1, -2, -3)``, come
+        from one pass, side by side in that order (``hidden_states`` (B, T', n·d), ``pooled``
+        each block's pooling in turn). ``cls`` pools the first position (for exlm the first
+        BOS state); ``mean``/``max`` pool over the real positions of ``hidden_states``; several
         joined by ``+`` (``cls+max``) are put side by side, (B, n·d).
-        ``pooled_only`` with ``cls`` computes the last block for the first position only
-        (same ``pooled``; ``hidden_states`` is then (B, 1, d)).
+        ``pooled_only`` with ``cls`` computes the deepest block for the first position only
+        (same ``pooled``; ``hidden_states`` is then (B, 1, ·)).
         """
         mask = self._check_inputs(input_ids, attention_mask)
-        n = self.config.n_layers
-        if not -n <= layer < n:
-            raise ConfigError("layer", layer, f"an index in [{-n}, {n - 1}]")
-        n_layers = layer % n + 1
+        blocks = self._blocks(layer)
         first = 1 if pooled_only and pooling == "cls" else None
         if self.config.objective == "exlm":
             ex = self._expand(input_ids, mask, None)
-            hidden, out_mask = self._encode_expanded(ex, n_layers, first), ex.attention_mask
+            hidden, out_mask = self._encode_expanded(ex, blocks, first), ex.attention_mask
         elif self.config.objective == "maelm":
-            hidden, _, out_mask = self._encode_real_tokens(input_ids, mask, n_layers, first)
+            hidden, _, out_mask = self._encode_real_tokens(input_ids, mask, blocks, first)
         else:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
             rotary = self._rotary_1d(positions.expand_as(input_ids))
-            hidden, out_mask = self._run_encoder(input_ids, mask, rotary, n_layers, first), mask
-        if first is not None:
-            out_mask = out_mask[:, :first]
-        return EncoderOutput(hidden, pool(hidden, out_mask, pooling), out_mask)
+            hidden, out_mask = self._run_encoder(input_ids, mask, rotary, blocks, first), mask
+        out_mask = out_mask[:, : hidden.shape[1]]
+        parts = hidden.split(self.config.d_model, dim=-1)
+        pooled = torch.cat([pool(h, out_mask, pooling) for h in parts], dim=-1)
+        return EncoderOutput(hidden, pooled, out_mask)
+
+    def _blocks(self, layer: int | Sequence[int]) -> tuple[int, ...]:
+        """``layer`` (an index, or several different ones, −1 = last) as 0-based blocks."""
+        n = self.config.n_layers
+        blocks = tuple(layer) if isinstance(layer, (list, tuple)) else (layer,)
+        kept = tuple(b % n for b in blocks if type(b) is int and -n <= b < n)
+        if not blocks or len(kept) != len(blocks) or len(set(kept)) != len(kept):
+            raise ConfigError("layer", layer, f"an index in [{-n}, {n - 1}], or several "
+                              "different ones")  # fmt: skip
+        return kept
 
     # ---------------------------------------------------------------- model folders
     def save_pretrained(

@@ -117,7 +117,8 @@ def load_finetuned(
     head_type = "multilabel" if meta["task_type"] == "classification" else "regression"
     pre = load_pretrained(folder)
     model = ExLMForSequencePrediction(
-        pre.model, meta["n_outputs"], head_type, 0.0, meta["pooling"], n_features=meta["n_features"]
+        pre.model, meta["n_outputs"], head_type, 0.0, meta["pooling"],
+        n_features=meta["n_features"], layers=meta["layers"],
     )  # fmt: skip
     load_module_weights(model.head, folder.head_path, f"{FINETUNE_NAME} and the backbone")
     return model.to(resolve_device(device)).eval(), pre.inputs(), meta

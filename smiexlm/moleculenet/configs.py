@@ -46,8 +46,9 @@ class FinetuneConfig:
     """Everything that decides a fine-tuning run besides the checkpoint, data and seed: the
     training loop (a :class:`~smiexlm.finetuning.LoopConfig`: epochs, batch, optimiser,
     ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``) and what the
-    MoleculeNet adapter adds (dropouts, pooling, SMILES normalisation, split, truncation,
-    hybrid ``features``: ``ecfp4`` | ``rdkit2d`` | ``both``, random-SMILES ``augment`` of the
+    MoleculeNet adapter adds (dropouts, pooling, the last ``layers`` blocks the head reads,
+    SMILES normalisation, split, truncation, hybrid ``features``: ``ecfp4`` | ``rdkit2d`` |
+    ``both``, random-SMILES ``augment`` of the
     training molecules, test-time ``tta``, ``adapt_steps`` of descriptor regression on the
     training molecules before fine-tuning, :mod:`~smiexlm.moleculenet.adapt`, and a random
     ``forest`` on ``ecfp4`` | ``rdkit2d`` | ``both`` kept beside the model and blended with it,
@@ -62,6 +63,7 @@ class FinetuneConfig:
     dropout: float = 0.1
     pooler_dropout: float = 0.1
     pooling: str = "cls"
+    layers: int = 1  # the head reads the pooled outputs of the last this many blocks
     canonicalize: bool = True  # as the pretraining corpus; False keeps the SMILES as written
     split: str = "scaffold"
     max_length: int = 256
@@ -80,6 +82,7 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         check_positive_int("max_length", self.max_length)
+        check_positive_int("layers", self.layers)
         check_adapt(self.adapt_steps, self.adapt_lr)
         for name in ("augment", "tta"):
             check_spellings(name, getattr(self, name))

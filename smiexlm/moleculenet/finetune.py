@@ -59,6 +59,7 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
         name += " frozen"
     elif cfg.loop.freeze_layers:
         name += f" ({cfg.loop.freeze_layers} layers frozen)"
+    name += f", head on {cfg.layers} blocks" if cfg.layers > 1 else ""
     name += f" + {cfg.features}" if cfg.features else ""
     return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
 
@@ -201,6 +202,7 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
         encoder, len(task.label_cols),
         "multilabel" if task.is_classification else "regression", cfg.pooler_dropout,
         cfg.pooling, n_features=0 if features is None else features.shape[1],  # type: ignore[arg-type]
+        layers=cfg.layers,
     )  # fmt: skip
     examples = Examples(rows, targets.scaled(), features)
     train, valid, test = (examples.subset(np.asarray(p)) for p in (split.train, split.valid, split.test))  # fmt: skip

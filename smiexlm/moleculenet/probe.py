@@ -83,21 +83,15 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
 
     tokenizer = backbone.tokenizer(inputs)
     encoder = backbone.build(tokenizer, 0.0)
-    if cfg.layers > encoder.config.n_layers:
-        raise ConfigError("layers", cfg.layers, f"at most the {encoder.config.n_layers} blocks "
-                          f"of {backbone.name}")  # fmt: skip
     spec = cfg.pooling or backbone.pooling
-    # every part of a combined pooling from one pass of the encoder (the head is not used)
-    model = ExLMForSequencePrediction(encoder, 1, pooling=spec)  # type: ignore[arg-type]
+    # every part of a combined pooling and every block from one pass (the head is not used)
+    model = ExLMForSequencePrediction(encoder, 1, pooling=spec, layers=cfg.layers)  # type: ignore[arg-type]  # fmt: skip
     device = resolve_device(cfg.device)
     model.to(device).eval()
 
     def embed(texts: Sequence[str]) -> np.ndarray:
         rows, _ = backbone.inputs(tokenizer).rows(list(texts), cfg.max_length)
-        if cfg.layers == 1:
-            return engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
-        return np.hstack([_block_pooled(encoder, rows, spec, -k, cfg.batch_size, tokenizer.pad_id,
-                                        device) for k in range(1, cfg.layers + 1)])  # fmt: skip
+        return engine_predict(model, Examples(rows), cfg.batch_size, output="pooled")
 
     x = embed(inputs)
     if cfg.tta:
@@ -113,27 +107,6 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
         raise ConfigError("whiten", True, f"False: {backbone.name} stores no whitening for "
                           f"{spec} pooling (`smiexlm whiten` fits one)")  # fmt: skip
     return whitening(x)
-
-
-def _block_pooled(encoder, rows: list[list[int]], pooling: str, layer: int, batch_size: int,
-                  pad_id: int, device) -> np.ndarray:  # fmt: skip
-    """(N, n·d) float32: ``pooling`` of block ``layer``'s output (through the final norm) for
-    each row, in length-sorted batches of ``batch_size``."""
-    import torch
-
-    from smiexlm.data.collate import collate
-    from smiexlm.model.pooling import pooling_parts
-
-    width = encoder.config.d_model * len(pooling_parts(pooling))
-    out = np.empty((len(rows), width), dtype=np.float32)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            batch = order[start : start + batch_size]
-            ids, mask = collate([rows[i] for i in batch], pad_id)
-            pooled = encoder.encode(ids.to(device), mask.to(device), pooling, layer).pooled
-            out[batch] = pooled.float().cpu().numpy()
-    return out
 
 
 def _fit_task(x_tr, y_tr, x_ev, task_type: str, c: float, cfg: ProbeConfig, seed: int):

@@ -44,6 +44,8 @@ def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
     finetune = cfg.to_dict()
     if not finetune["adapt_steps"]:  # recorded only when used, as by runs older than it
         del finetune["adapt_steps"], finetune["adapt_lr"]
+    if finetune["layers"] == 1:  # likewise
+        del finetune["layers"]
     if finetune["forest"] is None:  # likewise
         for key in ("forest", "forest_trees", "forest_blend", "forest_weight"):
             del finetune[key]

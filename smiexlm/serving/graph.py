@@ -132,19 +132,25 @@ class EncoderGraph(nn.Module):
         return x + ffn.fc2(F.gelu(ffn.fc1(block.ffn_norm(x))))
 
     def hidden(
-        self, input_ids: Tensor, attention_mask: Tensor, n_last: int | None = None
-    ) -> tuple[Tensor, Tensor]:
+        self, input_ids: Tensor, attention_mask: Tensor, n_last: int | None = None,
+        layers: int = 1,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
         """Final-normed states (B, L, d) and their mask (B, L) bool; with ``n_last`` the last
-        block computes the first ``n_last`` positions only: (B, n_last, d), (B, n_last)."""
+        block computes the first ``n_last`` positions only: (B, n_last, d), (B, n_last).
+        ``layers`` = n > 1: the last n blocks' states side by side, the last first,
+        (B, ·, n·d), as ``ExLMModel.encode(layer=(-1, …, -n))``."""
         mask = attention_mask != 0
         ids, mask, seq, clone = self._layout(input_ids, mask)
         cos, sin = self._rotary(seq, clone)
         key_mask = mask[:, None, None, :]  # (B, 1, 1, L), True = real key
         x = self.model.embed(ids)  # (B, L, d)
-        layers = self.model.encoder.layers
-        for i, block in enumerate(layers):
-            x = self._block(block, x, cos, sin, key_mask, n_last if i == len(layers) - 1 else None)
-        return self.model.final_norm(x), mask[:, : x.shape[1]]
+        blocks, states = self.model.encoder.layers, []
+        for i, block in enumerate(blocks):
+            x = self._block(block, x, cos, sin, key_mask, n_last if i == len(blocks) - 1 else None)
+            states.append(x)
+        n = x.shape[1]
+        kept = [self.model.final_norm(h[:, :n]) for h in reversed(states[len(blocks) - layers :])]
+        return torch.cat(kept, dim=-1), mask[:, :n]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, cls_only: Tensor) -> Tensor:
         width = self.width(input_ids.shape[1])
@@ -182,6 +188,7 @@ class PredictorGraph(nn.Module):
     def __init__(self, model: ExLMForSequencePrediction):
         super().__init__()
         self.pooling = model.pooling
+        self.layers = model.layers
         self.encoder = EncoderGraph(model.model)
         self.head = model.head
 
@@ -189,8 +196,9 @@ class PredictorGraph(nn.Module):
         self, input_ids: Tensor, attention_mask: Tensor, features: Tensor | None = None
     ) -> Tensor:
         n_last = CLS_QUERIES if self.pooling == "cls" else None
-        hidden, mask = self.encoder.hidden(input_ids, attention_mask, n_last)
-        pooled = pool(hidden, mask, self.pooling)  # (B, d)
+        hidden, mask = self.encoder.hidden(input_ids, attention_mask, n_last, self.layers)
+        d = hidden.shape[-1] // self.layers
+        pooled = torch.cat([pool(h, mask, self.pooling) for h in hidden.split(d, -1)], -1)
         if features is not None:
             pooled = torch.cat([pooled, features.to(pooled.dtype)], dim=-1)  # (B, d + F)
         head = self.head

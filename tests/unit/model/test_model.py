@@ -287,6 +287,43 @@ def test_padding_invariance(objective):
 
 
 @pytest.mark.parametrize("objective", ["mlm", "maelm", "exlm"])
+def test_several_blocks_come_from_one_pass_as_each_block_alone(objective):
+    """``encode(layer=(-1, -3))``: each block's states equal those of a model cut after that
+    block (the same weights, fewer blocks), side by side in the order asked, each block's
+    pooling in turn; ``pooled_only`` gives the same cls; the head reads the last n blocks."""
+    torch.manual_seed(0)
+    tok, enc, _, _ = batch()
+    ids, mask = enc.input_ids, enc.attention_mask
+    model = ExLMModel(micro(objective, vocab_size=tok.vocab_size, n_layers=3)).eval()
+    cut = ExLMModel(micro(objective, vocab_size=tok.vocab_size, n_layers=1)).eval()
+    missing, _ = cut.load_state_dict(model.state_dict(), strict=False)
+    assert not missing
+    d = model.config.d_model
+    with torch.no_grad():
+        both = model.encode(ids, mask, "cls+mean", layer=(-1, -3))
+        last = model.encode(ids, mask, "cls+mean")
+        first = cut.encode(ids, mask, "cls+mean")
+        assert both.hidden_states.shape[-1] == 2 * d
+        expected = torch.cat([last.pooled, first.pooled], dim=-1)
+        torch.testing.assert_close(both.pooled, expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(both.hidden_states[..., d:], first.hidden_states, rtol=0,
+                                   atol=1e-6)  # fmt: skip
+        quick = model.encode(ids, mask, "cls", layer=(-1, -3), pooled_only=True).pooled
+        torch.testing.assert_close(quick, model.encode(ids, mask, "cls", layer=(-1, -3)).pooled,
+                                   rtol=0, atol=1e-6)  # fmt: skip
+        head = ExLMForSequencePrediction(model, 2, layers=3).eval()
+        assert head.head.dense.in_features == 3 * d
+        three = model.encode(ids, mask, "cls", layer=(2, 1, 0)).pooled
+        torch.testing.assert_close(head.pool(ids, mask), three, rtol=0, atol=1e-6)
+    for bad in ((), (-1, 2), (True,), (3,), 1.0):
+        with pytest.raises(ConfigError, match="layer"):
+            model.encode(ids, mask, layer=bad)  # type: ignore[arg-type]
+    for layers in (0, 4, True):
+        with pytest.raises(ConfigError, match="layers"):
+            ExLMForSequencePrediction(model, 2, layers=layers)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "maelm", "exlm"])
 def test_batch_invariant_encode_gives_a_molecule_bitwise_its_output_alone(objective):
     """Under ``batch_invariant`` (served inference) each molecule's pooled states, and the
     first-position path of a fine-tuned head, are bit for bit those it gets alone, for a

@@ -157,6 +157,42 @@ def test_cli_freeze_freeze_layers_features_patience(tmp_path):
     assert bad.exit_code != 0 and "features" in str(bad.exception)
 
 
+def test_a_head_on_the_last_three_blocks_is_saved_and_served(tmp_path):
+    """``--layers 3``: recorded in the run and the folder, and ``predict`` gives back the test
+    scores the run kept; a folder from before the option (no ``layers`` key) reads the last
+    block; more layers than blocks is a clear error."""
+    from smiexlm.cli.main import app
+    from smiexlm.model.integrity import record_checksums
+    from smiexlm.moleculenet.prediction import predict
+
+    torch.set_num_threads(1)
+    models = tmp_path / "models"
+    rows = _finetune(tmp_path, "--seeds", "0", "--layers", "3", "--save-dir", str(models))
+    assert rows["model"][0] == "default_model, head on 3 blocks"
+    assert json.loads(rows["config"][0])["layers"] == 3
+    meta = json.loads((models / "seed0" / "finetune.json").read_text())
+    assert meta["layers"] == 3
+    kept = np.load(tmp_path / "out0" / "runs" / "mini" / "seed0" / "predictions.npz")
+    _, frame = _small_csv(tmp_path)
+    test = frame["smi"].to_numpy()[kept["test_rows"]].tolist()
+    np.testing.assert_allclose(predict(models / "seed0", test)["y"], kept["test"][:, 0],
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+    older = tmp_path / "older"
+    _finetune(tmp_path, "--seeds", "0", "--save-dir", str(older))
+    before = predict(older / "seed0", test)["y"]
+    meta = json.loads((older / "seed0" / "finetune.json").read_text())
+    del meta["layers"], meta["config"]["layers"]
+    (older / "seed0" / "finetune.json").write_text(json.dumps(meta))
+    record_checksums(older / "seed0", "finetune.json")
+    np.testing.assert_array_equal(predict(older / "seed0", test)["y"], before)
+
+    bad = CliRunner().invoke(app, ["finetune", "mini", "--data", str(tmp_path / "mini.csv"),
+                                   "--smiles-col", "smi", "--label-cols", "y", "--layers", "5",
+                                   "--split", "random", "--out", str(tmp_path / "bad")])  # fmt: skip
+    assert bad.exit_code != 0 and "layers" in str(bad.exception)
+
+
 def test_cli_predict_ensemble_mean_and_std_per_molecule(tmp_path):
     from smiexlm.cli.main import app
     from smiexlm.moleculenet.prediction import predict

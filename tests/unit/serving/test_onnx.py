@@ -3,7 +3,8 @@
 Parity is checked on 1,000 MoleculeNet SMILES (500 BBBP, 500 ESOL as written, trailing spaces
 included) for the featurizer (cls and mean; max and combined poolings on fewer) and for ``predict`` (a cls classifier
 on the 1,000, served by ``smiexlm predict --backend onnx``; a mean-pooled regression head with
-ECFP4 features on 300, exported by ``smiexlm export-onnx``); the limit is 1e-5, max abs.
+ECFP4 features reading the last two blocks, on 300, exported by ``smiexlm export-onnx``); the
+limit is 1e-5, max abs.
 """
 
 from __future__ import annotations
@@ -144,6 +145,34 @@ def test_in_memory_graph_of_an_mlm_model():
     assert np.abs(got - expected).max() <= TOLERANCE
 
 
+@pytest.mark.parametrize("pooling", ["cls", "max"])
+def test_predictor_graph_of_a_head_on_the_last_three_blocks(pooling):
+    """A head reading the last three blocks (``layers=3``) of a micro ExLM model: the
+    exported graph gives the torch head's logits (cls: the last block on the first two
+    positions only, the blocks under it cut to match)."""
+    from smiexlm.model.config import ExLMConfig
+    from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.serving.onnx_export import predictor_onnx
+    from smiexlm.serving.onnx_runtime import open_session
+    from smiexlm.tokenizer import SmilesTokenizer
+
+    tokenizer = SmilesTokenizer()
+    torch.manual_seed(0)
+    config = ExLMConfig.tiny(objective="exlm", vocab_size=tokenizer.vocab_size, n_layers=3,
+                             d_model=32, d_ff=64, n_heads=2, k=2)  # fmt: skip
+    model = ExLMForSequencePrediction(ExLMModel(config), 2, "regression", 0.0, pooling, layers=3)
+    model.eval()
+    some = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "C1CCCCC1N", "O=C(O)c1ccccc1OC(C)=O"]
+    enc = tokenizer.encode_batch(some)
+    with torch.no_grad():
+        expected = model(enc.input_ids, enc.attention_mask).logits.numpy()
+    run = open_session(predictor_onnx(model), threads=1)
+    (got,) = run.run(None, {"input_ids": enc.input_ids.numpy(),
+                            "attention_mask": enc.attention_mask.long().numpy()})  # fmt: skip
+    assert np.abs(got - expected).max() <= TOLERANCE
+
+
 @pytest.mark.data
 @pytest.mark.slow
 def test_cli_export_onnx_of_a_maelm_run(shared_data, tmp_path):
@@ -231,9 +260,10 @@ def test_onnx_backend_rejects_what_the_graph_cannot_do(featurizers):
 
 
 # ---------------------------------------------------------------------- predict
-def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None):
+def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None, layers: int = 1):
     """A fine-tuned folder as ``finetune --save-dir`` writes it: the shipped encoder and a
-    random head (the weights do not matter for parity, only that both backends share them)."""
+    random head on its last ``layers`` blocks (the weights do not matter for parity, only
+    that both backends share them)."""
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.inputs import model_texts
     from smiexlm.model.model import ExLMModel
@@ -255,8 +285,8 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None)
     head_type = "multilabel" if task_type == "classification" else "regression"
     n_features = 0 if scaler is None else len(scaler.mean)
     model = ExLMForSequencePrediction(ExLMModel.from_pretrained(DEFAULT_MODEL_DIR), 2, head_type,
-                                      0.0, pooling, n_features=n_features)  # type: ignore[arg-type]  # fmt: skip
-    config = FinetuneConfig(pooling=pooling, features=features).to_dict()
+                                      0.0, pooling, n_features=n_features, layers=layers)  # type: ignore[arg-type]  # fmt: skip
+    config = FinetuneConfig(pooling=pooling, features=features, layers=layers).to_dict()
     meta = dict(dataset="parity", task_type=task_type, label_cols=["a", "b"], config=config,
                 seed=0, split="scaffold", target_mean=[0.5, -1.0], target_std=[2.0, 0.25],
                 backbone="default_model", best_epoch=1,
@@ -290,11 +320,11 @@ def test_predict_parity_cls_classifier_through_the_cli(smiles, tmp_path):
 
 @pytest.mark.data
 @pytest.mark.slow
-def test_predict_parity_mean_regression_with_features(smiles, tmp_path):
+def test_predict_parity_mean_regression_with_features_on_two_blocks(smiles, tmp_path):
     from smiexlm.moleculenet.prediction import predict
 
     smiles = smiles[:150] + smiles[-150:]
-    folder = _finetuned(tmp_path / "seed0", smiles, "mean", "regression", "ecfp4")
+    folder = _finetuned(tmp_path / "seed0", smiles, "mean", "regression", "ecfp4", layers=2)
     run = subprocess.run([smiexlm_command(), "export-onnx", str(folder)], capture_output=True,
                          text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr
