@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> None:
                 continue
             start = time.perf_counter()
             extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
-                     "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps}  # fmt: skip
+                     "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps,
+                     "layers": args.layers}  # fmt: skip
             extra = {k: v for k, v in extra.items() if v}  # what the options change
             cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant] | extra)
             (r,) = run_finetune(load_task(task), cfg, backbone, [seed], progress=args.progress,
@@ -218,7 +219,7 @@ def campaign(args: argparse.Namespace) -> None:
             checkpoint=options.get("checkpoint"), preset="tiny", objective="mlm",
             variant=options.get("variant", "finetune"), schedule="full", progress=args.progress,
             pooling=None, features=options.get("features"), whiten=False, n_trees=args.n_trees,
-            augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None,
+            augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
         )  # fmt: skip
         {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
         folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
@@ -252,6 +253,7 @@ def main() -> None:
     p_run.add_argument("--tta", type=int, default=0, help="random SMILES averaged at test")
     p_run.add_argument("--adapt-steps", type=int, default=0, help="descriptor regression first")
     p_run.add_argument("--adapt-lr", type=float, default=None, help="its learning rate")
+    p_run.add_argument("--layers", type=int, default=None, help="the head reads the last N blocks")
     p_probe = sub.add_parser("probe", help="linear probe on pooled embeddings, every task")
     p_probe.add_argument("--name", default="linear probe (logistic)")
     p_probe.add_argument("--checkpoint", default=None)
