@@ -7,9 +7,10 @@ fine-tuning, their evaluation) picks its autocast; a test that never gets there 
 same thing under either value, and running it twice proves nothing new.
 
 Every unit test is marked ``precision`` (it runs in both passes) except those of the modules
-in :data:`PRECISION_FREE`: modules that run no model, no kernel and no training (tokenizers,
-preprocessing, dataset loaders and splits, metrics, calibration) and that never read the
-switch. A new test module is in the second pass until it is listed here.
+in :data:`PRECISION_FREE`: modules that never reach a ``precision="auto"`` choice, because
+they train nothing and run no autocast (tokenizers, preprocessing, dataset loaders and splits,
+metrics, calibration, and the fp32 paths: embedding, serving, ONNX, the linear probe, the
+model folders' checks). A new test module is in the second pass until it is listed here.
 
 The listing is checked while those tests run: their ``SMIEXLM_NATIVE_BF16`` is a value that
 no reader accepts (a subprocess that reads it fails with a ConfigError naming it), and a read
@@ -44,13 +45,16 @@ PRECISION_FREE = frozenset(
         "glue/test_glue_metrics.py",
         "glue/test_glue_tasks.py",
         "model/test_model.py",
+        "model/test_model_integrity.py",
         "model/test_model_inputs.py",
         "model/test_model_overfit.py",
         "moleculenet/test_moleculenet_data.py",
         "moleculenet/test_moleculenet_metrics.py",
         "moleculenet/test_blend.py",
+        "moleculenet/test_probe.py",
         "parts/test_embed_parts.py",
         "parts/test_search.py",
+        "serving/test_onnx.py",
         "test_paths.py",
         "test_ranks.py",
         "text/test_text_blocks.py",
