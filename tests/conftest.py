@@ -57,6 +57,17 @@ def require_file(root: Path, relative: str) -> Path:
     return path
 
 
+def some_data(shared: Path, folder: Path, files: tuple[str, ...]) -> Path:
+    """``folder`` laid out as the shared data folder ``shared``, holding only ``files``
+    (relative paths, linked), for a run that reads every file of a kind (such as the
+    MoleculeNet exclusion keys) and needs only a few."""
+    for name in files:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        if not (folder / name).exists():
+            (folder / name).symlink_to(require_file(shared, name))
+    return folder
+
+
 @pytest.fixture()
 def data_file(shared_data: Path):
     """``data_file("moleculenet/bbbp.csv")`` -> Path, failing when the file is missing."""

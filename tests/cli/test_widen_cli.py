@@ -1,6 +1,8 @@
 """``smiexlm widen``: outputs, rejects, report, seeds, resume, and no evaluation molecule.
 
-These tests read the shared data (MOSES, MoleculeNet): without SMIEXLM_DATA they fail."""
+These tests read the shared data (MOSES, MoleculeNet): without SMIEXLM_DATA they fail. Their
+SMIEXLM_DATA holds two MoleculeNet files (BBBP, BACE: the molecules they let in), so that the
+exclusion set is theirs alone: the keys of every file cost minutes and test nothing more."""
 
 from __future__ import annotations
 
@@ -18,15 +20,29 @@ from smiexlm.cli.main import app
 from smiexlm.data.readers import iter_smiles
 from smiexlm.data.widen.exclusion import evaluation_key, exclusion_keys
 from smiexlm.data.widen.steps import Widener
+from tests.conftest import some_data
 
 BAD = ["C1CC", "not_a_smiles", ""]
 
 
-def _data() -> Path:
+FILES = ("moleculenet/bbbp.csv", "moleculenet/bace.csv", "pretrain/moses_train.smi.gz")
+
+
+@pytest.fixture(scope="module")
+def _data_folder(tmp_path_factory) -> Path:
     value = os.environ.get("SMIEXLM_DATA")
     if not value or not Path(value).is_dir():
         pytest.fail(f"SMIEXLM_DATA={value!r}: these tests need the shared data folder")
-    return Path(value)
+    return some_data(Path(value), tmp_path_factory.mktemp("data"), FILES)
+
+
+@pytest.fixture(autouse=True)
+def _two_moleculenet_files(_data_folder, monkeypatch):
+    monkeypatch.setenv("SMIEXLM_DATA", str(_data_folder))
+
+
+def _data() -> Path:
+    return Path(os.environ["SMIEXLM_DATA"])
 
 
 def _input(tmp_path: Path, n: int = 24, evaluation: int = 3) -> tuple[Path, list[str]]:
