@@ -48,11 +48,10 @@ class FinetuneConfig:
     ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``) and what the
     MoleculeNet adapter adds (dropouts, pooling, the last ``layers`` blocks the head reads,
     SMILES normalisation, split, truncation, hybrid ``features``: ``ecfp4`` | ``rdkit2d`` |
-    ``both``, random-SMILES ``augment`` of the
-    training molecules, test-time ``tta``, ``adapt_steps`` of descriptor regression on the
-    training molecules before fine-tuning, :mod:`~smiexlm.moleculenet.adapt`, and a random
-    ``forest`` on ``ecfp4`` | ``rdkit2d`` | ``both`` kept beside the model and blended with it,
-    :mod:`~smiexlm.moleculenet.forest`).
+    ``both``, random-SMILES ``augment`` of the training molecules, test-time ``tta``,
+    ``adapt_steps`` of descriptor regression on the training molecules before fine-tuning,
+    :mod:`~smiexlm.moleculenet.adapt`, and a random ``forest`` on ``ecfp4`` | ``rdkit2d`` |
+    ``both`` kept beside the model and blended with it, :mod:`~smiexlm.moleculenet.forest`).
 
     The TOML tables, the CLI and :func:`finetune_config` speak flat keys
     (:meth:`from_flat`, :meth:`to_dict`); ``max_train_steps`` is the loop's ``max_steps`` and is
