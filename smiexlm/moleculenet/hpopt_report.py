@@ -26,7 +26,16 @@ BEST_NAME = "best.toml"
 TRIALS_NAME = "trials.csv"
 PLOT_NAME = "history.png"
 REPORT_NAME = "report.md"
-PARAMS = ("lr", "epochs", "dropout", "pooler_dropout", "pooling", "features", "freeze_layers")
+PARAMS = (
+    "lr",
+    "epochs",
+    "dropout",
+    "pooler_dropout",
+    "pooling",
+    "features",
+    "freeze_layers",
+    "layers",
+)
 COLUMNS = ("number", "state", "value", "cpu_s", "epochs_run", *PARAMS, "note")
 
 

@@ -9,7 +9,8 @@ What is searched (:class:`SearchSpace`, around ``base``, the task's Table 8 row)
   than the Table 8 run, and the schedule's decay follows the epochs chosen);
 - ``dropout`` in [0, 0.3] and ``pooler_dropout`` in [0, 0.5] (Table 8: 0.1, and 0 to 0.5);
 - ``pooling``: cls | mean | max; ``features``: none | ecfp4 | rdkit2d | both (the hybrid head);
-- ``freeze_layers``: 0 (nothing frozen) to the backbone's number of blocks.
+- ``freeze_layers``: 0 (nothing frozen) to the backbone's number of blocks;
+- ``layers``: the last 1 to all of the backbone's blocks read by the head.
 
 Everything else (batch size, warmup, optimiser, split, ``max_train_steps``, precision) stays
 as ``base``. Trial 0 is the row itself, so the report shows what the search gained over it.
@@ -105,6 +106,7 @@ class SearchSpace:
     pooling: tuple[str, ...] = POOLINGS
     features: tuple[str, ...] = FEATURE_CHOICES
     freeze_layers: tuple[int, int] = (0, 0)  # (0, 0): not searched
+    layers: tuple[int, int] = (1, 1)  # (1, 1): not searched
 
     @classmethod
     def around(cls, base: FinetuneConfig, n_layers: int) -> SearchSpace:
@@ -115,7 +117,7 @@ class SearchSpace:
             lr=(lr / 10, lr * 10), epochs=(max(1, epochs // 4), epochs),
             dropout=(0.0, max(0.3, base.dropout)),
             pooler_dropout=(0.0, max(0.5, base.pooler_dropout)),
-            freeze_layers=(0, 0 if base.loop.freeze else n_layers),
+            freeze_layers=(0, 0 if base.loop.freeze else n_layers), layers=(1, n_layers),
         )  # fmt: skip
 
     def suggest(self, trial) -> dict[str, Any]:
@@ -128,8 +130,10 @@ class SearchSpace:
             "pooling": trial.suggest_categorical("pooling", self.pooling),
             "features": trial.suggest_categorical("features", self.features),
         }
-        if self.freeze_layers[1] > self.freeze_layers[0]:
-            params["freeze_layers"] = trial.suggest_int("freeze_layers", *self.freeze_layers)
+        for key in ("freeze_layers", "layers"):
+            low, high = getattr(self, key)
+            if high > low:
+                params[key] = trial.suggest_int(key, low, high)
         return params
 
     def params_of(self, base: FinetuneConfig) -> dict[str, Any]:
@@ -137,9 +141,10 @@ class SearchSpace:
         params = {"lr": base.loop.lr, "epochs": base.loop.epochs, "dropout": base.dropout,
                   "pooler_dropout": base.pooler_dropout, "pooling": base.pooling,
                   "features": base.features or "none"}  # fmt: skip
-        if self.freeze_layers[1] > self.freeze_layers[0]:
-            params["freeze_layers"] = base.loop.freeze_layers
-        return params
+        own = {"freeze_layers": base.loop.freeze_layers, "layers": base.layers}
+        return params | {
+            key: own[key] for key in own if getattr(self, key)[1] > getattr(self, key)[0]
+        }
 
 
 def flat_keys(params: dict[str, Any]) -> dict[str, Any]:

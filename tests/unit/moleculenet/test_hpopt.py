@@ -66,11 +66,12 @@ def test_space_is_around_the_table_8_row_and_holds_it():
     space = SearchSpace.around(base, n_layers=4)
     assert space.lr == pytest.approx((5e-6, 5e-4)) and space.epochs == (25, 100)
     assert space.pooler_dropout == (0.0, 0.5) and space.freeze_layers == (0, 4)
+    assert space.layers == (1, 4)
     assert space.pooling == ("cls", "mean", "max")
     assert space.features == ("none", "ecfp4", "rdkit2d", "both")
     zero = space.params_of(base)
     assert zero == {"lr": 5e-5, "epochs": 100, "dropout": 0.1, "pooler_dropout": 0.5,
-                    "pooling": "cls", "features": "none", "freeze_layers": 0}  # fmt: skip
+                    "pooling": "cls", "features": "none", "freeze_layers": 0, "layers": 1}  # fmt: skip
     frozen = SearchSpace.around(finetune_config("bbbp", freeze=True), n_layers=4)
     assert frozen.freeze_layers == (0, 0)  # head only: every block is frozen already
 
