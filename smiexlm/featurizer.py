@@ -211,8 +211,8 @@ class Featurizer:
         encoder); None: the model's own (:attr:`pooling`, from its folder's
         ``embedding.json``).
         ``layer``: encoder block whose output is pooled (−1 = last); several, such as
-        ``(-1, -2, -3)``, put side by side in that order, (n, 3·width) (each block is a pass of
-        the encoder up to it).
+        ``(-1, -2, -3)``, put side by side in that order, (n, 3·width), from one pass of the
+        encoder.
         ``whiten``: apply the model's corpus whitening (:mod:`smiexlm.whitening`, fitted on
         the last block); None: the model's default (:attr:`whiten`) for the last block, no
         whitening for the others.
