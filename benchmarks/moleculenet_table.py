@@ -269,7 +269,12 @@ def main() -> None:
         "--whiten", action="store_true", help="the folder's stored whitening first"
     )
     p_probe.add_argument("--tta", type=int, default=0, help="mean embedding over K random SMILES")
-    p_probe.add_argument("--layers", type=int, default=1, help="the last N blocks side by side")
+    p_probe.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="the last N blocks side by side (default: the model's own)",
+    )
     p_base = sub.add_parser("baseline", help="a random forest on every task")
     p_base.add_argument("--name", default=None, help="default: RF-<features> (N trees)")
     p_base.add_argument("--features", choices=["ecfp4", "rdkit2d", "both"], default="ecfp4")

@@ -22,6 +22,7 @@ import numpy as np
 from smiexlm.data.readers import iter_table
 from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurizer import Featurizer, FeaturizeReport
+from smiexlm.model.pooling import last_blocks
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.paths import atomic_paths, check_output
 
@@ -59,6 +60,7 @@ class EmbedOptions:
     device: str = "auto"
     backend: Literal["torch", "onnx"] = "torch"
     whiten: bool | None = None  # None: the model folder's own (embedding.json)
+    layers: int | None = None  # the last blocks side by side; None: the folder's own
 
     def featurizer(self, device: str | None = None) -> Featurizer:
         return Featurizer.from_pretrained(self.checkpoint, device or self.device, self.backend)
@@ -68,6 +70,7 @@ class EmbedOptions:
         leaves the choice to the featurizer, which applies the folder's own as
         :meth:`chosen_whiten` records it."""
         return feat.featurize(smiles, pooling=self.chosen_pooling(), errors=self.errors,
+                              layer=last_blocks(self.chosen_layers()),
                               canonicalize=self.canonicalize, batch_tokens=self.batch_tokens,
                               whiten=self.whiten, index_offset=index_offset,
                               log_failures=False)  # fmt: skip
@@ -83,16 +86,21 @@ class EmbedOptions:
         """``pooling``, or the model folder's own when None (``embedding.json``)."""
         return self.pooling or self.folder.embedding.pooling
 
+    def chosen_layers(self) -> int:
+        """``layers``, or the model folder's own when None (``embedding.json``)."""
+        return self.layers or self.folder.embedding.layers
+
     def chosen_whiten(self) -> bool:
         """``whiten``, or the model folder's own when None: whitened when its
-        ``embedding.json`` says so and it stores a whitening for the chosen pooling (or for
-        each of its parts)."""
+        ``embedding.json`` says so and it stores a whitening for the chosen pooling and blocks
+        (or, for one block, for each part of the pooling)."""
         from smiexlm.whitening import can_whiten
 
         if self.whiten is not None:
             return self.whiten
         stored = self.folder.whitening or {}
-        return self.folder.embedding.whiten and can_whiten(stored, self.chosen_pooling())
+        chosen = (self.chosen_pooling(), self.chosen_layers())
+        return self.folder.embedding.whiten and can_whiten(stored, *chosen)
 
     def settings(self) -> dict[str, Any]:
         """What a folder of parts records, so that a resume cannot mix two kinds of rows."""
@@ -101,6 +109,7 @@ class EmbedOptions:
             "errors": self.errors,
             "canonicalize": self.canonicalize,
         }
+        kept |= {"layers": self.chosen_layers()} if self.chosen_layers() > 1 else {}
         kept |= {"whiten": True} if self.chosen_whiten() else {}
         return kept | ({"backend": self.backend} if self.backend != "torch" else {})
 
@@ -132,7 +141,7 @@ def embed_file(
     first = next(chunks)  # raises DataError for an empty or unreadable input
     id_cols = _id_columns(first, smiles_col, id_cols)
     feat = how.featurizer()
-    width = feat.width(how.chosen_pooling())  # embedding.json read once
+    width = feat.width(how.chosen_pooling(), last_blocks(how.chosen_layers()))
     report = FeaturizeReport()
     ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
     finals = [out] if ids_path is None else [out, ids_path]

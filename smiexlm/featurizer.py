@@ -44,7 +44,7 @@ from smiexlm.errors import (
 )
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.model import ExLMModel
-from smiexlm.model.pooling import pooling_parts
+from smiexlm.model.pooling import last_blocks, pooling_parts
 from smiexlm.model.pretrained import Pretrained, load_pretrained
 from smiexlm.tokenizer import Tokenizer
 from smiexlm.whitening import Whitening, pooling_whitening
@@ -117,9 +117,13 @@ class Featurizer:
         self.inputs = pretrained.inputs()
         self.pooling: Pooling = pretrained.pooling
         self.whiten = pretrained.embedding.whiten
-        if self.whiten and pooling_whitening(self.whitening, self.pooling) is None:
+        self.layers = pretrained.embedding.layers  # the last blocks served, side by side
+        if self.layers > model.config.n_layers:
+            raise ConfigError("layers", self.layers, f"at most the model's {model.config.n_layers} "
+                              "blocks (embedding.json)")  # fmt: skip
+        if self.whiten and pooling_whitening(self.whitening, self.pooling, self.layers) is None:
             raise ConfigError("whiten", self.whiten, f"False: no whitening is stored for "
-                              f"{self.pooling} pooling")  # fmt: skip
+                              f"{self.pooling} pooling of the last {self.layers} block(s)")  # fmt: skip
         self.last_report = FeaturizeReport()
 
     # ------------------------------------------------------------------ loading
@@ -164,13 +168,23 @@ class Featurizer:
         return self.pretrained.whitening or {}
 
     @property
-    def dim(self) -> int:
-        """Width of the default embedding (:attr:`pooling`): d, or n·d for n poolings."""
-        return self.width(self.pooling)
+    def blocks(self) -> tuple[int, ...]:
+        """The blocks served when :meth:`featurize` names none: the last :attr:`layers`."""
+        return last_blocks(self.layers)
 
-    def width(self, pooling: Pooling | None = None) -> int:
-        """Width of the embedding of ``pooling`` (None: :attr:`pooling`)."""
-        return self.model.config.d_model * len(pooling_parts(pooling or self.pooling))
+    @property
+    def dim(self) -> int:
+        """Width of the default embedding (:attr:`pooling` of :attr:`blocks`): d, times the
+        poolings, times the blocks."""
+        return self.width()
+
+    def width(
+        self, pooling: Pooling | None = None, layer: int | Sequence[int] | None = None
+    ) -> int:
+        """Width of the embedding of ``pooling`` (None: :attr:`pooling`) of the blocks
+        ``layer`` (None: :attr:`blocks`)."""
+        n_blocks = len(_layers(self.blocks if layer is None else layer))
+        return self.model.config.d_model * len(pooling_parts(pooling or self.pooling)) * n_blocks
 
     @property
     def max_chars(self) -> int:
@@ -182,7 +196,7 @@ class Featurizer:
         source = "shipped default model" if self.pretrained.is_default else str(self.source)
         return (
             f"Featurizer(source={source!r}, objective={c.objective!r}, "
-            f"d={c.d_model}, layers={c.n_layers}, pooling={self.pooling!r}, "
+            f"d={c.d_model}, layers={c.n_layers}, pooling={self.pooling!r}, blocks={self.layers}, "
             f"whiten={self.whiten}, device={str(self.device)!r})"
         )
 
@@ -191,7 +205,7 @@ class Featurizer:
         self,
         smiles: Sequence[str] | Iterable[str],
         pooling: Pooling | None = None,
-        layer: int | Sequence[int] = -1,
+        layer: int | Sequence[int] | None = None,
         errors: Errors = "raise",
         batch_tokens: int = 16384,
         batch_size: int | None = None,
@@ -212,10 +226,10 @@ class Featurizer:
         ``embedding.json``).
         ``layer``: encoder block whose output is pooled (−1 = last); several, such as
         ``(-1, -2, -3)``, put side by side in that order, (n, 3·width), from one pass of the
-        encoder.
+        encoder; None: the model's own (:attr:`blocks`, the last :attr:`layers` of them).
         ``whiten``: apply the model's corpus whitening (:mod:`smiexlm.whitening`, fitted on
-        the last block); None: the model's default (:attr:`whiten`) for the last block, no
-        whitening for the others.
+        the last block, or on the last few side by side); None: the model's default
+        (:attr:`whiten`) where a whitening of these blocks is stored, none elsewhere.
         ``errors``: ``raise`` on the first bad SMILES, or ``nan`` to fill its row with NaN.
         ``batch_tokens``: padded tokens per batch; ``batch_size``: molecules per batch cap.
         ``canonicalize=False`` skips the model folder's normalisation (SMILES used as written).
@@ -224,11 +238,12 @@ class Featurizer:
         listing of bad inputs to the caller.
         """
         pooling = pooling or self.pooling
+        layer = self.blocks if layer is None else layer
         self._check_options(pooling, layer, errors, batch_tokens, batch_size)
         whitening = self._whitening(pooling, layer, whiten)
         items = _as_list(smiles)
         self.model.eval()  # dropout off, whatever the caller did to the model since loading
-        out = np.empty((len(items), self.width(pooling) * len(_layers(layer))), dtype=np.float32)
+        out = np.empty((len(items), self.width(pooling, layer)), dtype=np.float32)
         report = FeaturizeReport(n_inputs=len(items))
         bar = _progress_bar(len(items)) if progress else None
         for start in range(0, len(items), chunk_size):
@@ -268,24 +283,25 @@ class Featurizer:
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError("batch_size", batch_size, "a positive integer or None")
 
-    def _whitening(self, pooling: str, layer: int, whiten: bool | None) -> Whitening | None:
+    def _whitening(self, pooling: str, layer, whiten: bool | None) -> Whitening | None:
         """The whitening a call applies, or None."""
         n_layers = self.model.config.n_layers
-        layers = _layers(layer)
-        last = len(layers) == 1 and layers[0] % n_layers == n_layers - 1
-        whitening = pooling_whitening(self.whitening, pooling)
+        blocks = tuple(x % n_layers for x in _layers(layer))
+        last = blocks == tuple(range(n_layers - 1, n_layers - 1 - len(blocks), -1))
+        whitening = pooling_whitening(self.whitening, pooling, len(blocks)) if last else None
         if whiten is None:
-            whiten = self.whiten and last and whitening is not None
+            whiten = self.whiten and whitening is not None
         if not whiten:
             return None
         if whiten is not True:
             raise ConfigError("whiten", whiten, "True, False or None")
+        if not last:
+            raise ConfigError("layer", layer, "the last block or the last few in order, such as "
+                              "(-1, -2), with whiten=True (the whitenings are fitted on those)")  # fmt: skip
         if whitening is None:
             raise ConfigError("whiten", whiten, f"False: the model stores no whitening for {pooling} "
-                              "pooling (`smiexlm whiten` fits one)")  # fmt: skip
-        if not last:
-            raise ConfigError("layer", layer, "-1 with whiten=True (the whitening was fitted on "
-                              "the last block)")  # fmt: skip
+                              f"pooling of the last {len(blocks)} block(s) (`smiexlm whiten` fits "
+                              "one)")  # fmt: skip
         return whitening
 
     # ------------------------------------------------------------------ internals
@@ -302,7 +318,7 @@ class Featurizer:
         chunk: list[Any],
         offset: int,
         pooling: str,
-        layer: int,
+        layer: int | Sequence[int],
         errors: str,
         batch_tokens: int,
         batch_size: int | None,
@@ -312,8 +328,7 @@ class Featurizer:
     ) -> np.ndarray:
         ids, reasons, changed = self.prepare(chunk, canonicalize)
         report.n_changed_by_normalization += changed
-        out = np.full((len(chunk), self.width(pooling) * len(_layers(layer))), np.nan,
-                      dtype=np.float32)  # fmt: skip
+        out = np.full((len(chunk), self.width(pooling, layer)), np.nan, dtype=np.float32)
         for i, reason in enumerate(reasons):
             if reason is not None:
                 if errors == "raise":

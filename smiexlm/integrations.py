@@ -69,7 +69,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
         self,
         checkpoint: str | Path | None = None,
         pooling: str | None = None,
-        layer: int = -1,
+        layer: int | tuple[int, ...] | None = None,
         errors: Literal["raise", "nan"] = "raise",
         canonicalize: bool = True,
         batch_tokens: int = 16384,
@@ -95,7 +95,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any = None) -> ExLMTransformer:
         """Nothing to learn: loads the model and records the embedding width."""
-        self.n_features_out_ = self.featurizer_.width(self.pooling)
+        self.n_features_out_ = self.featurizer_.width(self.pooling, self.layer)
         return self
 
     def transform(self, X: Any) -> np.ndarray:
@@ -110,7 +110,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
         )
 
     def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
-        width = self.featurizer_.width(self.pooling)
+        width = self.featurizer_.width(self.pooling, self.layer)
         return np.asarray([f"exlm{i}" for i in range(width)], dtype=object)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -129,7 +129,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
 _FEATURIZER_CLASS: type | None = None
 
 
-def _deepchem_rows(feat, datapoints: Any, pooling: str | None, layer: int, canonicalize: bool) -> np.ndarray:  # fmt: skip
+def _deepchem_rows(feat, datapoints: Any, pooling: str | None, layer, canonicalize: bool) -> np.ndarray:  # fmt: skip
     """Embeddings of SMILES or RDKit ``Mol`` objects, as DeepChem expects them: a float
     matrix, or an object array with an empty array for each molecule that failed."""
     from rdkit import Chem
@@ -166,7 +166,7 @@ def _featurizer_class() -> type:
             self,
             checkpoint: str | Path | None = None,
             pooling: str | None = None,
-            layer: int = -1,
+            layer: int | tuple[int, ...] | None = None,
             canonicalize: bool = True,
             device: str = "auto",
         ):

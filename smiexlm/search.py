@@ -47,6 +47,7 @@ from typing import Any, Literal
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
+from smiexlm.model.pooling import last_blocks
 from smiexlm.paths import atomic_dir, check_output, file_problem, file_record, read_json_file
 
 INDEX_FORMAT = "smiexlm-search-index/1"
@@ -282,6 +283,7 @@ class SearchIndex:
         faiss = _faiss()
         vectors = self.featurizer().featurize(
             list(queries), pooling=self.settings["pooling"], errors="raise",
+            layer=last_blocks(self.settings.get("layers", 1)),
             canonicalize=self.settings["canonicalize"], whiten=self.settings.get("whiten", False),
         )  # fmt: skip
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)

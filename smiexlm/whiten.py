@@ -20,11 +20,11 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.featurizer import Featurizer
 from smiexlm.model.folder import ModelFolder
 from smiexlm.model.layout import is_shipped
-from smiexlm.model.pooling import POOLINGS, pooling_parts
+from smiexlm.model.pooling import POOLINGS, last_blocks, pooling_parts
 from smiexlm.model.records import write_embedding
 from smiexlm.model.whitening_file import save_whitening
 from smiexlm.paths import atomic_dir, check_output, file_sha256
-from smiexlm.whitening import DEFAULT_REL_TOL, fit_whitening
+from smiexlm.whitening import DEFAULT_REL_TOL, fit_whitening, whitening_key
 
 DEFAULT_CORPUS_ROWS = 20_000
 
@@ -39,12 +39,15 @@ def whiten_model(
     progress: bool = True,
     pooling: str | None = None,
     out: str | Path | None = None,
+    layers: int | None = None,
 ) -> dict[str, Any]:
     """Fit the whitening of every pooling of ``model`` (a model folder) on the first ``rows``
     SMILES of ``corpus`` (any file ``smiexlm preprocess`` reads), store it, and make it the
     featurizer's default when ``default``. ``pooling`` (such as ``cls+mean+max``) also fits
     that combination jointly and, with ``default``, makes it the folder's pooling; a combined
-    pooling already in ``embedding.json`` is fitted jointly too.
+    pooling already in ``embedding.json`` is fitted jointly too. ``layers`` = n > 1 also fits
+    the chosen pooling of the last n blocks side by side, jointly (``{pooling}@{n}``), and,
+    with ``default``, serves those n blocks; None keeps the folder's own (``embedding.json``).
 
     Without ``out`` the whitening is stored in ``model`` itself, which a shipped model refuses
     (they are read-only); with ``out`` (a new or empty folder) a full copy of the folder is
@@ -54,28 +57,37 @@ def whiten_model(
         raise ConfigError("rows", rows, "a positive number of corpus molecules")
     folder = ModelFolder(model)
     target = _whitening_target(folder.path, out)  # before the corpus is embedded
-    own = folder.embedding.pooling
+    own, own_layers = folder.embedding.pooling, folder.embedding.layers
     chosen = own if pooling is None else pooling
-    pooling_parts(chosen)  # a bad name fails before the corpus is embedded
+    chosen_layers = own_layers if layers is None else layers
+    whitening_key(chosen, chosen_layers)  # a bad name or count fails before the corpus is read
+    if chosen_layers > folder.config.n_layers:
+        raise ConfigError("layers", chosen_layers, f"at most the model's {folder.config.n_layers} "
+                          "blocks")  # fmt: skip
     smiles = read_smiles(Path(corpus), rows)
     feat = Featurizer.from_pretrained(folder.path, device=device)
-    every = feat.featurize(smiles, pooling="+".join(POOLINGS), whiten=False, errors="nan",
-                           progress=progress)  # fmt: skip
+    n_blocks = max(own_layers, chosen_layers)
+    every = feat.featurize(smiles, pooling="+".join(POOLINGS), layer=last_blocks(n_blocks),
+                           whiten=False, errors="nan", progress=progress)  # fmt: skip
     d = feat.model.config.d_model
-    raw = {p: every[:, i * d : (i + 1) * d] for i, p in enumerate(POOLINGS)}  # one pass
+    raw = {(p, b): every[:, (b * len(POOLINGS) + i) * d : (b * len(POOLINGS) + i + 1) * d]
+           for b in range(n_blocks) for i, p in enumerate(POOLINGS)}  # one pass; block 0: the last  # fmt: skip
+    specs = [(p, 1) for p in POOLINGS] + [(own, own_layers), (chosen, chosen_layers), (own, 1)]
     whitenings = {}
-    for spec in dict.fromkeys([*POOLINGS, own, chosen]):
-        whitenings[spec] = fit_whitening(np.hstack([raw[p] for p in pooling_parts(spec)]), rel_tol)
+    for spec, n in dict.fromkeys(specs):
+        columns = [raw[(p, b)] for b in range(n) for p in pooling_parts(spec)]
+        whitenings[whitening_key(spec, n)] = fit_whitening(np.hstack(columns), rel_tol)
     n_used = len(smiles) - feat.last_report.n_failed
     source = {"corpus": Path(corpus).name, "corpus_sha256": file_sha256(Path(corpus)),
               "rows": n_used, "rel_tol": rel_tol,
               "rank": {spec: w.rank for spec, w in whitenings.items()}}  # fmt: skip
-    settings = (chosen if default else own, default)
+    settings = (chosen, default, chosen_layers) if default else (own, False, own_layers)
     if target is None:
         _store(folder.path, whitenings, source, *settings)
     else:
         _store_copy(folder.path, target, whitenings, source, *settings)
-    return source | {"folder": str(target or folder.path), "default": default, "pooling": chosen}
+    return source | {"folder": str(target or folder.path), "default": default, "pooling": chosen,
+                     "layers": chosen_layers}  # fmt: skip
 
 
 def _whitening_target(folder: Path, out: str | Path | None) -> Path | None:
@@ -96,14 +108,14 @@ def _whitening_target(folder: Path, out: str | Path | None) -> Path | None:
     return target
 
 
-def _store(folder: Path, whitenings, source, pooling: str, default: bool) -> None:
+def _store(folder: Path, whitenings, source, pooling: str, default: bool, layers: int) -> None:
     save_whitening(folder, whitenings, source)
-    write_embedding(folder, pooling, whiten=default)
+    write_embedding(folder, pooling, whiten=default, layers=layers)
 
 
-def _store_copy(folder: Path, target: Path, whitenings, source, pooling: str, default: bool):
+def _store_copy(folder: Path, target: Path, whitenings, source, *settings) -> None:
     """A full copy of ``folder`` in ``target`` with the new whitening; it appears complete
     or not at all."""
     with atomic_dir(target) as tmp:
         shutil.copytree(folder, tmp, dirs_exist_ok=True)
-        _store(tmp, whitenings, source, pooling, default)
+        _store(tmp, whitenings, source, *settings)

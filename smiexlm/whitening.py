@@ -27,7 +27,9 @@ on in the metadata; read and written by :mod:`smiexlm.model.whitening_file`), fi
 the featurizer whitens by default. A combined pooling such as
 ``cls+mean+max`` may have its own, fitted on the parts side by side (n·d wide): that one
 also decorrelates the parts from each other, which whitening each part alone does not. A
-combined pooling without its own is whitened part by part (:func:`pooling_whitening`).
+combined pooling without its own is whitened part by part (:func:`pooling_whitening`). An
+embedding of the last n blocks side by side has its own, stored as ``{pooling}@{n}``
+(:func:`whitening_key`), fitted jointly on the n blocks.
 
 >>> from smiexlm import Featurizer
 >>> feat = Featurizer.from_pretrained()   # the shipped model: cls+mean+max, whitened jointly
@@ -120,17 +122,42 @@ def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
     return Whitening(mean.astype(np.float32), matrix.astype(np.float32))
 
 
-def can_whiten(stored: Collection[str], pooling: str) -> bool:
-    """Whether whitenings stored for the poolings ``stored`` whiten ``pooling``: its own, or
-    (a combined pooling) one for each part."""
+def whitening_key(pooling: str, layers: int = 1) -> str:
+    """The name a whitening is stored under: its pooling, and ``@n`` when it whitens the last
+    n blocks side by side (``cls+mean+max@3``)."""
+    pooling_parts(pooling)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ConfigError("layers", layers, "a positive number of last blocks")
+    return pooling if layers == 1 else f"{pooling}@{layers}"
+
+
+def parse_whitening_key(key: str) -> tuple[str, int]:
+    """(pooling, layers) of a stored whitening's name (:func:`whitening_key`); ConfigError
+    for a name that is not one."""
+    pooling, _, layers = key.partition("@")
+    if layers and not (layers.isdigit() and int(layers) > 1 and layers[0] != "0"):
+        raise ConfigError("whitening name", key, "a pooling, or a pooling and '@n' (n > 1)")
+    pooling_parts(pooling, "whitening name")
+    return pooling, int(layers or 1)
+
+
+def can_whiten(stored: Collection[str], pooling: str, layers: int = 1) -> bool:
+    """Whether whitenings stored under the names ``stored`` whiten ``pooling`` of the last
+    ``layers`` blocks: its own, or (one block, a combined pooling) one for each part."""
+    if layers > 1:
+        return whitening_key(pooling, layers) in stored
     return pooling in stored or set(pooling_parts(pooling)) <= set(stored)
 
 
-def pooling_whitening(whitenings: Mapping[str, Whitening], pooling: str) -> Whitening | None:
-    """The whitening of ``pooling`` from a folder's whitenings by pooling: its own when stored,
-    else (a combined pooling) each part by its own; None when a part has none."""
-    if not can_whiten(whitenings, pooling):
+def pooling_whitening(
+    whitenings: Mapping[str, Whitening], pooling: str, layers: int = 1
+) -> Whitening | None:
+    """The whitening of ``pooling`` of the last ``layers`` blocks from a folder's whitenings
+    (:func:`whitening_key`): its own when stored, else (one block, a combined pooling) each
+    part by its own; None when there is none."""
+    if not can_whiten(whitenings, pooling, layers):
         return None
-    if pooling in whitenings:
-        return whitenings[pooling]
+    key = whitening_key(pooling, layers)
+    if key in whitenings:
+        return whitenings[key]
     return Whitening.side_by_side([whitenings[part] for part in pooling_parts(pooling)])

@@ -45,6 +45,15 @@ Whiten = Annotated[
         help="Apply the model's corpus whitening (default: as its embedding.json says).",
     ),
 ]
+EmbedLayers = Annotated[
+    int | None,
+    typer.Option(
+        "--layers",
+        min=1,
+        help="Pool the last N blocks side by side (default: as its embedding.json says).",
+        show_default=False,
+    ),
+]
 
 
 def embed(
@@ -61,6 +70,7 @@ def embed(
     part_rows: PartRows = None,
     threads: Threads = None,
     whiten: Whiten = None,
+    layers: EmbedLayers = None,
 ) -> None:
     """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv. A folder
     --out is written part by part and resumed by the same command; run it under `torchrun
@@ -71,7 +81,7 @@ def embed(
 
     cols = columns(id_cols)
     how = dict(checkpoint=checkpoint, pooling=pooling, errors=errors, canonicalize=canonicalize,
-               device=device, backend=backend, whiten=whiten)  # fmt: skip
+               device=device, backend=backend, whiten=whiten, layers=layers)  # fmt: skip
     if wants_parts(out, part_rows):  # refuses --part-rows 0 (None: the default)
         rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
         return echo_parts(embed_parts(input, out, smiles_col, cols, threads=threads,
@@ -163,18 +173,30 @@ def whiten(
             show_default=False,
         ),
     ] = None,
+    layers: Annotated[
+        int | None,
+        typer.Option(
+            "--layers",
+            min=1,
+            help="Also fit the pooling of the last N blocks side by side, jointly, and, with "
+            "--default, serve those N blocks (default: the folder's own, embedding.json).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Fit the whitening of MODEL's embeddings (each pooling) on a corpus and store it in the
     folder, or in a copy of it with --out (whitening.safetensors): cosine neighbours in the
     corpus's own units."""
     from smiexlm.whiten import whiten_model
 
-    record = whiten_model(model, corpus, rows, default, device=device, pooling=pooling, out=out)
+    record = whiten_model(model, corpus, rows, default, device=device, pooling=pooling, out=out,
+                          layers=layers)  # fmt: skip
+    blocks = f", last {record['layers']} blocks" if record["layers"] > 1 else ""
     typer.echo(
         f"{record['folder']}: whitening fitted on {record['rows']:,} molecules of "
         f"{record['corpus']}; directions kept {record['rank']}; "
         f"{'the default' if default else 'not the default'} for its embeddings"
-        + (f" ({record['pooling']} pooling)" if default else "")
+        + (f" ({record['pooling']} pooling{blocks})" if default else "")
     )
 
 

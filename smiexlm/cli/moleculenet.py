@@ -409,14 +409,15 @@ def probe(
         ),
     ] = 0,
     layers: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--layers",
             min=1,
-            help="Pool the outputs of the last N blocks and put "
-            "them side by side (default 1: the last block's).",
+            help="Pool the outputs of the last N blocks and put them side by side (default: "
+            "the model's own, embedding.json).",
+            show_default=False,
         ),
-    ] = 1,
+    ] = None,
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from smiexlm.errors import ConfigError
 from smiexlm.model.dropout import Dropout
 from smiexlm.model.encoder import linear
-from smiexlm.model.pooling import pooling_parts
+from smiexlm.model.pooling import last_blocks, pooling_parts
 from smiexlm.tokenizer.special import IGNORE_INDEX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -157,7 +157,7 @@ class ExLMForSequencePrediction(nn.Module):
 
     def pool(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T) ids and mask -> (B, layers·d) pooled encoder features."""
-        blocks = tuple(range(-1, -self.layers - 1, -1))
+        blocks = last_blocks(self.layers)
         return self.model.encode(
             input_ids, attention_mask, pooling=self.pooling, layer=blocks, pooled_only=True
         ).pooled

@@ -19,6 +19,12 @@ Pooling = Literal["cls", "mean", "max"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling choices
 
 
+def last_blocks(n: int) -> tuple[int, ...]:
+    """The last ``n`` encoder blocks as ``encode(layer=...)`` takes them, the last first:
+    ``(-1, -2, ..., -n)``."""
+    return tuple(range(-1, -n - 1, -1))
+
+
 def pooling_parts(spec: str, name: str = "pooling") -> tuple[str, ...]:
     """The poolings of ``spec``: one of :data:`POOLINGS`, or several joined by ``+`` (such as
     ``cls+max``), whose vectors are put side by side in that order."""

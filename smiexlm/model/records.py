@@ -38,10 +38,12 @@ _CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
 class EmbeddingSettings:
     """How a model folder serves its embeddings when a caller names nothing (``embedding.json``):
     the pooling (chosen by measurement; cls without a file; several joined by ``+`` are served
-    side by side) and whether they are whitened (``whitening.safetensors``, written by ``smiexlm whiten``)."""
+    side by side), of how many of the last blocks (side by side, the last first), and whether
+    they are whitened (``whitening.safetensors``, written by ``smiexlm whiten``)."""
 
     pooling: str = "cls"
     whiten: bool = False
+    layers: int = 1
 
 
 def read_embedding(folder: Path) -> EmbeddingSettings:
@@ -51,7 +53,7 @@ def read_embedding(folder: Path) -> EmbeddingSettings:
         return EmbeddingSettings()
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-        pooling, whiten = doc.get("pooling"), doc.get("whiten", False)
+        pooling, whiten, layers = doc.get("pooling"), doc.get("whiten", False), doc.get("layers", 1)
     except (json.JSONDecodeError, AttributeError):
         raise DataError(
             f'{str(path)!r}: expected a JSON object such as {{"pooling": "mean", "whiten": true}}'
@@ -59,17 +61,20 @@ def read_embedding(folder: Path) -> EmbeddingSettings:
     pooling_parts(pooling, f"pooling (in {path})")
     if not isinstance(whiten, bool):
         raise ConfigError(f"whiten (in {path})", whiten, "true or false")
+    if type(layers) is not int or layers < 1:
+        raise ConfigError(f"layers (in {path})", layers, "a positive number of last blocks")
     if whiten and not (Path(folder) / WHITENING_NAME).is_file():
         raise DataError(f"{str(path)!r} says whiten, but the folder has no {WHITENING_NAME}: "
                         "run `smiexlm whiten` on it")  # fmt: skip
-    return EmbeddingSettings(pooling, whiten)
+    return EmbeddingSettings(pooling, whiten, layers)
 
 
-def write_embedding(folder: Path, pooling: str, whiten: bool = False) -> Path:
+def write_embedding(folder: Path, pooling: str, whiten: bool = False, layers: int = 1) -> Path:
     """``embedding.json`` of a model folder (what :func:`read_embedding` reads)."""
     pooling_parts(pooling)
     path = Path(folder) / EMBEDDING_NAME
     doc = {"pooling": pooling} | ({"whiten": True} if whiten else {})
+    doc |= {"layers": layers} if layers != 1 else {}
     write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     return path
 

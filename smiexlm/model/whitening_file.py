@@ -1,7 +1,8 @@
 """A model folder's ``whitening.safetensors``: written, read back and checked.
 
 The file holds, for each pooling it whitens, tensors ``{pooling}.mean`` (d,) and
-``{pooling}.matrix`` (d, d) float32 (n·d wide for a combined pooling fitted jointly), with the
+``{pooling}.matrix`` (d, d) float32 (n·d wide for a combined pooling fitted jointly; names
+``{pooling}@{n}``, n times as wide, for the last n blocks side by side), with the
 corpus it was fitted on in its metadata; its sha256 is recorded in the folder's
 ``checksums.json``. The maths is :mod:`smiexlm.whitening`; fitting one on a corpus is
 ``smiexlm whiten`` (:mod:`smiexlm.whiten`).
@@ -21,7 +22,7 @@ from smiexlm.model.integrity import read_checksums, record_checksums, verify_che
 from smiexlm.model.layout import WHITENING_NAME
 from smiexlm.model.pooling import pooling_parts
 from smiexlm.paths import write_bytes_atomic
-from smiexlm.whitening import Whitening
+from smiexlm.whitening import Whitening, parse_whitening_key
 
 WHITENING_FORMAT = "smiexlm-whitening/1"
 
@@ -69,10 +70,12 @@ def load_whitening(folder: str | Path, dim: int) -> dict[str, Whitening] | None:
     out = {}
     for pooling in sorted({key.rsplit(".", 1)[0] for key in tensors}):
         try:
-            width = dim * len(pooling_parts(pooling))
+            parts, layers = parse_whitening_key(pooling)
         except ConfigError:
             raise DataError(f"{str(path)!r}: tensor names start with {pooling!r}, not a "
-                            "pooling (cls, mean, max, or several joined by '+')") from None  # fmt: skip
+                            "pooling (cls, mean, max, or several joined by '+', then '@n' for "
+                            "the last n blocks)") from None  # fmt: skip
+        width = dim * len(pooling_parts(parts)) * layers
         mean, matrix = tensors.get(f"{pooling}.mean"), tensors.get(f"{pooling}.matrix")
         if mean is None or matrix is None or mean.shape != (width,) or matrix.shape != (width,) * 2:
             raise DataError(

@@ -67,14 +67,21 @@ class Backbone:
         """The model folder's embedding pooling (``embedding.json``; cls for a random init)."""
         return "cls" if self.folder is None else self.folder.embedding.pooling
 
-    def whitening(self, pooling: str):
-        """The model folder's corpus whitening for ``pooling`` (None without one; a combined
-        pooling: its own, or each part by its own)."""
+    @property
+    def layers(self) -> int:
+        """The last blocks the model folder's embedding puts side by side (1 for a random
+        init)."""
+        return 1 if self.folder is None else self.folder.embedding.layers
+
+    def whitening(self, pooling: str, layers: int = 1):
+        """The model folder's corpus whitening for ``pooling`` of the last ``layers`` blocks
+        (None without one; one block of a combined pooling: its own, or each part by its
+        own)."""
         from smiexlm.whitening import pooling_whitening
 
         if self.folder is None:
             return None
-        return pooling_whitening(self.folder.whitening or {}, pooling)
+        return pooling_whitening(self.folder.whitening or {}, pooling, layers)
 
     def model_texts(self, smiles: Sequence[str], canonicalize: bool = True) -> list[str]:
         """What the model reads: each SMILES normalised as the model folder's corpus was (as

@@ -46,7 +46,8 @@ class ProbeConfig:
     features: str | None = None
     whiten: bool = False  # the checkpoint's corpus whitening (whitening.safetensors) first
     tta: int = 0  # each embedding the mean over the canonical and this many random SMILES
-    layers: int = 1  # the pooled outputs of the last this many blocks, side by side
+    # the pooled outputs of the last this many blocks, side by side; None: the backbone's own
+    layers: int | None = None
     class_weight: str = "balanced"  # "balanced" | "none"
     batch_size: int = 256
     device: str = "auto"
@@ -64,10 +65,7 @@ class ProbeConfig:
         if self.class_weight not in ("balanced", "none"):
             raise ConfigError("class_weight", self.class_weight, "'balanced' or 'none'")
         check_spellings("tta", self.tta)
-        check_positive_int("layers", self.layers)
-        if self.whiten and self.layers > 1:
-            raise ConfigError("whiten", True, "False with layers > 1 (the whitening was fitted "
-                              "on the last block alone)")  # fmt: skip
+        check_positive_int("layers", self.layers, optional=True)
 
 
 def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.ndarray:
@@ -83,9 +81,9 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
 
     tokenizer = backbone.tokenizer(inputs)
     encoder = backbone.build(tokenizer, 0.0)
-    spec = cfg.pooling or backbone.pooling
+    spec, layers = cfg.pooling or backbone.pooling, cfg.layers or backbone.layers
     # every part of a combined pooling and every block from one pass (the head is not used)
-    model = ExLMForSequencePrediction(encoder, 1, pooling=spec, layers=cfg.layers)  # type: ignore[arg-type]  # fmt: skip
+    model = ExLMForSequencePrediction(encoder, 1, pooling=spec, layers=layers)  # type: ignore[arg-type]  # fmt: skip
     device = resolve_device(cfg.device)
     model.to(device).eval()
 
@@ -102,10 +100,11 @@ def pooled_embeddings(backbone, inputs: Sequence[str], cfg: ProbeConfig) -> np.n
         x /= cfg.tta + 1
     if not cfg.whiten:
         return x
-    whitening = backbone.whitening(spec)
+    whitening = backbone.whitening(spec, layers)
     if whitening is None:
         raise ConfigError("whiten", True, f"False: {backbone.name} stores no whitening for "
-                          f"{spec} pooling (`smiexlm whiten` fits one)")  # fmt: skip
+                          f"{spec} pooling of the last {layers} block(s) (`smiexlm whiten` fits "
+                          "one)")  # fmt: skip
     return whitening(x)
 
 
@@ -196,7 +195,7 @@ def run_probe(
     kind = "logistic" if task.is_classification else "ridge"
     name = f"{backbone.name} linear probe ({kind})" + (", whitened" if cfg.whiten else "")
     name += f" + {cfg.features}" if cfg.features else ""
-    name += f", last {cfg.layers} blocks" if cfg.layers > 1 else ""
+    name += f", last {cfg.layers} blocks" if cfg.layers and cfg.layers > 1 else ""
     name += f", mean of {cfg.tta + 1} SMILES" if cfg.tta else ""
 
     fitted: dict[tuple, ProbeScores] = {}  # a deterministic split's fits serve every seed
@@ -208,7 +207,8 @@ def run_probe(
         got = fitted[key]
         keep_predictions(run_root, task.name, seed, split, got.valid_pred, got.test_pred)
         config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": got.chosen,
-                                "pooling": cfg.pooling or backbone.pooling}  # fmt: skip
+                                "pooling": cfg.pooling or backbone.pooling,
+                                "layers": cfg.layers or backbone.layers}  # fmt: skip
         return task.result(name, split, seed, got.valid.mean, got.test, 0.0, config)
 
     return run_seeds(task, seeds, cfg.split, one_seed, shared_s=time.perf_counter() - start)

@@ -139,7 +139,7 @@ def test_the_featurizer_whitens_by_default_when_the_folder_says_so(whitened):
     np.testing.assert_array_equal(
         feat.featurize(PANEL, layer=0), feat.featurize(PANEL, layer=0, whiten=False)
     )
-    with pytest.raises(ConfigError, match="layer.*fitted on the last block"):
+    with pytest.raises(ConfigError, match="layer.*the last block or the last few"):
         feat.featurize(PANEL, layer=0, whiten=True)
     write_embedding(whitened, "cls", whiten=False)
     try:
@@ -315,3 +315,44 @@ def test_a_combined_pooling_can_have_a_joint_whitening_of_its_own(whitened, tmp_
     save_whitening(tmp_path, {"cls+max": w}, {})
     with pytest.raises(DataError, match=f"'cls\\+max.mean' of shape \\({2 * d},\\)"):
         load_whitening(tmp_path, d)
+
+
+def test_the_last_blocks_side_by_side_have_a_joint_whitening_of_their_own(whitened, tmp_path):
+    """``whiten --layers 2``: ``cls@2`` is the whitening of the last two blocks' cls states
+    side by side, refitted here from the corpus; the folder then serves those two blocks,
+    whitened, and ``embed`` records them; one block keeps its own whitening."""
+    from smiexlm.embed import EmbedOptions
+
+    smi = tmp_path / "corpus.smi"
+    smi.write_text("\n".join(CORPUS) + "\n")
+    result = CliRunner().invoke(app, ["whiten", str(whitened), "--corpus", str(smi), "--layers",
+                                      "2", "--device", "cpu", "--out", str(tmp_path / "two")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "(cls pooling, last 2 blocks)" in result.output
+    folder = tmp_path / "two"
+    assert read_embedding(folder) == EmbeddingSettings("cls", whiten=True, layers=2)
+    feat = Featurizer.from_pretrained(folder, device="cpu")
+    d = feat.model.config.d_model
+    assert feat.blocks == (-1, -2) and feat.dim == 2 * d and "cls@2" in feat.whitening
+    corpus = feat.featurize(CORPUS, layer=(-1, -2), whiten=False)
+    refit = fit_whitening(corpus)
+    np.testing.assert_allclose(feat.whitening["cls@2"].mean, refit.mean, atol=1e-6)
+    np.testing.assert_allclose(np.abs(feat.whitening["cls@2"].matrix), np.abs(refit.matrix),
+                               rtol=1e-3, atol=1e-3)  # fmt: skip
+    raw = feat.featurize(PANEL, whiten=False)
+    np.testing.assert_array_equal(raw, feat.featurize(PANEL, layer=(-1, -2), whiten=False))
+    np.testing.assert_array_equal(feat.featurize(PANEL), feat.whitening["cls@2"](raw))
+    last = feat.featurize(PANEL, layer=-1)  # one block: its own whitening
+    np.testing.assert_array_equal(last, feat.whitening["cls"](raw[:, :d]))
+    with pytest.raises(ConfigError, match="the last block or the last few"):
+        feat.featurize(PANEL, layer=(-1, -3), whiten=True)
+    assert EmbedOptions(checkpoint=folder).settings() == {
+        "pooling": "cls", "errors": "nan", "canonicalize": True, "layers": 2, "whiten": True,
+    }  # fmt: skip
+    for name in ("cls@1", "cls@x", "cls@02"):  # not names whiten_model writes
+        save_whitening(tmp_path / "bad", {name: feat.whitening["cls"]}, {})
+        with pytest.raises(DataError, match="not a pooling"):
+            load_whitening(tmp_path / "bad", d)
+        (tmp_path / "bad" / WHITENING_NAME).unlink()
+    with pytest.raises(ConfigError, match="layers"):
+        whiten_model(folder, smi, layers=9, device="cpu", progress=False, out=tmp_path / "x")

@@ -17,7 +17,7 @@ N = 100
 class _Backbone:
     """What run_probe asks of a backbone, with the embeddings given."""
 
-    name, pooling = "fixed", "cls"
+    name, pooling, layers = "fixed", "cls", 1
 
     def model_texts(self, smiles, canonicalize):
         return list(smiles)
@@ -137,9 +137,11 @@ def test_layers_put_the_last_blocks_side_by_side_as_the_featurizer_pools_them():
     blocks = [featurizer.featurize(inputs, pooling="cls+mean", layer=layer, whiten=False,
                                    canonicalize=False) for layer in (-1, -2, -3)]  # fmt: skip
     np.testing.assert_allclose(got, np.hstack(blocks), rtol=1e-4, atol=1e-5)
-    last = pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu", pooling="cls+mean"))
+    last = pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu", pooling="cls+mean",
+                                                           layers=1))  # fmt: skip
     np.testing.assert_allclose(last, blocks[0], rtol=1e-4, atol=1e-5)
     with pytest.raises(ConfigError, match="layers"):
         pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu", layers=9))
-    with pytest.raises(ConfigError, match="whiten"):
-        ProbeConfig(layers=2, whiten=True)
+    with pytest.raises(ConfigError, match="no whitening for cls\\+mean pooling of the last 2"):
+        pooled_embeddings(backbone, inputs, ProbeConfig(device="cpu", pooling="cls+mean",
+                                                        layers=2, whiten=True))  # fmt: skip
