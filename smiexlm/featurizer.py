@@ -276,8 +276,6 @@ class Featurizer:
             raise ConfigError("layer", layer, expected) from None
         if len(set(layers)) != len(layers) or not all(-n_layers <= x < n_layers for x in layers):
             raise ConfigError("layer", layer, expected)
-        if self._onnx is not None and layers != (-1,) and layers != (n_layers - 1,):
-            raise ConfigError("layer", layer, "-1 with backend='onnx' (the graph ends at the last block)")  # fmt: skip
         if not isinstance(batch_tokens, int) or batch_tokens < 1:
             raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -359,7 +357,7 @@ class Featurizer:
         import torch
 
         if self._onnx is not None:
-            return self._onnx.encode(rows, pooling)
+            return self._onnx.encode(rows, pooling, layer)
         ids, mask = collate(rows, self.tokenizer.pad_id)  # (B, T), True = real token
         input_ids, mask = ids.to(self.device), mask.to(self.device)
         with torch.inference_mode(), batch_invariant():

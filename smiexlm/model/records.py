@@ -29,7 +29,8 @@ from smiexlm.paths import read_json_file, write_text_atomic
 # The preprocessing defaults without the corpus' size limits (serving rejects nothing for
 # size here; the model's max_positions is checked on its own).
 DEFAULT_NORMALIZATION = NormalizeConfig(max_length=None)
-ONNX_MANIFEST_FORMAT = "smiexlm-onnx/2"  # /2: the encoder returns every pooling of one pass
+# /2: the encoder returns every pooling of one pass; /3: of every block
+ONNX_MANIFEST_FORMAT = "smiexlm-onnx/3"
 # A fenced block in the model card: ```json normalization\n{...}\n```
 _CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
 

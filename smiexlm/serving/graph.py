@@ -58,11 +58,13 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class EncoderGraph(nn.Module):
     """``input_ids`` (B, T) int64, ``attention_mask`` (B, T) int64 (1 = real token) and
-    ``cls_only`` () int64 -> ``poolings`` (B, 3, d) float32: the cls, mean and max poolings
-    (:data:`POOLING_ROWS`) of one pass, so that a combined pooling (``cls+max``) costs one run.
+    ``cls_only`` () int64 -> ``poolings`` (B, n_layers, 3, d) float32: the cls, mean and max
+    poolings (:data:`POOLING_ROWS`) of every block's output through the final LayerNorm, the
+    last block first, from one pass, so that a combined pooling (``cls+max``) of several
+    blocks costs one run.
 
     With ``cls_only`` = 1 the last block runs for the first :data:`CLS_QUERIES` positions only
-    (``encode(pooled_only=True)`` does the same with one) and only the cls row means anything:
+    (``encode(pooled_only=True)`` does the same with one) and only the cls rows mean anything:
     a slice whose length comes from an input, so one graph serves every pooling. Rows are
     BOS … EOS then padding (at least 2 tokens), as the tokenizer writes them.
     """
@@ -157,8 +159,11 @@ class EncoderGraph(nn.Module):
         n = torch.where(cls_only != 0, CLS_QUERIES, width).item()
         torch._check(n >= CLS_QUERIES)
         torch._check(n <= width)
-        hidden, mask = self.hidden(input_ids, attention_mask, n)  # (B, n, d), (B, n)
-        return torch.stack([pool(hidden, mask, name) for name in POOLING_ROWS], dim=1)
+        blocks = self.model.config.n_layers
+        hidden, mask = self.hidden(input_ids, attention_mask, n, blocks)  # (B, n, blocks·d)
+        d = hidden.shape[-1] // blocks
+        return torch.stack([torch.stack([pool(h, mask, name) for name in POOLING_ROWS], dim=1)
+                            for h in hidden.split(d, -1)], dim=1)  # fmt: skip
 
     def width(self, t: int) -> int:
         """Encoder positions of an input of width ``t``."""

@@ -1,9 +1,10 @@
 """Write a model folder's encoder (or fine-tuned predictor) as an ONNX graph beside its weights.
 
 A pre-trained folder gets ``encoder.onnx``: ``input_ids`` (B, T) int64, ``attention_mask``
-(B, T) int64 (1 = real token) and ``cls_only`` () int64 in, ``poolings`` (B, 3, d) float32 out
-(cls, mean and max of one pass); B and T are dynamic. One graph serves every pooling and their
-combinations: the file holds the weights once, and with ``cls_only`` the graph runs the last
+(B, T) int64 (1 = real token) and ``cls_only`` () int64 in, ``poolings`` (B, n_layers, 3, d)
+float32 out (cls, mean and max of every block, the last first, from one pass); B and T are
+dynamic. One graph serves every pooling, block and combination: the file holds the weights
+once, and with ``cls_only`` the graph runs the last
 block for the first positions only (see :class:`~smiexlm.serving.graph.EncoderGraph`). A fine-tuned
 folder (``finetune.json``) gets ``predictor.onnx``: ids and mask (plus ``features`` (B, F)
 float32 for a hybrid head) in, ``logits`` (B, n_outputs) out, the head on the pooling it was
@@ -137,8 +138,8 @@ def _export(graph: nn.Module, args: tuple, inputs: list[str], outputs: list[str]
 
 def encoder_onnx(model: ExLMModel) -> bytes:
     """The encoder graph of ``model`` as serialized ONNX: ``input_ids``, ``attention_mask``
-    (B, T) int64 and ``cls_only`` () int64 in, ``poolings`` (B, 3, d) float32 out (rows:
-    :data:`~smiexlm.serving.graph.POOLING_ROWS`)."""
+    (B, T) int64 and ``cls_only`` () int64 in, ``poolings`` (B, n_layers, 3, d) float32 out
+    (the last block first; rows: :data:`~smiexlm.serving.graph.POOLING_ROWS`)."""
     import torch
 
     from smiexlm.serving.graph import EncoderGraph

@@ -151,16 +151,22 @@ class OnnxEncoder:
             return cls.from_model(model)
         return cls.from_folder(folder)
 
-    def encode(self, rows: Sequence[Sequence[int]], pooling: str = "cls") -> np.ndarray:
+    def encode(
+        self, rows: Sequence[Sequence[int]], pooling: str = "cls", layer: int | Sequence[int] = -1
+    ) -> np.ndarray:
         """Pooled features (B, n·d) float32 of token-id rows (BOS ... EOS each): ``pooling``
-        is one of cls, mean and max, or several joined by ``+``, all from one run."""
+        is one of cls, mean and max, or several joined by ``+``, of the block ``layer`` (−1 =
+        last), or of several side by side (each block's poolings in turn), all from one run."""
         parts = pooling_parts(pooling)
+        n = self.config.n_layers
+        blocks = [layer] if isinstance(layer, int) else list(layer)
         ids, mask = padded(rows, self.config.pad_id)
         check_rows(ids, mask, self.config)
         cls_only = np.array(int(parts == ("cls",)), dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": mask, "cls_only": cls_only}
-        poolings = self.session.run(["poolings"], feeds)[0]  # (B, 3, d)
-        return np.concatenate([poolings[:, POOLING_ROWS[part]] for part in parts], axis=1)
+        poolings = self.session.run(["poolings"], feeds)[0]  # (B, n_layers, 3, d), last first
+        return np.concatenate([poolings[:, n - 1 - b % n, POOLING_ROWS[part]]
+                               for b in blocks for part in parts], axis=1)  # fmt: skip
 
 
 class OnnxPredictor:

@@ -59,16 +59,18 @@ def featurizers(folder):
 @pytest.mark.data
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("pooling", "n"),
-    [("cls", 1000), ("mean", 1000), ("max", 200), ("cls+max", 200), ("max+mean", 100)],
-)
-def test_featurizer_parity(featurizers, smiles, pooling, n):
+    ("pooling", "n", "layer"),
+    [("cls", 1000, -1), ("mean", 1000, -1), ("max", 200, -1), ("cls+max", 200, -1),
+     ("max+mean", 100, -1), ("cls+mean+max", 200, (-1, -2, -3)), ("cls", 100, (0, -1))],
+)  # fmt: skip
+def test_featurizer_parity(featurizers, smiles, pooling, n, layer):
     torch_feat, onnx_feat = featurizers
     smiles = smiles if n == len(smiles) else smiles[: n // 2] + smiles[-n // 2 :]
     # the graph's contract, before the model's whitening (shared numpy code on both paths,
     # which scales the directions of least spread up, differences with them)
-    expected = torch_feat.featurize(smiles, pooling=pooling, errors="nan", whiten=False)
-    got = onnx_feat.featurize(smiles, pooling=pooling, errors="nan", whiten=False)
+    how = dict(pooling=pooling, layer=layer, errors="nan", whiten=False)
+    expected = torch_feat.featurize(smiles, **how)
+    got = onnx_feat.featurize(smiles, **how)
     assert np.array_equal(np.isnan(got), np.isnan(expected))
     assert np.isnan(expected).any(axis=1).sum() < 10  # the comparison covers the set
     assert np.nanmax(np.abs(got - expected)) <= TOLERANCE
@@ -141,8 +143,10 @@ def test_in_memory_graph_of_an_mlm_model():
     model = ExLMModel(config).eval()
     some = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "C1CCCCC1N", "O=C(O)c1ccccc1OC(C)=O"]
     expected = Featurizer(Pretrained(model, tokenizer), device="cpu").featurize(some, "mean")
-    got = Featurizer(Pretrained(model, tokenizer), backend="onnx").featurize(some, "mean")
-    assert np.abs(got - expected).max() <= TOLERANCE
+    served = Featurizer(Pretrained(model, tokenizer), backend="onnx")
+    assert np.abs(served.featurize(some, "mean") - expected).max() <= TOLERANCE
+    both = Featurizer(Pretrained(model, tokenizer), device="cpu").featurize(some, "cls", (0, -1))
+    assert np.abs(served.featurize(some, "cls", (0, -1)) - both).max() <= TOLERANCE
 
 
 @pytest.mark.parametrize("pooling", ["cls", "max"])
@@ -201,7 +205,7 @@ def test_record_of_an_older_format_is_refused(folder, tmp_path):
     doc = json.loads((copy / "onnx.json").read_text())
     (copy / "onnx.json").write_text(json.dumps(doc | {"format": "smiexlm-onnx/1"}))
     with pytest.raises(
-        DataError, match="'smiexlm-onnx/1': expected 'smiexlm-onnx/2'; write the graphs again"
+        DataError, match="'smiexlm-onnx/1': expected 'smiexlm-onnx/3'; write the graphs again"
     ):
         Featurizer.from_pretrained(copy, backend="onnx")
 
@@ -230,7 +234,7 @@ def test_missing_graph_names_the_command(tmp_path):
 def test_onnx_backend_rejects_what_the_graph_cannot_do(featurizers):
     _, onnx_feat = featurizers
     with pytest.raises(ConfigError, match="layer"):
-        onnx_feat.featurize(["CCO"], layer=0)
+        onnx_feat.featurize(["CCO"], layer=9)
     with pytest.raises(DataError, match="token row 1"):
         onnx_feat._onnx.encode([[1, 6, 2], [1, 6, 6]])  # the second row has no EOS
     with pytest.raises(ConfigError, match="backend"):
