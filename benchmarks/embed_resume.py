@@ -95,6 +95,7 @@ def check_values(out: Path, table: Path, n_check: int, seed: int = 0) -> dict:
     import torch
 
     from smiexlm import Featurizer
+    from smiexlm.model.pooling import last_blocks
     from smiexlm.parts.reading import read_parts
 
     torch.set_num_threads(1)
@@ -106,7 +107,7 @@ def check_values(out: Path, table: Path, n_check: int, seed: int = 0) -> dict:
     settings = json.loads((out / "manifest.json").read_text())["settings"]
     feat = Featurizer.from_pretrained(device="cpu")
     fresh = feat.featurize(expected["smiles"].iloc[rows].tolist(), pooling=settings["pooling"],
-                           errors="nan")  # fmt: skip
+                           layer=last_blocks(settings.get("layers", 1)), errors="nan")  # fmt: skip
     both = ~np.isnan(fresh).any(axis=1)
     return {"rows": len(got), "same_ids_in_order": same_ids,
             "duplicates": int(got["id"].duplicated().sum()), "checked_rows": int(n_check),

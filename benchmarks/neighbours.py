@@ -2,6 +2,7 @@
 
     SMIEXLM_DATA=../shared/data python benchmarks/neighbours.py [--checkpoint DIR] [-k 10]
         [--tasks bace bbbp clintox sider] [--poolings cls mean cls+max] [--fit 20000]
+        [--layers N]
 
 Every molecule of a set is scored by the mean label of its k nearest other molecules: by
 cosine on the model's embeddings (raw; whitened with the folder's stored whitening where it
@@ -9,7 +10,8 @@ has one; with ``--fit N``, whitened with one fitted here on the first N MOSES tr
 molecules, jointly for a combined pooling such as ``cls+max``, as ``smiexlm whiten --pooling``
 fits it) and by Tanimoto on ECFP4. ROC-AUC x 100 per set (the
 mean over a set's tasks), no training and no split: it measures the neighbourhoods that
-``smiexlm search`` and the demo return, on more molecules than the demo's 21 drugs.
+``smiexlm search`` and the demo return, on more molecules than the demo's 21 drugs. Each
+pooling is of the model's own blocks (its ``embedding.json``; ``--layers N``: the last N).
 Molecules the model cannot embed (too long) are left out of every row alike.
 """
 
@@ -57,33 +59,38 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["bace", "bbbp", "clintox", "sider"])
     parser.add_argument("--poolings", nargs="+", default=["cls", "mean"])
     parser.add_argument("--fit", type=int, default=0, help="MOSES molecules to fit a whitening on")
+    parser.add_argument("--layers", type=int, default=None, help="the last N blocks (default: "
+                        "the model's own)")  # fmt: skip
     args = parser.parse_args()
     import torch
 
     from smiexlm import Featurizer
     from smiexlm.analysis.inputs import read_smiles
     from smiexlm.fingerprints import molecule_features
+    from smiexlm.model.pooling import last_blocks
     from smiexlm.moleculenet.loaders import load_task
     from smiexlm.paths import data_dir
     from smiexlm.whitening import fit_whitening, pooling_whitening
 
     torch.set_num_threads(1)
     feat = Featurizer.from_pretrained(args.checkpoint)
+    n = args.layers or feat.layers
+    blocks = last_blocks(n)
     fitted = {}
     if args.fit:
         corpus = read_smiles(data_dir() / "pretrain" / "moses_train.smi.gz", args.fit)
         for pooling in args.poolings:
-            x = feat.featurize(corpus, pooling=pooling, whiten=False, errors="nan")
+            x = feat.featurize(corpus, pooling=pooling, layer=blocks, whiten=False, errors="nan")
             fitted[pooling] = fit_whitening(x)
     rows: dict[str, list[float]] = {}
     for name in args.tasks:
         task = load_task(name)
         variants = {}
         for pooling in args.poolings:
-            raw = feat.featurize(task.smiles, pooling=pooling, whiten=False, errors="nan",
-                                 log_failures=False)  # fmt: skip
+            raw = feat.featurize(task.smiles, pooling=pooling, layer=blocks, whiten=False,
+                                 errors="nan", log_failures=False)  # fmt: skip
             variants[f"{pooling}, raw"] = raw
-            whitening = pooling_whitening(feat.whitening, pooling)
+            whitening = pooling_whitening(feat.whitening, pooling, n)
             if whitening is not None:
                 variants[f"{pooling}, whitened (stored)"] = whitening(raw)
             if pooling in fitted:
@@ -96,7 +103,8 @@ def main() -> None:
             [s for s, good in zip(task.smiles, ok, strict=True) if good], "ecfp4"
         )
         rows.setdefault("ECFP4 Tanimoto", []).append(knn_auc(tanimoto(bits), labels, args.k))
-    print(f"model: {args.checkpoint or 'shipped default'}; {args.k}-NN leave-one-out vote, ROC-AUC")
+    print(f"model: {args.checkpoint or 'shipped default'}, last {n} block(s); {args.k}-NN "
+          "leave-one-out vote, ROC-AUC")  # fmt: skip
     print("| neighbours by | " + " | ".join(args.tasks) + " | mean |")
     print("|---|" + "---|" * (len(args.tasks) + 1))
     for label, values in rows.items():

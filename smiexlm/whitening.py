@@ -32,9 +32,10 @@ embedding of the last n blocks side by side has its own, stored as ``{pooling}@{
 (:func:`whitening_key`), fitted jointly on the n blocks.
 
 >>> from smiexlm import Featurizer
->>> feat = Featurizer.from_pretrained()   # the shipped model: cls+mean+max, whitened jointly
->>> feat.featurize(["CCO"]).shape, feat.featurize(["CCO"], pooling="cls", whiten=False).shape
-((1, 384), (1, 128))
+>>> feat = Featurizer.from_pretrained()   # the shipped model: cls+mean+max of the last 3
+>>> # blocks, whitened jointly; one block of one pooling, raw:
+>>> feat.featurize(["CCO"]).shape, feat.featurize(["CCO"], "cls", -1, whiten=False).shape
+((1, 1152), (1, 128))
 """
 
 from __future__ import annotations

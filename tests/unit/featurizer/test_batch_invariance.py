@@ -81,18 +81,18 @@ def test_predict_gives_each_molecule_its_value_whatever_the_file(molecules, fine
 
 
 def test_the_default_embedding_is_bitwise_the_same_alone_or_in_any_batch(molecules):
-    """The shipped model's own embedding (cls+mean+max, whitened jointly) and its raw
-    parts: the whole set in one call against batches of other sizes and paddings, other
+    """The shipped model's own embedding (cls+mean+max of the last three blocks, whitened
+    jointly) and its raw parts: the whole set in one call against batches of other sizes and paddings, other
     neighbours and order, and each molecule alone or beside the longest molecule."""
     from smiexlm import Featurizer
 
     feat = Featurizer.from_pretrained(device="cpu")
-    assert (feat.pooling, feat.whiten, feat.dim) == ("cls+mean+max", True, 384)
+    assert (feat.pooling, feat.whiten, feat.layers, feat.dim) == ("cls+mean+max", True, 3, 1152)
     mols = EDGE_CASES + molecules[:300]
     longest = max(molecules, key=len)
     order = np.random.default_rng(2).permutation(len(mols))
     for whiten in (True, False):
-        whole = feat.featurize(mols, whiten=whiten)  # (n, 384)
+        whole = feat.featurize(mols, whiten=whiten)  # (n, 1152)
         small = feat.featurize(mols, whiten=whiten, batch_size=3, batch_tokens=64, chunk_size=50)
         np.testing.assert_array_equal(small, whole)
         shuffled = feat.featurize([mols[i] for i in order], whiten=whiten, chunk_size=7)
