@@ -27,7 +27,9 @@ sha256 runs at 0.5-1 GB/s on one core of a shared 2-core EPYC, a little faster t
 reads its index file (measured on a 496 MiB flat index: 0.7-1.1 s against 1.1-1.5 s). A
 1M-molecule index of 384-wide embeddings is about 2 GB (1.5 GB of vectors and 0.25 GB of
 links in ``embedding.faiss``, 0.25 GB of fingerprints), so the check adds 2-4 s to loading it;
-a query batch shares one load.
+a query batch shares one load. The shipped model's embedding is 1152 wide (three blocks), so
+its vectors take three times that; ``smiexlm embed --layers 1`` embeds the last block alone,
+384 wide.
 
 ECFP4 search is exact: the query's packed bits are ANDed with the library's and counted
 (``popcount``) block by block, ``|a & b| / (|a| + |b| - |a & b|)``, the Tanimoto similarity
