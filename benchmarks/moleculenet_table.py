@@ -52,7 +52,11 @@ ROWS = {
     "rf_both": ("baseline", "RF-ECFP4+RDKit2D (500 trees)", {"features": "both"}),
     "exlm": ("run", "ExLM twin (tiny, 101M tokens), fine-tuned", {"checkpoint": "exlm"}),
     "mlm": ("run", "MLM twin (tiny, 101M tokens), fine-tuned", {"checkpoint": "mlm"}),
-    "default_probe": ("probe", "default (tiny MTR, 101M tokens), linear probe", {}),
+    "default_probe": (
+        "probe",
+        "default (tiny MTR, 101M tokens), linear probe of its own embedding",
+        {"whiten": True},
+    ),
     "default": ("run", "default (tiny MTR, 101M tokens), fine-tuned", {}),
     "default_rdkit2d": (
         "run",
@@ -218,7 +222,8 @@ def campaign(args: argparse.Namespace) -> None:
             name=name, out=args.root / row, tasks=tasks, seeds=args.seeds, threads=1,
             checkpoint=options.get("checkpoint"), preset="tiny", objective="mlm",
             variant=options.get("variant", "finetune"), schedule="full", progress=args.progress,
-            pooling=None, features=options.get("features"), whiten=False, n_trees=args.n_trees,
+            pooling=None, features=options.get("features"), whiten=options.get("whiten", False),
+            n_trees=args.n_trees,
             augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
         )  # fmt: skip
         {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
