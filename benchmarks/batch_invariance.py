@@ -80,7 +80,7 @@ def embed(feat: Featurizer, rows: list[list[int]], name: str) -> np.ndarray:
     for batch in token_budget_batches(lengths, 16384, None):
         x, mask = collate([rows[j] for j in batch])
         with torch.inference_mode(), variant(name):
-            out[batch] = feat.model.encode(x, mask, feat.pooling).pooled.numpy()
+            out[batch] = feat.model.encode(x, mask, feat.pooling, feat.blocks).pooled.numpy()
     return out
 
 
@@ -122,7 +122,7 @@ def main() -> None:
         print(f"| {name} | {len(rows) / cpu[name]:,.0f} | {cpu[name] / cpu[VARIANTS[0]]:.2f}x | "
               f"{changes(together, alone)} |")  # fmt: skip
     raw = embed(feat, rows, VARIANTS[-1])
-    w = pooling_whitening(feat.whitening, feat.pooling)
+    w = pooling_whitening(feat.whitening, feat.pooling, feat.layers)
     mean, matrix = w.mean.astype(np.float64), w.matrix.astype(np.float64)
     products = {
         "one (n, d) product (before)": lambda x: ((x - mean) @ matrix).astype(np.float32),

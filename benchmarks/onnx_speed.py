@@ -76,7 +76,7 @@ def encode_torch(
             ids[r, : len(rows[j])] = rows[j]
         x = torch.from_numpy(ids)
         with torch.inference_mode(), batch_invariant() if invariant else torch.no_grad():
-            out[batch] = feat.model.encode(x, x != 0, pooling, pooled_only=pooled_only).pooled
+            out[batch] = feat.model.encode(x, x != 0, pooling, feat.blocks, pooled_only).pooled
     return out
 
 

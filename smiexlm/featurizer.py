@@ -350,12 +350,13 @@ class Featurizer:
         return out
 
     def encode_ids(
-        self, rows: list[list[int]], pooling: str = "cls", layer: int | Sequence[int] = -1
+        self, rows: list[list[int]], pooling: str = "cls", layer: int | Sequence[int] | None = None
     ) -> np.ndarray:
-        """Pooled embeddings (B, n·d) float32 of token-id rows (BOS ... EOS each); several
-        layers side by side, (B, layers·n·d)."""
+        """Pooled embeddings (B, n·d) float32 of token-id rows (BOS ... EOS each), unwhitened;
+        several layers side by side, (B, layers·n·d); ``layer`` None: :attr:`blocks`."""
         import torch
 
+        layer = self.blocks if layer is None else layer
         if self._onnx is not None:
             return self._onnx.encode(rows, pooling, layer)
         ids, mask = collate(rows, self.tokenizer.pad_id)  # (B, T), True = real token

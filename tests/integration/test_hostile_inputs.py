@@ -224,7 +224,8 @@ def test_kill_9_during_embed_leaves_temporaries_that_the_next_run_removes(tmp_pa
     assert res.returncode == 0, res.stderr
     from smiexlm.model.records import read_embedding
 
-    width = 128 * len(read_embedding(DEFAULT_MODEL_DIR).pooling.split("+"))  # the default's own
+    own = read_embedding(DEFAULT_MODEL_DIR)  # the default's own pooling and blocks
+    width = 128 * len(own.pooling.split("+")) * own.layers
     assert leftovers(tmp_path) == [] and np.load(out).shape == (1, width)
 
 
