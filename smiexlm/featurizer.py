@@ -44,7 +44,7 @@ from smiexlm.errors import (
 )
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.model import ExLMModel
-from smiexlm.model.pooling import last_blocks, pooling_parts
+from smiexlm.model.pooling import block_indices, last_blocks, pooling_parts
 from smiexlm.model.pretrained import Pretrained, load_pretrained
 from smiexlm.tokenizer import Tokenizer
 from smiexlm.whitening import Whitening, pooling_whitening
@@ -183,7 +183,9 @@ class Featurizer:
     ) -> int:
         """Width of the embedding of ``pooling`` (None: :attr:`pooling`) of the blocks
         ``layer`` (None: :attr:`blocks`)."""
-        n_blocks = len(_layers(self.blocks if layer is None else layer))
+        n_blocks = len(
+            block_indices(self.blocks if layer is None else layer, self.model.config.n_layers)
+        )
         return self.model.config.d_model * len(pooling_parts(pooling or self.pooling)) * n_blocks
 
     @property
@@ -268,14 +270,7 @@ class Featurizer:
         pooling_parts(pooling)
         if errors not in _ERRORS:
             raise ConfigError("errors", errors, f"one of {_ERRORS}")
-        n_layers = self.model.config.n_layers
-        expected = f"an integer in [{-n_layers}, {n_layers - 1}], or several different ones"
-        try:
-            layers = _layers(layer)
-        except TypeError:
-            raise ConfigError("layer", layer, expected) from None
-        if len(set(layers)) != len(layers) or not all(-n_layers <= x < n_layers for x in layers):
-            raise ConfigError("layer", layer, expected)
+        block_indices(layer, self.model.config.n_layers)
         if not isinstance(batch_tokens, int) or batch_tokens < 1:
             raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -284,7 +279,7 @@ class Featurizer:
     def _whitening(self, pooling: str, layer, whiten: bool | None) -> Whitening | None:
         """The whitening a call applies, or None."""
         n_layers = self.model.config.n_layers
-        blocks = tuple(x % n_layers for x in _layers(layer))
+        blocks = block_indices(layer, n_layers)
         last = blocks == tuple(range(n_layers - 1, n_layers - 1 - len(blocks), -1))
         whitening = pooling_whitening(self.whitening, pooling, len(blocks)) if last else None
         if whiten is None:
@@ -362,9 +357,7 @@ class Featurizer:
         ids, mask = collate(rows, self.tokenizer.pad_id)  # (B, T), True = real token
         input_ids, mask = ids.to(self.device), mask.to(self.device)
         with torch.inference_mode(), batch_invariant():
-            pooled = self.model.encode(
-                input_ids, mask, pooling=pooling, layer=_layers(layer)
-            ).pooled
+            pooled = self.model.encode(input_ids, mask, pooling=pooling, layer=layer).pooled
         return pooled.float().cpu().numpy()
 
 
@@ -402,14 +395,6 @@ def _log_failures(report: FeaturizeReport) -> None:
         "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",
         report.n_failed, report.n_inputs, shown, more,
     )  # fmt: skip
-
-
-def _layers(layer: int | Sequence[int]) -> tuple[int, ...]:
-    """``layer`` as a tuple of block indices (TypeError when it is not an int or ints)."""
-    layers = (layer,) if isinstance(layer, int) else tuple(layer)
-    if not layers or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
-        raise TypeError(layer)
-    return layers
 
 
 def _as_list(smiles: Any) -> list[Any]:

@@ -39,7 +39,7 @@ from smiexlm.model.expansion import (
     gather_states,
 )
 from smiexlm.model.heads import LMHead, SequenceHead, task_loss
-from smiexlm.model.pooling import Pooling, pool
+from smiexlm.model.pooling import Pooling, block_indices, pool
 from smiexlm.model.rope import rope_angles, rope_angles_2d
 from smiexlm.model.transitions import TransitionHead, uniform_log_links, valid_successors
 from smiexlm.tokenizer.special import IGNORE_INDEX
@@ -366,7 +366,7 @@ class ExLMModel(nn.Module):
         (same ``pooled``; ``hidden_states`` is then (B, 1, ·)).
         """
         mask = self._check_inputs(input_ids, attention_mask)
-        blocks = self._blocks(layer)
+        blocks = block_indices(layer, self.config.n_layers)
         first = 1 if pooled_only and pooling == "cls" else None
         if self.config.objective == "exlm":
             ex = self._expand(input_ids, mask, None)
@@ -381,16 +381,6 @@ class ExLMModel(nn.Module):
         parts = hidden.split(self.config.d_model, dim=-1)
         pooled = torch.cat([pool(h, out_mask, pooling) for h in parts], dim=-1)
         return EncoderOutput(hidden, pooled, out_mask)
-
-    def _blocks(self, layer: int | Sequence[int]) -> tuple[int, ...]:
-        """``layer`` (an index, or several different ones, −1 = last) as 0-based blocks."""
-        n = self.config.n_layers
-        blocks = tuple(layer) if isinstance(layer, (list, tuple)) else (layer,)
-        kept = tuple(b % n for b in blocks if type(b) is int and -n <= b < n)
-        if not blocks or len(kept) != len(blocks) or len(set(kept)) != len(kept):
-            raise ConfigError("layer", layer, f"an index in [{-n}, {n - 1}], or several "
-                              "different ones")  # fmt: skip
-        return kept
 
     # ---------------------------------------------------------------- model folders
     def save_pretrained(

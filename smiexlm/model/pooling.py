@@ -8,6 +8,7 @@ the ONNX graphs and a fine-tuned folder's ``finetune.json`` are all checked agai
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 import torch
@@ -17,6 +18,20 @@ from smiexlm.errors import ConfigError
 
 Pooling = Literal["cls", "mean", "max"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling choices
+
+
+def block_indices(layer: int | Sequence[int], n_layers: int) -> tuple[int, ...]:
+    """``layer`` (a block index, or several different ones, −1 = last) as 0-based blocks of an
+    encoder of ``n_layers``; ConfigError naming ``layer`` for anything else."""
+    if isinstance(layer, int):
+        blocks: tuple = (layer,)
+    else:
+        blocks = tuple(layer) if isinstance(layer, Sequence) and not isinstance(layer, str) else ()
+    kept = tuple(b % n_layers for b in blocks if type(b) is int and -n_layers <= b < n_layers)
+    if not blocks or len(kept) != len(blocks) or len(set(kept)) != len(kept):
+        raise ConfigError("layer", layer, f"an index in [{-n_layers}, {n_layers - 1}], or "
+                          "several different ones")  # fmt: skip
+    return kept
 
 
 def last_blocks(n: int) -> tuple[int, ...]:
