@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 def to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
@@ -31,6 +30,19 @@ class TaskScores:
     skipped: list[int] = field(default_factory=list)
 
 
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their mean rank (scipy's ``rankdata``, whose module takes a
+    second to import in every process that scores)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    first = np.r_[True, ordered[1:] != ordered[:-1]]  # where each run of equal values starts
+    starts = np.flatnonzero(first)
+    ends = np.r_[starts[1:], len(values)]
+    ranks = np.empty(len(values))
+    ranks[order] = ((starts + 1 + ends) / 2)[np.cumsum(first) - 1]
+    return ranks
+
+
 def binary_roc_auc(y_true: np.ndarray, y_score: np.ndarray) -> float:
     """ROC-AUC of one binary task as the Mann–Whitney statistic (ties count one half).
 
@@ -43,7 +55,7 @@ def binary_roc_auc(y_true: np.ndarray, y_score: np.ndarray) -> float:
     n_neg = len(y_true) - n_pos
     if n_pos == 0 or n_neg == 0:
         return float("nan")
-    ranks = rankdata(y_score)  # average ranks for ties
+    ranks = _average_ranks(y_score)
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 

@@ -34,6 +34,7 @@ from smiexlm.model.config import PRESETS, ExLMConfig, PresetName
 from smiexlm.paths import PACKAGE_DIR
 
 SHIPPED_CONFIG_DIR = PACKAGE_DIR / "configs" / "pretrain"
+SPELLINGS = ("canonical", "random")  # how a training molecule is written (``spelling``)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,13 @@ class TrainConfig:
     adam_eps: float = 1e-6
     weight_decay: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
+    # --- what the run starts from and reads
+    # a model folder or shipped model name whose weights the run starts from (continued
+    # pre-training; its architecture must be the [model] table's); None = random weights
+    init: str | None = None
+    # "random": each training molecule in a fresh random SMILES every time it comes round
+    # (smiexlm.pretraining.spelling); "canonical": as the dataset stores it
+    spelling: str = "canonical"
     # --- runtime
     seed: int = 1
     # auto (CUDA when available; a GPU per process under torchrun), cpu, cuda, cuda:N
@@ -140,6 +148,10 @@ class TrainConfig:
         self.adam_betas = (float(betas[0]), float(betas[1]))
         check_device_name(self.device)
         self.precision = parse_precision(self.precision)
+        if self.spelling not in SPELLINGS:
+            raise ConfigError("spelling", self.spelling, f"one of {', '.join(SPELLINGS)}")
+        if self.init is not None and (not isinstance(self.init, str) or not self.init.strip()):
+            raise ConfigError("init", self.init, "a model folder or a shipped model's name")
         for name in ("tensorboard", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "true or false")

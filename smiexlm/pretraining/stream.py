@@ -4,7 +4,8 @@ position (epoch, index of the next micro-batch), and the fixed sample that valid
 An optimiser step consumes ``world_size × update_freq`` consecutive micro-batches of an epoch's
 order; the global index of a micro-batch picks the process that reads it
 (:mod:`~smiexlm.pretraining.batches`). Sequences longer than the model's ``max_positions`` are
-left out of both.
+left out of both. Training reads each molecule as stored or, with ``spelling = "random"``, in a
+random SMILES of the epoch (:mod:`~smiexlm.pretraining.spelling`); validation as stored.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from smiexlm.errors import DataError
 from smiexlm.pretraining import distributed as dist_utils
 from smiexlm.pretraining.batches import MaskingCollator, TrainingData, epoch_batches, make_loader
 from smiexlm.pretraining.config import TrainConfig
+from smiexlm.pretraining.spelling import training_items
 
 
 class TrainStream:
@@ -26,6 +28,7 @@ class TrainStream:
         limit = model_config.max_positions
         self.too_long = int((data.train_lengths > limit).sum())
         self.lengths = np.where(data.train_lengths > limit, 0, data.train_lengths)
+        training_items(data, config.spelling, config.seed, 0, limit)  # refused before it runs
 
     def epoch_plan(self, epoch: int) -> list[list[int]]:
         """The epoch's micro-batches, all processes', cut to whole optimiser steps."""
@@ -59,7 +62,9 @@ class TrainStream:
                 if (g % self.per_step) % self.info.world_size == self.info.rank
             ]
             collator = MaskingCollator(self.model_config, self.config.seed, epoch)
-            loader = make_loader(self.data.train, mine, collator, self.config.num_workers)
+            items = training_items(self.data, self.config.spelling, self.config.seed, epoch,
+                                   self.model_config.max_positions)  # fmt: skip
+            loader = make_loader(items, mine, collator, self.config.num_workers)
             for n, batch in enumerate(loader, start=1):
                 done = position + (n // self.config.update_freq) * self.per_step
                 yield epoch, done, batch

@@ -49,6 +49,7 @@ from smiexlm.pretraining.resume import (
 )
 from smiexlm.pretraining.runlock import RunLock
 from smiexlm.pretraining.stream import TrainStream, validation_loader
+from smiexlm.pretraining.warm_start import load_initial_weights
 from smiexlm.ranks import detect
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device
     torch.manual_seed(config.seed)  # identical initial weights on every process
     model = ExLMModel(model_config).to(device)
     model.descriptor_stats = data.descriptor_stats  # saved with every checkpoint
+    if config.init is not None:  # continued pre-training; a resumed checkpoint overrides it
+        load_initial_weights(model, config.init, data.descriptor_stats)
     optimizer = build_optimizer(model, config)
     schedule = build_schedule(config)
     start, state = start_state(
@@ -151,6 +154,12 @@ def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device
             f"{len(data.train):,} training sequences, device {device}, "
             f"{info.world_size} process(es)"
             + (f"; resumed from {start.name}" if start is not None else "")
+            + (
+                f"; started from the weights of {config.init}"
+                if start is None and config.init
+                else ""
+            )
+            + ("; random SMILES" if config.spelling == "random" else "")
         )
     return trainer.run()
 
