@@ -192,7 +192,8 @@ Features = Annotated[
 HeadLayers = Annotated[
     int | None,
     typer.Option("--layers", min=1, help="The head reads the pooled outputs of the last N blocks "
-                 "side by side, from one pass (default 1: the last block's)."),
+                 "side by side, from one pass (default: the blocks the model serves as its "
+                 "embedding, the default model's last three; 1 for a folder without embedding.json)."),
 ]  # fmt: skip
 Patience = Annotated[
     int | None,

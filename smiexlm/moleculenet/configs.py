@@ -62,7 +62,9 @@ class FinetuneConfig:
     dropout: float = 0.1
     pooler_dropout: float = 0.1
     pooling: str = "cls"
-    layers: int = 1  # the head reads the pooled outputs of the last this many blocks
+    # the head reads the pooled outputs of the last this many blocks; None: as many as the
+    # backbone serves in its embedding (embedding.json; the default model's last three)
+    layers: int | None = None
     canonicalize: bool = True  # as the pretraining corpus; False keeps the SMILES as written
     split: str = "scaffold"
     max_length: int = 256
@@ -81,7 +83,7 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         check_positive_int("max_length", self.max_length)
-        check_positive_int("layers", self.layers)
+        check_positive_int("layers", self.layers, optional=True)
         check_adapt(self.adapt_steps, self.adapt_lr)
         for name in ("augment", "tta"):
             check_spellings(name, getattr(self, name))

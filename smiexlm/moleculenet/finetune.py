@@ -50,6 +50,11 @@ def loop_config(cfg: FinetuneConfig, higher_is_better: bool):
     return dataclasses.replace(cfg.loop, select="best", higher_is_better=higher_is_better)
 
 
+def with_backbone_blocks(cfg: FinetuneConfig, backbone: Backbone) -> FinetuneConfig:
+    """``cfg`` with its ``layers`` set: the backbone's own embedding blocks when None."""
+    return cfg if cfg.layers is not None else dataclasses.replace(cfg, layers=backbone.layers)
+
+
 def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
     """The report's row name: the backbone plus how it was fine-tuned."""
     name = backbone.name
@@ -59,7 +64,12 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
         name += " frozen"
     elif cfg.loop.freeze_layers:
         name += f" ({cfg.loop.freeze_layers} layers frozen)"
-    name += f", head on {cfg.layers} blocks" if cfg.layers > 1 else ""
+    if cfg.layers not in (None, backbone.layers):
+        name += (
+            f", head on the last {cfg.layers} blocks"
+            if cfg.layers > 1
+            else ", head on the last block"
+        )
     name += f" + {cfg.features}" if cfg.features else ""
     return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
 
@@ -237,7 +247,7 @@ def finetune_once(
     from smiexlm.finetuning import fit, predict_views
 
     t0 = time.perf_counter()
-    task = check_task(task)
+    task, cfg = check_task(task), with_backbone_blocks(cfg, backbone)
     run = _setup(task, split, cfg, seed, backbone, inputs, raw_features)
     (train, valid, test), targets = run.parts, run.targets
     loop = loop_config(cfg, higher_is_better=task.is_classification)
@@ -345,6 +355,7 @@ def run_finetune(
     if run_root is not None and not resume:
         runs.check_fresh(run_root, task.name, seeds)
     backbone = backbone or Backbone()
+    cfg = with_backbone_blocks(cfg, backbone)
     if save_dir is not None:  # before training, not after it
         check_output(save_dir, "--save-dir", "folder")
         check_seeds(seeds)

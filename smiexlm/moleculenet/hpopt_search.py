@@ -187,6 +187,9 @@ class Search:
         source = {"dataset": whole.name, "data_sha256": whole.sha256, "n_molecules": len(whole),
                   "task_type": whole.task_type, "split": split.label,
                   "sizes": list(split.sizes)}  # fmt: skip
+        from smiexlm.moleculenet.finetune import with_backbone_blocks
+
+        base = with_backbone_blocks(base, backbone)  # trial 0 is the backbone's own setting
         space = SearchSpace.around(base, n_layers)
         return cls(task, own, base, space, backbone, seed, inputs, source)
 

@@ -39,7 +39,8 @@ def toy_task(frame: pd.DataFrame | None = None):
 def toy_base(**overrides):
     from smiexlm.moleculenet.configs import finetune_config
 
-    values = dict(split="random", epochs=3, batch_size=32, device="cpu", precision="fp32")
+    values = dict(split="random", epochs=3, batch_size=32, device="cpu", precision="fp32",
+                  layers=1)  # the last block alone, the head these toy searches were written for  # fmt: skip
     return finetune_config(None, **values | overrides)
 
 
@@ -62,7 +63,7 @@ def test_space_is_around_the_table_8_row_and_holds_it():
     from smiexlm.moleculenet.configs import finetune_config
     from smiexlm.moleculenet.hpopt_search import SearchSpace
 
-    base = finetune_config("clintox")  # lr 5e-5, 100 epochs, pooler dropout 0.5
+    base = finetune_config("clintox", layers=3)  # lr 5e-5, 100 epochs, pooler dropout 0.5
     space = SearchSpace.around(base, n_layers=4)
     assert space.lr == pytest.approx((5e-6, 5e-4)) and space.epochs == (25, 100)
     assert space.pooler_dropout == (0.0, 0.5) and space.freeze_layers == (0, 4)
@@ -71,7 +72,7 @@ def test_space_is_around_the_table_8_row_and_holds_it():
     assert space.features == ("none", "ecfp4", "rdkit2d", "both")
     zero = space.params_of(base)
     assert zero == {"lr": 5e-5, "epochs": 100, "dropout": 0.1, "pooler_dropout": 0.5,
-                    "pooling": "cls", "features": "none", "freeze_layers": 0, "layers": 1}  # fmt: skip
+                    "pooling": "cls", "features": "none", "freeze_layers": 0, "layers": 3}  # fmt: skip
     frozen = SearchSpace.around(finetune_config("bbbp", freeze=True), n_layers=4)
     assert frozen.freeze_layers == (0, 0)  # head only: every block is frozen already
 
@@ -87,7 +88,8 @@ def test_the_search_never_reads_the_test_rows(tmp_path):
     poisoned = frame.copy()
     poisoned.loc[split.test, "y"] = 1 - poisoned.loc[split.test, "y"]
     poisoned.loc[split.test, "smi"] = [f"CCCCCC{'C' * k}S" for k in range(len(split.test))]
-    built = Search.build(toy_task(poisoned), toy_base(), _backbone(), 0)
+    built = Search.build(toy_task(poisoned), toy_base(layers=None), _backbone(), 0)
+    assert built.base.layers == _backbone().layers == 3  # trial 0: the backbone's own blocks
     assert len(built.task) == len(split.train) + len(split.valid) and built.split.test == []
     assert not set(built.task.smiles) & set(poisoned.loc[split.test, "smi"])
 

@@ -158,17 +158,18 @@ def test_cli_freeze_freeze_layers_features_patience(tmp_path):
 
 
 def test_a_head_on_the_last_three_blocks_is_saved_and_served(tmp_path):
-    """``--layers 3``: recorded in the run and the folder, and ``predict`` gives back the test
-    scores the run kept; a folder from before the option (no ``layers`` key) reads the last
-    block; more layers than blocks is a clear error."""
+    """The default model's head reads its three embedding blocks unless told otherwise:
+    recorded in the run and the folder, and ``predict`` gives back the test scores the run
+    kept; ``--layers 1`` reads the last block, as a folder from before the option (no
+    ``layers`` key) does; more layers than blocks is a clear error."""
     from smiexlm.cli.main import app
     from smiexlm.model.integrity import record_checksums
     from smiexlm.moleculenet.prediction import predict
 
     torch.set_num_threads(1)
     models = tmp_path / "models"
-    rows = _finetune(tmp_path, "--seeds", "0", "--layers", "3", "--save-dir", str(models))
-    assert rows["model"][0] == "default_model, head on 3 blocks"
+    rows = _finetune(tmp_path, "--seeds", "0", "--save-dir", str(models))
+    assert rows["model"][0] == "default_model"  # its own blocks: no suffix
     assert json.loads(rows["config"][0])["layers"] == 3
     meta = json.loads((models / "seed0" / "finetune.json").read_text())
     assert meta["layers"] == 3
@@ -179,7 +180,8 @@ def test_a_head_on_the_last_three_blocks_is_saved_and_served(tmp_path):
                                rtol=1e-5, atol=1e-6)  # fmt: skip
 
     older = tmp_path / "older"
-    _finetune(tmp_path, "--seeds", "0", "--save-dir", str(older))
+    rows = _finetune(tmp_path, "--seeds", "0", "--layers", "1", "--save-dir", str(older))
+    assert rows["model"][0] == "default_model, head on the last block"
     before = predict(older / "seed0", test)["y"]
     meta = json.loads((older / "seed0" / "finetune.json").read_text())
     del meta["layers"], meta["config"]["layers"]
