@@ -57,10 +57,14 @@ ROWS = {
         "default (tiny MTR, 101M tokens), linear probe of its own embedding",
         {"whiten": True},
     ),
-    "default": ("run", "default (tiny MTR, 101M tokens), fine-tuned", {}),
+    "default": (
+        "run",
+        "default (tiny MTR, 101M tokens), fine-tuned, head on its last three blocks",
+        {},
+    ),
     "default_rdkit2d": (
         "run",
-        "default (tiny MTR, 101M tokens) + RDKit 2D, fine-tuned",
+        "default (tiny MTR, 101M tokens) + RDKit 2D, fine-tuned, head on its last three blocks",
         {"variant": "hybrid-rdkit2d"},
     ),
 }
