@@ -65,11 +65,8 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
     elif cfg.loop.freeze_layers:
         name += f" ({cfg.loop.freeze_layers} layers frozen)"
     if cfg.layers not in (None, backbone.layers):
-        name += (
-            f", head on the last {cfg.layers} blocks"
-            if cfg.layers > 1
-            else ", head on the last block"
-        )
+        blocks = f"last {cfg.layers} blocks" if cfg.layers > 1 else "last block"
+        name += f", head on the {blocks}"
     name += f" + {cfg.features}" if cfg.features else ""
     return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
 

@@ -163,6 +163,8 @@ def _card(model, s: RunSummary, manifest, normalization, train_config, command, 
 | final valid loss | {valid} (best {best}) |
 | wall time | {s.wall_s / 60:.1f} min |
 | optimiser | Adam β {tuple(train_config.get("adam_betas", ()))}, lr {train_config.get("lr")}, warmup {train_config.get("warmup_steps")}, polynomial decay to {train_config.get("end_lr")} over {train_config.get("total_steps") or train_config.get("max_steps")} updates, clip {train_config.get("clip_norm")}, {train_config.get("max_tokens")} tokens per batch |
+| start | {f"the weights of `{train_config['init']}` (continued pre-training)" if train_config.get("init") else "random weights"} |
+| spelling | {"a fresh random SMILES of each molecule each time it comes round" if train_config.get("spelling") == "random" else "each molecule as the dataset stores it"} |
 
 ## Training data
 

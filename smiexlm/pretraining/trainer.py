@@ -154,11 +154,7 @@ def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device
             f"{len(data.train):,} training sequences, device {device}, "
             f"{info.world_size} process(es)"
             + (f"; resumed from {start.name}" if start is not None else "")
-            + (
-                f"; started from the weights of {config.init}"
-                if start is None and config.init
-                else ""
-            )
+            + (f"; from the weights of {config.init}" if start is None and config.init else "")
             + ("; random SMILES" if config.spelling == "random" else "")
         )
     return trainer.run()

@@ -89,6 +89,12 @@ def test_random_spelling_trains_on_other_ids_and_resumes_bit_for_bit(dataset, tm
     assert random_losses != [r["loss"] for r in _records(tmp_path / "canonical")]
     # validation reads the canonical spellings: the same molecules, another model
     assert canonical.last_valid_loss != full.last_valid_loss
+    from smiexlm.pretraining.export import export_run
+
+    export_run(tmp_path / "full", tmp_path / "model", dataset=dataset)
+    card = (tmp_path / "model" / "MODEL_CARD.md").read_text()
+    assert "| spelling | a fresh random SMILES of each molecule each time it comes round |" in card
+    assert "| start | random weights |" in card
     changed = ["max_steps=9", "total_steps=6", "valid_every=3", "save_every=3"]
     with pytest.raises(Exception, match="spelling"):  # fixed for a whole run
         _train(dataset, half, "mol_tiny_mtr", *changed, resume=True)
@@ -116,6 +122,10 @@ def test_init_copies_a_folder_and_names_what_differs(dataset, tmp_path):  # noqa
     warm = _records(tmp_path / "second")[0]["loss"]
     assert warm < scratch and second.step == 4
     assert f'init = "{folder}"' in (tmp_path / "second" / "config.resolved.toml").read_text()
+    export_run(tmp_path / "second", tmp_path / "warm", dataset=dataset)
+    card = (tmp_path / "warm" / "MODEL_CARD.md").read_text()
+    assert f"| start | the weights of `{folder}` (continued pre-training) |" in card
+    assert "| spelling | each molecule as the dataset stores it |" in card
     bigger = [*steps, f'init="{folder}"', "model.d_model=64"]
     with pytest.raises(ConfigError, match="d_model = 32 there, 64 here"):
         _train(dataset, tmp_path / "third", "mol_tiny_mtr", *bigger)
