@@ -155,7 +155,9 @@ def test_resume_records_safe_changes_and_refuses_the_others(dataset, tmp_path):
     pretrain(_config(), dataset, run, max_steps=4)  # lr 0.003, seed 1; a checkpoint at step 4
     kept = {name: (run / name).read_bytes() for name in ("config.resolved.toml", "metrics.jsonl")}
     # three settings fixed for a run, changed at once: each is named with both values
-    res = _resume(dataset, run, "--max-steps", "6", "seed=2", "weight_decay=0.01", "max_tokens=1024")
+    res = _resume(
+        dataset, run, "--max-steps", "6", "seed=2", "weight_decay=0.01", "max_tokens=1024"
+    )
     assert_one_line_error(res, "step_000004", "seed = 1", "seed = 2", "weight_decay = 0.0",
                           "weight_decay = 0.01", "max_tokens = 512", "max_tokens = 1024",
                           "start a new --out")  # fmt: skip
