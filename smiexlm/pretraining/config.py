@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.device import Precision, check_device_name, parse_precision
-from smiexlm.errors import ConfigError
+from smiexlm.errors import ConfigError, check_choice
 from smiexlm.model.config import PRESETS, ExLMConfig, PresetName
 from smiexlm.paths import PACKAGE_DIR
 
@@ -148,8 +148,7 @@ class TrainConfig:
         self.adam_betas = (float(betas[0]), float(betas[1]))
         check_device_name(self.device)
         self.precision = parse_precision(self.precision)
-        if self.spelling not in SPELLINGS:
-            raise ConfigError("spelling", self.spelling, f"one of {', '.join(SPELLINGS)}")
+        check_choice("spelling", self.spelling, SPELLINGS)
         if self.init is not None and (not isinstance(self.init, str) or not self.init.strip()):
             raise ConfigError("init", self.init, "a model folder or a shipped model's name")
         for name in ("tensorboard", "progress"):

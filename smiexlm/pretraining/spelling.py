@@ -28,8 +28,9 @@ from smiexlm.tokenizer.special import UNK_ID
 
 class RandomSpellings:
     """A training split whose items are written in a random SMILES of the epoch: the same
-    items as ``dataset`` (ids, or ``(ids, descriptor row)``) with other ids, and its canonical
-    ``lengths`` for batching. ``fallbacks`` counts the items kept canonical in this process."""
+    items as ``dataset`` (ids, or ``(ids, descriptor row)``) with other ids (the epoch's
+    batches are planned on the stored lengths). ``fallbacks`` counts the items kept
+    canonical in this process."""
 
     def __init__(self, dataset, tokenizer, seed: int, epoch: int, max_positions: int):
         from smiexlm.tokenizer.smiles import SmilesTokenizer
@@ -38,7 +39,6 @@ class RandomSpellings:
             raise ConfigError("spelling", "random", "a SMILES dataset (this one is text)")
         self.dataset, self.tokenizer = dataset, tokenizer
         self.seed, self.epoch, self.max_positions = seed, epoch, max_positions
-        self.lengths = getattr(dataset, "lengths", None)
         self.fallbacks = 0
 
     def __len__(self) -> int:

@@ -19,10 +19,9 @@ FREE_FIELDS = ("dropout", "attention_dropout")  # a continued run may set its ow
 def load_initial_weights(model, init: str, descriptor_stats=None) -> None:
     """Copy the weights of the model folder (or shipped model) ``init`` into ``model``;
     ConfigError naming each field in which the two models differ."""
-    from smiexlm.model.layout import model_folder
     from smiexlm.model.pretrained import load_pretrained
 
-    source = load_pretrained(model_folder(init)).model
+    source = load_pretrained(init).model  # a folder, or a shipped model by name
     mine, theirs = dataclasses.asdict(model.config), dataclasses.asdict(source.config)
     differ = [k for k in mine if k not in FREE_FIELDS and mine[k] != theirs.get(k)]
     if differ:
