@@ -98,7 +98,7 @@ def save_model_folder(
 def load_model_folder(
     cls: type[ExLMModel], folder: Path, map_location: str | torch.device = "cpu"
 ) -> ExLMModel:
-    """The model of a folder, every file checked before the model is allocated."""
+    """The model of a folder, every file checked before its weights are read."""
     if not check_not_a_file(folder).is_dir():
         raise DataError(f"model folder {str(folder)!r} does not exist")
     config_path = folder / CONFIG_NAME
@@ -114,13 +114,13 @@ def load_model_folder(
         raise DataError(f"model folder {str(folder)!r} has no {WEIGHTS_NAME}")
     header = read_header(weights_path)
     check_config_sizes(config, header, config_path, weights_path)
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        skeleton = cls(config)
-    check_tensors(skeleton.state_dict(), header, weights_path, CONFIG_NAME)
+    # the sizes agree with the file, so the model is no larger than its weights; built
+    # directly (a meta-device skeleton would cost each process seconds of torch._dynamo import)
+    model = cls(config)
+    check_tensors(model.state_dict(), header, weights_path, CONFIG_NAME)
     verify_checksum(weights_path)
     loaded = load_tensors(weights_path)
     check_finite(loaded, weights_path)
-    model = cls(config)
     model.load_state_dict(loaded)  # casts fp16 weights back to the model's dtype
     model.descriptor_stats = descriptor_stats
     return model.to(map_location).eval()
