@@ -214,6 +214,9 @@ def check_folder_vocabulary(folder: Path, config: ExLMConfig) -> None:
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
 
 
+_SIZE_TENSORS = ("embed.weight", "encoder.layers.0.ffn.fc1.weight")
+
+
 def _sizes_in_header(config: ExLMConfig, header: Header) -> list[tuple[str, float, str]]:
     """(config field, value the weights imply, the tensors that say so)."""
     shapes = {name: shape for name, (_, shape) in header.items()}
@@ -250,7 +253,14 @@ def _sizes_in_header(config: ExLMConfig, header: Header) -> list[tuple[str, floa
 def check_config_sizes(
     config: ExLMConfig, header: Header, config_path: Path, weights_path: Path
 ) -> None:
-    """DataError naming the first config field whose value the weights contradict."""
+    """DataError naming the first config field whose value the weights contradict, or the
+    tensors that fix the model's size when the weights lack them (so that a model built from
+    ``config`` is never larger than its weights)."""
+    absent = [name for name in _SIZE_TENSORS if name not in header]
+    if absent:
+        raise DataError(
+            f"{str(weights_path)!r} does not match {config_path.name}: missing tensors {absent}"
+        )
     for field, implied, evidence in _sizes_in_header(config, header):
         value = getattr(config, field)
         if value != implied:

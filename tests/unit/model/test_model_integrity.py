@@ -126,6 +126,23 @@ def test_huge_config_is_checked_against_the_weights_before_allocation(tmp_path, 
     assert_one_line_error(res, "config.json", *needles)
 
 
+def test_weights_without_the_tensors_that_size_the_model_are_refused_before_allocation(tmp_path):
+    # without embed.weight nothing in the file says d_model: a model built from this config
+    # (17 GB of fp32) would exhaust the 4 GiB cap before any tensor were compared
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(EXLM, tmp_path / "model")
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["embed.weight"]
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"d_model": 16384}))
+    table = tmp_path / "t.csv"
+    table.write_text("smiles\nCCO\n")
+    res = _run_capped("embed", table, "--out", tmp_path / "e.npy", "-c", folder)
+    assert_one_line_error(res, "model.safetensors", "config.json", "missing tensors ['embed.weight']")
+
+
 def test_header_is_read_alone_and_must_describe_the_file(tmp_path):
     weights = EXLM / "model.safetensors"
     header = read_header(weights)
