@@ -140,7 +140,9 @@ def test_weights_without_the_tensors_that_size_the_model_are_refused_before_allo
     table = tmp_path / "t.csv"
     table.write_text("smiles\nCCO\n")
     res = _run_capped("embed", table, "--out", tmp_path / "e.npy", "-c", folder)
-    assert_one_line_error(res, "model.safetensors", "config.json", "missing tensors ['embed.weight']")
+    assert_one_line_error(
+        res, "model.safetensors", "config.json", "missing tensors ['embed.weight']"
+    )
 
 
 def test_header_is_read_alone_and_must_describe_the_file(tmp_path):
