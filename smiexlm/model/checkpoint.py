@@ -114,8 +114,8 @@ def load_model_folder(
         raise DataError(f"model folder {str(folder)!r} has no {WEIGHTS_NAME}")
     header = read_header(weights_path)
     check_config_sizes(config, header, config_path, weights_path)
-    # the sizes agree with the file, so the model is no larger than its weights; built
-    # directly (a meta-device skeleton would cost each process seconds of torch._dynamo import)
+    # the sizes agree with the file, so the model is no larger than its weights (built on the
+    # CPU: under torch.device("meta") its init would import torch._dynamo, seconds a process)
     model = cls(config)
     check_tensors(model.state_dict(), header, weights_path, CONFIG_NAME)
     verify_checksum(weights_path)
@@ -212,9 +212,7 @@ def check_folder_vocabulary(folder: Path, config: ExLMConfig) -> None:
 
 
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
-
-
-_SIZE_TENSORS = ("embed.weight", "encoder.layers.0.ffn.fc1.weight")
+_SIZE_TENSORS = ("embed.weight", "encoder.layers.0.ffn.fc1.weight")  # with the layer names: the size
 
 
 def _sizes_in_header(config: ExLMConfig, header: Header) -> list[tuple[str, float, str]]:
