@@ -212,7 +212,8 @@ def check_folder_vocabulary(folder: Path, config: ExLMConfig) -> None:
 
 
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
-_SIZE_TENSORS = ("embed.weight", "encoder.layers.0.ffn.fc1.weight")  # with the layer names: the size
+# with the layer names, these fix the model's size
+_SIZE_TENSORS = ("embed.weight", "encoder.layers.0.ffn.fc1.weight")
 
 
 def _sizes_in_header(config: ExLMConfig, header: Header) -> list[tuple[str, float, str]]:
