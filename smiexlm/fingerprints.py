@@ -12,6 +12,7 @@ stays cheap.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Literal
@@ -59,6 +60,23 @@ def morgan_fingerprints(smiles: Sequence[str], radius: int = 2, n_bits: int = 20
     return out
 
 
+def _rdkit2d_functions() -> tuple[list[str], list]:
+    """``Descriptors.descList``'s names and functions, in its order. Its four EState
+    extremes each recompute the molecule's EState indices; the first caches them on the
+    molecule, so all four are asked to read that cache (``force=False``): the same values,
+    6-8 % less time for the 217 descriptors of a MOSES molecule. Each molecule is parsed
+    afresh, so no cache is stale."""
+    from rdkit.Chem import Descriptors
+    from rdkit.Chem.EState import EState
+
+    extremes = {EState.MaxEStateIndex, EState.MinEStateIndex, EState.MaxAbsEStateIndex,
+                EState.MinAbsEStateIndex}  # fmt: skip
+    names = [name for name, _ in Descriptors.descList]
+    functions = [functools.partial(fn, force=False) if fn in extremes else fn
+                 for _, fn in Descriptors.descList]  # fmt: skip
+    return names, functions
+
+
 def rdkit2d_descriptors(smiles: Sequence[str]) -> np.ndarray:
     """(N, D) float64: every descriptor of ``rdkit.Chem.Descriptors.descList`` (D ≈ 210).
 
@@ -66,10 +84,7 @@ def rdkit2d_descriptors(smiles: Sequence[str]) -> np.ndarray:
     median); infinities and values beyond ±:data:`DESCRIPTOR_LIMIT` are turned into NaN too,
     and how many is logged.
     """
-    from rdkit.Chem import Descriptors
-
-    names = [name for name, _ in Descriptors.descList]
-    functions = [fn for _, fn in Descriptors.descList]
+    names, functions = _rdkit2d_functions()
     out = np.full((len(smiles), len(functions)), np.nan)
     for i, mol in enumerate(_mols(smiles)):
         for j, fn in enumerate(functions):

@@ -1,9 +1,8 @@
 """Shared fixtures.
 
-Tests that read the shared datasets take the ``shared_data`` fixture. When ``SMIEXLM_DATA``
-is set (as CI sets it), a missing folder or file is a test *failure*, never a skip: a CI run
-that silently skipped the data tests would prove nothing. When it is unset (a user's quick
-run), those tests are skipped with the reason.
+Tests that read the shared datasets take the ``shared_data`` fixture, which marks them
+``data``. Without the datasets (``SMIEXLM_DATA`` unset, or a folder or file missing) such a
+test *fails*, never skips: a run that silently skipped the data tests would prove nothing.
 
 The suite runs on pytest-xdist (``-n auto`` in pyproject.toml): one worker per usable core, at
 most :data:`MAX_WORKERS`, a test module's tests on one worker (its module fixtures are built
@@ -38,11 +37,18 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "shared_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.data)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     value = os.environ.get("SMIEXLM_DATA")
     if not value:
-        pytest.skip("SMIEXLM_DATA is not set; data tests need the shared datasets")
+        pytest.fail("SMIEXLM_DATA is not set: this test reads the shared datasets; set it to "
+                    "the folder holding moleculenet/, pretrain/, glue/ and text/")  # fmt: skip
     path = Path(value)
     if not path.is_dir():
         pytest.fail(f"SMIEXLM_DATA={value!r} is set but is not a directory")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from smiexlm.data import PreprocessConfig, TokenDataset, preprocess
@@ -84,6 +85,28 @@ def test_stats_are_fitted_on_train_only(corpus):
     np.testing.assert_array_equal(stats.scale, reference.scale)
     mol_wt = stats.names.index("MolWt")
     assert stats.center[mol_wt] == pytest.approx(np.median(train[:, mol_wt]), rel=1e-12)
+
+
+def test_descriptors_are_rdkits_own_values(data_file):
+    """Bit for bit what RDKit's ``CalcMolDescriptors`` gives (the EState extremes read the
+    indices the first of them cached), on molecules with charges, metals, salts, selenium and
+    a lone atom; values beyond the limit are NaN in both."""
+    from rdkit import Chem
+    from rdkit.Chem import Descriptors
+
+    from smiexlm.fingerprints import DESCRIPTOR_LIMIT
+
+    raw = pd.read_csv(data_file("moleculenet/clintox.csv"))["smiles"].astype(str).str.strip()
+    smiles = [s for s in raw.tolist()[:120] if Chem.MolFromSmiles(s) is not None]
+    smiles += NAN_MOLECULES
+    names = descriptor_names("rdkit2d")
+    rows = [Descriptors.CalcMolDescriptors(Chem.MolFromSmiles(s), np.nan) for s in smiles]
+    expected = np.array([[row[n] for n in names] for row in rows], dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        expected[~(np.abs(expected) <= DESCRIPTOR_LIMIT)] = np.nan
+    got = rdkit2d_descriptors(smiles)
+    assert len(smiles) > 100 and np.isnan(got).any()
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_stats_match_a_numpy_reference():
