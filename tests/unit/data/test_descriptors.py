@@ -109,6 +109,18 @@ def test_descriptors_are_rdkits_own_values(data_file):
     np.testing.assert_array_equal(got, expected)
 
 
+def test_descriptors_shrink_the_default_shard_so_that_progress_is_committed_often():
+    """A shard is the unit of progress; with descriptors a million molecules are hours."""
+    from dataclasses import asdict
+
+    assert PreprocessConfig().shard_size == 1_000_000
+    config = PreprocessConfig(descriptors="rdkit2d")
+    assert config.shard_size == 50_000 and asdict(config)["shard_size"] == 50_000  # recorded
+    assert PreprocessConfig(descriptors="rdkit2d", shard_size=7).shard_size == 7
+    with pytest.raises(ConfigError, match="shard_size"):
+        PreprocessConfig(shard_size=0)
+
+
 def test_stats_match_a_numpy_reference():
     rng = np.random.default_rng(0)
     n = 501
