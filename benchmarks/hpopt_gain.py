@@ -8,7 +8,8 @@ and test, mean ± sample std.
 Everything resumes when run again: the study in ``OUT/<set>/search/`` goes on to the budget,
 and each fine-tuning run is a run folder (``run_finetune(..., run_root=..., resume=True)``):
 ``OUT/<set>/table8/`` and ``OUT/<set>/best<k>/`` (k the best trial, so that a search that
-finds a better one after a resume gets fresh runs). ``--table8-runs`` takes the Table 8 runs
+finds a better one after a resume gets fresh runs; when the best trial is Table 8's row,
+which the search tries first, its seeds are the Table 8 runs). ``--table8-runs`` takes the Table 8 runs
 from another run root instead, such as the campaign's row of the same backbone
 (``benchmarks/results/table1/default/runs``): its finished cells are read back when they were
 made with the same settings (and refused otherwise), the missing ones run there.
@@ -53,7 +54,7 @@ def one_set(task_name: str, args: argparse.Namespace) -> list[str]:
     """The search, then both configs' seeds: this set's table rows."""
     from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.configs import finetune_config
-    from smiexlm.moleculenet.finetune import run_finetune
+    from smiexlm.moleculenet.finetune import run_finetune, with_backbone_blocks
     from smiexlm.moleculenet.hpopt import run_hpopt
     from smiexlm.moleculenet.hpopt_search import HpoptConfig
     from smiexlm.moleculenet.loaders import load_task
@@ -67,18 +68,16 @@ def one_set(task_name: str, args: argparse.Namespace) -> list[str]:
     if found.best_config is None:
         return [f"| {task_name} | no trial completed | – | – | {found.counted} | – |"]
     best = finetune_config(task_name, config_file=root / "search" / "best.toml", device="cpu")
+    table8_runs = args.table8_runs or root / "table8" / "runs"
+    # the search's first trial is Table 8's row: when it wins, its seeds are that row's
+    same = with_backbone_blocks(best, backbone) == with_backbone_blocks(base, backbone)
+    best_runs = table8_runs if same else root / f"best{found.best_number}" / "runs"
+    best_name = f"hpopt (trial {found.best_number}{', Table 8 itself' if same else ''})"
     rows = []
-    for name, cfg, folder in (("Table 8", base, "table8"),
-                              (f"hpopt (trial {found.best_number})", best,
-                               f"best{found.best_number}")):  # fmt: skip
-        runs = (
-            args.table8_runs if folder == "table8" and args.table8_runs else root / folder / "runs"
-        )
+    for name, cfg, runs in (("Table 8", base, table8_runs), (best_name, best, best_runs)):
         results = run_finetune(task, cfg, backbone, args.seeds, progress=False, run_root=runs,
                                resume=True)  # fmt: skip
-        search = (
-            f"{found.counted} trials, {found.cpu_seconds / 60:.1f}" if folder != "table8" else "–"
-        )
+        search = f"{found.counted} trials, {found.cpu_seconds / 60:.1f}" if cfg is best else "–"
         rows.append(f"| {task_name} | {name} | {_mean_std([r.valid for r in results])} | "
                     f"{_mean_std([r.test for r in results])} | {search} | "
                     f"{_train_cpu(results) / 60:.1f} |")  # fmt: skip
