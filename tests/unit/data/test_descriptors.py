@@ -109,6 +109,18 @@ def test_descriptors_are_rdkits_own_values(data_file):
     np.testing.assert_array_equal(got, expected)
 
 
+def test_an_unparsable_smiles_is_a_row_of_nan_for_targets_and_an_error_for_features():
+    from smiexlm.errors import InvalidSmilesError
+    from smiexlm.fingerprints import compute_descriptors
+
+    good = rdkit2d_descriptors(["CCO", "c1ccccc1"]).astype(np.float32)
+    got = compute_descriptors(["CCO", "C1CC", "c1ccccc1"], "rdkit2d")
+    assert np.isnan(got[1]).all()
+    np.testing.assert_array_equal(got[[0, 2]], good)
+    with pytest.raises(InvalidSmilesError, match="C1CC"):
+        rdkit2d_descriptors(["CCO", "C1CC"])
+
+
 def test_descriptors_shrink_the_default_shard_so_that_progress_is_committed_often():
     """A shard is the unit of progress; with descriptors a million molecules are hours."""
     from dataclasses import asdict
