@@ -9,8 +9,8 @@ Everything resumes when run again: the study in ``OUT/<set>/search/`` goes on to
 and each fine-tuning run is a run folder (``run_finetune(..., run_root=..., resume=True)``):
 ``OUT/<set>/table8/`` and ``OUT/<set>/best<k>/`` (k the best trial, so that a search that
 finds a better one after a resume gets fresh runs; when the best trial is Table 8's row,
-which the search tries first, its seeds are the Table 8 runs). ``--table8-runs`` takes the Table 8 runs
-from another run root instead, such as the campaign's row of the same backbone
+which the search tries first, its seeds are the Table 8 runs). ``--table8-runs`` takes the
+Table 8 runs from another run root instead, such as the campaign's row of the same backbone
 (``benchmarks/results/table1/default/runs``): its finished cells are read back when they were
 made with the same settings (and refused otherwise), the missing ones run there.
 ``OUT/gain.md`` is rewritten after each set. The search selects on validation only; the test columns are the first look at test.

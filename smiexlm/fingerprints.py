@@ -92,6 +92,8 @@ def rdkit2d_descriptors(
     and how many is logged. A SMILES RDKit cannot parse raises InvalidSmilesError before any
     descriptor is computed, or with ``unparsable="nan"`` gets a row of NaN.
     """
+    if unparsable not in ("raise", "nan"):
+        raise ConfigError("unparsable", unparsable, '"raise" or "nan"')
     if unparsable == "raise":
         _mols(smiles)  # the parse alone, so that a bad SMILES fails at once
     names, functions = _rdkit2d_functions()
@@ -136,7 +138,8 @@ def descriptor_version(kind: str) -> str:
 
 def compute_descriptors(smiles: Sequence[str], kind: str) -> np.ndarray:
     """(n, D) float32 descriptors of ``smiles``; NaN where a value cannot be computed, and a
-    row of NaN for a SMILES RDKit cannot parse (where :func:`rdkit2d_descriptors` raises)."""
+    row of NaN for a SMILES RDKit cannot parse (where :func:`rdkit2d_descriptors` raises by
+    default)."""
     check_descriptor_kind(kind)
     return rdkit2d_descriptors(smiles, unparsable="nan").astype(np.float32)
 

@@ -119,6 +119,8 @@ def test_an_unparsable_smiles_is_a_row_of_nan_for_targets_and_an_error_for_featu
     np.testing.assert_array_equal(got[[0, 2]], good)
     with pytest.raises(InvalidSmilesError, match="C1CC"):
         rdkit2d_descriptors(["CCO", "C1CC"])
+    with pytest.raises(ConfigError, match="unparsable"):
+        rdkit2d_descriptors(["CCO"], unparsable="skip")  # type: ignore[arg-type]
 
 
 def test_descriptors_shrink_the_default_shard_so_that_progress_is_committed_often():
