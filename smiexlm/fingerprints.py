@@ -65,8 +65,8 @@ def morgan_fingerprints(smiles: Sequence[str], radius: int = 2, n_bits: int = 20
     return out
 
 
-def _rdkit2d_functions() -> tuple[list[str], list]:
-    """``Descriptors.descList``'s names and functions, in its order. Its four EState
+def _rdkit2d_functions() -> list:
+    """``Descriptors.descList``'s functions, in its order. Its four EState
     extremes each recompute the molecule's EState indices; the first caches them on the
     molecule, so all four are asked to read that cache (``force=False``): the same values,
     6-8 % less time for the 217 descriptors of a MOSES molecule. Each molecule is parsed
@@ -76,10 +76,8 @@ def _rdkit2d_functions() -> tuple[list[str], list]:
 
     extremes = {EState.MaxEStateIndex, EState.MinEStateIndex, EState.MaxAbsEStateIndex,
                 EState.MinAbsEStateIndex}  # fmt: skip
-    names = [name for name, _ in Descriptors.descList]
-    functions = [functools.partial(fn, force=False) if fn in extremes else fn
-                 for _, fn in Descriptors.descList]  # fmt: skip
-    return names, functions
+    return [functools.partial(fn, force=False) if fn in extremes else fn
+            for _, fn in Descriptors.descList]  # fmt: skip
 
 
 def rdkit2d_descriptors(
@@ -89,18 +87,18 @@ def rdkit2d_descriptors(
 
     Values RDKit cannot compute come back NaN (the normaliser fills them with the train
     median); infinities and values beyond ±:data:`DESCRIPTOR_LIMIT` are turned into NaN too,
-    and how many is logged. A SMILES RDKit cannot parse raises InvalidSmilesError before any
-    descriptor is computed, or with ``unparsable="nan"`` gets a row of NaN.
+    and how many is logged. A SMILES RDKit cannot parse raises InvalidSmilesError, or with
+    ``unparsable="nan"`` gets a row of NaN.
     """
     if unparsable not in ("raise", "nan"):
         raise ConfigError("unparsable", unparsable, '"raise" or "nan"')
-    if unparsable == "raise":
-        _mols(smiles)  # the parse alone, so that a bad SMILES fails at once
-    names, functions = _rdkit2d_functions()
+    functions = _rdkit2d_functions()
     out = np.full((len(smiles), len(functions)), np.nan)
     for i, text in enumerate(smiles):
         # parsed one at a time: holding a chunk's molecules cost up to a fifth more time
         if (mol := _parse(text)) is None:
+            if unparsable == "raise":
+                raise InvalidSmilesError(text, reason="RDKit cannot parse it")
             continue
         for j, fn in enumerate(functions):
             with contextlib.suppress(ValueError, ZeroDivisionError, OverflowError, RuntimeError):
@@ -108,6 +106,7 @@ def rdkit2d_descriptors(
     with np.errstate(invalid="ignore"):
         huge = ~np.isnan(out) & ~(np.abs(out) <= DESCRIPTOR_LIMIT)  # inf included
     if huge.any():
+        names = descriptor_names("rdkit2d")
         columns = ", ".join(names[j] for j in np.flatnonzero(huge.any(axis=0)))
         log.warning("rdkit2d: %d descriptor values beyond ±%.0e (%s) set to NaN, filled like "
                     "missing ones", int(huge.sum()), DESCRIPTOR_LIMIT, columns)  # fmt: skip
