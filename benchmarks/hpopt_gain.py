@@ -25,11 +25,16 @@ import sys
 from pathlib import Path
 
 
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
 def _mean_std(values: list[float]) -> str:
     values = [v for v in values if not math.isnan(v)]
     if not values:
         return "–"
-    mean = sum(values) / len(values)
+    mean = _mean(values)
     std = (
         math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
         if len(values) > 1
@@ -50,8 +55,9 @@ def _train_cpu(results) -> float:
     return sum(float(r.config.get("train_cpu_seconds", 0.0)) for r in results)
 
 
-def one_set(task_name: str, args: argparse.Namespace) -> list[str]:
-    """The search, then both configs' seeds: this set's table rows."""
+def one_set(task_name: str, args: argparse.Namespace) -> tuple[list[str], dict]:
+    """The search, then both configs' seeds: this set's table rows, and for "Table 8" and
+    "hpopt" the (valid, test) means over the seeds."""
     from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.configs import finetune_config
     from smiexlm.moleculenet.finetune import run_finetune, with_backbone_blocks
@@ -66,14 +72,14 @@ def one_set(task_name: str, args: argparse.Namespace) -> list[str]:
     found = run_hpopt(task, base, root / "search", hp, backbone, on_trial=print,
                       command=f"hpopt_gain.py ({task_name})")  # fmt: skip
     if found.best_config is None:
-        return [f"| {task_name} | no trial completed | – | – | {found.counted} | – |"]
+        return [f"| {task_name} | no trial completed | – | – | {found.counted} | – |"], {}
     best = finetune_config(task_name, config_file=root / "search" / "best.toml", device="cpu")
     table8_runs = args.table8_runs or root / "table8" / "runs"
     # the search's first trial is Table 8's row: when it wins, its seeds are that row's
     same = with_backbone_blocks(best, backbone) == with_backbone_blocks(base, backbone)
     best_runs = table8_runs if same else root / f"best{found.best_number}" / "runs"
     best_name = f"hpopt (trial {found.best_number}{', Table 8 itself' if same else ''})"
-    rows = []
+    rows, means = [], {}
     for name, cfg, runs in (("Table 8", base, table8_runs), (best_name, best, best_runs)):
         results = run_finetune(task, cfg, backbone, args.seeds, progress=False, run_root=runs,
                                resume=True)  # fmt: skip
@@ -81,9 +87,24 @@ def one_set(task_name: str, args: argparse.Namespace) -> list[str]:
         rows.append(f"| {task_name} | {name} | {_mean_std([r.valid for r in results])} | "
                     f"{_mean_std([r.test for r in results])} | {search} | "
                     f"{_train_cpu(results) / 60:.1f} |")  # fmt: skip
+        means["Table 8" if cfg is base else "hpopt"] = (
+            _mean([r.valid for r in results]),
+            _mean([r.test for r in results]),
+        )
         print(f"{task_name} {name}: valid {_mean_std([r.valid for r in results])}, test "
               f"{_mean_std([r.test for r in results])}")  # fmt: skip
-    return rows
+    return rows, means
+
+
+def mean_rows(means: dict[str, dict]) -> list[str]:
+    """The mean over the sets where both configs finished, one row a config (none for a
+    single set)."""
+    done = [m for m in means.values() if m]
+    if len(done) < 2:
+        return []
+    return [f"| mean of {len(done)} | {name} | {_mean([m[name][0] for m in done]):.2f} | "
+            f"{_mean([m[name][1] for m in done]):.2f} | – | – |"
+            for name in ("Table 8", "hpopt")]  # fmt: skip
 
 
 def write_table(out: Path, rows: list[str], args: argparse.Namespace) -> str:
@@ -126,9 +147,11 @@ def main(argv: list[str] | None = None) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows: list[str] = []
+    means: dict[str, dict] = {}
     for task in args.tasks:
-        rows += one_set(task, args)
-        text = write_table(args.out, rows, args)
+        task_rows, means[task] = one_set(task, args)
+        rows += task_rows
+        text = write_table(args.out, rows + mean_rows(means), args)
     print(text)
 
 

@@ -20,6 +20,7 @@ A fine-tuned folder (``save_dir``) is written by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -360,12 +361,17 @@ def run_finetune(
             s for s in seeds if run_root is None or not runs.is_finished(run_root, task.name, s)
         ]
         check_free_seed_folders(Path(save_dir), fresh, overwrite)  # a finished run's are its own
-    inputs = backbone.model_texts(task.smiles, cfg.canonicalize)
-    raw = None
-    if cfg.features:
+
+    @functools.cache
+    def prepared() -> tuple[list[str], np.ndarray | None]:
+        """The model's texts and the features beside them, made when a seed first trains
+        (a finished run read back needs neither: on MUV the descriptors take minutes)."""
+        inputs = backbone.model_texts(task.smiles, cfg.canonicalize)
+        if not cfg.features:
+            return inputs, None
         from smiexlm.fingerprints import molecule_features
 
-        raw = molecule_features(inputs, cfg.features)
+        return inputs, molecule_features(inputs, cfg.features)
 
     def one_seed(split: Split, seed: int) -> RunResult:
         run_dir = None if run_root is None else runs.run_dir(run_root, task.name, seed)
@@ -375,7 +381,7 @@ def run_finetune(
                 done, run_dir, runs.identity(task, split, cfg, backbone.name)
             )
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
-        r = finetune_once(task, split, cfg, seed, backbone, target, inputs, raw, progress,
+        r = finetune_once(task, split, cfg, seed, backbone, target, *prepared(), progress,
                           run_dir)  # fmt: skip
         log.info("%s seed %d: valid %.2f test %.2f", r.dataset, seed, r.valid, r.test)
         return r

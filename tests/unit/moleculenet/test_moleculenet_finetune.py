@@ -157,6 +157,32 @@ def test_cli_freeze_freeze_layers_features_patience(tmp_path):
     assert bad.exit_code != 0 and "features" in str(bad.exception)
 
 
+def test_finished_runs_are_read_back_without_texts_or_features(tmp_path, monkeypatch):
+    """``--resume`` on a finished fine-tuning gives back its results and computes nothing of
+    the set first: neither the model's texts nor the features beside them (the descriptors of
+    MUV alone take minutes)."""
+    import smiexlm.fingerprints
+    from smiexlm.cli.main import app
+    from smiexlm.moleculenet.backbone import Backbone
+
+    torch.set_num_threads(1)
+    first = _finetune(tmp_path, "--seeds", "0", "1", "--features", "ecfp4")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("computed for a finished run")
+
+    monkeypatch.setattr(smiexlm.fingerprints, "molecule_features", refused)
+    monkeypatch.setattr(Backbone, "model_texts", refused)
+    args = ["finetune", "mini", "--data", str(tmp_path / "mini.csv"), "--smiles-col", "smi",
+            "--label-cols", "y", "--split", "random", "--max-train-steps", "2", "--batch-size",
+            "8", "--epochs", "1", "--device", "cpu", "--seeds", "0", "1", "--features", "ecfp4",
+            "--out", str(tmp_path / "out0"), "--resume"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    again = pd.read_csv(tmp_path / "out0" / "results.csv")
+    assert again[["seed", "valid", "test"]].equals(first[["seed", "valid", "test"]])
+
+
 def test_a_head_on_the_last_three_blocks_is_saved_and_served(tmp_path):
     """The default model's head reads its three embedding blocks unless told otherwise:
     recorded in the run and the folder, and ``predict`` gives back the test scores the run
