@@ -118,11 +118,11 @@ def _small_csv(tmp_path):
     return path, frame
 
 
-def _finetune(tmp_path, *extra):
+def _finetune(tmp_path, *extra, out=None):
     from smiexlm.cli.main import app
 
     path, _ = _small_csv(tmp_path)
-    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"  # a run folder of its own
+    out = out or tmp_path / f"out{len(list(tmp_path.glob('out*')))}"  # a run folder of its own
     args = ["finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
             "--split", "random", "--max-train-steps", "2", "--batch-size", "8", "--epochs", "1",
             "--device", "cpu", "--out", str(out), *extra]  # fmt: skip
@@ -162,24 +162,18 @@ def test_finished_runs_are_read_back_without_texts_or_features(tmp_path, monkeyp
     the set first: neither the model's texts nor the features beside them (the descriptors of
     MUV alone take minutes)."""
     import smiexlm.fingerprints
-    from smiexlm.cli.main import app
     from smiexlm.moleculenet.backbone import Backbone
 
     torch.set_num_threads(1)
-    first = _finetune(tmp_path, "--seeds", "0", "1", "--features", "ecfp4")
+    args = ("--seeds", "0", "1", "--features", "ecfp4")
+    first = _finetune(tmp_path, *args)
 
     def refused(*args, **kwargs):
         raise AssertionError("computed for a finished run")
 
     monkeypatch.setattr(smiexlm.fingerprints, "molecule_features", refused)
     monkeypatch.setattr(Backbone, "model_texts", refused)
-    args = ["finetune", "mini", "--data", str(tmp_path / "mini.csv"), "--smiles-col", "smi",
-            "--label-cols", "y", "--split", "random", "--max-train-steps", "2", "--batch-size",
-            "8", "--epochs", "1", "--device", "cpu", "--seeds", "0", "1", "--features", "ecfp4",
-            "--out", str(tmp_path / "out0"), "--resume"]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    again = pd.read_csv(tmp_path / "out0" / "results.csv")
+    again = _finetune(tmp_path, *args, "--resume", out=tmp_path / "out0")
     assert again[["seed", "valid", "test"]].equals(first[["seed", "valid", "test"]])
 
 
