@@ -84,15 +84,11 @@ def one_set(task_name: str, args: argparse.Namespace) -> tuple[list[str], dict]:
         results = run_finetune(task, cfg, backbone, args.seeds, progress=False, run_root=runs,
                                resume=True)  # fmt: skip
         search = f"{found.counted} trials, {found.cpu_seconds / 60:.1f}" if cfg is best else "–"
-        rows.append(f"| {task_name} | {name} | {_mean_std([r.valid for r in results])} | "
-                    f"{_mean_std([r.test for r in results])} | {search} | "
-                    f"{_train_cpu(results) / 60:.1f} |")  # fmt: skip
-        means["Table 8" if cfg is base else "hpopt"] = (
-            _mean([r.valid for r in results]),
-            _mean([r.test for r in results]),
-        )
-        print(f"{task_name} {name}: valid {_mean_std([r.valid for r in results])}, test "
-              f"{_mean_std([r.test for r in results])}")  # fmt: skip
+        valid, test = [r.valid for r in results], [r.test for r in results]
+        rows.append(f"| {task_name} | {name} | {_mean_std(valid)} | {_mean_std(test)} | "
+                    f"{search} | {_train_cpu(results) / 60:.1f} |")  # fmt: skip
+        means["Table 8" if cfg is base else "hpopt"] = (_mean(valid), _mean(test))
+        print(f"{task_name} {name}: valid {_mean_std(valid)}, test {_mean_std(test)}")
     return rows, means
 
 
