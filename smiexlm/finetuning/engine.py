@@ -265,6 +265,9 @@ class _Fit:
         progress = saved.state.progress
         self.before_s, self.before_cpu_s = progress["seconds"], progress["cpu_seconds"]
         self.result = FitResult(**progress | {"resumed_seconds": self.before_s})
+        # the run goes on in the precision it began in: "auto" may resolve otherwise on this
+        # machine, and one run trained in two precisions would be recorded as one of them
+        self.config = dataclasses.replace(self.config, precision=self.result.precision)
         self.since_best = saved.state.since_best
 
     def _save(self) -> None:

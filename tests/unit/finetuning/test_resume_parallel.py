@@ -87,6 +87,24 @@ def test_a_finished_state_only_selects_and_returns(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_resumed_run_keeps_the_precision_it_began_in(tmp_path, monkeypatch):
+    """Stopped where "auto" meant fp32 and resumed where it means bf16: the run goes on in
+    fp32 and says fp32, rather than training in both and recording one."""
+    from smiexlm import device
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    _run(tmp_path / "cut", stop_after=2)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)  # another machine
+    used, autocast = [], engine.autocast
+    monkeypatch.setattr(engine, "autocast", lambda dev, p: used.append(p) or autocast(dev, p))
+    _, resumed = _run(tmp_path / "cut")
+    assert resumed.precision == "fp32" and used and set(used) == {"fp32"}
+    used.clear()
+    _, fresh = _run(tmp_path / "fresh", epochs=1)  # a new run there resolves "auto" anew
+    assert fresh.precision == "bf16" and set(used) == {"auto"}
+
+
 def test_a_state_of_other_settings_or_damaged_is_refused(tmp_path):
     torch.set_num_threads(1)
     _run(tmp_path, stop_after=1)
