@@ -6,9 +6,11 @@
 * Settings the run reads afresh at each step (:data:`CHANGEABLE`: learning-rate schedule,
   ``max_steps``, intervals, device...) may change on resume: each change is said on stderr and
   recorded, with the old and the new value and the step it applies from, in
-  ``config.changes.json`` (:func:`record_config_changes`). Any other setting (``seed``, the
-  batch, the optimiser's restored state) is refused naming it (:func:`config_changes`); the
-  model's own fields are checked with its checkpoint (``checkpoint.check_model_config``).
+  ``config.changes.json`` (:func:`record_config_changes`); so is a precision of ``auto`` that
+  resolves otherwise on the machine resumed on (:func:`resolved_precision_change`). Any other
+  setting (``seed``, the batch, the optimiser's restored state) is refused naming it
+  (:func:`config_changes`); the model's own fields are checked with its checkpoint
+  (``checkpoint.check_model_config``).
 * ``metrics.jsonl`` is cut back to the steps up to the resumed one (:func:`cut_metrics`): a
   killed run logged steps after its last checkpoint, ``--skip-bad-checkpoints`` goes back
   further still, and the resumed run logs those steps again.
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.data.shards import read_manifest
+from smiexlm.device import uses_bf16
 from smiexlm.errors import VocabularyMismatchError
 from smiexlm.paths import read_json_file, write_json, write_text_atomic
 from smiexlm.pretraining import run_state as ckpt
@@ -40,6 +43,7 @@ CHANGEABLE = ("max_steps", "total_steps", "warmup_steps", "lr", "end_lr", "lr_po
               "valid_every", "valid_batches", "save_every", "keep_last", "tensorboard",
               "progress")  # fmt: skip
 GLOBAL_BATCH = "update_freq x processes"  # update_freq is per process: compared as a product
+RESOLVED_PRECISION = "precision as resolved"  # what "auto" meant where the run trained
 
 
 def dataset_id(data_dir: Path) -> str:
@@ -106,6 +110,19 @@ def config_changes(
             f"{', '.join(CHANGEABLE)}): resume with the run's values or start a new --out"
         )
     return changed
+
+
+def resolved_precision_change(
+    state: ckpt.TrainerState, device, precision: str
+) -> dict[str, tuple[str, str]]:
+    """``{RESOLVED_PRECISION: (then, now)}`` when ``precision`` resolves on ``device`` to
+    another precision than the run trained in so far (``auto`` resumed on a CPU with native
+    bf16 after one without, or the other way round), else ``{}``; ``state`` records the one
+    it trains in from here on, so the change is said and recorded like a changed setting."""
+    now = "bf16" if uses_bf16(device, precision) else "fp32"
+    then = state.extra.get(RESOLVED_PRECISION)
+    state.extra = {**state.extra, RESOLVED_PRECISION: now}
+    return {} if then in (None, now) else {RESOLVED_PRECISION: (then, now)}
 
 
 def _comparable(doc: dict[str, Any], world_size: int | None) -> dict[str, Any]:

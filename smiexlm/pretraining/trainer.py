@@ -45,6 +45,7 @@ from smiexlm.pretraining.resume import (
     cut_metrics,
     elapsed_before,
     record_config_changes,
+    resolved_precision_change,
     start_state,
 )
 from smiexlm.pretraining.runlock import RunLock
@@ -138,6 +139,7 @@ def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device
         out_dir, data_dir, data.vocab_hash, model, optimizer, resume, skip_bad_checkpoints
     )
     changes = config_changes(start, state, config, info.world_size)  # refused ones raise
+    changes |= resolved_precision_change(state, device, config.precision)
     if resume and start is None and info.is_main:
         logger.warning("--resume: no checkpoint in %s, starting from scratch", out_dir)
     if info.is_main:  # each step logged once: none after the one training goes on from

@@ -36,11 +36,12 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
             "--data", str(data), "--out", str(out), *extra]  # fmt: skip
 
 
-def _train(data: Path, out: Path, steps: int, *extra: str):
+def _train(data: Path, out: Path, steps: int, *extra: str, resume: bool = False):
     from smiexlm.pretraining.config import load_config
     from smiexlm.pretraining.trainer import pretrain
 
-    return pretrain(load_config("mol_tiny_exlm", [*MICRO_MODEL, *FAST, *extra]), data, out, steps)
+    config = load_config("mol_tiny_exlm", [*MICRO_MODEL, *FAST, *extra])
+    return pretrain(config, data, out, steps, resume=resume)
 
 
 def _steps(run: Path) -> list[int]:
@@ -186,6 +187,26 @@ def test_resume_cuts_the_metrics_log_back_to_the_resumed_step(dataset, tmp_path)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
     assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[3] > 0
+
+
+def test_resume_where_auto_means_another_precision_records_the_change(
+    dataset, tmp_path, monkeypatch
+):
+    """An ``auto`` run begun on a CPU without native bf16 and resumed on one with it trains
+    on in bf16 (precision may change on resume), and says so as a changed setting does."""
+    from smiexlm import device
+    from smiexlm.pretraining.resume import CHANGES_FILE, RESOLVED_PRECISION
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    _train(dataset, run, 4)
+    _train(dataset, run, 6, resume=True)  # the same machine: only max_steps changes
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)  # another machine
+    _train(dataset, run, 8, resume=True)
+    history = json.loads((run / CHANGES_FILE).read_text())["changes"]
+    assert [(e["from_step"], e["settings"].get(RESOLVED_PRECISION)) for e in history] == [
+        (4, None), (6, {"old": "fp32", "new": "bf16"})
+    ]
 
 
 def test_last_and_best_are_copies_that_outlive_damage_to_the_step_folder(dataset, tmp_path):
