@@ -205,7 +205,8 @@ def test_resume_where_auto_means_another_precision_records_the_change(
     _train(dataset, run, 8, resume=True)
     history = json.loads((run / CHANGES_FILE).read_text())["changes"]
     assert [(e["from_step"], e["settings"].get(RESOLVED_PRECISION)) for e in history] == [
-        (4, None), (6, {"old": "fp32", "new": "bf16"})
+        (4, None),
+        (6, {"old": "fp32", "new": "bf16"}),
     ]
 
 
