@@ -187,11 +187,8 @@ class _Fit:
         self.replicas = Replicas.join(self.device)
         self.replicas.broadcast(model)
         self.replicas.seed_dropout(seed)
-        if config.freeze:
+        if config.freeze:  # its features are computed once, when the run starts (:meth:`run`)
             freeze_encoder(model, None)
-            # the frozen encoder runs once in eval mode; the head trains on its features
-            train = _cached(model, train, config)
-            valid = None if valid is None else _cached(model, valid, config)
         elif config.freeze_layers:
             freeze_encoder(model, config.freeze_layers)
         self.model, self.train, self.valid, self.config = model, train, valid, config
@@ -206,7 +203,6 @@ class _Fit:
         self.total = total
         self.schedule = PolynomialDecaySchedule(config.lr, int(config.warmup_ratio * total), total)
         self.rng = np.random.default_rng(seed)
-        self.lengths = train.lengths()
         self.result = FitResult(0, float("nan"), 0, 0, False, 0.0)
         self.result.precision = "bf16" if uses_bf16(self.device, config.precision) else "fp32"
         self.best_state: dict[str, torch.Tensor] | None = None
@@ -218,6 +214,12 @@ class _Fit:
     def run(self, progress: bool, desc: str, on_epoch: Callable | None = None) -> FitResult:
         from tqdm.auto import tqdm
 
+        if self.config.freeze:  # the frozen encoder runs once, in eval mode and in the run's
+            # precision (a resumed one's, see keep_state); the head trains on its features
+            self.train = _cached(self.model, self.train, self.config)
+            if self.valid is not None:
+                self.valid = _cached(self.model, self.valid, self.config)
+        self.lengths = self.train.lengths()
         result = self.result
         show = progress and self.replicas.is_main
         bar = tqdm(total=self.total, initial=result.steps, desc=desc, leave=False, unit="step",

@@ -87,21 +87,24 @@ def test_a_finished_state_only_selects_and_returns(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_resumed_run_keeps_the_precision_it_began_in(tmp_path, monkeypatch):
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_resumed_run_keeps_the_precision_it_began_in(tmp_path, monkeypatch, freeze):
     """Stopped where "auto" meant fp32 and resumed where it means bf16: the run goes on in
-    fp32 and says fp32, rather than training in both and recording one."""
+    fp32 and says fp32, rather than training in both and recording one. A frozen encoder's
+    features are computed in that precision too."""
     from smiexlm import device
 
     torch.set_num_threads(1)
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
-    _run(tmp_path / "cut", stop_after=2)
+    _run(tmp_path / "cut", stop_after=2, freeze=freeze)
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)  # another machine
-    used, autocast = [], engine.autocast
+    used, autocast, predict = [], engine.autocast, engine.predict
     monkeypatch.setattr(engine, "autocast", lambda dev, p: used.append(p) or autocast(dev, p))
-    _, resumed = _run(tmp_path / "cut")
+    monkeypatch.setattr(engine, "predict", lambda *a, **k: used.append(a[3]) or predict(*a, **k))
+    _, resumed = _run(tmp_path / "cut", freeze=freeze)
     assert resumed.precision == "fp32" and used and set(used) == {"fp32"}
     used.clear()
-    _, fresh = _run(tmp_path / "fresh", epochs=1)  # a new run there resolves "auto" anew
+    _, fresh = _run(tmp_path / "fresh", epochs=1, freeze=freeze)  # "auto" resolves anew
     assert fresh.precision == "bf16" and set(used) == {"auto"}
 
 
