@@ -89,6 +89,14 @@ def _mean_std(values: list[float], scale: float) -> str:
     )
 
 
+def write_table(out: Path, stem: str, lines: list[str], cells) -> None:
+    """``out/<stem>.md`` (``lines``) and ``out/<stem>.json`` (``cells``); the table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / f"{stem}.json").write_text(json.dumps(cells, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_roots", type=Path, nargs="+", metavar="MODEL_ROOT")
@@ -148,10 +156,7 @@ def main() -> None:
     for (root, kind), means in summary.items():
         row = [f"{np.mean(v):.1f}" for v in means.values()]
         lines.append(f"| {root} | mean of {len(means['model'])} classification sets | {kind} | | " + " | ".join(row) + " | |")  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "blend.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (args.out / "blend.json").write_text(json.dumps(cells, indent=1) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    write_table(args.out, "blend", lines, cells)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forest_blend import _mean_std, forest_predictions  # noqa: E402
+from forest_blend import _mean_std, forest_predictions, write_table  # noqa: E402
 
 COLUMNS = ("seeds", "ensemble", "seeds + forest", "ensemble + forest")
 
@@ -102,10 +102,7 @@ def main() -> None:
     lines += [f"| {name} | " + " | ".join(row) + " |" for name, row in table.items()]
     means = [100 * np.mean([np.mean(cells[n][col]) for n in cells]) for col in COLUMNS]
     lines.append(f"| mean of {len(cells)} | " + " | ".join(f"{m:.1f}" for m in means) + " |")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ensemble.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (args.out / "ensemble.json").write_text(json.dumps(cells, indent=1) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    write_table(args.out, "ensemble", lines, cells)
 
 
 if __name__ == "__main__":
