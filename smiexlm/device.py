@@ -92,6 +92,11 @@ def uses_bf16(device: torch.device, precision: Precision) -> bool:
     return precision == "bf16"
 
 
+def resolved_precision(device: torch.device, precision: Precision) -> str:
+    """What ``precision`` means on ``device``: ``"bf16"`` or ``"fp32"`` (see :func:`uses_bf16`)."""
+    return "bf16" if uses_bf16(device, precision) else "fp32"
+
+
 def autocast(device: torch.device, precision: Precision):
     """The bf16 autocast context for ``precision`` on ``device``, or a no-op one."""
     import torch

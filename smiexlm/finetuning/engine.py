@@ -46,7 +46,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from smiexlm.device import Precision, autocast, parse_precision, resolve_device, uses_bf16
+from smiexlm.device import (
+    Precision,
+    autocast,
+    parse_precision,
+    resolve_device,
+    resolved_precision,
+)
 from smiexlm.errors import ConfigError, check_positive_int
 from smiexlm.finetuning.batches import (
     Examples,
@@ -204,7 +210,7 @@ class _Fit:
         self.schedule = PolynomialDecaySchedule(config.lr, int(config.warmup_ratio * total), total)
         self.rng = np.random.default_rng(seed)
         self.result = FitResult(0, float("nan"), 0, 0, False, 0.0)
-        self.result.precision = "bf16" if uses_bf16(self.device, config.precision) else "fp32"
+        self.result.precision = resolved_precision(self.device, config.precision)
         self.best_state: dict[str, torch.Tensor] | None = None
         self.since_best = 0  # epochs since the best validation score
         self.seed = seed

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.data.shards import read_manifest
-from smiexlm.device import uses_bf16
+from smiexlm.device import resolved_precision
 from smiexlm.errors import VocabularyMismatchError
 from smiexlm.paths import read_json_file, write_json, write_text_atomic
 from smiexlm.pretraining import run_state as ckpt
@@ -119,7 +119,7 @@ def resolved_precision_change(
     another precision than the run trained in so far (``auto`` resumed on a CPU with native
     bf16 after one without, or the other way round), else ``{}``; ``state`` records the one
     it trains in from here on, so the change is said and recorded like a changed setting."""
-    now = "bf16" if uses_bf16(device, precision) else "fp32"
+    now = resolved_precision(device, precision)
     then = state.extra.get(RESOLVED_PRECISION)
     state.extra = {**state.extra, RESOLVED_PRECISION: now}
     return {} if then in (None, now) else {RESOLVED_PRECISION: (then, now)}
