@@ -391,6 +391,37 @@ def test_sequence_head_and_task_loss():
         ExLMForSequencePrediction(model, 2, task_type="ranking")
 
 
+def test_the_head_keeps_float32_logits_under_bf16_autocast():
+    """Logits a hair apart (a rare-active set's, all near -6) must not tie under bf16
+    autocast: a tie reads as chance to ROC-AUC. The head computes in float32 there, as
+    without autocast, and a hybrid head's features join unrounded."""
+    from smiexlm.model.heads import SequenceHead
+
+    torch.manual_seed(0)
+    head = SequenceHead(8, 1, pooler_dropout=0.0).eval()
+    with torch.no_grad():
+        head.out_proj.bias.fill_(-6.0)
+        head.out_proj.weight.mul_(1e-2)
+    features = torch.randn(64, 8)
+    plain = head(features)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = head(features)
+        rounded = head._forward(features.bfloat16())  # what plain bf16 would give
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, plain, rtol=0, atol=1e-6)
+    assert len(torch.unique(mixed)) > 60 and len(torch.unique(rounded.float())) < 8
+
+    tok, enc, _, _ = batch()
+    model = ExLMModel(micro("mlm", vocab_size=tok.vocab_size)).eval()
+    hybrid = ExLMForSequencePrediction(model, 1, n_features=3).eval()
+    extra = torch.tensor([[1.0 + 2**-12, 0.0, 0.0]] * len(SMILES))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        pooled = hybrid.pool(enc.input_ids, enc.attention_mask)
+        a = hybrid(pooled=pooled, features=extra).logits
+        b = hybrid(pooled=pooled, features=extra - 2**-12).logits  # one bf16 value apart
+    assert a.dtype == torch.float32 and not torch.equal(a, b)
+
+
 @pytest.mark.parametrize("objective", ["mlm", "exlm", "maelm"])
 def test_pooled_only_equals_the_full_pass_and_its_gradients(objective):
     torch.manual_seed(0)
