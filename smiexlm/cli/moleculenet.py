@@ -200,6 +200,11 @@ Patience = Annotated[
     typer.Option("--patience", help="Stop after N epochs without a better valid score "
                  "(default: the whole schedule)."),
 ]  # fmt: skip
+EmaHalfLife = Annotated[
+    float | None,
+    typer.Option("--ema-half-life", min=0.0, help="Validate and keep a moving average of the "
+                 "weights whose updates' weight halves every H epochs (default 0: the raw weights)."),
+]  # fmt: skip
 Augment = Annotated[
     int | None,
     typer.Option("--augment", help="K random SMILES per training molecule; each epoch trains "
@@ -290,6 +295,7 @@ def finetune(
     layers: HeadLayers = None,
     features: Features = None,
     patience: Patience = None,
+    ema_half_life: EmaHalfLife = None,
     precision: Precision = "auto",
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
@@ -322,7 +328,8 @@ def finetune(
     cfg = _config(None if data else task, no_canonicalize, config, ctx, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, layers=layers, features=features,
-                  patience=patience, precision=precision, augment=augment, tta=tta,
+                  patience=patience, ema_half_life=ema_half_life, precision=precision,
+                  augment=augment, tta=tta,
                   adapt_steps=adapt_steps, adapt_lr=adapt_lr, forest=forest,
                   forest_trees=forest_trees, forest_blend=forest_blend,
                   forest_weight=forest_weight)  # fmt: skip

@@ -21,6 +21,12 @@ function of the validation logits. :func:`fit` then does the rest, the same way 
   score)`` is called after each validation, and an exception it raises (a search's
   ``optuna.TrialPruned``) ends the run there and propagates.
 
+``ema_half_life=H`` (epochs; 0 = off) keeps an exponential moving average of the trainable
+weights, updated after every step with the weight of an update halving every H epochs (and
+a short warm-up, ``min(decay, (1 + t) / (10 + t))``, so the random head's start fades fast).
+Validation, selection and the weights kept are the average's, not the raw ones': one run's
+weights smoothed over its last epochs, at the cost of one copy of the trainable weights.
+
 ``freeze=True`` trains the head only: the encoder runs once, in eval mode, over every example,
 and the head trains on those cached features (seconds instead of minutes).
 ``freeze_layers=N`` freezes the embeddings and the first N encoder blocks.
@@ -38,6 +44,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -84,6 +91,7 @@ class LoopConfig:
     eval_batch_size: int = 256
     freeze: bool = False  # head only, on cached encoder features
     freeze_layers: int = 0  # embeddings + the first N blocks frozen
+    ema_half_life: float = 0.0  # epochs; 0 = the raw weights are validated and kept
     device: str = "auto"
     pad_id: int = 0
 
@@ -103,6 +111,10 @@ class LoopConfig:
         self.precision = parse_precision(self.precision)
         if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
             raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
+        if not (isinstance(self.ema_half_life, int | float) and self.ema_half_life >= 0):
+            raise ConfigError(
+                "ema_half_life", self.ema_half_life, "0 (off) or a positive number of epochs"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -211,6 +223,7 @@ class _Fit:
         self.rng = np.random.default_rng(seed)
         self.result = FitResult(0, float("nan"), 0, 0, False, 0.0)
         self.result.precision = resolved_precision(self.device, config.precision)
+        self.average = _Average.start(model, config, len(train))
         self.best_state: dict[str, torch.Tensor] | None = None
         self.since_best = 0  # epochs since the best validation score
         self.seed = seed
@@ -255,8 +268,11 @@ class _Fit:
         from smiexlm.pretraining.run_state import optimizer_from_tensors
 
         self.state_dir = folder
+        loop = self.config.to_dict()
+        if not loop["ema_half_life"]:  # off: a state saved before the setting existed matches
+            del loop["ema_half_life"]
         self.identity = {
-            "loop": self.config.to_dict(), "seed": self.seed, "n_train": len(self.train),
+            "loop": loop, "seed": self.seed, "n_train": len(self.train),
             "n_valid": 0 if self.valid is None else len(self.valid),
             "processes": self.replicas.world,
         } | identity  # fmt: skip
@@ -264,6 +280,8 @@ class _Fit:
         if saved is None:
             return
         self.model.load_state_dict(saved.model)
+        if self.average is not None:
+            self.average.restore(saved.average, self.device)
         optimizer_from_tensors(self.optimizer, saved.optimizer, saved.state.optimizer_groups)
         self.best_state = None
         if saved.best is not None:
@@ -295,7 +313,9 @@ class _Fit:
         }
         state = EpochState(self.identity, progress, self.since_best,
                            self.rng.bit_generator.state, [])  # fmt: skip
-        save_state(self.state_dir, self.model, self.optimizer, self.best_state, rng, state)
+        average = None if self.average is None else self.average.weights
+        save_state(self.state_dir, self.model, self.optimizer, self.best_state, rng, state,
+                   average)  # fmt: skip
 
     def _epoch(self, bar) -> dict[str, float]:
         """One pass over the training batches, cut at the step budget; the epoch's record."""
@@ -345,6 +365,8 @@ class _Fit:
         if self.config.clip_norm > 0:
             nn.utils.clip_grad_norm_(self.trainable, self.config.clip_norm)
         self.optimizer.step()
+        if self.average is not None:
+            self.average.update(self.result.steps)
         return loss.detach()
 
     def _validate(self, record: dict[str, float], bar) -> None:
@@ -354,7 +376,9 @@ class _Fit:
         mine = (
             self.valid if replicas.world == 1 else self.valid.subset(replicas.share(np.arange(n)))
         )
-        logits = predict(self.model, mine, config.eval_batch_size, config.precision, config.pad_id)
+        with _Average.swapped_in(self.average):
+            logits = predict(self.model, mine, config.eval_batch_size, config.precision,
+                             config.pad_id)  # fmt: skip
         logits = replicas.gather_rows(logits, n)
         record["valid"] = value = float(self.score(logits))
         improved = not math.isnan(value) and (
@@ -363,7 +387,11 @@ class _Fit:
         if improved or self.best_state is None:
             result.best_valid, result.best_epoch, self.since_best = value, result.epochs_run, 0
             if config.select == "best":
-                self.best_state = {n: p.detach().clone() for n, p in _trainable(self.model)}
+                self.best_state = (
+                    {n: p.detach().clone() for n, p in _trainable(self.model)}
+                    if self.average is None
+                    else {n: w.clone() for n, w in self.average.weights.items()}
+                )
         else:
             self.since_best += 1
         bar.set_postfix(valid=f"{value:.3f}", best=f"{result.best_valid:.3f}@{result.best_epoch}")
@@ -377,11 +405,14 @@ class _Fit:
         return patience is not None and self.since_best >= patience and steps_left
 
     def _select(self) -> None:
-        """``select="best"``: put the best epoch's weights back; else report the last epoch."""
+        """``select="best"``: put the best epoch's weights back; else report the last epoch
+        (its average's weights, with ``ema_half_life``)."""
         result = self.result
         if self.config.select == "last" or self.best_state is None:
             result.best_epoch = result.epochs_run
             result.best_valid = result.history[-1].get("valid", math.nan)
+            if self.average is not None:
+                self.average.copy_into_model()
         else:
             with torch.no_grad():
                 for name, param in _trainable(self.model):
@@ -390,6 +421,57 @@ class _Fit:
 
 def _trainable(model: nn.Module):
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+class _Average:
+    """The exponential moving average of a model's trainable weights (``ema_half_life``)."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.params = _trainable(model)
+        self.weights = {n: p.detach().float().clone() for n, p in self.params}
+        self.decay = decay
+
+    @classmethod
+    def start(cls, model: nn.Module, config: LoopConfig, n_train: int) -> _Average | None:
+        if not config.ema_half_life:
+            return None
+        steps_per_epoch = math.ceil(n_train / config.batch_size)
+        return cls(model, 0.5 ** (1.0 / (config.ema_half_life * steps_per_epoch)))
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        """Fold in the weights after update ``step`` (0-based)."""
+        keep = min(self.decay, (1 + step) / (10 + step))
+        for name, param in self.params:
+            self.weights[name].lerp_(param.detach().float(), 1.0 - keep)
+
+    def restore(self, saved: dict[str, torch.Tensor] | None, device: torch.device) -> None:
+        from smiexlm.finetuning.state import StateMismatchError
+
+        if saved is None or saved.keys() != self.weights.keys():
+            raise StateMismatchError("the saved state has no weight average for this run")
+        self.weights = {n: w.to(device) for n, w in saved.items()}
+
+    @torch.no_grad()
+    def copy_into_model(self) -> None:
+        for name, param in self.params:
+            param.copy_(self.weights[name])
+
+    @staticmethod
+    @contextmanager
+    def swapped_in(average: _Average | None):
+        """The average's weights in the model for the block; the raw ones back after it."""
+        if average is None:
+            yield
+            return
+        raw = {n: p.detach().clone() for n, p in average.params}
+        average.copy_into_model()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, param in average.params:
+                    param.copy_(raw[name])
 
 
 def _cached(model: nn.Module, examples: Examples, config: LoopConfig) -> Examples:

@@ -4,6 +4,7 @@
 
 * ``model.safetensors`` — every weight of the model (encoder and head), float32;
 * ``best.safetensors`` — the trainable weights of the best epoch so far (``select="best"``);
+* ``average.safetensors`` — the moving average of the trainable weights (``ema_half_life``);
 * ``optimizer.safetensors`` — AdamW's moments and step counts (``state.<i>.<name>``);
 * ``rng.safetensors`` — torch's CPU generator state of every process (``torch_cpu.<rank>``;
   the CPU dropout masks are drawn from it, see :mod:`smiexlm.model.dropout`);
@@ -35,6 +36,7 @@ FORMAT = "smiexlm-finetune-state/1"
 STATE_JSON = "state.json"
 MODEL_FILE = WEIGHTS_NAME  # the weights, named as in a model folder
 BEST_FILE = "best.safetensors"
+AVERAGE_FILE = "average.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 
@@ -67,6 +69,7 @@ def save_state(
     best: dict[str, torch.Tensor] | None,
     rng_states: list[torch.Tensor],
     state: EpochState,
+    average: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``folder`` whole or not at all; returns it."""
     from smiexlm.pretraining.run_state import optimizer_to_tensors
@@ -77,6 +80,8 @@ def save_state(
         save_file(_tensors(model.state_dict()), str(tmp / MODEL_FILE))
         if best is not None:
             save_file(_tensors(best), str(tmp / BEST_FILE))
+        if average is not None:
+            save_file(_tensors(average), str(tmp / AVERAGE_FILE))
         save_file(optim_tensors, str(tmp / OPTIMIZER_FILE))
         rng = {f"torch_cpu.{rank}": s.contiguous() for rank, s in enumerate(rng_states)}
         save_file(rng, str(tmp / RNG_FILE))
@@ -94,6 +99,7 @@ class LoadedState:
     best: dict[str, torch.Tensor] | None
     optimizer: dict[str, torch.Tensor]
     rng: list[torch.Tensor]
+    average: dict[str, torch.Tensor] | None = None
 
 
 def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
@@ -111,7 +117,10 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
     except TypeError as err:
         raise DataError(f"fine-tuning state {str(folder / STATE_JSON)!r}: {err}") from None
     check_identity(folder, state.identity, identity)
-    best = load_tensors(folder / BEST_FILE) if (folder / BEST_FILE).is_file() else None
+    best, average = (
+        load_tensors(folder / name) if (folder / name).is_file() else None
+        for name in (BEST_FILE, AVERAGE_FILE)
+    )
     rng = load_tensors(folder / RNG_FILE)
     return LoadedState(
         state,
@@ -119,6 +128,7 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
         best,
         load_tensors(folder / OPTIMIZER_FILE),
         [rng[f"torch_cpu.{rank}"] for rank in range(len(rng))],
+        average,
     )
 
 

@@ -33,7 +33,7 @@ _LOOP_KEYS = {
     "weight_decay": "weight_decay", "adam_betas": "adam_betas", "adam_eps": "adam_eps",
     "clip_norm": "clip_norm", "max_train_steps": "max_steps", "patience": "patience",
     "precision": "precision", "eval_batch_size": "eval_batch_size", "device": "device", "freeze": "freeze",
-    "freeze_layers": "freeze_layers",
+    "freeze_layers": "freeze_layers", "ema_half_life": "ema_half_life",
 }  # fmt: skip
 
 
@@ -45,7 +45,8 @@ def _default_loop() -> LoopConfig:
 class FinetuneConfig:
     """Everything that decides a fine-tuning run besides the checkpoint, data and seed: the
     training loop (a :class:`~smiexlm.finetuning.LoopConfig`: epochs, batch, optimiser,
-    ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``) and what the
+    ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``,
+    ``ema_half_life``) and what the
     MoleculeNet adapter adds (dropouts, pooling, the last ``layers`` blocks the head reads,
     SMILES normalisation, split, truncation, hybrid ``features``: ``ecfp4`` | ``rdkit2d`` |
     ``both``, random-SMILES ``augment`` of the training molecules, test-time ``tta``,

@@ -69,6 +69,8 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
         blocks = f"last {cfg.layers} blocks" if cfg.layers > 1 else "last block"
         name += f", head on the {blocks}"
     name += f" + {cfg.features}" if cfg.features else ""
+    if cfg.loop.ema_half_life:
+        name += f", weights averaged (half-life {cfg.loop.ema_half_life:g} epochs)"
     return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
 
 

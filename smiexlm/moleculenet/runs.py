@@ -44,6 +44,8 @@ def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
     finetune = cfg.to_dict()
     if not finetune["adapt_steps"]:  # recorded only when used, as by runs older than it
         del finetune["adapt_steps"], finetune["adapt_lr"]
+    if not finetune["ema_half_life"]:  # likewise
+        del finetune["ema_half_life"]
     if finetune["layers"] == 1:  # likewise
         del finetune["layers"]
     if finetune["forest"] is None:  # likewise
