@@ -205,6 +205,16 @@ EmaHalfLife = Annotated[
     typer.Option("--ema-half-life", min=0.0, help="Validate and keep a moving average of the "
                  "weights whose updates' weight halves every H epochs (default 0: the raw weights)."),
 ]  # fmt: skip
+HeadEpochs = Annotated[
+    int | None,
+    typer.Option("--head-epochs", min=0, help="First train the head alone for N epochs on the "
+                 "frozen encoder's features, then the whole model (default 0: from a random head)."),
+]  # fmt: skip
+HeadLr = Annotated[
+    float | None,
+    typer.Option("--head-lr", min=0.0, help="The learning rate of those epochs, decaying linearly "
+                 "to 0 (default 1e-3)."),
+]  # fmt: skip
 Augment = Annotated[
     int | None,
     typer.Option("--augment", help="K random SMILES per training molecule; each epoch trains "
@@ -296,6 +306,8 @@ def finetune(
     features: Features = None,
     patience: Patience = None,
     ema_half_life: EmaHalfLife = None,
+    head_epochs: HeadEpochs = None,
+    head_lr: HeadLr = None,
     precision: Precision = "auto",
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
@@ -328,8 +340,8 @@ def finetune(
     cfg = _config(None if data else task, no_canonicalize, config, ctx, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, layers=layers, features=features,
-                  patience=patience, ema_half_life=ema_half_life, precision=precision,
-                  augment=augment, tta=tta,
+                  patience=patience, ema_half_life=ema_half_life, head_epochs=head_epochs,
+                  head_lr=head_lr, precision=precision, augment=augment, tta=tta,
                   adapt_steps=adapt_steps, adapt_lr=adapt_lr, forest=forest,
                   forest_trees=forest_trees, forest_blend=forest_blend,
                   forest_weight=forest_weight)  # fmt: skip

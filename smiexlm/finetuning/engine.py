@@ -27,6 +27,14 @@ a short warm-up, ``min(decay, (1 + t) / (10 + t))``, so the random head's start 
 Validation, selection and the weights kept are the average's, not the raw ones': one run's
 weights smoothed over its last epochs, at the cost of one copy of the trainable weights.
 
+``head_epochs=E`` first trains the head alone for E epochs on the frozen encoder's features
+(cached, as with ``freeze``), at ``head_lr`` decaying linearly to 0, then the whole model
+trains on the schedule as usual (LP-FT, Kumar et al., 2022: a random head's first gradients
+pull the pretrained features towards itself; a fitted head leaves them less to undo). The
+head-only stage draws its own batches and dropout, so the schedule that follows sees the
+batches and masks it would have seen without it. It is validated as epoch 0, which selection
+may keep.
+
 ``freeze=True`` trains the head only: the encoder runs once, in eval mode, over every example,
 and the head trains on those cached features (seconds instead of minutes).
 ``freeze_layers=N`` freezes the embeddings and the first N encoder blocks.
@@ -92,6 +100,8 @@ class LoopConfig:
     freeze: bool = False  # head only, on cached encoder features
     freeze_layers: int = 0  # embeddings + the first N blocks frozen
     ema_half_life: float = 0.0  # epochs; 0 = the raw weights are validated and kept
+    head_epochs: int = 0  # epochs of the head alone on the frozen encoder's features first
+    head_lr: float = 1e-3  # their learning rate, decaying linearly to 0
     device: str = "auto"
     pad_id: int = 0
 
@@ -115,6 +125,14 @@ class LoopConfig:
             raise ConfigError(
                 "ema_half_life", self.ema_half_life, "0 (off) or a positive number of epochs"
             )
+        if self.head_epochs != 0:  # 0 = off
+            check_positive_int("head_epochs", self.head_epochs)
+        if self.head_epochs and self.freeze:
+            raise ConfigError(
+                "head_epochs", self.head_epochs, "0 with freeze (which trains the head alone)"
+            )
+        if not (isinstance(self.head_lr, int | float) and self.head_lr > 0):
+            raise ConfigError("head_lr", self.head_lr, "a positive number")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -244,6 +262,8 @@ class _Fit:
         bar = tqdm(total=self.total, initial=result.steps, desc=desc, leave=False, unit="step",
                    disable=not show)  # fmt: skip
         with bar:  # closed too when on_epoch ends the run
+            if self.config.head_epochs and not result.history:  # not again on a resume
+                self._head_first(bar)
             while result.steps < self.total and not result.stopped_early:
                 record = self._epoch(bar)
                 if self.valid is not None and self.score is not None:
@@ -271,6 +291,8 @@ class _Fit:
         loop = self.config.to_dict()
         if not loop["ema_half_life"]:  # off: a state saved before the setting existed matches
             del loop["ema_half_life"]
+        if not loop["head_epochs"]:  # likewise
+            del loop["head_epochs"], loop["head_lr"]
         self.identity = {
             "loop": loop, "seed": self.seed, "n_train": len(self.train),
             "n_valid": 0 if self.valid is None else len(self.valid),
@@ -316,6 +338,49 @@ class _Fit:
         average = None if self.average is None else self.average.weights
         save_state(self.state_dir, self.model, self.optimizer, self.best_state, rng, state,
                    average)  # fmt: skip
+
+    def _head_first(self, bar) -> None:
+        """``head_epochs``: the head alone on the frozen encoder's cached features, with its
+        own optimiser, batches and dropout stream (the same on every process), then validated
+        as epoch 0."""
+        from smiexlm.pretraining.optim import PolynomialDecaySchedule, set_lr
+
+        config, model = self.config, self.model
+        encoder_grads = [p.requires_grad for p in model.model.parameters()]
+        model.model.requires_grad_(False)
+        head = [p for p in model.parameters() if p.requires_grad]
+        train = _cached(model, self.train, config)
+        optimizer = torch.optim.AdamW(head, lr=config.head_lr, betas=config.adam_betas,
+                                      eps=config.adam_eps, weight_decay=config.weight_decay)  # fmt: skip
+        steps = math.ceil(len(train) / config.batch_size)
+        schedule = PolynomialDecaySchedule(config.head_lr, 0, config.head_epochs * steps)
+        rng = np.random.default_rng((self.seed, 1))
+        model.train()
+        model.model.eval()
+        losses, step = [], 0
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + 1)
+            for _ in range(config.head_epochs):
+                for index in np.array_split(rng.permutation(len(train)), steps):
+                    set_lr(optimizer, schedule.lr_at(step))
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = model(**to_batch(train, index, self.device, config.pad_id)).loss
+                    loss.backward()
+                    if config.clip_norm > 0:
+                        nn.utils.clip_grad_norm_(head, config.clip_norm)
+                    optimizer.step()
+                    losses.append(loss.detach())
+                    step += 1
+        for param, grad in zip(model.model.parameters(), encoder_grads, strict=True):
+            param.requires_grad_(grad)
+        self.replicas.broadcast(model)
+        if self.average is not None:  # it averages from the fitted head, not the random one
+            self.average = _Average(model, self.average.decay)
+        last = losses[-steps:]
+        record = {"epoch": 0, "step": 0, "train_loss": float(torch.stack(last).mean())}
+        if self.valid is not None and self.score is not None:
+            self._validate(record, bar)
+        self.result.history.append(record)
 
     def _epoch(self, bar) -> dict[str, float]:
         """One pass over the training batches, cut at the step budget; the epoch's record."""

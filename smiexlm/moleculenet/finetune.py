@@ -61,6 +61,8 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
     name = backbone.name
     if cfg.adapt_steps:
         name += f" + adapt {cfg.adapt_steps}"
+    if cfg.loop.head_epochs:
+        name += f", head first ({cfg.loop.head_epochs} epochs)"
     if cfg.loop.freeze:
         name += " frozen"
     elif cfg.loop.freeze_layers:

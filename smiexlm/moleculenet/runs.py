@@ -46,6 +46,8 @@ def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
         del finetune["adapt_steps"], finetune["adapt_lr"]
     if not finetune["ema_half_life"]:  # likewise
         del finetune["ema_half_life"]
+    if not finetune["head_epochs"]:  # likewise
+        del finetune["head_epochs"], finetune["head_lr"]
     if finetune["layers"] == 1:  # likewise
         del finetune["layers"]
     if finetune["forest"] is None:  # likewise
