@@ -152,7 +152,8 @@ def run(args: argparse.Namespace) -> None:
             extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
                      "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps,
                      "layers": args.layers, "ema_half_life": args.ema_half_life,
-                     "head_epochs": args.head_epochs, "head_lr": args.head_lr}  # fmt: skip
+                     "head_epochs": args.head_epochs, "head_lr": args.head_lr,
+                     "layer_decay": args.layer_decay}  # fmt: skip
             extra = {k: v for k, v in extra.items() if v}  # what the options change
             cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant] | extra)
             (r,) = run_finetune(load_task(task), cfg, backbone, [seed], progress=args.progress,
@@ -230,7 +231,7 @@ def campaign(args: argparse.Namespace) -> None:
             pooling=None, features=options.get("features"), whiten=options.get("whiten", False),
             n_trees=args.n_trees,
             augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
-            ema_half_life=0.0, head_epochs=0, head_lr=None,
+            ema_half_life=0.0, head_epochs=0, head_lr=None, layer_decay=None,
         )  # fmt: skip
         {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
         folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
@@ -270,6 +271,8 @@ def main() -> None:
     p_run.add_argument("--head-epochs", type=int, default=0,
                        help="the head alone on the frozen encoder first, for N epochs")  # fmt: skip
     p_run.add_argument("--head-lr", type=float, default=None, help="their learning rate")
+    p_run.add_argument("--layer-decay", type=float, default=None,
+                       help="each block's learning rate this times the one above it")  # fmt: skip
     p_probe = sub.add_parser("probe", help="linear probe on pooled embeddings, every task")
     p_probe.add_argument("--name", default="linear probe (logistic)")
     p_probe.add_argument("--checkpoint", default=None)

@@ -215,6 +215,11 @@ HeadLr = Annotated[
     typer.Option("--head-lr", min=0.0, help="The learning rate of those epochs, decaying linearly "
                  "to 0 (default 1e-3)."),
 ]  # fmt: skip
+LayerDecay = Annotated[
+    float | None,
+    typer.Option("--layer-decay", min=0.0, max=1.0, help="Layer-wise learning rates: each encoder "
+                 "block learns this times as fast as the one above it (default 1: all at --lr)."),
+]  # fmt: skip
 Augment = Annotated[
     int | None,
     typer.Option("--augment", help="K random SMILES per training molecule; each epoch trains "
@@ -308,6 +313,7 @@ def finetune(
     ema_half_life: EmaHalfLife = None,
     head_epochs: HeadEpochs = None,
     head_lr: HeadLr = None,
+    layer_decay: LayerDecay = None,
     precision: Precision = "auto",
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
@@ -341,7 +347,8 @@ def finetune(
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, layers=layers, features=features,
                   patience=patience, ema_half_life=ema_half_life, head_epochs=head_epochs,
-                  head_lr=head_lr, precision=precision, augment=augment, tta=tta,
+                  head_lr=head_lr, layer_decay=layer_decay, precision=precision,
+                  augment=augment, tta=tta,
                   adapt_steps=adapt_steps, adapt_lr=adapt_lr, forest=forest,
                   forest_trees=forest_trees, forest_blend=forest_blend,
                   forest_weight=forest_weight)  # fmt: skip

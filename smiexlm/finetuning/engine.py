@@ -7,6 +7,8 @@ function of the validation logits. :func:`fit` then does the rest, the same way 
 
 - AdamW with pre-training's decay groups (``training.optim.adamw_with_decay_groups``), linear
   warmup then linear decay to 0 (``PolynomialDecaySchedule``, power 1);
+- ``layer_decay`` < 1: layer-wise learning rates, the head's ``lr`` and each block below it
+  ``layer_decay`` times the one above (``adamw_with_decay_groups``);
 - gradient clipping (``clip_norm``; 0 = none);
 - precision (``precision="auto"``, :data:`smiexlm.device.Precision`): bf16 autocast on CUDA,
   and on CPUs with native bf16 instructions (AVX512-BF16 or AMX), where it measured 1.3x
@@ -102,6 +104,7 @@ class LoopConfig:
     ema_half_life: float = 0.0  # epochs; 0 = the raw weights are validated and kept
     head_epochs: int = 0  # epochs of the head alone on the frozen encoder's features first
     head_lr: float = 1e-3  # their learning rate, decaying linearly to 0
+    layer_decay: float = 1.0  # each encoder block's lr this times the one above it; 1 = one lr
     device: str = "auto"
     pad_id: int = 0
 
@@ -133,6 +136,8 @@ class LoopConfig:
             )
         if not (isinstance(self.head_lr, int | float) and self.head_lr > 0):
             raise ConfigError("head_lr", self.head_lr, "a positive number")
+        if not (isinstance(self.layer_decay, int | float) and 0 < self.layer_decay <= 1):
+            raise ConfigError("layer_decay", self.layer_decay, "a factor in (0, 1] (1 = off)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -230,9 +235,9 @@ class _Fit:
         self.model, self.train, self.valid, self.config = model, train, valid, config
         self.score = score
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = adamw_with_decay_groups(
-            model, config.lr, config.weight_decay, config.adam_betas, config.adam_eps
-        )
+        self.optimizer = adamw_with_decay_groups(model, config.lr, config.weight_decay,
+                                                 config.adam_betas, config.adam_eps,
+                                                 config.layer_decay)  # fmt: skip
         total = config.epochs * math.ceil(len(train) / config.batch_size)
         if config.max_steps is not None:
             total = min(total, config.max_steps)
@@ -293,6 +298,8 @@ class _Fit:
             del loop["ema_half_life"]
         if not loop["head_epochs"]:  # likewise
             del loop["head_epochs"], loop["head_lr"]
+        if loop["layer_decay"] == 1.0:  # likewise
+            del loop["layer_decay"]
         self.identity = {
             "loop": loop, "seed": self.seed, "n_train": len(self.train),
             "n_valid": 0 if self.valid is None else len(self.valid),

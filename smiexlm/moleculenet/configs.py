@@ -34,7 +34,7 @@ _LOOP_KEYS = {
     "clip_norm": "clip_norm", "max_train_steps": "max_steps", "patience": "patience",
     "precision": "precision", "eval_batch_size": "eval_batch_size", "device": "device", "freeze": "freeze",
     "freeze_layers": "freeze_layers", "ema_half_life": "ema_half_life",
-    "head_epochs": "head_epochs", "head_lr": "head_lr",
+    "head_epochs": "head_epochs", "head_lr": "head_lr", "layer_decay": "layer_decay",
 }  # fmt: skip
 
 
@@ -47,7 +47,7 @@ class FinetuneConfig:
     """Everything that decides a fine-tuning run besides the checkpoint, data and seed: the
     training loop (a :class:`~smiexlm.finetuning.LoopConfig`: epochs, batch, optimiser,
     ``max_steps``, ``patience``, ``precision``, ``freeze``/``freeze_layers``,
-    ``ema_half_life``, ``head_epochs``/``head_lr``) and what the
+    ``ema_half_life``, ``head_epochs``/``head_lr``, ``layer_decay``) and what the
     MoleculeNet adapter adds (dropouts, pooling, the last ``layers`` blocks the head reads,
     SMILES normalisation, split, truncation, hybrid ``features``: ``ecfp4`` | ``rdkit2d`` |
     ``both``, random-SMILES ``augment`` of the training molecules, test-time ``tta``,

@@ -63,6 +63,8 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
         name += f" + adapt {cfg.adapt_steps}"
     if cfg.loop.head_epochs:
         name += f", head first ({cfg.loop.head_epochs} epochs)"
+    if cfg.loop.layer_decay != 1.0:
+        name += f", layer decay {cfg.loop.layer_decay:g}"
     if cfg.loop.freeze:
         name += " frozen"
     elif cfg.loop.freeze_layers:

@@ -48,6 +48,8 @@ def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
         del finetune["ema_half_life"]
     if not finetune["head_epochs"]:  # likewise
         del finetune["head_epochs"], finetune["head_lr"]
+    if finetune["layer_decay"] == 1.0:  # likewise
+        del finetune["layer_decay"]
     if finetune["layers"] == 1:  # likewise
         del finetune["layers"]
     if finetune["forest"] is None:  # likewise

@@ -9,6 +9,7 @@ with t going from 0 to 1 at ``total_steps``, and ``end_lr`` afterwards.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,25 +74,53 @@ def adamw_with_decay_groups(
     weight_decay: float,
     betas: tuple[float, float] = (0.9, 0.98),
     eps: float = 1e-6,
+    layer_decay: float = 1.0,
 ) -> torch.optim.AdamW:
     """AdamW over the parameters that require gradients: group 0 decayed (matrices), group 1
-    not (biases, LayerNorm gains). Pre-training and fine-tuning both build it here."""
-    decay, no_decay = [], []
-    for _, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-        if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
+    not (biases, LayerNorm gains). Pre-training and fine-tuning both build it here.
+
+    ``layer_decay`` < 1 scales the learning rate by depth (layer-wise decay): the parameters
+    above the last encoder block (final norm, heads) take ``lr``, block i of n takes
+    ``lr * layer_decay ** (n - i)`` and the embeddings ``lr * layer_decay ** (n + 1)``; the
+    groups are then split by depth as well, each with its ``lr_scale`` (:func:`set_lr`)."""
+    named = [(n, p) for n, p in sorted(model.named_parameters(), key=lambda item: item[0])
+             if p.requires_grad]  # fmt: skip
+    depths = (
+        _depths([n for n, _ in named])
+        if layer_decay != 1.0
+        else dict.fromkeys((n for n, _ in named), 0)
+    )
+    top = max(depths.values(), default=0)
+    keys = [(d, decayed) for d in range(top, -1, -1) for decayed in (True, False)]
+    members: dict[tuple[int, bool], list[nn.Parameter]] = {key: [] for key in keys}
+    for name, param in named:
+        members[depths[name], param.dim() >= 2].append(param)
     groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": members[key], "weight_decay": weight_decay if key[1] else 0.0}
+        | ({"lr_scale": layer_decay ** (top - key[0])} if layer_decay != 1.0 else {})
+        for key in keys
+        if members[key] or layer_decay == 1.0  # without decay by depth: always the two groups
     ]
     return torch.optim.AdamW(
         groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=None
     )
 
 
+def _depths(names: list[str]) -> dict[str, int]:
+    """Each parameter's depth: 0 for the embeddings, i + 1 for encoder block i, and one above
+    the last block for the rest (final norm, heads)."""
+    blocks = {n: int(m.group(1)) + 1 for n in names if (m := _BLOCK.search(n))}
+    top = max(blocks.values(), default=0) + 1
+    return {n: blocks.get(n, 0 if ".embed." in f".{n}" else top) for n in names}
+
+
+_BLOCK = re.compile(r"encoder\.layers\.(\d+)\.")
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """``lr`` in every group, times the group's ``lr_scale`` where it has one."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def clip_gradients(parameters, clip_norm: float) -> float:
