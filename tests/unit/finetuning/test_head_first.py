@@ -17,7 +17,7 @@ import torch
 from smiexlm.errors import ConfigError
 from smiexlm.finetuning import LoopConfig, engine
 from smiexlm.finetuning.state import STATE_JSON, StateMismatchError
-from tests.unit.finetuning.test_resume_parallel import _run, _weights
+from tests.unit.finetuning.test_resume_parallel import _run, _weights, assert_resumes_exactly
 
 
 def _encoder(model):
@@ -99,12 +99,7 @@ def test_selection_may_keep_the_head_stage(tmp_path, monkeypatch):
 
 def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path):
     torch.set_num_threads(1)
-    whole_model, whole = _run(tmp_path / "whole", head_epochs=3)
-    _run(tmp_path / "cut", stop_after=2, head_epochs=3)
-    resumed_model, resumed = _run(tmp_path / "cut", head_epochs=3)
-    assert resumed.history == whole.history and resumed.best_epoch == whole.best_epoch
-    a, b = _weights(whole_model), _weights(resumed_model)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_resumes_exactly(tmp_path, head_epochs=3)
 
 
 def test_the_state_names_it_only_when_used(tmp_path):

@@ -17,7 +17,7 @@ from smiexlm.errors import ConfigError
 from smiexlm.finetuning import LoopConfig
 from smiexlm.finetuning.state import STATE_JSON, StateMismatchError
 from smiexlm.pretraining.optim import adamw_with_decay_groups
-from tests.unit.finetuning.test_resume_parallel import _run, _weights
+from tests.unit.finetuning.test_resume_parallel import _run, _weights, assert_resumes_exactly
 
 
 def _expected_depth(name: str) -> int:
@@ -81,14 +81,8 @@ def test_without_it_the_optimiser_keeps_its_two_groups():
 
 def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path):
     torch.set_num_threads(1)
-    whole_model, whole = _run(tmp_path / "whole", layer_decay=0.7)
-    _run(tmp_path / "cut", stop_after=2, layer_decay=0.7)
-    state = json.loads((tmp_path / "cut" / STATE_JSON).read_text())
+    state = assert_resumes_exactly(tmp_path, layer_decay=0.7)
     assert state["identity"]["loop"]["layer_decay"] == 0.7
-    resumed_model, resumed = _run(tmp_path / "cut", layer_decay=0.7)
-    assert resumed.history == whole.history
-    a, b = _weights(whole_model), _weights(resumed_model)
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_the_state_names_it_only_when_used(tmp_path):

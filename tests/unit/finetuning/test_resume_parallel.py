@@ -66,17 +66,24 @@ def _weights(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path):
-    torch.set_num_threads(1)
-    whole_model, whole = _run(tmp_path / "whole", patience=None)
-    _run(tmp_path / "cut", stop_after=2)
-    state = json.loads((tmp_path / "cut" / STATE_JSON).read_text())
+def assert_resumes_exactly(tmp, **loop):
+    """A run of ``loop`` stopped after its second epoch and resumed ends where an
+    uninterrupted one does: the same history, best epoch and weights, bit for bit."""
+    whole_model, whole = _run(tmp / "whole", **loop)
+    _run(tmp / "cut", stop_after=2, **loop)
+    state = json.loads((tmp / "cut" / STATE_JSON).read_text())
     assert state["progress"]["epochs_run"] == 2
-    resumed_model, resumed = _run(tmp_path / "cut")
+    resumed_model, resumed = _run(tmp / "cut", **loop)
     assert resumed.history == whole.history and resumed.best_epoch == whole.best_epoch
     assert resumed.steps == whole.steps and resumed.resumed_seconds > 0
     a, b = _weights(whole_model), _weights(resumed_model)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    return state
+
+
+def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path):
+    torch.set_num_threads(1)
+    assert_resumes_exactly(tmp_path, patience=None)
 
 
 def test_a_finished_state_only_selects_and_returns(tmp_path):
