@@ -18,6 +18,11 @@ predictions are in ``--forest-root/<kind>_<n>trees/<set>/seed<k>/`` already, and
 - ``chosen``: ``quantile`` (``mean`` for regression) with the model's weight picked from
   0, 0.1, ..., 1 on the validation split.
 
+``--partner ROW_ROOT`` blends with another finished row's kept predictions of the same (set,
+seed) instead of forests (the default's linear probe, say: ``benchmarks/results/table1/
+default_probe``); its folder name stands where a forest's kind would, and the ``forest``
+column holds its scores.
+
 Only the validation split makes a choice; test is read once per blend. Writes ``blend.md``
 and ``blend.json`` into ``--out`` and prints the table (ROC-AUC x 100 or RMSE, mean ± sample
 std over seeds).
@@ -102,15 +107,31 @@ def main() -> None:
     parser.add_argument("model_roots", type=Path, nargs="+", metavar="MODEL_ROOT")
     parser.add_argument("--forests", nargs="+", default=["rdkit2d", "both"],
                         choices=["ecfp4", "rdkit2d", "both"])  # fmt: skip
-    parser.add_argument("--forest-root", type=Path, required=True)
+    parser.add_argument("--forest-root", type=Path, default=None,
+                        help="where forests are kept (needed unless --partner)")  # fmt: skip
+    parser.add_argument("--partner", type=Path, default=None, metavar="ROW_ROOT",
+                        help="blend with this row's runs of the same (set, seed) instead")  # fmt: skip
     parser.add_argument("--n-trees", type=int, default=500, help="trees of a forest trained here")
     parser.add_argument("--tasks", nargs="+", default=None, help="sets to read (default: all)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.partner is None and args.forest_root is None:
+        parser.error("--forest-root is needed unless --partner is given")
 
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, finished, read_predictions
+    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, finished, read_predictions, run_dir
+
+    def partners(task, seed: int):
+        """(name, kept predictions) of what each model cell is blended with."""
+        if args.partner is not None:
+            folder = run_dir(args.partner / "runs", task.name, seed)
+            if finished(folder) is None:
+                raise DataError(f"--partner {str(args.partner)!r}: no finished run {str(folder)!r}")
+            yield args.partner.name, read_predictions(folder, task)
+            return
+        for kind in args.forests:
+            yield kind, forest_predictions(task, seed, kind, args.forest_root, args.n_trees)
 
     cells, tasks = [], {}
     for root in args.model_roots:
@@ -123,8 +144,7 @@ def main() -> None:
                 continue
             task = tasks.setdefault(result.dataset, load_task(result.dataset))
             model = read_predictions(path.parent, task)
-            for kind in args.forests:
-                forest = forest_predictions(task, result.seed, kind, args.forest_root, args.n_trees)
+            for kind, forest in partners(task, result.seed):
                 for part in ("valid_rows", "test_rows"):
                     if not np.array_equal(model[part], forest[part]):
                         raise DataError(f"{str(path)!r}: the forest's {part} differ from the model's")  # fmt: skip
@@ -134,11 +154,12 @@ def main() -> None:
                 print(json.dumps(cells[-1]), flush=True)
 
     columns = ["model", "forest", "mean", "quantile", "chosen"]
-    lines = ["# A forest beside the fine-tuned model: blends on test", "",
+    beside = args.partner.name if args.partner else "a forest"
+    lines = [f"# {beside} beside the fine-tuned model: blends on test", "",
              f"`python {' '.join(sys.argv)}`", "",
              "Test ROC-AUC x 100 (RMSE for regression), mean ± sample std over seeds; `chosen` "
              "is the model's weight picked on validation (the weights chosen are listed).", "",
-             "| root | set | forest | seeds | " + " | ".join(columns) + " | weights chosen |",
+             "| root | set | beside | seeds | " + " | ".join(columns) + " | weights chosen |",
              "|" + "---|" * (len(columns) + 5)]  # fmt: skip
     groups: dict[tuple, list[dict]] = {}
     for cell in cells:
