@@ -143,6 +143,27 @@ class LoopConfig:
         return dataclasses.asdict(self)
 
 
+# Loop settings added after fine-tuning states were first kept, with their value when off and
+# the keys that go with them: a state's identity records them only when on, so that a state
+# saved before they existed still matches a run that leaves them off.
+_ADDED_SINCE = {
+    "ema_half_life": (0.0, ("ema_half_life",)),
+    "head_epochs": (0, ("head_epochs", "head_lr")),
+    "layer_decay": (1.0, ("layer_decay",)),
+}
+
+
+def without_settings_off(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a loop's settings, or a fine-tuning config's flat ones) without the loop
+    settings added since states were first kept where they are off (:data:`_ADDED_SINCE`)."""
+    out = dict(values)
+    for key, (off, names) in _ADDED_SINCE.items():
+        if key in out and out[key] == off:
+            for name in names:
+                del out[name]
+    return out
+
+
 @dataclass
 class FitResult:
     """What happened in one run; ``history`` has one record per epoch."""
@@ -293,13 +314,7 @@ class _Fit:
         from smiexlm.pretraining.run_state import optimizer_from_tensors
 
         self.state_dir = folder
-        loop = self.config.to_dict()
-        if not loop["ema_half_life"]:  # off: a state saved before the setting existed matches
-            del loop["ema_half_life"]
-        if not loop["head_epochs"]:  # likewise
-            del loop["head_epochs"], loop["head_lr"]
-        if loop["layer_decay"] == 1.0:  # likewise
-            del loop["layer_decay"]
+        loop = without_settings_off(self.config.to_dict())
         self.identity = {
             "loop": loop, "seed": self.seed, "n_train": len(self.train),
             "n_valid": 0 if self.valid is None else len(self.valid),

@@ -41,15 +41,11 @@ def state_dir(folder: Path) -> Path:
 
 def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
     """What a resumed run must share with the run that saved the state, beyond the loop."""
-    finetune = cfg.to_dict()
+    from smiexlm.finetuning.engine import without_settings_off
+
+    finetune = without_settings_off(cfg.to_dict())  # the loop's later settings, when used
     if not finetune["adapt_steps"]:  # recorded only when used, as by runs older than it
         del finetune["adapt_steps"], finetune["adapt_lr"]
-    if not finetune["ema_half_life"]:  # likewise
-        del finetune["ema_half_life"]
-    if not finetune["head_epochs"]:  # likewise
-        del finetune["head_epochs"], finetune["head_lr"]
-    if finetune["layer_decay"] == 1.0:  # likewise
-        del finetune["layer_decay"]
     if finetune["layers"] == 1:  # likewise
         del finetune["layers"]
     if finetune["forest"] is None:  # likewise
