@@ -365,15 +365,20 @@ class _Fit:
         """``head_epochs``: the head alone on the frozen encoder's cached features, with its
         own optimiser, batches and dropout stream (the same on every process), then validated
         as epoch 0."""
-        from smiexlm.pretraining.optim import PolynomialDecaySchedule, set_lr
+        from smiexlm.pretraining.optim import (
+            PolynomialDecaySchedule,
+            adamw_with_decay_groups,
+            set_lr,
+        )
 
         config, model = self.config, self.model
         encoder_grads = [p.requires_grad for p in model.model.parameters()]
         model.model.requires_grad_(False)
         head = [p for p in model.parameters() if p.requires_grad]
         train = _cached(model, self.train, config)
-        optimizer = torch.optim.AdamW(head, lr=config.head_lr, betas=config.adam_betas,
-                                      eps=config.adam_eps, weight_decay=config.weight_decay)  # fmt: skip
+        optimizer = adamw_with_decay_groups(  # over the head: the encoder is frozen here
+            model, config.head_lr, config.weight_decay, config.adam_betas, config.adam_eps
+        )
         steps = math.ceil(len(train) / config.batch_size)
         schedule = PolynomialDecaySchedule(config.head_lr, 0, config.head_epochs * steps)
         rng = np.random.default_rng((self.seed, 1))

@@ -85,11 +85,9 @@ def adamw_with_decay_groups(
     groups are then split by depth as well, each with its ``lr_scale`` (:func:`set_lr`)."""
     named = [(n, p) for n, p in sorted(model.named_parameters(), key=lambda item: item[0])
              if p.requires_grad]  # fmt: skip
-    depths = (
-        _depths([n for n, _ in named])
-        if layer_decay != 1.0
-        else dict.fromkeys((n for n, _ in named), 0)
-    )
+    by_depth = layer_decay != 1.0
+    names = [n for n, _ in named]
+    depths = _depths(names) if by_depth else dict.fromkeys(names, 0)
     top = max(depths.values(), default=0)
     keys = [(d, decayed) for d in range(top, -1, -1) for decayed in (True, False)]
     members: dict[tuple[int, bool], list[nn.Parameter]] = {key: [] for key in keys}
@@ -97,9 +95,9 @@ def adamw_with_decay_groups(
         members[depths[name], param.dim() >= 2].append(param)
     groups = [
         {"params": members[key], "weight_decay": weight_decay if key[1] else 0.0}
-        | ({"lr_scale": layer_decay ** (top - key[0])} if layer_decay != 1.0 else {})
+        | ({"lr_scale": layer_decay ** (top - key[0])} if by_depth else {})
         for key in keys
-        if members[key] or layer_decay == 1.0  # without decay by depth: always the two groups
+        if members[key] or not by_depth  # without decay by depth: always the two groups
     ]
     return torch.optim.AdamW(
         groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=None
