@@ -13,11 +13,12 @@ workers share the cores instead of fighting over them; ``-n 0`` runs in one proc
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.warm_cli import console_script as smiexlm_command  # noqa: F401 (used by tests)
 
 #: workers of ``-n auto`` at most (each holds torch, RDKit and the tests' models in memory)
 MAX_WORKERS = 4
@@ -78,12 +79,6 @@ def some_data(shared: Path, folder: Path, files: tuple[str, ...]) -> Path:
 def data_file(shared_data: Path):
     """``data_file("moleculenet/bbbp.csv")`` -> Path, failing when the file is missing."""
     return lambda relative: require_file(shared_data, relative)
-
-
-def smiexlm_command() -> str:
-    """The installed ``smiexlm`` console script of the running interpreter's environment."""
-    beside = Path(sys.executable).with_name("smiexlm")
-    return str(beside) if beside.is_file() else (shutil.which("smiexlm") or "smiexlm")
 
 
 def free_port() -> int:

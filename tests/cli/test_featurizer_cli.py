@@ -12,12 +12,12 @@ from smiexlm import Featurizer
 from smiexlm.demo import DRUG_PANEL, cosine_matrix, run_demo
 from smiexlm.embed import embed_file
 from smiexlm.errors import DataError, InvalidSmilesError
-from tests.conftest import smiexlm_command
 from tests.unit.featurizer.test_featurizer import make_checkpoint
+from tests.warm_cli import run_smiexlm
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([smiexlm_command(), *args], capture_output=True, text=True, timeout=300)
+    return run_smiexlm(*args)
 
 
 @pytest.fixture(scope="module")

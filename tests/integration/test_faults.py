@@ -21,16 +21,13 @@ import pytest
 import torch
 
 from tests.conftest import smiexlm_command
+from tests.warm_cli import run_smiexlm
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "smiexlm" / "assets" / "default_model"
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [smiexlm_command(), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
-    )  # fmt: skip
+    return run_smiexlm(*args, cwd=cwd, timeout=timeout, env=os.environ | {"OMP_NUM_THREADS": "1"})
 
 
 def assert_one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:

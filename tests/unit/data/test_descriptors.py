@@ -19,7 +19,8 @@ from smiexlm.descriptor_stats import DescriptorStats, fit_descriptor_stats
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.fingerprints import descriptor_names, rdkit2d_descriptors
 from smiexlm.tokenizer import SmilesTokenizer
-from tests.conftest import kill_after_two_train_shards, require_file, smiexlm_command
+from tests.conftest import kill_after_two_train_shards, require_file
+from tests.warm_cli import run_smiexlm
 
 # Gasteiger charges (4) and BCUT2D (8) are undefined for selenium, BCUT2D for a lone atom.
 NAN_MOLECULES = ["CC[Se]CC", "[He]"]
@@ -226,11 +227,9 @@ def test_cli_preprocess_with_descriptors(corpus, tmp_path):
     smi = tmp_path / "few.smi"
     smi.write_text("\n".join(["CCO", "c1ccccc1O", "CC[Se]CC", "CC(=O)Nc1ccc(O)cc1"]) + "\n")
     out = tmp_path / "ds"
-    command = [smiexlm_command(), "preprocess", str(smi), "--out", str(out), "--no-progress"]
-    result = subprocess.run(
-        [*command, "--descriptors", "rdkit2d", "--valid-fraction", "0", "--vocab",
-         str(corpus["vocab"])], capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = run_smiexlm("preprocess", smi, "--out", out, "--no-progress", "--descriptors",
+                         "rdkit2d", "--valid-fraction", "0", "--vocab", corpus["vocab"],
+                         timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"{len(descriptor_names('rdkit2d'))} descriptors (12 NaN values)" in result.stdout
     manifest = json.loads((out / "manifest.json").read_text())

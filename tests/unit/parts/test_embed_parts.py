@@ -20,6 +20,7 @@ from smiexlm.errors import DataError
 from smiexlm.parts.reading import iter_parts, read_parts
 from tests.conftest import smiexlm_command, torchrun_command
 from tests.unit.featurizer.test_featurizer import make_checkpoint
+from tests.warm_cli import run_smiexlm
 
 BASES = ["CC(=O)Oc1ccccc1C(=O)O", "c1ccccc1CC", "CCN(CC)CC(=O)Nc1ccccc1", "CCOC(=O)c1ccc(N)cc1",
          "O=C(O)CCc1ccccc1"]  # fmt: skip
@@ -28,8 +29,7 @@ N_ROWS = 2400
 
 
 def run_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([smiexlm_command(), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)  # fmt: skip
+    return run_smiexlm(*args, env=env, timeout=timeout)
 
 
 def _env() -> dict[str, str]:

@@ -3,7 +3,6 @@ search, and exact ECFP4 Tanimoto search against RDKit."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +12,12 @@ import pytest
 from smiexlm.demo import DRUG_PANEL
 from smiexlm.embed import embed_parts
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
-from tests.conftest import smiexlm_command
 from tests.unit.featurizer.test_featurizer import make_checkpoint
 
 faiss = pytest.importorskip("faiss")
 
 from smiexlm.search import SearchIndex, build_index, ecfp4_packed, popcount  # noqa: E402
+from tests.warm_cli import run_smiexlm  # noqa: E402
 
 TAILS = ["", "C", "CC", "O", "N", "Cl", "CO", "C(=O)O", "c1ccccc1", "CCN"]
 BAD_ROWS = [5, 77]  # rows whose SMILES fail, so the library has holes
@@ -142,15 +141,11 @@ def test_packed_fingerprints_and_popcount():
 
 def test_cli_index_then_search(library, tmp_path):
     idx, hits = tmp_path / "idx", tmp_path / "hits.csv"
-    res = subprocess.run([smiexlm_command(), "index", str(library[0]), "--out", str(idx)],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = run_smiexlm("index", library[0], "--out", idx, timeout=120)
     assert res.returncode == 0, res.stderr
     assert f"indexed {len(library[1])} rows" in res.stdout
-    res = subprocess.run(
-        [smiexlm_command(), "search", str(idx), "--query", "CCO", "c1ccccc1CCO", "-k", "3",
-         "--by", "both", "--out", str(hits), "--device", "cpu"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    res = run_smiexlm("search", idx, "--query", "CCO", "c1ccccc1CCO", "-k", "3", "--by", "both",
+                      "--out", hits, "--device", "cpu", timeout=120)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "query 2 'c1ccccc1CCO', embedding cosine:" in res.stdout
     assert "ECFP4 Tanimoto" in res.stdout

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import numpy as np
 import pandas as pd
@@ -21,7 +20,8 @@ import torch
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.featurizer import Featurizer
 from smiexlm.model.layout import DEFAULT_MODEL_DIR
-from tests.conftest import require_file, smiexlm_command
+from tests.conftest import require_file
+from tests.warm_cli import run_smiexlm
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -104,12 +104,11 @@ def test_cli_embed_with_the_onnx_backend_matches_torch(folder, tmp_path):
     frames = {}
     for backend in ("torch", "onnx"):
         out = tmp_path / f"{backend}.parquet"
-        done = subprocess.run(
+        done = run_smiexlm(
             # before the whitening, which scales the directions of least spread up, and
             # differences with them (see test_featurizer_parity)
-            [smiexlm_command(), "embed", str(table), "--out", str(out), "--checkpoint",
-             str(folder), "--device", "cpu", "--backend", backend, "--no-whiten"],
-            capture_output=True, text=True, timeout=300,
+            "embed", table, "--out", out, "--checkpoint", folder, "--device", "cpu",
+            "--backend", backend, "--no-whiten",
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert "1 failed" in done.stdout
@@ -287,9 +286,8 @@ def test_predict_parity_cls_classifier_through_the_cli(smiles, tmp_path):
     export_onnx(folder)
     expected = predict(folder, smiles)
     pd.DataFrame({"smiles": smiles}).to_csv(tmp_path / "in.csv", index=False)
-    run = subprocess.run([smiexlm_command(), "predict", "--checkpoint", str(folder), "--input",
-                          str(tmp_path / "in.csv"), "--out", str(tmp_path / "out.csv"),
-                          "--backend", "onnx"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    run = run_smiexlm("predict", "--checkpoint", folder, "--input", tmp_path / "in.csv", "--out",
+                      tmp_path / "out.csv", "--backend", "onnx", timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr
     got = pd.read_csv(tmp_path / "out.csv")
     assert got["valid"].tolist() == expected["valid"].tolist()
@@ -307,8 +305,7 @@ def test_predict_parity_mean_regression_with_features_on_two_blocks(smiles, tmp_
 
     smiles = smiles[:150] + smiles[-150:]
     folder = _finetuned(tmp_path / "seed0", smiles, "mean", "regression", "ecfp4", layers=2)
-    run = subprocess.run([smiexlm_command(), "export-onnx", str(folder)], capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
+    run = run_smiexlm("export-onnx", folder, timeout=600)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().endswith("predictor.onnx")
     manifest = json.loads((folder / "onnx.json").read_text())["graphs"]["predictor"]

@@ -4,14 +4,13 @@ switch (tests/unit/conftest.py) and they do not."""
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 
 from smiexlm.featurizer import Featurizer
-from tests.conftest import require_file, smiexlm_command
+from tests.conftest import require_file
 from tests.unit.serving.test_onnx import TOLERANCE
+from tests.warm_cli import run_smiexlm
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -29,8 +28,7 @@ def test_cli_export_onnx_of_a_maelm_run(shared_data, tmp_path):
     dataset = build_dataset(source, tmp_path / "ds", n=300)
     pretrain(_config("model.objective=maelm"), dataset, tmp_path / "run", max_steps=2)
     model = tmp_path / "model"
-    run = subprocess.run([smiexlm_command(), "export", str(tmp_path / "run"), "--out", str(model),
-                          "--onnx"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    run = run_smiexlm("export", tmp_path / "run", "--out", model, "--onnx", timeout=600)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().endswith("encoder.onnx")
     some = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "CN1CCC(CC1)Oc1ccccc1"]
