@@ -17,7 +17,10 @@ on the imbalanced sets (ClinTox, SIDER) unweighted forests score ~10 points lowe
 
 from __future__ import annotations
 
+import json
+import logging
 import time
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,9 +34,12 @@ from smiexlm.fingerprints import FEATURE_KINDS, morgan_fingerprints, rdkit2d_des
 from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
-from smiexlm.moleculenet.runs import keep_predictions
+from smiexlm.moleculenet.runs import keep_predictions, run_dir, state_dir
 from smiexlm.moleculenet.splits import SPLIT_KINDS
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
+from smiexlm.paths import atomic_paths
+
+log = logging.getLogger(__name__)
 
 BASELINE_FEATURES = FEATURE_KINDS
 FEATURE_LABELS = {"ecfp4": "ECFP4", "rdkit2d": "RDKit2D", "both": "ECFP4+RDKit2D"}
@@ -115,6 +121,53 @@ def forest_scores(
     return out
 
 
+# A seed's forests are fitted task by task (ToxCast: 617 of them, about an hour of one core);
+# with a run folder, the finished tasks' scores are kept in its state/ at most this often, so
+# that a stopped seed goes on from them
+KEEP_EVERY_S = 30.0
+PARTIAL_NAME = "forests.npz"
+
+
+def forest_columns(
+    x: np.ndarray | sparse.csr_matrix, labels: np.ndarray, train: Sequence[int],
+    rows: Sequence[int], task_type: str, seed: int, cfg: BaselineConfig,
+    partial: Path | None = None,
+) -> np.ndarray:  # fmt: skip
+    """The forests' scores (len(rows), T) on ``rows``, fitted on ``train``, one task at a time.
+
+    With ``partial`` (a file in a cell's ``state/``), the columns of the tasks done so far are
+    kept there (atomically, every :data:`KEEP_EVERY_S` seconds) and read back by the next call
+    with the same features, trees, seed and rows: each task's forest depends only on its own
+    labels and the seed, so a stopped seed ends with the columns of an uninterrupted one."""
+    n_tasks = labels.shape[1]
+    identity = np.array(json.dumps({"config": asdict(cfg), "seed": seed, "tasks": n_tasks,
+                                    "train": [int(i) for i in train],
+                                    "rows": [int(i) for i in rows]}))  # fmt: skip
+    out = np.full((len(rows), n_tasks), np.nan)
+    done = np.zeros(n_tasks, dtype=bool)
+    if partial is not None and partial.is_file():
+        try:
+            with np.load(partial, allow_pickle=False) as kept:
+                if str(kept["identity"]) == str(identity):
+                    out, done = kept["scores"].copy(), kept["done"].copy()
+                    log.info("%s: %d of %d tasks' forests read back", partial, done.sum(), n_tasks)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:  # fitted again
+            log.warning("%s unreadable (%s): its seed's forests are fitted from the start",
+                        partial, err)  # fmt: skip
+    x_train, y_train, x_rows = x[np.asarray(train)], labels[np.asarray(train)], x[np.asarray(rows)]
+    last = time.monotonic()
+    for t in np.flatnonzero(~done):
+        fitted = fit_forests(x_train, y_train[:, [t]], task_type, seed, cfg)
+        out[:, t] = forest_scores(fitted, x_rows, task_type)[:, 0]
+        done[t] = True
+        if partial is not None and (time.monotonic() - last >= KEEP_EVERY_S or done.all()):
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_paths(partial) as (tmp,), open(tmp, "wb") as handle:
+                np.savez(handle, identity=identity, scores=out, done=done)
+            last = time.monotonic()
+    return out
+
+
 class ForestFeatures:
     """The raw forest features of every molecule of ``smiles``, computed once: ECFP4 bits
     and/or RDKit 2D descriptors. :meth:`scaler` fits the descriptors' scaling on a split's
@@ -164,13 +217,16 @@ def run_baseline(
         key = tuple(split.train)
         if key not in scaled:
             scaled[key] = features.matrix(features.scaler(split.train))
-        x = scaled[key]
-        forests = fit_forests(x[split.train], task.labels[split.train], task.task_type, seed, cfg)
-        pred = forest_scores(forests, x[split.valid + split.test], task.task_type)
+        folder = None if run_root is None else run_dir(run_root, task.name, seed)
+        partial = None if folder is None else state_dir(folder) / PARTIAL_NAME
+        pred = forest_columns(scaled[key], task.labels, split.train, split.valid + split.test,
+                              task.task_type, seed, cfg, partial)  # fmt: skip
         n_valid = len(split.valid)
         valid = score(task.task_type, task.labels[split.valid], pred[:n_valid])
         test = score(task.task_type, task.labels[split.test], pred[n_valid:])
         keep_predictions(run_root, task.name, seed, split, pred[:n_valid], pred[n_valid:])
+        if partial is not None:  # the kept predictions hold it all now
+            partial.unlink(missing_ok=True)
         bar.update()
         config = asdict(cfg) | {"train_cpu_seconds": time.process_time() - cpu}
         return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, config)

@@ -354,3 +354,64 @@ def test_predict_with_test_time_augmentation(tmp_path):
     alone = predict(tmp_path, smiles[2:3], tta=4)
     assert alone.loc[0, "y"] == pytest.approx(tta.loc[2, "y"], abs=1e-6)
     assert predict(tmp_path, smiles, tta=0).equals(plain)
+
+
+def test_a_stopped_forest_seed_goes_on_to_the_uninterrupted_predictions(tmp_path, monkeypatch):
+    """A seed's forests are fitted task by task and the finished tasks' scores kept in the
+    cell's state/: a run stopped after two of four tasks fits only the other two when started
+    again, and keeps bitwise the predictions of an uninterrupted run; the state is gone after."""
+    from smiexlm.moleculenet import baseline
+    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.moleculenet.task import MoleculeTask
+
+    smiles = [f"C1{'C' * n}1{tail}" for n in range(2, 14) for tail in ("", "O", "N", "Cl", "CC=O")]
+    y = np.array([[(len(s) + k * s.count("C")) % 2 for k in range(4)] for s in smiles], float)
+    task = MoleculeTask("toy", smiles, y, [f"y{k}" for k in range(4)], "classification")
+    cfg = BaselineConfig("ecfp4", n_trees=5, split="random")
+    (whole,) = run_baseline(task, [1], cfg, run_root=tmp_path / "whole")
+
+    monkeypatch.setattr(baseline, "KEEP_EVERY_S", 0.0)
+    fit = baseline.fit_forests
+    calls = []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(baseline, "fit_forests", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        run_baseline(task, [1], cfg, run_root=tmp_path / "cut")
+    state = tmp_path / "cut" / "toy" / "seed1" / "state" / baseline.PARTIAL_NAME
+    assert state.is_file()
+    calls.clear()
+    monkeypatch.setattr(baseline, "fit_forests", lambda *a, **k: (calls.append(1), fit(*a, **k))[1])
+    (resumed,) = run_baseline(task, [1], cfg, run_root=tmp_path / "cut")
+    assert len(calls) == 2  # tasks 3 and 4 only
+    assert (resumed.valid, resumed.test) == (whole.valid, whole.test)
+    for part in ("valid", "test"):
+        kept = [np.load(tmp_path / run / "toy" / "seed1" / "predictions.npz")[part]
+                for run in ("whole", "cut")]  # fmt: skip
+        np.testing.assert_array_equal(*kept)
+    assert not state.exists()
+
+    # a state of other forests (4 trees), or one that cannot be read, is not used: all four
+    # tasks are fitted again
+    (tmp_path / "cut" / "toy" / "seed1" / "predictions.npz").unlink()
+    monkeypatch.setattr(baseline, "fit_forests", stopping)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        run_baseline(task, [1], BaselineConfig("ecfp4", n_trees=4, split="random"),
+                     run_root=tmp_path / "cut")  # fmt: skip
+    assert state.is_file()
+    for damaged in (False, True):
+        if damaged:
+            state.parent.mkdir(parents=True, exist_ok=True)
+            state.write_bytes(b"not an npz")
+        monkeypatch.setattr(
+            baseline, "fit_forests", lambda *a, **k: (calls.append(1), fit(*a, **k))[1]
+        )
+        calls.clear()
+        (again,) = run_baseline(task, [1], cfg, run_root=tmp_path / "cut")
+        assert len(calls) == 4 and (again.valid, again.test) == (whole.valid, whole.test)
