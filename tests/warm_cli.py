@@ -13,7 +13,7 @@ A launcher stands in only for interpreters started as it was: the variables read
 interpreter or a preloaded library starts (``PYTHON*``, locale, thread counts, ``TQDM_*``...)
 key the launchers, so a command whose values differ gets a launcher of its own. A command goes
 to a fresh interpreter (the same call, the same result) when both launchers of its environment
-are busy with other threads' commands, on a platform without ``fork``, or with
+are busy with other threads' commands, off Linux, or with
 ``SMIEXLM_TESTS_COLD_CLI=1``. Signals, kills and live output are tested with ``Popen`` on the
 console script itself, never here.
 """
@@ -77,10 +77,9 @@ def run_python(
                              env=env, cwd=cwd, input=input)  # fmt: skip
     else:
         try:
-            res = launcher.run(script, argv, env, cwd, timeout, input)
+            res = launcher.run(script, argv, [*command, *argv], env, cwd, timeout, input)
         finally:
             launcher.lock.release()
-        res.args = [*command, *argv]
     if check:
         res.check_returncode()
     return res
@@ -104,7 +103,7 @@ class _Launcher:
         """A launcher for ``env``, locked for the caller; None for a fresh interpreter."""
         if cls._broken or os.environ.get("SMIEXLM_TESTS_COLD_CLI") == "1":
             return None
-        if not hasattr(os, "fork") or sys.platform != "linux":
+        if sys.platform != "linux":  # fork and process groups as used here
             return None
         with cls._pool_lock:
             launchers = cls._pool.setdefault(_startup(env), [])
@@ -138,12 +137,13 @@ class _Launcher:
             raise RuntimeError(f"launcher said {ready}")
         atexit.register(self.close)
 
-    def run(self, script, argv, env, cwd, timeout, input) -> subprocess.CompletedProcess:
+    def run(self, script, argv, command, env, cwd, timeout, input) -> subprocess.CompletedProcess:
+        """``script`` with ``argv`` in a child; ``command`` is what the result shows as its
+        ``args`` (the console script, or ``python script``, and the arguments)."""
         folder = Path(tempfile.mkdtemp(dir=self.scratch))
         streams = {name: folder / name for name in ("stdin", "stdout", "stderr")}
-        for path in streams.values():
-            path.write_text("")
-        streams["stdin"].write_text(input or "", encoding="locale")
+        for name, path in streams.items():
+            path.write_text(input or "" if name == "stdin" else "", encoding="locale")
         request = {"argv": argv, "env": env, "cwd": cwd, "script": script,
                    **{name: str(path) for name, path in streams.items()}}  # fmt: skip
         returncode = None
@@ -162,8 +162,8 @@ class _Launcher:
             raise
         shutil.rmtree(folder, ignore_errors=True)
         if returncode is None:
-            raise subprocess.TimeoutExpired([script, *argv], timeout, out, err)
-        return subprocess.CompletedProcess([script, *argv], returncode, out, err)
+            raise subprocess.TimeoutExpired(command, timeout, out, err)
+        return subprocess.CompletedProcess(command, returncode, out, err)
 
     def _send(self, data: bytes) -> None:
         view = memoryview(data)

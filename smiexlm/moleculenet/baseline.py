@@ -160,7 +160,7 @@ def forest_columns(
         fitted = fit_forests(x_train, y_train[:, [t]], task_type, seed, cfg)
         out[:, t] = forest_scores(fitted, x_rows, task_type)[:, 0]
         done[t] = True
-        if partial is not None and (time.monotonic() - last >= KEEP_EVERY_S or done.all()):
+        if partial is not None and time.monotonic() - last >= KEEP_EVERY_S:
             partial.parent.mkdir(parents=True, exist_ok=True)
             with atomic_paths(partial) as (tmp,), open(tmp, "wb") as handle:
                 np.savez(handle, identity=identity, scores=out, done=done)
