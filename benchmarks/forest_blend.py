@@ -21,7 +21,9 @@ predictions are in ``--forest-root/<kind>_<n>trees/<set>/seed<k>/`` already, and
 ``--partner ROW_ROOT`` blends with another finished row's kept predictions of the same (set,
 seed) instead of forests (the default's linear probe, say: ``benchmarks/results/table1/
 default_probe``); its folder name stands where a forest's kind would, and the ``forest``
-column holds its scores.
+column holds its scores. ``--third ROW_ROOT`` adds a column ``thirds`` (classification): the
+model, the forest (or partner) and that row's kept predictions of the same (set, seed), each
+replaced by its quantiles among its own validation scores, averaged in equal thirds.
 
 Only the validation split makes a choice; test is read once per blend. Writes ``blend.md``
 and ``blend.json`` into ``--out`` and prints the table (ROC-AUC x 100 or RMSE, mean ± sample
@@ -56,9 +58,9 @@ def forest_predictions(
     return read_predictions(folder, task)
 
 
-def blends(task, model: dict, forest: dict) -> dict[str, float]:
+def blends(task, model: dict, forest: dict, third: dict | None = None) -> dict[str, float]:
     """Test scores of the model, the forest and their blends (see the module docstring)."""
-    from smiexlm.moleculenet.blend import blend
+    from smiexlm.moleculenet.blend import blend, quantiles
     from smiexlm.moleculenet.metrics import score
 
     y_valid, y_test = task.labels[model["valid_rows"]], task.labels[model["test_rows"]]
@@ -71,6 +73,9 @@ def blends(task, model: dict, forest: dict) -> dict[str, float]:
            "mean": test_score(blend(task.task_type, *parts, how="mean"))}  # fmt: skip
     if task.is_classification:
         out["quantile"] = test_score(blend(task.task_type, *parts, how="quantile"))
+        if third is not None:
+            thirds = [quantiles(p["valid"], p["test"]) for p in (model, forest, third)]
+            out["thirds"] = test_score(sum(thirds) / 3.0)
     valid = [
         score(task.task_type, y_valid, blend(task.task_type, model["valid"], model["valid"],
                                              forest["valid"], forest["valid"], w, "quantile")).mean
@@ -111,6 +116,8 @@ def main() -> None:
                         help="where forests are kept (needed unless --partner)")  # fmt: skip
     parser.add_argument("--partner", type=Path, default=None, metavar="ROW_ROOT",
                         help="blend with this row's runs of the same (set, seed) instead")  # fmt: skip
+    parser.add_argument("--third", type=Path, default=None, metavar="ROW_ROOT",
+                        help="also blend in this row's runs of the same (set, seed), in thirds")  # fmt: skip
     parser.add_argument("--n-trees", type=int, default=500, help="trees of a forest trained here")
     parser.add_argument("--tasks", nargs="+", default=None, help="sets to read (default: all)")
     parser.add_argument("--out", type=Path, required=True)
@@ -122,13 +129,16 @@ def main() -> None:
     from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.runs import PREDICTIONS_NAME, finished, read_predictions, run_dir
 
+    def row_predictions(option: str, row: Path, task, seed: int) -> dict:
+        folder = run_dir(row / "runs", task.name, seed)
+        if finished(folder) is None:
+            raise DataError(f"{option} {str(row)!r}: no finished run {str(folder)!r}")
+        return read_predictions(folder, task)
+
     def partners(task, seed: int):
         """(name, kept predictions) of what each model cell is blended with."""
         if args.partner is not None:
-            folder = run_dir(args.partner / "runs", task.name, seed)
-            if finished(folder) is None:
-                raise DataError(f"--partner {str(args.partner)!r}: no finished run {str(folder)!r}")
-            yield args.partner.name, read_predictions(folder, task)
+            yield args.partner.name, row_predictions("--partner", args.partner, task, seed)
             return
         for kind in args.forests:
             yield kind, forest_predictions(task, seed, kind, args.forest_root, args.n_trees)
@@ -144,16 +154,19 @@ def main() -> None:
                 continue
             task = tasks.setdefault(result.dataset, load_task(result.dataset))
             model = read_predictions(path.parent, task)
+            third = (None if args.third is None
+                     else row_predictions("--third", args.third, task, result.seed))  # fmt: skip
             for kind, forest in partners(task, result.seed):
-                for part in ("valid_rows", "test_rows"):
-                    if not np.array_equal(model[part], forest[part]):
-                        raise DataError(f"{str(path)!r}: the forest's {part} differ from the model's")  # fmt: skip
+                for other in (forest, third or forest):
+                    for part in ("valid_rows", "test_rows"):
+                        if not np.array_equal(model[part], other[part]):
+                            raise DataError(f"{str(path)!r}: the partner's {part} differ from the model's")  # fmt: skip
                 cells.append({"root": root.name, "name": result.model, "dataset": result.dataset,
                               "seed": result.seed, "features": kind,
-                              **blends(task, model, forest)})  # fmt: skip
+                              **blends(task, model, forest, third)})  # fmt: skip
                 print(json.dumps(cells[-1]), flush=True)
 
-    columns = ["model", "forest", "mean", "quantile", "chosen"]
+    columns = ["model", "forest", "mean", "quantile", "chosen"] + (["thirds"] if args.third else [])
     beside = args.partner.name if args.partner else "a forest"
     lines = [f"# {beside} beside the fine-tuned model: blends on test", "",
              f"`python {' '.join(sys.argv)}`", "",

@@ -86,7 +86,7 @@ SMOKE: dict[str, list[Step]] = {
         Step("conformal_coverage.py", ("{tmp}/probe", "{tmp}/rf", "--out", "{tmp}/rows",
              "--resplits", "2"), expect=("rows/coverage.csv",), prints="| bace | 0 | rf |"),
         Step("forest_blend.py", ("{tmp}/run", "--forests", "ecfp4", "--forest-root",
-             "{tmp}/forests", "--n-trees", "5", "--out", "{tmp}/blend"),
+             "{tmp}/forests", "--n-trees", "5", "--third", "{tmp}/probe", "--out", "{tmp}/blend"),
              expect=("blend/blend.md", "forests/ecfp4_5trees/bace/seed0/predictions.npz"),
              prints="| run | bace | ecfp4 | 1 |"),
         Step("forest_blend.py", ("{tmp}/run", "--partner", "{tmp}/probe", "--out",
