@@ -157,7 +157,7 @@ def main() -> None:
             third = (None if args.third is None
                      else row_predictions("--third", args.third, task, result.seed))  # fmt: skip
             for kind, forest in partners(task, result.seed):
-                for other in (forest, third or forest):
+                for other in [forest] + ([] if third is None else [third]):
                     for part in ("valid_rows", "test_rows"):
                         if not np.array_equal(model[part], other[part]):
                             raise DataError(f"{str(path)!r}: the partner's {part} differ from the model's")  # fmt: skip
