@@ -12,12 +12,9 @@ arithmetic.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-
-def read(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+from smiexlm.pretraining.plot import read_metrics
 
 
 def main() -> None:
@@ -32,7 +29,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {"fp32": read(args.fp32), "bf16 autocast": read(args.bf16)}
+    runs = {"fp32": read_metrics(args.fp32), "bf16 autocast": read_metrics(args.bf16)}
     fig, ax = plt.subplots(figsize=(7, 4))
     for (name, rows), width in zip(runs.items(), (4, 1.5), strict=True):  # fp32 drawn wide, under
         steps, losses = [r["step"] for r in rows], [r["loss"] for r in rows]

@@ -102,17 +102,27 @@ def _report(outcome, out: Path) -> None:
 
 
 def plot_run(
-    run_dir: Annotated[Path, typer.Argument(help="Run folder holding metrics.jsonl")],
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run folders holding metrics.jsonl (or the .jsonl files); several share one plot"
+        ),
+    ],
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="PNG path (default RUN_DIR/loss.png)", show_default=False),
+        typer.Option(
+            "--out",
+            "-o",
+            help="PNG path (default RUN_DIR/loss.png for one run)",
+            show_default=False,
+        ),
     ] = None,
     output: Annotated[Path | None, typer.Option("--output", hidden=True)] = None,  # old name
 ) -> None:
-    """Draw the training and validation loss curves of a run to PNG."""
+    """Draw the training and validation loss curves of one run, or several side by side, to PNG."""
     from smiexlm.pretraining.plot import plot_run as draw
 
-    typer.echo(str(draw(run_dir, out if out is not None else output)))
+    typer.echo(str(draw(run_dirs, out if out is not None else output)))
 
 
 def export(

@@ -262,6 +262,25 @@ def test_plot_run_draws_a_png(dataset, tmp_path):
         plot_run(tmp_path)
 
 
+def test_plot_run_overlays_several_runs_and_metrics_files(dataset, tmp_path):
+    from smiexlm.pretraining.plot import plot_run, read_metrics
+    from smiexlm.pretraining.trainer import pretrain
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    pretrain(_config("model.objective=mlm"), dataset, first, max_steps=3)
+    pretrain(_config("model.objective=mlm", "seed=1"), dataset, second, max_steps=4)
+    kept = tmp_path / "kept_metrics.jsonl"  # a run's metrics kept without its folder
+    kept.write_text((second / "metrics.jsonl").read_text())
+    assert read_metrics(kept) == read_metrics(second) and len(read_metrics(second)) == 4
+    png = plot_run([first, kept], tmp_path / "both.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(DataError, match="--out"):  # no default path for several runs
+        plot_run([first, second])
+    with pytest.raises(DataError, match="missing.jsonl"):
+        plot_run([first, tmp_path / "missing.jsonl"], tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
     from smiexlm import ExLMModel, Featurizer
     from smiexlm.pretraining.export import export_run
