@@ -36,6 +36,10 @@ MaxTokens = Annotated[
     int | None, typer.Option("--max-tokens", hidden=True)
 ]  # --max-length's old name
 StripSalts = Annotated[bool, typer.Option("--strip-salts", help="Keep only the largest fragment.")]
+StripStereo = Annotated[
+    bool,
+    typer.Option("--strip-stereo", help="Drop tetrahedral and double-bond stereo (isotopes kept)."),
+]
 ShardSize = Annotated[
     int | None,
     typer.Option(
@@ -66,6 +70,7 @@ def preprocess(
     max_length: MaxLength = 512,
     max_tokens: MaxTokens = None,
     strip_salts: StripSalts = False,
+    strip_stereo: StripStereo = False,
     shard_size: ShardSize = None,
     descriptors: Descriptors = None,
     progress: Progress = True,
@@ -75,7 +80,8 @@ def preprocess(
     from smiexlm.data.pipeline import preprocess as run
 
     config = PreprocessConfig(
-        canonicalize=canonicalize, strip_salts=strip_salts, max_heavy_atoms=max_heavy_atoms,
+        canonicalize=canonicalize, strip_salts=strip_salts, strip_stereo=strip_stereo,
+        max_heavy_atoms=max_heavy_atoms,
         max_length=max_length if max_tokens is None else max_tokens,
         valid_fraction=valid_fraction, smiles_col=smiles_col, shard_size=shard_size,
         descriptors=descriptors,

@@ -46,16 +46,17 @@ REJECT_REASONS = (
 class NormalizeConfig:
     """How SMILES are normalised, the one record of it: preprocessing writes a corpus with it
     (:class:`~smiexlm.data.pipeline.PreprocessConfig` extends it), an exported checkpoint
-    keeps its ``canonicalize`` and ``strip_salts`` in ``normalization.json``, and the
-    featurizer applies the same steps."""
+    keeps the steps that rewrite a SMILES (``canonicalize``, ``strip_salts``,
+    ``strip_stereo``) in ``normalization.json``, and the featurizer applies the same steps."""
 
-    canonicalize: bool = True  # RDKit canonical SMILES, stereo kept
+    canonicalize: bool = True  # RDKit canonical SMILES, stereo kept unless strip_stereo
     strip_salts: bool = False  # keep the largest fragment (by heavy atoms)
+    strip_stereo: bool = False  # drop tetrahedral and double-bond stereo (isotopes kept)
     max_heavy_atoms: int | None = None  # reject larger molecules; None = no limit
     max_length: int | None = 512  # reject longer molecules (tokens, BOS and EOS included)
 
     def __post_init__(self) -> None:
-        for name in ("canonicalize", "strip_salts"):
+        for name in REWRITES:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "true or false")
         if self.max_length is not None and not 3 <= self.max_length <= 65535:
@@ -64,8 +65,16 @@ class NormalizeConfig:
             raise ConfigError("max_heavy_atoms", self.max_heavy_atoms, "a positive integer or None")
 
     @property
+    def rewrites(self) -> bool:
+        """Whether any step rewrites a SMILES (what serving applies; the limits are not)."""
+        return any(getattr(self, name) for name in REWRITES)
+
+    @property
     def needs_rdkit(self) -> bool:
-        return self.canonicalize or self.strip_salts or self.max_heavy_atoms is not None
+        return self.rewrites or self.max_heavy_atoms is not None
+
+
+REWRITES = ("canonicalize", "strip_salts", "strip_stereo")  # the steps a model folder records
 
 
 def too_long(smiles: str, limit: int = MAX_SMILES_CHARS) -> str | None:
@@ -113,8 +122,11 @@ def normalize_smiles(smiles: str, config: NormalizeConfig) -> tuple[str | None, 
         mol = max(fragments, key=lambda frag: frag.GetNumHeavyAtoms())
     if config.max_heavy_atoms is not None and mol.GetNumHeavyAtoms() > config.max_heavy_atoms:
         return None, "too_many_heavy_atoms"
+    if config.strip_stereo:
+        Chem.RemoveStereochemistry(mol)
     if not config.canonicalize:
-        return (Chem.MolToSmiles(mol, canonical=False) if config.strip_salts else smiles), None
+        rewritten = config.strip_salts or config.strip_stereo
+        return (Chem.MolToSmiles(mol, canonical=False) if rewritten else smiles), None
     return Chem.MolToSmiles(mol, isomericSmiles=True), None
 
 

@@ -31,6 +31,7 @@ def check_resume(saved, vocab_hash, cfg_doc, source_docs, out) -> None:
     saved_cfg = dict(saved["config"])
     if "max_tokens" in saved_cfg:  # a dataset started before max_length had its name
         saved_cfg["max_length"] = saved_cfg.pop("max_tokens")
+    saved_cfg.setdefault("strip_stereo", False)  # a dataset started before the option existed
     for key, value in cfg_doc.items():
         if saved_cfg.get(key) != value:
             raise ConfigError(

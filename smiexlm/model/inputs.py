@@ -76,7 +76,7 @@ def normalize_inputs(
     texts = [text for text, _ in checked]
     reasons = [reason for _, reason in checked]
     changed = 0
-    if canonicalize and (normalization.canonicalize or normalization.strip_salts):
+    if canonicalize and normalization.rewrites:
         from rdkit import rdBase
 
         with rdBase.BlockLogs():  # RDKit's parse errors become reasons, not stderr noise

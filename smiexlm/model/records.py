@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smiexlm.data.normalize import NormalizeConfig
+from smiexlm.data.normalize import REWRITES, NormalizeConfig
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.layout import (
     CARD_NAME,
@@ -86,8 +86,8 @@ def read_normalization(folder: Path) -> tuple[NormalizeConfig, str]:
     From ``normalization.json`` in the folder, or from a fenced ````` ```json normalization `````
     block in its ``MODEL_CARD.md``; without either, the preprocessing defaults apply (RDKit
     canonical SMILES, stereo kept, salts kept). Only the steps that rewrite a SMILES
-    (``canonicalize``, ``strip_salts``) are applied when serving; the corpus' size limits
-    are not.
+    (``canonicalize``, ``strip_salts``, ``strip_stereo``) are applied when serving; the
+    corpus' size limits are not.
     """
     path = Path(folder) / NORMALIZATION_NAME
     if path.is_file():
@@ -103,7 +103,7 @@ def read_normalization(folder: Path) -> tuple[NormalizeConfig, str]:
 
 def write_normalization(folder: Path, normalization: NormalizeConfig) -> Path:
     """``normalization.json`` of a model folder (what :func:`read_normalization` reads)."""
-    doc = {"canonicalize": normalization.canonicalize, "strip_salts": normalization.strip_salts}
+    doc = {name: getattr(normalization, name) for name in REWRITES}
     path = Path(folder) / NORMALIZATION_NAME
     write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     return path
@@ -116,8 +116,13 @@ def _normalization_from_json(text: str, source: str) -> NormalizeConfig:
         raise DataError(f"normalisation record {source!r} is not valid JSON: {err}") from None
     if not isinstance(doc, dict):
         raise DataError(f"normalisation record {source!r}: expected a JSON object")
+    if unknown := sorted(set(doc) - set(REWRITES)):
+        raise DataError(
+            f"normalisation record {source!r}: unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"expected {', '.join(REWRITES)}"
+        )
     values = {}
-    for key in ("canonicalize", "strip_salts"):
+    for key in REWRITES:
         value = doc.get(key, getattr(DEFAULT_NORMALIZATION, key))
         if not isinstance(value, bool):
             raise ConfigError(key, value, f"true or false (in {source})")

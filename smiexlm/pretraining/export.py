@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from smiexlm.data.normalize import REWRITES
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
 from smiexlm.model.layout import CARD_NAME, EMBEDDING_NAME, NORMALIZATION_NAME, WEIGHTS_NAME
@@ -97,10 +98,10 @@ def export_run(
     pooling_parts(pooling)
     pre = load_pretrained(source)
     manifest = _read_manifest(dataset)
+    corpus = manifest.get("config", {})
     normalization = dataclasses.replace(
         DEFAULT_NORMALIZATION,
-        canonicalize=bool(manifest.get("config", {}).get("canonicalize", True)),
-        strip_salts=bool(manifest.get("config", {}).get("strip_salts", False)),
+        **{name: bool(corpus.get(name, getattr(DEFAULT_NORMALIZATION, name))) for name in REWRITES},
     )
     summary = summarise_run(run_dir, source)
     _, train_config = read_json_file(source / "train_config.json", "training config")
@@ -171,7 +172,7 @@ def _card(model, s: RunSummary, manifest, normalization, train_config, command, 
 - molecules: {count("train", "molecules")} train / {count("valid", "molecules")} valid, {count("train", "tokens")} train tokens
 - sources:
 {sources or "  - (dataset manifest not given)"}
-- normalisation: RDKit canonical SMILES {"on" if normalization.canonicalize else "off"} (stereo kept), salt stripping {"on" if normalization.strip_salts else "off"}. The featurizer applies the same (`{NORMALIZATION_NAME}`).
+- normalisation: RDKit canonical SMILES {"on" if normalization.canonicalize else "off"}, stereo {"stripped" if normalization.strip_stereo else "kept"}, salt stripping {"on" if normalization.strip_salts else "off"}. The featurizer applies the same (`{NORMALIZATION_NAME}`).
 
 ## Command
 

@@ -37,6 +37,7 @@ def test_help_texts_name_the_options_each_command_has():
     predict = _help("predict")
     assert "--data" not in predict and "--out" in predict and "--output" not in predict
     assert "--out" in _help("plot-run") and "--output" not in _help("plot-run")
+    assert "--strip-stereo" in _help("preprocess")
     assert _help("pretrain").count("Required (unless --list-configs)") == 3
 
 

@@ -171,6 +171,30 @@ def test_sigkill_then_resume_matches_uninterrupted(corpus, tmp_path):
     assert not list(out.glob("*.tmp"))
 
 
+def test_strip_stereo_writes_a_flat_corpus_and_records_it(tmp_path):
+    from smiexlm.data.resume import check_resume
+    from smiexlm.errors import ConfigError
+
+    smiles = ["C[C@H](N)C(=O)O", "C[C@@H](N)C(=O)O", "F/C=C/Cl", "F/C=C\\Cl", "[2H]C[C@H](O)Cl"]
+    (tmp_path / "in.smi").write_text("\n".join(smiles) + "\n")
+    vocab = SmilesTokenizer.build(smiles).save(tmp_path / "vocab.json")
+    config = PreprocessConfig(strip_stereo=True, valid_fraction=0.0)
+    result = preprocess(
+        [tmp_path / "in.smi"], tmp_path / "flat", config, vocab=vocab, progress=False
+    )
+    manifest = result.manifest
+    assert manifest["config"]["strip_stereo"] is True
+    assert manifest["molecules_out"] == 3 and manifest["duplicates"] == 2  # enantiomers, E/Z
+    tok = SmilesTokenizer.load(vocab)
+    texts = {tok.decode(row) for row in TokenDataset(tmp_path / "flat", "train")}
+    assert texts == {"CC(N)C(=O)O", "FC=CCl", "[2H]CC(O)Cl"}
+    cfg_doc = {"strip_stereo": False}  # a dataset started before the option resumes as before
+    saved = {"vocab_hash": "h", "config": {}, "sources": []}
+    check_resume(saved, "h", cfg_doc, [], tmp_path)
+    with pytest.raises(ConfigError, match="strip_stereo"):
+        check_resume(saved, "h", {"strip_stereo": True}, [], tmp_path)
+
+
 def test_encoder_matches_tokenizer_exactly(corpus):
     tok = SmilesTokenizer.load(corpus["vocab"])
     enc = ChunkEncoder(tok)

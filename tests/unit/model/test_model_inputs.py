@@ -101,6 +101,39 @@ def test_finetuning_predict_and_featurizer_read_a_smiles_the_same_way(salt_strip
     np.testing.assert_allclose(values, by_hand, atol=1e-5, rtol=0)
 
 
+STEREO = ["C[C@H](N)C(=O)O", "C[C@@H](N)C(=O)O", "F/C=C/F", "F/C=C\\F", "[13CH3][C@@H](O)Cl"]
+
+
+def test_stripping_stereo_keeps_isotopes_and_travels_with_the_folder(tmp_path):
+    from smiexlm.data.normalize import normalize_smiles
+
+    strip = NormalizeConfig(strip_stereo=True)
+    assert [normalize_smiles(s, strip)[0] for s in STEREO] == [
+        "CC(N)C(=O)O", "CC(N)C(=O)O", "FC=CF", "FC=CF", "[13CH3]C(O)Cl"
+    ]  # fmt: skip
+    as_written = NormalizeConfig(canonicalize=False, strip_stereo=True)
+    assert normalize_smiles("OC(=O)[C@@H](C)N", as_written)[0] == "OC(=O)C(C)N"  # order kept
+    assert normalize_smiles(STEREO[0], NormalizeConfig())[0] == STEREO[0]  # kept by default
+    folder = tmp_path / "flat"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    (folder / "normalization.json").write_text(json.dumps({"strip_stereo": True}))
+    feat = Featurizer.from_pretrained(folder, device="cpu")
+    assert feat.normalization.strip_stereo and feat.normalization.canonicalize
+    x = feat.featurize(STEREO[:4])
+    np.testing.assert_array_equal(x[0], x[1])
+    np.testing.assert_array_equal(x[2], x[3])
+    kept = Featurizer.from_pretrained(device="cpu").featurize(STEREO[:2])
+    assert not np.allclose(kept[0], kept[1])  # the shipped model reads the stereo tokens
+
+
+def test_a_misspelt_normalisation_key_is_an_error_not_a_silent_default(tmp_path):
+    folder = tmp_path / "typo"
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    (folder / "normalization.json").write_text(json.dumps({"strip_sterEo": True}))
+    with pytest.raises(DataError, match="unknown key.*'strip_sterEo'.*expected canonicalize"):
+        read_normalization(folder)
+
+
 def test_normalize_inputs_as_written_skips_rdkit():
     prepared = normalize_inputs(["OCC", "C1CC"], NormalizeConfig(), canonicalize=False)
     assert prepared.texts == ["OCC", "C1CC"] and prepared.n_changed == 0

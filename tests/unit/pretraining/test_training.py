@@ -296,7 +296,9 @@ def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
     assert json.loads((folder / "normalization.json").read_text()) == {
         "canonicalize": True,
         "strip_salts": False,
+        "strip_stereo": False,
     }
+    assert "stereo kept" in text
     assert json.loads((folder / "embedding.json").read_text()) == {"pooling": "cls"}
     mean = export_run(out, tmp_path / "mean", pooling="mean").parent
     assert Featurizer.from_pretrained(mean).pooling == "mean" and "mean pooling" in (mean / "MODEL_CARD.md").read_text()  # fmt: skip
