@@ -119,12 +119,13 @@ def _spread(processes: int) -> bool:
 def _print_report(results, out: Path, title: str) -> None:
     import sys
 
-    from smiexlm.moleculenet.report import markdown_table, write_report
+    from smiexlm.moleculenet.report import describe_splits, markdown_table, write_report
     from smiexlm.ranks import detect
 
     if not detect().is_main:
         return
     paths = write_report(results, out, title, command="smiexlm " + " ".join(sys.argv[1:]))
+    typer.echo(f"split: {describe_splits(results)}")
     typer.echo(markdown_table(results))
     typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
 

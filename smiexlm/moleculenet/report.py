@@ -55,11 +55,48 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+PAPER_SPLIT = "scaffold"  # Table 1's split: DeepChem's deterministic Bemis-Murcko scaffolds
+
+
+def split_kind(label: str) -> str:
+    """The split's name without its seed: ``random(seed=1)`` -> ``random``."""
+    return label.split("(", 1)[0]
+
+
+def describe_splits(results: list[RunResult]) -> str:
+    """The splits the results were scored on, for a report's header: ``scaffold`` or
+    ``random (seeds 0, 1, 2)``; several kinds are joined by ``;``."""
+    seeds: dict[str, list[str]] = {}
+    for r in results:
+        found = seeds.setdefault(split_kind(r.split), [])
+        if "(seed=" in r.split and (seed := r.split.split("(seed=", 1)[1].rstrip(")")) not in found:
+            found.append(seed)
+    return "; ".join(
+        f"{kind} (seed{'s' if len(s) > 1 else ''} {', '.join(s)})" if s else kind
+        for kind, s in seeds.items()
+    )
+
+
+def _row_name(r: RunResult, mixed: set[str]) -> str:
+    """A model's row, split by split kind when the model was scored on several."""
+    return f"{r.model} [{split_kind(r.split)}]" if r.model in mixed else r.model
+
+
+def _mixed_models(results: list[RunResult]) -> set[str]:
+    kinds: dict[str, set[str]] = {}
+    for r in results:
+        kinds.setdefault(r.model, set()).add(split_kind(r.split))
+    return {model for model, k in kinds.items() if len(k) > 1}
+
+
 def summarize(results: list[RunResult]) -> dict[str, dict[str, tuple[float, float, int]]]:
-    """model -> dataset -> (mean, sample std, n seeds) of the test score."""
+    """row -> dataset -> (mean, sample std, n seeds) of the test score. A row is a model, or a
+    model and a split kind (``m [random]``) when that model was scored on several, so scores
+    of different splits are never averaged together."""
+    mixed = _mixed_models(results)
     table: dict[str, dict[str, list[float]]] = {}
     for r in results:
-        table.setdefault(r.model, {}).setdefault(r.dataset, []).append(r.test)
+        table.setdefault(_row_name(r, mixed), {}).setdefault(r.dataset, []).append(r.test)
     return {
         model: {ds: (*_mean_std(v), len(v)) for ds, v in per.items()}
         for model, per in table.items()
@@ -77,9 +114,14 @@ def _digits(metric: str) -> int:
 
 
 def _paper_datasets(results: list[RunResult]) -> set[str]:
-    """The datasets the paper's Table 1 scores: its classification sets, scored by ROC-AUC
-    (a regression table given one of their names has no paper row)."""
-    return {r.dataset for r in results if r.dataset in PAPER_TASKS and r.metric == "roc_auc"}
+    """The datasets the paper's Table 1 scores, where they were scored as it did: its
+    classification sets, by ROC-AUC, on its scaffold split (a regression table given one of
+    their names, or a random or balanced split, has no paper row)."""
+    return {
+        r.dataset
+        for r in results
+        if r.dataset in PAPER_TASKS and r.metric == "roc_auc" and r.split == PAPER_SPLIT
+    }
 
 
 def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
@@ -89,10 +131,13 @@ def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
     summary = summarize(results)
     metrics = {r.dataset: r.metric for r in results}
     one_metric = len(set(metrics.values())) == 1
-    header = ["model", *datasets, "mean"]
+    mixed = _mixed_models(results)
+    kinds = {_row_name(r, mixed): split_kind(r.split) for r in results}
+    several = len(set(kinds.values())) > 1  # then every row names its split
+    header = ["model", *(["split"] if several else []), *datasets, "mean"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for model, per in summary.items():
-        cells, means = [model], []
+        cells, means = [model, *([kinds[model]] if several else [])], []
         for ds in datasets:
             if ds in per:
                 mean, std, n = per[ds]
@@ -109,8 +154,8 @@ def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
     if with_paper and paper:
         for model, scores in PAPER_RESULTS.items():
             vals = [scores[d] for d in datasets if d in scores and d in paper]
-            cells = [model] + [f"{scores[d]:.1f}" if d in paper and d in scores else "–"
-                               for d in datasets]  # fmt: skip
+            cells = [model, *([PAPER_SPLIT] if several else [])]
+            cells += [f"{scores[d]:.1f}" if d in paper and d in scores else "–" for d in datasets]
             full = len(vals) == len(datasets)
             cells.append(f"{sum(vals) / len(vals):.1f}" if full else "–")
             lines.append("| " + " | ".join(cells) + " |")
@@ -171,6 +216,8 @@ def write_report(
         f"total wall time {total:.0f} s" + (f" · `{command}`" if command else ""),
         "",
         f"## Summary ({unit}, mean ± sample std over seeds)",
+        "",
+        f"Split: {describe_splits(results)}.",
         "",
         markdown_table(results),
         "",

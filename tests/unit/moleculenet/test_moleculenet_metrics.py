@@ -104,8 +104,8 @@ def test_table8_ships_and_overrides():
         finetune_config("bbbp", learning_rate=1.0)
 
 
-def _result(model, dataset, seed, test):
-    return RunResult(model, dataset, seed, "scaffold", "roc_auc", test, test, (8, 1, 1), 0, 1, 1,
+def _result(model, dataset, seed, test, split="scaffold"):
+    return RunResult(model, dataset, seed, split, "roc_auc", test, test, (8, 1, 1), 0, 1, 1,
                      1.0, "abc")  # fmt: skip
 
 
@@ -122,7 +122,26 @@ def test_report_mean_std_and_files(tmp_path):
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
     assert read_results(paths["json"]) == results
     text = paths["md"].read_text()
-    assert "scaffold" in text and "abc" in text
+    assert "Split: scaffold." in text and "abc" in text
+
+
+def test_reports_name_the_split_and_never_mix_splits_or_misplace_the_paper():
+    from smiexlm.moleculenet.report import describe_splits
+
+    scaffold = [_result("m", "bbbp", s, 70.0 + s) for s in range(3)]
+    seeded = [_result("m", "bbbp", s, 90.0, f"random(seed={s})") for s in range(3)]
+    assert describe_splits(seeded) == "random (seeds 0, 1, 2)"
+    table = markdown_table(seeded)
+    assert "| m | 90.0 ± 0.0 | 90.0 |" in table and "paper" not in table  # not the paper's split
+    both = scaffold + seeded
+    assert describe_splits(both) == "scaffold; random (seeds 0, 1, 2)"
+    summary = summarize(both)  # one row per split: 71.0 and 90.0, never their mean 80.5
+    assert summary["m [scaffold]"]["bbbp"][0] == pytest.approx(71.0)
+    assert summary["m [random]"]["bbbp"][0] == pytest.approx(90.0)
+    table = markdown_table(both)
+    assert "| model | split | bbbp | mean |" in table
+    assert "| m [random] | random | 90.0 ± 0.0 | 90.0 |" in table
+    assert "| ExLM (paper) | scaffold | 72.8 | 72.8 |" in table
 
 
 def test_rf_baseline_runs_and_is_seeded(shared_data):
