@@ -132,9 +132,15 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
     )
 
 
+# Identity keys added after states were first kept: a state saved before one of them resumes
+# as it did (not compared on it); a state that records it is.
+ADDED_LATER = ("backbone_sha256",)
+
+
 def check_identity(folder: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Raise naming the first differing settings when ``saved`` is not ``current``."""
     saved, current = _flat(saved), _flat(current)
+    current = {k: v for k, v in current.items() if k in saved or k not in ADDED_LATER}
     changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
     if changed:
         said = "; ".join(f"{k}: {saved.get(k)!r} then, {current.get(k)!r} now" for k in changed[:3])

@@ -57,6 +57,20 @@ class Backbone:
             return Path(self.checkpoint).name
         return f"random-init {self.preset} ({self.objective})"
 
+    @cached_property
+    def weights_sha256(self) -> str | None:
+        """The sha256 of the folder's weights (as its ``checksums.json`` records it, else
+        hashed): with :attr:`name`, what identifies the backbone of a result or a kept state,
+        so a folder re-exported under the same name is not taken for the one they came from.
+        None for a random init."""
+        from smiexlm.model.integrity import file_sha256, read_checksums
+        from smiexlm.model.layout import WEIGHTS_NAME
+
+        if self.folder is None:
+            return None
+        recorded = (read_checksums(self.folder.path) or {}).get(WEIGHTS_NAME)
+        return recorded or file_sha256(self.folder.path / WEIGHTS_NAME)
+
     @property
     def normalization(self) -> NormalizeConfig:
         """The model folder's corpus normalisation (the defaults for a random init)."""

@@ -256,7 +256,7 @@ def finetune_once(
     (train, valid, test), targets = run.parts, run.targets
     loop = loop_config(cfg, higher_is_better=task.is_classification)
     state = None if run_dir is None else runs.state_dir(run_dir)
-    identity = runs.identity(task, split, cfg, backbone.name)
+    identity = runs.identity(task, split, cfg, backbone)
     fitted = fit(run.model, train, valid, loop,
                  lambda logits: targets.score(split.valid, logits).mean, seed, progress,
                  f"{task.name} seed {seed}", state, identity, on_epoch)  # fmt: skip
@@ -267,9 +267,8 @@ def finetune_once(
     valid_views = predict_views(run.model, valid, cfg.loop.eval_batch_size)
     scores = _Scores(targets.to_scores(valid_views.mean(axis=0)),
                      targets.to_scores(valid_views[0]), targets.to_scores(test_logits))  # fmt: skip
-    config = (
-        cfg.to_dict() | {"backbone": backbone.name, "n_truncated": run.n_cut} | fitted.summary()
-    )
+    backbone_record = {"backbone": backbone.name, "backbone_sha256": backbone.weights_sha256}
+    config = cfg.to_dict() | backbone_record | {"n_truncated": run.n_cut} | fitted.summary()
     config |= run.adapted
     config["processes"] = runs.processes()
     if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
@@ -383,9 +382,7 @@ def run_finetune(
         run_dir = None if run_root is None else runs.run_dir(run_root, task.name, seed)
         if run_dir is not None and (done := runs.finished(run_dir)) is not None:
             log.info("%s seed %d: finished before (%s)", task.name, seed, run_dir)
-            return runs.check_finished(
-                done, run_dir, runs.identity(task, split, cfg, backbone.name)
-            )
+            return runs.check_finished(done, run_dir, runs.identity(task, split, cfg, backbone))
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
         r = finetune_once(task, split, cfg, seed, backbone, target, *prepared(), progress,
                           run_dir)  # fmt: skip

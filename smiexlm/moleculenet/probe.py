@@ -207,6 +207,7 @@ def run_probe(
         got = fitted[key]
         keep_predictions(run_root, task.name, seed, split, got.valid_pred, got.test_pred)
         config = asdict(cfg) | {"backbone": backbone.name, "chosen_c": got.chosen,
+                                "backbone_sha256": backbone.weights_sha256,
                                 "pooling": cfg.pooling or backbone.pooling,
                                 "layers": cfg.layers or backbone.layers}  # fmt: skip
         return task.result(name, split, seed, got.valid.mean, got.test, 0.0, config)

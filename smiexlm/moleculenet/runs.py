@@ -39,7 +39,7 @@ def state_dir(folder: Path) -> Path:
     return Path(folder) / STATE_NAME
 
 
-def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
+def identity(task, split: Split, cfg, backbone) -> dict[str, Any]:
     """What a resumed run must share with the run that saved the state, beyond the loop."""
     from smiexlm.finetuning.engine import without_settings_off
 
@@ -53,7 +53,8 @@ def identity(task, split: Split, cfg, backbone: str) -> dict[str, Any]:
             del finetune[key]
     return {
         "dataset": task.name, "data_sha256": task.sha256, "n_molecules": len(task),
-        "split": split.label, "backbone": backbone, "finetune": finetune,
+        "split": split.label, "backbone": backbone.name,
+        "backbone_sha256": backbone.weights_sha256, "finetune": finetune,
     }  # fmt: skip
 
 
@@ -105,7 +106,9 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> R
     recorded = json.loads(json.dumps(done.config))  # tuples and lists alike
     pairs = [("data_sha256", done.data_sha256, expected["data_sha256"]),
              ("split", done.split, expected["split"]),
-             ("backbone", recorded.get("backbone", expected["backbone"]), expected["backbone"])]  # fmt: skip
+             ("backbone", recorded.get("backbone", expected["backbone"]), expected["backbone"]),
+             ("backbone_sha256", recorded.get("backbone_sha256", expected["backbone_sha256"]),
+              expected["backbone_sha256"])]  # fmt: skip
     for key, want in json.loads(json.dumps(expected["finetune"])).items():
         if key in HOW_RUN or (key == "precision" and want == "auto"):
             continue  # (a result records the precision that "auto" resolved to)

@@ -141,6 +141,36 @@ def test_cli_finetune_defaults_to_the_shipped_model_and_random_init_is_explicit(
     assert json.loads(rows["config"][0])["backbone"].startswith("random-init tiny")
 
 
+def test_a_finished_cell_knows_its_backbone_by_its_weights_not_only_its_name(tmp_path):
+    import shutil
+
+    from smiexlm.cli.main import app
+    from smiexlm.finetuning.state import StateMismatchError, check_identity
+    from smiexlm.model.integrity import read_checksums
+    from smiexlm.model.layout import DEFAULT_MODEL_DIR, WEIGHTS_NAME, shipped_models
+
+    torch.set_num_threads(1)
+    model = tmp_path / "first" / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    out = tmp_path / "cells"
+    rows = _finetune(tmp_path, "--seeds", "0", "--checkpoint", str(model), out=out)
+    sha = json.loads(rows["config"][0])["backbone_sha256"]
+    assert sha == read_checksums(DEFAULT_MODEL_DIR)[WEIGHTS_NAME]
+    other = tmp_path / "second" / "model"  # the same folder name, other weights
+    shutil.copytree(shipped_models()["exlm"], other)
+    path, _ = _small_csv(tmp_path)
+    args = ["finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
+            "--split", "random", "--max-train-steps", "2", "--batch-size", "8", "--epochs", "1",
+            "--device", "cpu", "--out", str(out), "--seeds", "0", "--checkpoint", str(other),
+            "--resume"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "backbone_sha256" in str(result.exception), result.output
+    saved, now = {"backbone": "model"}, {"backbone": "model", "backbone_sha256": sha}
+    check_identity(tmp_path, saved, now)  # a state kept before the record resumes as it did
+    with pytest.raises(StateMismatchError, match="backbone_sha256"):
+        check_identity(tmp_path, now | {"backbone_sha256": "0" * 64}, now)
+
+
 def test_cli_freeze_freeze_layers_features_patience(tmp_path):
     torch.set_num_threads(1)
     rows = _finetune(tmp_path, "--seeds", "0", "--freeze")

@@ -17,7 +17,7 @@ N = 100
 class _Backbone:
     """What run_probe asks of a backbone, with the embeddings given."""
 
-    name, pooling, layers = "fixed", "cls", 1
+    name, pooling, layers, weights_sha256 = "fixed", "cls", 1, None
 
     def model_texts(self, smiles, canonicalize):
         return list(smiles)
