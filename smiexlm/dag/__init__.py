@@ -10,12 +10,17 @@ Shapes (see ``docs/dag.md``):
 A path starts at state 0, ends at state ``S_b − 1`` and emits target i at its i-th state.
 
 Implementation choice: ``SMIEXLM_DAG_IMPL=auto|matmul|reference|triton`` (default ``auto``: the
-fused Triton kernels for CUDA tensors when triton is installed, the banded matrix products of
-:mod:`smiexlm.dag.matmul` for CPU tensors, the log-space reference otherwise).
+fused Triton kernels for CUDA tensors when triton is installed and they pass a self-check, the
+banded matrix products of :mod:`smiexlm.dag.matmul` for CPU tensors, the log-space reference
+otherwise). The self-check runs once per device and process: the kernels must compile, run and
+match the reference, forward and backward, on a small problem; if they do not (no usable
+compiler, a GPU the kernels were not written for), ``auto`` says why once and uses the
+reference, while an explicit ``triton`` runs them regardless.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Literal
@@ -44,6 +49,8 @@ __all__ = [
     "dag_loss",
     "resolve_impl",
 ]
+
+logger = logging.getLogger(__name__)
 
 Impl = Literal["matmul", "reference", "triton"]
 IMPLS = ("auto", "matmul", "reference", "triton")
@@ -78,7 +85,56 @@ def resolve_impl(device: torch.device) -> Impl:
     if device.type == "cpu":
         return "matmul"
     # interpreted kernels on CUDA tensors would copy every tensor to the host: use the reference
-    return "triton" if runnable and device.type == "cuda" and not interpret else "reference"
+    if runnable and device.type == "cuda" and not interpret:
+        return "triton" if fused_kernels_problem(device) is None else "reference"
+    return "reference"
+
+
+_PROBLEMS: dict[str, str | None] = {}  # device -> why the fused kernels cannot serve it
+
+
+def fused_kernels_problem(device: torch.device) -> str | None:
+    """Why the fused kernels cannot serve ``device`` in this process, or None when they pass
+    :func:`_self_check`; checked once per device, the reason logged once."""
+    key = str(device)
+    if key not in _PROBLEMS:
+        try:
+            _PROBLEMS[key] = _self_check(device)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:  # a compiler, driver or launch failure: whatever triton raises
+            _PROBLEMS[key] = f"{type(err).__name__}: {err}"
+        if _PROBLEMS[key] is not None:
+            logger.warning(
+                "the fused Triton DAG kernels do not work on %s (%s): the DAG loss uses the "
+                "PyTorch reference instead (%s=reference silences this, =triton forces them)",
+                key, _PROBLEMS[key], IMPL_ENV,
+            )  # fmt: skip
+    return _PROBLEMS[key]
+
+
+def _self_check(device: torch.device) -> str | None:
+    """Run the fused kernels on a small problem on ``device``, forward and backward, against
+    the reference; the first quantity that differs, or None."""
+    from smiexlm.dag.triton_kernels import triton_log_likelihood, triton_logsoftmax_gather
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 8, 5, generator=g).to(device).requires_grad_(True)
+    targets = torch.randint(0, 5, (2, 3), generator=g).to(device)
+    links = torch.log_softmax(torch.randn(2, 8, 8, generator=g), 2).to(device).requires_grad_(True)
+    lengths = torch.tensor([8, 5], device=device), torch.tensor([3, 2], device=device)
+
+    def run(gather, likelihood):
+        value = likelihood(gather(logits, targets), links, *lengths)
+        return value, *torch.autograd.grad(value.sum(), (logits, links))
+
+    fused = run(triton_logsoftmax_gather, triton_log_likelihood)
+    reference = run(logsoftmax_gather, reference_log_likelihood)
+    for name, a, b in zip(("log-likelihood", "logits gradient", "links gradient"), fused,
+                          reference, strict=True):  # fmt: skip
+        if not torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-4):
+            return f"their {name} differs from the reference by {(a - b).abs().max().item():.3g}"
+    return None
 
 
 def _interpreting() -> bool:

@@ -96,6 +96,9 @@ def _run_checks() -> dict:
     report["fused"] = {
         "value": close(fused, reference_log_likelihood(em_r, links, s, m), scale=0.0)
     }
+    from smiexlm.dag import _self_check
+
+    report["self_check"] = _self_check(torch.device("cpu"))  # what auto asks of a CUDA device
     return report
 
 
@@ -122,6 +125,35 @@ def test_kernel_matches_reference(report, case):
 def test_fused_gather_kernel_matches_torch(report):
     for key, r in {**report["gather"], **report["fused"]}.items():
         assert r["same_inf"] and not r["nan"] and r["err"] < RTOL, (key, r)
+
+
+def test_the_kernels_pass_their_own_self_check(report):
+    assert report["self_check"] is None
+
+
+@pytest.mark.parametrize("failure", ["raises", "differs"])
+def test_auto_falls_back_to_the_reference_when_the_kernels_fail_their_self_check(
+    monkeypatch, caplog, failure
+):
+    import smiexlm.dag as dag
+
+    def broken(device):
+        if failure == "raises":
+            raise RuntimeError("ptxas exited with status 255")
+        return "their log-likelihood differs from the reference by 0.5"
+
+    monkeypatch.setattr(dag, "_triton_available", lambda: True)
+    monkeypatch.setattr(dag, "_interpreting", lambda: False)
+    monkeypatch.setattr(dag, "_self_check", broken)
+    monkeypatch.setattr(dag, "_PROBLEMS", {})
+    monkeypatch.setenv("SMIEXLM_DAG_IMPL", "auto")
+    cuda = torch.device("cuda")
+    with caplog.at_level("WARNING", logger="smiexlm.dag"):
+        assert resolve_impl(cuda) == resolve_impl(cuda) == "reference"
+    said = [r.getMessage() for r in caplog.records if r.name == "smiexlm.dag"]
+    assert len(said) == 1 and ("ptxas" in said[0] or "differs" in said[0]), said
+    monkeypatch.setenv("SMIEXLM_DAG_IMPL", "triton")  # asked for by name: run regardless
+    assert resolve_impl(cuda) == "triton"
 
 
 def test_dispatch_env_var(monkeypatch):
