@@ -3,7 +3,8 @@
 ``embed_file`` reads a CSV/TSV/Parquet table or a ``.smi`` file, embeds its SMILES column with
 a :class:`~smiexlm.featurizer.Featurizer`, and writes either a Parquet table (the kept id
 columns, the SMILES, then ``e0 … e{d-1}``) or a ``.npy`` matrix with the id columns beside it
-in ``<name>.ids.csv``. Rows that fail are NaN and listed in the returned report.
+in ``<name>.ids.csv``. Rows that fail are NaN, and every one of them is listed with its
+reason in ``<name>.rejects.csv`` (row, smiles, reason; the header alone when none failed).
 
 ``embed_parts`` writes a folder of Parquet parts instead (:mod:`smiexlm.parts`): resumable
 part by part, and shared among the processes of a ``torchrun`` job; ``read_parts`` reads them
@@ -12,6 +13,7 @@ back as one table in input order.
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +26,7 @@ from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurizer import Featurizer, FeaturizeReport
 from smiexlm.model.pooling import last_blocks
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
-from smiexlm.paths import atomic_paths, check_output
+from smiexlm.paths import REJECTS_HEADER, atomic_paths, check_output, rejects_beside
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.folder import ModelFolder
@@ -39,10 +41,11 @@ class EmbedResult:
     dim: int
     id_columns: list[str]
     report: FeaturizeReport  # ``failed`` holds the first SHOWN_FAILURES bad rows only
+    rejects_path: Path  # every bad row, with its reason
     ids_path: Path | None = None
 
 
-SHOWN_FAILURES = 10  # bad rows kept in the report (all of them are NaN in the output)
+SHOWN_FAILURES = 10  # bad rows kept in the report (all are NaN rows and in the rejects file)
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,8 @@ def embed_file(
     output, so memory stays flat whatever the input size. Everything is written under
     temporary names and renamed into place at the end (``.npy`` and its ``.ids.csv``
     together): an interrupted run leaves the previous output whole, and so does a run none of
-    whose rows could be embedded (DataError with the first rows' reasons).
+    whose rows could be embedded (DataError with the first rows' reasons). Every bad row goes
+    to :func:`~smiexlm.paths.rejects_beside` with its reason, written in the same step.
     """
     how = EmbedOptions(**options)
     out, input_path = Path(out), Path(input_path)
@@ -144,14 +148,18 @@ def embed_file(
     width = feat.width(how.chosen_pooling(), last_blocks(how.chosen_layers()))
     report = FeaturizeReport()
     ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
+    rejects = rejects_beside(out)
     finals = [out] if ids_path is None else [out, ids_path]
     bar = _progress_bar("embed") if progress else None
-    with atomic_paths(*finals) as tmps:
-        writer = _writer(out.suffix, tmps, width)
+    with atomic_paths(*finals, rejects) as tmps, open(tmps[-1], "w", newline="") as bad:
+        writer = _writer(out.suffix, tmps[:-1], width)
+        listed = csv.writer(bad, lineterminator="\n")
+        listed.writerow(REJECTS_HEADER)
         try:
             for frame in _chain(first, chunks):
                 emb = how.embed(feat, frame[smiles_col], report.n_inputs)  # (n, d)
                 _merge(report, feat.last_report)
+                listed.writerows(feat.last_report.failed)
                 writer.write(frame[[*id_cols, smiles_col]].reset_index(drop=True), emb)
                 if bar is not None:
                     bar.update(len(frame))
@@ -164,7 +172,7 @@ def embed_file(
             if bar is not None:
                 bar.close()
     feat.last_report = report
-    return EmbedResult(out, report.n_inputs, width, list(id_cols), report, ids_path)
+    return EmbedResult(out, report.n_inputs, width, list(id_cols), report, rejects, ids_path)
 
 
 def _check_file_out(out: Path) -> None:
@@ -176,6 +184,7 @@ def _check_file_out(out: Path) -> None:
             "without a suffix for Parquet parts"
         )
     check_output(out, "--out")
+    check_output(rejects_beside(out), "--out rejects file")
     if out.suffix == ".npy":
         check_output(out.with_suffix(".ids.csv"), "--out ids file")
 

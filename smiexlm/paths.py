@@ -26,6 +26,15 @@ ASSETS_DIR = PACKAGE_DIR / "assets"
 VOCAB_NAME = "vocab.json"  # the tokenizer file of a model folder or a dataset
 
 
+REJECTS_HEADER = ("row", "smiles", "reason")  # every batch job's list of bad input rows
+
+
+def rejects_beside(out: str | Path) -> Path:
+    """Where a one-file job lists its bad rows: ``emb.parquet`` -> ``emb.rejects.csv``."""
+    out = Path(out)
+    return out.with_name(out.stem + ".rejects.csv")
+
+
 def data_dir(required: bool = True) -> Path | None:
     """The folder named by ``SMIEXLM_DATA``, or None when it is unset and not required."""
     value = os.environ.get("SMIEXLM_DATA")

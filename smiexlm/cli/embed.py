@@ -101,6 +101,8 @@ def echo_embedded(result) -> None:
     if result.report.n_failed > len(result.report.failed):
         more = result.report.n_failed - len(result.report.failed)
         typer.echo(f"  ... and {more:,} more (NaN rows)", err=True)
+    if result.report.n_failed:
+        typer.echo(f"  every bad row, with its reason: {result.rejects_path}", err=True)
     extra = f" (+ ids in {result.ids_path})" if result.ids_path else ""
     typer.echo(f"wrote {result.out}: {result.n_rows} x {result.dim}{extra}")
 

@@ -98,6 +98,8 @@ def predict(
     result = predict_file(checkpoint, input, output, smiles_col, cols, how)
     _echo_failures(result.rejects)
     typer.echo(f"wrote {result.n_rows} rows ({len(result.rejects)} unparsable) to {result.out}")
+    if result.rejects:
+        typer.echo(f"every bad row, with its reason: {result.rejects_path}")
 
 
 def _echo_failures(rejects: list[tuple[int, str, str]], shown: int = 10) -> None:

@@ -5,7 +5,7 @@ Both give the predictions of :func:`~smiexlm.moleculenet.prediction.predict` wit
 id columns: one row per input (the id columns, the SMILES, ``valid``, then the label columns,
 ``<label>_std`` for an ensemble, and the columns of trust that
 :mod:`~smiexlm.moleculenet.prediction` lists); bad rows get NaN predictions and are listed with their
-reasons (``rejects.csv`` beside the parts).
+reasons (``rejects.csv`` beside the parts, ``<name>.rejects.csv`` beside the CSV).
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ How = dict[str, Any]  # predict's options: backend, tta, calibrate, conformal_al
 
 @dataclass
 class PredictedFile:
-    """What :func:`predict_file` wrote: the file, its rows, and the bad rows."""
+    """What :func:`predict_file` wrote: the file, its rows, and the bad rows (also listed in
+    ``rejects_path``)."""
 
     out: Path
     n_rows: int
     rejects: list[Reject]
+    rejects_path: Path
 
 
 def predict_file(
@@ -42,14 +44,18 @@ def predict_file(
     ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept;
     ``how``: the options of :func:`~smiexlm.moleculenet.prediction.predict` (backend, tta,
     calibrate, conformal_alpha, mondrian).
+    Every bad row is listed with its reason in ``<name>.rejects.csv``, written with it.
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
+    import pandas as pd
+
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError, every_row_failed
     from smiexlm.moleculenet.folder import finetuned_folders
-    from smiexlm.paths import atomic_path, check_output
+    from smiexlm.paths import REJECTS_HEADER, atomic_paths, check_output, rejects_beside
 
     folders = finetuned_folders(checkpoint)
     out = check_output(out, "--out")
+    listed = check_output(rejects_beside(out), "--out rejects file")
     frame = read_table(input_path, smiles_col)  # text cells; a blank cell is ""
     if not _usable(frame[smiles_col]).any():
         raise DataError(f"--input: column {smiles_col!r} has no non-empty SMILES")
@@ -59,9 +65,10 @@ def predict_file(
     table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, 0, how)
     if len(rejects) == len(table):  # all NaN: nothing under the final name
         raise every_row_failed("predict", smiles_col, input_path, len(table), rejects)
-    with atomic_path(out) as tmp:  # a reader never sees half a file
+    with atomic_paths(out, listed) as (tmp, tmp_listed):  # a reader never sees half a file
         table.to_csv(tmp, index=False)
-    return PredictedFile(out, len(table), rejects)
+        pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp_listed, index=False)
+    return PredictedFile(out, len(table), rejects, listed)
 
 
 def predict_parts(

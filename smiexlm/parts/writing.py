@@ -26,6 +26,7 @@ from smiexlm.parts.job import (
 from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
 from smiexlm.parts.resume import finished_parts, prepare_folder
 from smiexlm.paths import (
+    REJECTS_HEADER,
     atomic_paths,
     file_record,
     read_json_file,
@@ -154,7 +155,7 @@ def _finish(
         remove_stale_temporaries(out / part_name(index))
         remove_stale_temporaries(out / record_name(index))
     parts, counts, failed = [], {}, 0
-    lines = [["row", "smiles", "reason"]]
+    lines = [list(REJECTS_HEADER)]
     for index in range(n_parts):
         record = done[index]
         parts.append({"file": part_name(index), "start": record["start"],

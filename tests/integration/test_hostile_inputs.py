@@ -61,6 +61,29 @@ def test_embed_rejects_a_100k_character_smiles_before_rdkit(tmp_path):
     emb = np.load(tmp_path / "e.npy")
     assert emb.shape[0] == 3 and np.isnan(emb[1]).all() and not np.isnan(emb[[0, 2]]).any()
     assert "row 1:" in res.stderr and "longer than 8,192 characters" in res.stderr
+    rejects = pd.read_csv(tmp_path / "e.rejects.csv")
+    assert rejects["row"].tolist() == [1] and rejects["reason"][0].startswith("longer than")
+
+
+def test_embed_lists_every_bad_row_not_only_the_first_ten(tmp_path):
+    from smiexlm.embed import embed_file
+
+    smiles = [("CCO" if i % 3 == 0 else f"C1C{i}") for i in range(40)]  # 26 unclosed rings
+    table = tmp_path / "in.csv"
+    pd.DataFrame({"smiles": smiles, "id": range(40)}).to_csv(table, index=False)
+    result = embed_file(table, tmp_path / "e.parquet", progress=False, chunk_rows=8,
+                        device="cpu")  # fmt: skip
+    bad = [i for i, s in enumerate(smiles) if s != "CCO"]
+    assert result.report.n_failed == len(bad) == 26 and len(result.report.failed) == 10
+    rejects = pd.read_csv(result.rejects_path)
+    assert result.rejects_path == tmp_path / "e.rejects.csv" and rejects["row"].tolist() == bad
+    assert (rejects["smiles"] == [smiles[i] for i in bad]).all()
+    assert set(rejects["reason"]) == {"RDKit cannot parse it"}
+    embedded = pd.read_parquet(result.out)
+    assert embedded["e0"].isna().tolist() == [s != "CCO" for s in smiles]
+    (tmp_path / "ok.csv").write_text("smiles\nCCO\n")
+    clean = embed_file(tmp_path / "ok.csv", tmp_path / "ok.npy", progress=False, device="cpu")
+    assert pd.read_csv(clean.rejects_path).empty  # the header alone when nothing failed
 
 
 def test_preprocess_rejects_a_100k_character_smiles_and_resume_passes_it(tmp_path):
@@ -95,6 +118,8 @@ def test_predict_gives_a_100k_character_smiles_a_nan_row_with_its_reason(tmp_pat
     assert preds.y.isna().tolist() == [False, True, True]
     assert "row 1:" in res.stderr and "longer than 8,192 characters" in res.stderr
     assert "row 2: '' (empty string)" in res.stderr
+    rejects = pd.read_csv(tmp_path / "preds.rejects.csv", keep_default_na=False)
+    assert rejects["row"].tolist() == [1, 2] and rejects["reason"][1] == "empty string"
 
 
 # ---------------------------------------------------------------------- 2. bad --out
