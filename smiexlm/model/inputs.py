@@ -159,6 +159,12 @@ class ModelInputs:
         prepared = self.encode(Prepared(list(texts), [None] * len(texts)), max_length)
         return prepared.require_all(texts).rows, prepared.n_cut  # type: ignore[return-value]
 
+    def unknown(self, rows: Sequence[Sequence[int]]) -> tuple[int, int]:
+        """([UNK] tokens, rows holding at least one) among ``rows``: what the model's vocabulary
+        lacks, counted so that it is never silent."""
+        counts = [list(row).count(self.tokenizer.unk_id) for row in rows]
+        return sum(counts), sum(c > 0 for c in counts)
+
     def encoder_lengths(self, rows: Sequence[Sequence[int]]) -> list[int]:
         """Positions each row takes in the encoder (for token-budget batching)."""
         return [self.config.encoder_length(len(row)) for row in rows]

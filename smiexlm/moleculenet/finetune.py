@@ -186,6 +186,7 @@ class _Setup:
     inputs: list[str]
     tokenizer: Any
     n_cut: int  # inputs cut to cfg.max_length tokens
+    unknown: tuple[int, int]  # ([UNK] tokens, molecules holding one)
     targets: _Targets
     scaler: Any  # FeatureScaler, or None without hybrid features
     model: Any  # ExLMForSequencePrediction
@@ -203,7 +204,12 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
 
     inputs = inputs if inputs is not None else backbone.model_texts(task.smiles, cfg.canonicalize)
     tokenizer = backbone.tokenizer(inputs)
-    rows, n_cut = backbone.inputs(tokenizer).rows(inputs, cfg.max_length)
+    model_inputs = backbone.inputs(tokenizer)
+    rows, n_cut = model_inputs.rows(inputs, cfg.max_length)
+    unknown = model_inputs.unknown(rows)
+    if unknown[1]:
+        log.warning("%s: %d of %d molecules hold %d tokens outside the model's vocabulary "
+                    "([UNK])", task.name, unknown[1], len(rows), unknown[0])  # fmt: skip
     targets = _Targets.fit(task, split)
     features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
     torch.manual_seed(seed)
@@ -223,7 +229,8 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
     train.variants = _variants(backbone, tokenizer, inputs, split.train, cfg.augment, cfg, seed)
     valid.variants = _variants(backbone, tokenizer, inputs, split.valid, cfg.tta, cfg, seed)
     test.variants = _variants(backbone, tokenizer, inputs, split.test, cfg.tta, cfg, seed)
-    return _Setup(inputs, tokenizer, n_cut, targets, scaler, model, (train, valid, test), adapted)
+    return _Setup(inputs, tokenizer, n_cut, unknown, targets, scaler, model, (train, valid, test),
+                  adapted)  # fmt: skip
 
 
 def finetune_once(
@@ -268,7 +275,9 @@ def finetune_once(
     scores = _Scores(targets.to_scores(valid_views.mean(axis=0)),
                      targets.to_scores(valid_views[0]), targets.to_scores(test_logits))  # fmt: skip
     backbone_record = {"backbone": backbone.name, "backbone_sha256": backbone.weights_sha256}
-    config = cfg.to_dict() | backbone_record | {"n_truncated": run.n_cut} | fitted.summary()
+    counts = {"n_truncated": run.n_cut, "n_unk_tokens": run.unknown[0],
+              "n_unk_molecules": run.unknown[1]}  # fmt: skip
+    config = cfg.to_dict() | backbone_record | counts | fitted.summary()
     config |= run.adapted
     config["processes"] = runs.processes()
     if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean

@@ -114,6 +114,9 @@ def _serve_one(
     views, pooled = [], None
     for v, view in enumerate(spellings):
         rows, _ = inputs.rows(list(view), cfg.get("max_length", 256))
+        if v == 0 and (unknown := inputs.unknown(rows))[1]:
+            log.warning("%d of %d molecules hold %d tokens outside the model's vocabulary "
+                        "([UNK])", unknown[1], len(rows), unknown[0])  # fmt: skip
         if backend == "onnx":
             logits = model.logits(rows, features, batch_size)
         else:

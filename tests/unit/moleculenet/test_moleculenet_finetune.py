@@ -118,15 +118,20 @@ def _small_csv(tmp_path):
     return path, frame
 
 
-def _finetune(tmp_path, *extra, out=None):
+def _finetune_cli(path, out, *extra):
+    """``smiexlm finetune`` on a CSV for two updates, in-process."""
     from smiexlm.cli.main import app
 
-    path, _ = _small_csv(tmp_path)
-    out = out or tmp_path / f"out{len(list(tmp_path.glob('out*')))}"  # a run folder of its own
     args = ["finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
             "--split", "random", "--max-train-steps", "2", "--batch-size", "8", "--epochs", "1",
             "--device", "cpu", "--out", str(out), *extra]  # fmt: skip
-    result = CliRunner().invoke(app, args)
+    return CliRunner().invoke(app, args)
+
+
+def _finetune(tmp_path, *extra, out=None):
+    path, _ = _small_csv(tmp_path)
+    out = out or tmp_path / f"out{len(list(tmp_path.glob('out*')))}"  # a run folder of its own
+    result = _finetune_cli(path, out, *extra)
     assert result.exit_code == 0, result.output
     return pd.read_csv(out / "results.csv")
 
@@ -136,6 +141,7 @@ def test_cli_finetune_defaults_to_the_shipped_model_and_random_init_is_explicit(
     rows = _finetune(tmp_path, "--seeds", "0")
     config = json.loads(rows["config"][0])
     assert config["backbone"] == "default_model" and rows["model"][0] == "default_model"
+    assert config["n_unk_tokens"] == config["n_unk_molecules"] == 0
     assert config["steps"] == 2 and config["patience"] is None
     rows = _finetune(tmp_path, "--seeds", "0", "--random-init")
     assert json.loads(rows["config"][0])["backbone"].startswith("random-init tiny")
@@ -144,7 +150,6 @@ def test_cli_finetune_defaults_to_the_shipped_model_and_random_init_is_explicit(
 def test_a_finished_cell_knows_its_backbone_by_its_weights_not_only_its_name(tmp_path):
     import shutil
 
-    from smiexlm.cli.main import app
     from smiexlm.finetuning.state import StateMismatchError, check_identity
     from smiexlm.model.integrity import read_checksums
     from smiexlm.model.layout import DEFAULT_MODEL_DIR, WEIGHTS_NAME, shipped_models
@@ -159,16 +164,24 @@ def test_a_finished_cell_knows_its_backbone_by_its_weights_not_only_its_name(tmp
     other = tmp_path / "second" / "model"  # the same folder name, other weights
     shutil.copytree(shipped_models()["exlm"], other)
     path, _ = _small_csv(tmp_path)
-    args = ["finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
-            "--split", "random", "--max-train-steps", "2", "--batch-size", "8", "--epochs", "1",
-            "--device", "cpu", "--out", str(out), "--seeds", "0", "--checkpoint", str(other),
-            "--resume"]  # fmt: skip
-    result = CliRunner().invoke(app, args)
+    result = _finetune_cli(path, out, "--seeds", "0", "--checkpoint", str(other), "--resume")
     assert result.exit_code != 0 and "backbone_sha256" in str(result.exception), result.output
     saved, now = {"backbone": "model"}, {"backbone": "model", "backbone_sha256": sha}
     check_identity(tmp_path, saved, now)  # a state kept before the record resumes as it did
     with pytest.raises(StateMismatchError, match="backbone_sha256"):
         check_identity(tmp_path, now | {"backbone_sha256": "0" * 64}, now)
+
+
+def test_tokens_outside_the_vocabulary_are_counted_and_said(tmp_path, caplog):
+    path, frame = _small_csv(tmp_path)
+    frame.loc[[0, 7], "smi"] = ["CC[Cf]CO", "[Lr]CC[Lr]"]  # elements the vocabulary lacks
+    frame.to_csv(path, index=False)
+    with caplog.at_level("WARNING", logger="smiexlm.moleculenet.finetune"):
+        result = _finetune_cli(path, tmp_path / "out", "--seeds", "0")
+    assert result.exit_code == 0, result.output
+    config = json.loads(pd.read_csv(tmp_path / "out" / "results.csv")["config"][0])
+    assert (config["n_unk_tokens"], config["n_unk_molecules"]) == (3, 2)
+    assert any("2 of 60 molecules hold 3 tokens" in r.getMessage() for r in caplog.records)
 
 
 def test_cli_freeze_freeze_layers_features_patience(tmp_path):
