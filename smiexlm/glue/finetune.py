@@ -34,7 +34,7 @@ from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError, check_fraction, check_positive_int
 from smiexlm.glue.metrics import compute_metrics, majority_baseline
 from smiexlm.glue.tasks import GlueSplit, GlueTask, get_task, load_task
-from smiexlm.paths import PACKAGE_DIR, write_json
+from smiexlm.paths import PACKAGE_DIR, file_sha256, write_json
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "glue.toml"
 
@@ -138,7 +138,8 @@ class GlueResult:
     n_train: int
     n_eval: int
     checkpoint: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # vocabulary, objective, data sha256
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)  # (min, max) over seeds
 
     @property
     def score(self) -> float:
@@ -146,8 +147,14 @@ class GlueResult:
         return self.median[get_task(self.task).primary_metric]
 
     def summary(self) -> str:
-        """One line: the medians next to the majority-class baseline."""
-        shown = "  ".join(f"{k} {100 * v:.1f}" for k, v in self.median.items())
+        """One line: the medians, each with its range over seeds, next to the majority-class
+        baseline."""
+
+        def one(metric: str, value: float) -> str:
+            low, high = self.spread.get(metric, (value, value))
+            return f"{metric} {100 * value:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+
+        shown = "  ".join(one(k, v) for k, v in self.median.items())
         base = "  ".join(f"{k} {100 * v:.1f}" for k, v in self.majority.items())
         return (
             f"{self.task}: {shown}  (majority: {base}; {len(self.runs)} seeds, n_dev={self.n_eval})"
@@ -257,7 +264,8 @@ class _PreparedTask:
             pre.model.config, _encode(pre.tokenizer, train, max_length), train.labels,
             _encode(pre.tokenizer, evaluation, max_length), evaluation.labels,
             majority_baseline(task, train.labels, evaluation.labels),
-            {"vocab_hash": pre.tokenizer.vocab_hash, "objective": pre.model.config.objective},
+            {"vocab_hash": pre.tokenizer.vocab_hash, "objective": pre.model.config.objective,
+             "train_sha256": file_sha256(train.path), "eval_sha256": file_sha256(evaluation.path)},
         )  # fmt: skip
 
     def run(self, config: GlueConfig, progress: bool) -> GlueResult:
@@ -270,11 +278,13 @@ class _PreparedTask:
             )  # fmt: skip
             run.metrics = _clean(run.metrics)
             runs.append(run)
-        median = {m: float(statistics.median(r.metrics[m] for r in runs)) for m in runs[0].metrics}
+        scores = {m: [r.metrics[m] for r in runs] for m in runs[0].metrics}
         return GlueResult(
-            task=self.task.name, config=config.to_dict(), runs=runs, median=median,
+            task=self.task.name, config=config.to_dict(), runs=runs,
+            median={m: float(statistics.median(v)) for m, v in scores.items()},
             majority=self.majority, n_train=len(self.train_rows), n_eval=len(self.eval_rows),
             checkpoint=self.checkpoint, extra=dict(self.extra),
+            spread={m: (float(min(v)), float(max(v))) for m, v in scores.items()},
         )  # fmt: skip
 
 

@@ -46,6 +46,13 @@ def test_glue_rte_cli_runs_and_writes_a_result(shared_data, tiny_checkpoint, tmp
     accs = sorted(r["metrics"]["accuracy"] for r in report["runs"])
     assert report["median"]["accuracy"] == accs[1]
     assert report["n_eval"] == 20 and report["extra"]["objective"] == "exlm"
+    assert report["spread"]["accuracy"] == [accs[0], accs[2]]  # the range over seeds
+    assert f"[{100 * accs[0]:.1f}, {100 * accs[2]:.1f}]" in result.output
+    from smiexlm.paths import file_sha256
+
+    rte = shared_data / "glue" / "RTE"
+    assert report["extra"]["train_sha256"] == file_sha256(rte / "train.tsv")
+    assert report["extra"]["eval_sha256"] == file_sha256(rte / "dev.tsv")
 
 
 def test_glue_sts_b_regression(shared_data, tiny_checkpoint):
