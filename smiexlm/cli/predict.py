@@ -112,5 +112,50 @@ def _echo_failures(rejects: list[tuple[int, str, str]], shown: int = 10) -> None
         typer.echo(f"  ... and {len(rejects) - shown:,} more (NaN rows)", err=True)
 
 
+def select(
+    input: Annotated[
+        Path,
+        typer.Argument(help="predict's output: a CSV/TSV/Parquet table, or its folder of parts."),
+    ],
+    n: Annotated[int, typer.Option("-n", min=1, help="How many molecules to pick.")] = 10,
+    by: Annotated[
+        str,
+        typer.Option(
+            help="uncertainty (probability nearest 0.5) | std (the ensemble's spread) "
+            "| tta_std (the spread over random SMILES) | novelty (1 - nearest "
+            "training Tanimoto) | value (the prediction)."
+        ),
+    ] = "uncertainty",  # fmt: skip
+    task: Annotated[
+        str | None, typer.Option(help="The predicted column to rank by (default: the only one).")
+    ] = None,
+    max_similarity: Annotated[
+        float,
+        typer.Option(
+            help="Skip a molecule whose ECFP4 Tanimoto to one already picked is "
+            "above this (1: keep near-copies)."
+        ),
+    ] = 0.7,  # fmt: skip
+    lowest: Annotated[bool, typer.Option(help="--by value: the lowest predictions first.")] = False,
+    smiles_col: SmilesCol = "smiles",
+    out: Annotated[Path, typer.Option("--out", "-o", help="CSV of the picks.")] = Path("picks.csv"),
+) -> None:
+    """Pick the molecules to test next from predict's output: the highest acquisition score
+    first, none too similar to one picked before it."""
+    from smiexlm.data.readers import read_table
+    from smiexlm.parts.reading import read_parts
+    from smiexlm.paths import atomic_path, check_output
+    from smiexlm.trust.acquisition import select as choose
+
+    check_output(out, "--out")
+    frame = (read_parts(input) if input.is_dir()
+             else read_table(input, smiles_col, "input", infer_types=True))  # fmt: skip
+    chosen = choose(frame, n, by, task, max_similarity, smiles_col, lowest)
+    with atomic_path(out) as tmp:
+        chosen.picks.to_csv(tmp, index=False)
+    typer.echo(f"{chosen.summary()}; wrote {out}")
+
+
 def register(app: typer.Typer) -> None:
     app.command(cls=multi_value("--checkpoint"))(predict)
+    app.command()(select)

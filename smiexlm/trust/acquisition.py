@@ -1,0 +1,151 @@
+"""Which molecules to test next: ranking ``predict``'s rows by an acquisition score.
+
+A batch of molecules for the next round of assays, chosen from a table of predictions (the
+output of ``smiexlm predict``, one row per molecule) by one of these scores, highest first:
+
+- ``uncertainty``: closeness of a predicted probability to 0.5, ``1 - |2p - 1|`` (the model
+  cannot tell the classes apart there); classification only, the column must hold
+  probabilities;
+- ``std``: the ensemble's spread ``<task>_std`` (``predict`` with several folders);
+- ``tta_std``: the spread over random SMILES ``<task>_tta_std`` (``predict --tta K``);
+- ``novelty``: ``1 - nearest_tanimoto``, distance from the training molecules;
+- ``value``: the prediction itself (the most active first; ``lowest=True`` for the least).
+
+A batch of near-copies teaches little, so the walk down the ranking skips a molecule whose
+ECFP4 Tanimoto similarity to one already picked exceeds ``max_similarity`` (1 keeps every
+molecule). Rows that cannot be scored (``valid`` False, or a NaN score) are never picked;
+every exclusion is counted in the :class:`Selection`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from smiexlm.errors import ConfigError, DataError
+
+ACQUISITIONS = ("uncertainty", "std", "tta_std", "novelty", "value")
+DEFAULT_MAX_SIMILARITY = 0.7  # ECFP4 Tanimoto: above it, two molecules are of one series
+
+
+@dataclass
+class Selection:
+    """The picked rows (input columns, then ``acquisition`` and ``pick``, 1 first) and the
+    counts of what was left out."""
+
+    picks: Any  # pandas DataFrame
+    n_rows: int
+    n_unscored: int  # invalid rows or NaN scores
+    n_too_similar: int  # skipped on the way down for being near a molecule already picked
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.picks):,} picked of {self.n_rows:,} rows ({self.n_unscored:,} without "
+            f"a score, {self.n_too_similar:,} skipped as too similar to a pick)"
+        )
+
+
+def task_column(frame: Any, task: str | None) -> str:
+    """The predicted column ``task`` names, or the table's only one when ``task`` is None."""
+    if task is not None:
+        if task not in frame.columns:
+            raise DataError(f"--task {task!r}: no such column; the table has {list(frame.columns)}")
+        return task
+    trust = ("_std", "_low", "_high", "_model", "_forest", "_set")
+    known = {"valid", "in_domain", "nearest_tanimoto", "mean_tanimoto_k5", "nearest_cosine",
+             "mean_cosine_k5"}  # fmt: skip
+    tasks = [c for c in frame.select_dtypes("number").columns
+             if c not in known and not c.endswith(trust)]  # fmt: skip
+    if len(tasks) != 1:
+        raise DataError(
+            f"the table holds {len(tasks)} numeric columns that could be the task {tasks}: "
+            "name one with --task"
+        )
+    return tasks[0]
+
+
+def acquisition(frame: Any, task: str, by: str, lowest: bool = False) -> np.ndarray:
+    """(n,) float64 score per row, higher picked first; NaN where the row cannot be scored."""
+    if by not in ACQUISITIONS:
+        raise ConfigError("--by", by, "one of " + ", ".join(ACQUISITIONS))
+    column = {"uncertainty": task, "std": f"{task}_std", "tta_std": f"{task}_tta_std",
+              "novelty": "nearest_tanimoto", "value": task}[by]  # fmt: skip
+    if column not in frame.columns:
+        why = {"std": "predict with several --checkpoint folders (an ensemble) writes it",
+               "tta_std": "predict --tta K writes it",
+               "novelty": "predict writes it from a folder that keeps its training molecules"}  # fmt: skip
+        raise DataError(f"--by {by} needs the column {column!r}: {why.get(by, 'not found')}")
+    values = np.asarray(frame[column], dtype=np.float64)
+    if "valid" in frame.columns:
+        values = np.where(np.asarray(frame["valid"], dtype=bool), values, np.nan)
+    if by == "uncertainty":
+        finite = values[np.isfinite(values)]
+        if finite.size and (finite.min() < 0 or finite.max() > 1):
+            raise DataError(
+                f"--by uncertainty: column {column!r} holds values outside [0, 1] ("
+                f"{finite.min():.3g} to {finite.max():.3g}); expected probabilities (a "
+                "classification task); for regression rank by --by std or tta_std"
+            )
+        return 1.0 - np.abs(2.0 * values - 1.0)
+    if by == "novelty":
+        return 1.0 - values
+    return -values if by == "value" and lowest else values
+
+
+def select(
+    frame: Any,
+    n: int,
+    by: str = "uncertainty",
+    task: str | None = None,
+    max_similarity: float = DEFAULT_MAX_SIMILARITY,
+    smiles_col: str = "smiles",
+    lowest: bool = False,
+) -> Selection:
+    """The ``n`` rows of ``frame`` to test next: highest ``by`` score first (ties in input
+    order), none more similar than ``max_similarity`` (ECFP4 Tanimoto) to one picked before
+    it."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError("-n", n, "a positive integer")
+    if not 0 < max_similarity <= 1:
+        raise ConfigError("--max-similarity", max_similarity, "a Tanimoto similarity in (0, 1]")
+    if smiles_col not in frame.columns:
+        raise DataError(f"--smiles-col {smiles_col!r}: no such column in {list(frame.columns)}")
+    score = acquisition(frame, task_column(frame, task), by, lowest)
+    scored = np.flatnonzero(np.isfinite(score))
+    order = scored[np.argsort(-score[scored], kind="stable")]  # ties: input order
+    picked, skipped = _diverse(order, frame[smiles_col].tolist(), n, max_similarity)
+    picks = frame.iloc[picked].copy()
+    picks["acquisition"] = score[picked]
+    picks["pick"] = np.arange(1, len(picked) + 1)
+    return Selection(picks, len(frame), len(frame) - len(scored), skipped)
+
+
+def _diverse(order: np.ndarray, smiles: list, n: int, max_similarity: float) -> tuple[list, int]:
+    """Walk ``order`` and keep up to ``n`` rows, skipping any whose ECFP4 Tanimoto to a kept
+    one exceeds ``max_similarity``; (kept rows, skipped count)."""
+    if max_similarity >= 1:
+        return [int(i) for i in order[:n]], 0
+    from smiexlm.search import ecfp4_packed
+    from smiexlm.trust.domain import unpack_ecfp4
+
+    kept: list[int] = []
+    kept_bits = np.zeros((n, 2048), dtype=np.float32)  # the picks' fingerprints, row by row
+    kept_counts = np.zeros(n, dtype=np.float32)
+    skipped, block = 0, max(4 * n, 256)  # fingerprints are made a block of the ranking at a time
+    for start in range(0, len(order), block):
+        rows = order[start : start + block]
+        for row, fp in zip(rows, unpack_ecfp4(ecfp4_packed([smiles[i] for i in rows])), strict=True):  # fmt: skip
+            if len(kept) == n:
+                return kept, skipped
+            m = len(kept)
+            inter = kept_bits[:m] @ fp
+            union = kept_counts[:m] + fp.sum() - inter
+            similar = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+            if m and similar.max() > max_similarity:
+                skipped += 1
+                continue
+            kept_bits[m], kept_counts[m] = fp, fp.sum()
+            kept.append(int(row))
+    return kept, skipped

@@ -1,0 +1,98 @@
+"""Picking the next molecules to test: scores, the diversity walk against RDKit's own Tanimoto,
+the refusals, and the command."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.trust.acquisition import acquisition, select
+
+# A homologous series (near-copies of each other) and unrelated molecules.
+SERIES = ["CCCCCCCCCCO", "CCCCCCCCCCCO", "CCCCCCCCCCCCO", "CCCCCCCCCCCCCO"]
+OTHERS = ["c1ccccc1C(=O)O", "CC(=O)Nc1ccc(O)cc1", "C1CCNCC1", "O=C(O)CCC(=O)O", "CN1CCCC1c1cccnc1"]
+
+
+def _predictions(p, smiles=None, **extra):
+    smiles = smiles or (SERIES + OTHERS)[: len(p)]
+    frame = pd.DataFrame({"id": [f"m{i}" for i in range(len(p))], "smiles": smiles,
+                          "valid": [True] * len(p), "active": p, **extra})  # fmt: skip
+    return frame
+
+
+def _tanimoto(a: str, b: str) -> float:
+    from rdkit import Chem, DataStructs
+    from rdkit.Chem import rdFingerprintGenerator
+
+    gen = rdFingerprintGenerator.GetMorganGenerator(radius=2, fpSize=2048)
+    fa, fb = (gen.GetFingerprint(Chem.MolFromSmiles(s)) for s in (a, b))
+    return DataStructs.TanimotoSimilarity(fa, fb)
+
+
+def test_uncertainty_ranks_probabilities_nearest_one_half_and_never_picks_bad_rows():
+    p = [0.9, 0.52, 0.5, 0.1, 0.45, 0.7]
+    frame = _predictions(p, smiles=OTHERS + ["CCO"])
+    frame.loc[2, "valid"] = False  # an unparsable input: NaN in predict's output
+    frame.loc[2, "active"] = np.nan
+    np.testing.assert_allclose(acquisition(frame, "active", "uncertainty")[[0, 1, 4]],
+                               [0.2, 0.96, 0.9])  # fmt: skip
+    chosen = select(frame, 3, "uncertainty", max_similarity=1.0)
+    assert chosen.picks["id"].tolist() == ["m1", "m4", "m5"] and chosen.picks["pick"].tolist() == [1, 2, 3]  # fmt: skip
+    assert (chosen.n_rows, chosen.n_unscored, chosen.n_too_similar) == (6, 1, 0)
+    lowest = select(frame, 2, "value", max_similarity=1.0, lowest=True)
+    assert lowest.picks["id"].tolist() == ["m3", "m4"]
+
+
+def test_the_diversity_walk_matches_rdkit_tanimoto_pair_by_pair():
+    smiles = SERIES + OTHERS
+    frame = _predictions(list(np.linspace(0.5, 0.95, len(smiles))), smiles=smiles)
+    threshold = 0.6
+    chosen = select(frame, 6, "uncertainty", max_similarity=threshold)
+    picked = chosen.picks["smiles"].tolist()
+    for a, b in itertools.combinations(picked, 2):  # no two picks above the threshold
+        assert _tanimoto(a, b) <= threshold, (a, b)
+    order = np.argsort(-(1 - np.abs(2 * frame["active"].to_numpy() - 1)), kind="stable")
+    walked = [smiles[i] for i in order]
+    walked = walked[: walked.index(picked[-1]) + 1]  # the ranking down to the last pick
+    skipped = [s for s in walked if s not in picked]
+    for s in skipped:  # each skipped one was too near a pick made before it
+        before = [q for q in picked if walked.index(q) < walked.index(s)]
+        assert max(_tanimoto(s, q) for q in before) > threshold, s
+    assert chosen.n_too_similar == len(skipped) > 0 and picked[0] == SERIES[0]
+    assert len(set(picked) & set(SERIES)) == 1  # one of the series stands for all of it
+
+
+def test_spread_and_novelty_read_predicts_columns_and_say_what_is_missing():
+    frame = _predictions([0.2, 0.4, 0.6], active_std=[0.05, 0.3, 0.1],
+                         nearest_tanimoto=[0.9, 0.2, 0.5])  # fmt: skip
+    assert select(frame, 1, "std", max_similarity=1.0).picks["id"].tolist() == ["m1"]
+    assert select(frame, 3, "novelty", max_similarity=1.0).picks["id"].tolist() == ["m1", "m2", "m0"]  # fmt: skip
+    with pytest.raises(DataError, match="active_tta_std.*--tta"):
+        select(frame, 1, "tta_std")
+    frame["activity"] = [3.0, 7.5, 5.0]  # a second numeric column: which task?
+    with pytest.raises(DataError, match="name one with --task"):
+        select(frame, 1, "value")
+    with pytest.raises(DataError, match=r"outside \[0, 1\].*--by std"):
+        select(frame, 1, "uncertainty", task="activity")
+    with pytest.raises(ConfigError, match="-n"):
+        select(frame, 0, "std", task="active")
+    with pytest.raises(ConfigError, match="--by"):
+        select(frame, 1, "entropy", task="active")
+
+
+def test_the_select_command_writes_the_picks(tmp_path):
+    from smiexlm.cli.main import app
+
+    table = tmp_path / "preds.csv"
+    _predictions([0.9, 0.52, 0.5, 0.1, 0.45], smiles=OTHERS).to_csv(table, index=False)
+    out = tmp_path / "picks.csv"
+    result = CliRunner().invoke(app, ["select", str(table), "-n", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    picks = pd.read_csv(out)
+    assert picks["id"].tolist() == ["m2", "m1"] and list(picks.columns)[-2:] == ["acquisition", "pick"]  # fmt: skip
+    assert "2 picked of 5 rows (0 without a score" in result.output
