@@ -99,7 +99,7 @@ def predict(
     _echo_failures(result.rejects)
     typer.echo(f"wrote {result.n_rows} rows ({len(result.rejects)} unparsable) to {result.out}")
     if result.rejects:
-        typer.echo(f"every bad row, with its reason: {result.rejects_path}")
+        typer.echo(f"every bad row, with its reason: {result.rejects_path}", err=True)
 
 
 def _echo_failures(rejects: list[tuple[int, str, str]], shown: int = 10) -> None:

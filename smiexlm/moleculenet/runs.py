@@ -16,7 +16,7 @@ import math
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from smiexlm.errors import DataError
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
 from smiexlm.paths import atomic_paths, read_json_file, write_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smiexlm.moleculenet.backbone import Backbone
 
 RESULT_NAME = "result.json"
 PREDICTIONS_NAME = "predictions.npz"
@@ -39,7 +42,7 @@ def state_dir(folder: Path) -> Path:
     return Path(folder) / STATE_NAME
 
 
-def identity(task, split: Split, cfg, backbone) -> dict[str, Any]:
+def identity(task, split: Split, cfg, backbone: Backbone) -> dict[str, Any]:
     """What a resumed run must share with the run that saved the state, beyond the loop."""
     from smiexlm.finetuning.engine import without_settings_off
 
