@@ -20,13 +20,14 @@ every exclusion is counted in the :class:`Selection`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
 
-ACQUISITIONS = ("uncertainty", "std", "tta_std", "novelty", "value")
+Acquisition = Literal["uncertainty", "std", "tta_std", "novelty", "value"]
+ACQUISITIONS: tuple[str, ...] = ("uncertainty", "std", "tta_std", "novelty", "value")
 DEFAULT_MAX_SIMILARITY = 0.7  # ECFP4 Tanimoto: above it, two molecules are of one series
 
 
@@ -66,7 +67,7 @@ def task_column(frame: Any, task: str | None) -> str:
     return tasks[0]
 
 
-def acquisition(frame: Any, task: str, by: str, lowest: bool = False) -> np.ndarray:
+def acquisition(frame: Any, task: str, by: Acquisition, lowest: bool = False) -> np.ndarray:
     """(n,) float64 score per row, higher picked first; NaN where the row cannot be scored."""
     if by not in ACQUISITIONS:
         raise ConfigError("--by", by, "one of " + ", ".join(ACQUISITIONS))
@@ -97,7 +98,7 @@ def acquisition(frame: Any, task: str, by: str, lowest: bool = False) -> np.ndar
 def select(
     frame: Any,
     n: int,
-    by: str = "uncertainty",
+    by: Acquisition = "uncertainty",
     task: str | None = None,
     max_similarity: float = DEFAULT_MAX_SIMILARITY,
     smiles_col: str = "smiles",
