@@ -77,26 +77,23 @@ def describe_splits(results: list[RunResult]) -> str:
     )
 
 
-def _row_name(r: RunResult, mixed: set[str]) -> str:
-    """A model's row, split by split kind when the model was scored on several."""
-    return f"{r.model} [{split_kind(r.split)}]" if r.model in mixed else r.model
-
-
-def _mixed_models(results: list[RunResult]) -> set[str]:
+def _row_names(results: list[RunResult]) -> list[str]:
+    """Each result's row: its model, or its model and split kind (``m [random]``) when that
+    model was scored on several kinds of split."""
     kinds: dict[str, set[str]] = {}
     for r in results:
         kinds.setdefault(r.model, set()).add(split_kind(r.split))
-    return {model for model, k in kinds.items() if len(k) > 1}
+    return [f"{r.model} [{split_kind(r.split)}]" if len(kinds[r.model]) > 1 else r.model
+            for r in results]  # fmt: skip
 
 
 def summarize(results: list[RunResult]) -> dict[str, dict[str, tuple[float, float, int]]]:
     """row -> dataset -> (mean, sample std, n seeds) of the test score. A row is a model, or a
     model and a split kind (``m [random]``) when that model was scored on several, so scores
     of different splits are never averaged together."""
-    mixed = _mixed_models(results)
     table: dict[str, dict[str, list[float]]] = {}
-    for r in results:
-        table.setdefault(_row_name(r, mixed), {}).setdefault(r.dataset, []).append(r.test)
+    for row, r in zip(_row_names(results), results, strict=True):
+        table.setdefault(row, {}).setdefault(r.dataset, []).append(r.test)
     return {
         model: {ds: (*_mean_std(v), len(v)) for ds, v in per.items()}
         for model, per in table.items()
@@ -131,8 +128,7 @@ def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
     summary = summarize(results)
     metrics = {r.dataset: r.metric for r in results}
     one_metric = len(set(metrics.values())) == 1
-    mixed = _mixed_models(results)
-    kinds = {_row_name(r, mixed): split_kind(r.split) for r in results}
+    kinds = {row: split_kind(r.split) for row, r in zip(_row_names(results), results, strict=True)}
     several = len(set(kinds.values())) > 1  # then every row names its split
     header = ["model", *(["split"] if several else []), *datasets, "mean"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

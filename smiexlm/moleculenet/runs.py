@@ -108,10 +108,9 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> R
                 if f.default is not dataclasses.MISSING}  # fmt: skip
     recorded = json.loads(json.dumps(done.config))  # tuples and lists alike
     pairs = [("data_sha256", done.data_sha256, expected["data_sha256"]),
-             ("split", done.split, expected["split"]),
-             ("backbone", recorded.get("backbone", expected["backbone"]), expected["backbone"]),
-             ("backbone_sha256", recorded.get("backbone_sha256", expected["backbone_sha256"]),
-              expected["backbone_sha256"])]  # fmt: skip
+             ("split", done.split, expected["split"])]  # fmt: skip
+    pairs += [(key, recorded.get(key, expected[key]), expected[key])
+              for key in ("backbone", "backbone_sha256")]  # fmt: skip
     for key, want in json.loads(json.dumps(expected["finetune"])).items():
         if key in HOW_RUN or (key == "precision" and want == "auto"):
             continue  # (a result records the precision that "auto" resolved to)
