@@ -129,7 +129,7 @@ def _diverse(order: np.ndarray, smiles: list, n: int, max_similarity: float) -> 
     if max_similarity >= 1:
         return [int(i) for i in order[:n]], 0
     from smiexlm.search import ecfp4_packed
-    from smiexlm.trust.domain import unpack_ecfp4
+    from smiexlm.trust.domain import tanimoto_from_counts, unpack_ecfp4
 
     kept: list[int] = []
     kept_bits = np.zeros((n, 2048), dtype=np.float32)  # the picks' fingerprints, row by row
@@ -141,9 +141,7 @@ def _diverse(order: np.ndarray, smiles: list, n: int, max_similarity: float) -> 
             if len(kept) == n:
                 return kept, skipped
             m = len(kept)
-            inter = kept_bits[:m] @ fp
-            union = kept_counts[:m] + fp.sum() - inter
-            similar = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+            similar = tanimoto_from_counts(kept_bits[:m] @ fp, kept_counts[:m], fp.sum())
             if m and similar.max() > max_similarity:
                 skipped += 1
                 continue

@@ -67,10 +67,18 @@ def tanimoto_neighbours(
 
     def measure(start: int, stop: int) -> np.ndarray:
         inter = qry[start:stop] @ lib.T  # (q, n) shared bits, exact
-        union = qry_bits[start:stop, None] + lib_bits[None, :] - inter
-        return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+        return tanimoto_from_counts(inter, qry_bits[start:stop, None], lib_bits[None, :])
 
     return _blocks(len(queries), measure, k)
+
+
+def tanimoto_from_counts(
+    shared: np.ndarray, bits_a: np.ndarray | float, bits_b: np.ndarray | float
+) -> np.ndarray:
+    """Tanimoto similarity from the shared bit count and each side's bit count (broadcast);
+    0 where neither side has a bit set."""
+    union = bits_a + bits_b - shared
+    return np.divide(shared, union, out=np.zeros_like(shared), where=union > 0)
 
 
 def cosine_neighbours(
