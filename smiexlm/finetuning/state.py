@@ -132,8 +132,8 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
     )
 
 
-# Identity keys added after states were first kept: a state saved before one of them resumes
-# as it did (not compared on it); a state that records it is.
+# Identity keys added after states (and hpopt studies) were first kept: one saved before a key
+# resumes as it did (not compared on it); one that records it is.
 ADDED_LATER = ("backbone_sha256",)
 
 

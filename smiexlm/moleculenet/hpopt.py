@@ -15,7 +15,8 @@ a stopped process (Ctrl-C, kill -9) is marked failed; a failed trial does not co
 ``--trials`` and its CPU time, lost, not towards ``--cpu-minutes``. The TPE sampler is seeded
 anew before each trial from (``seed``, trials counted so far), so a resumed study draws the
 trial a straight run would have drawn, and the two end with the same trials. A study is
-refused when the command's settings (data, split, seed, backbone, base config) differ from
+refused when the command's settings (data, split, seed, backbone and its weights' sha256, base
+config) differ from
 those it was started with.
 
 The modules run one way: :mod:`~smiexlm.moleculenet.hpopt_search` (budget, space, the trial

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import DataError
+from smiexlm.finetuning.state import ADDED_LATER
 from smiexlm.moleculenet.hpopt_search import STUDY_FILE, STUDY_NAME, HpoptConfig, Search
 
 COUNTED_STATES = ("COMPLETE", "PRUNED")  # the trials that spend the --trials budget
@@ -36,7 +37,10 @@ def open_study(out: Path, search: Search, hp: HpoptConfig, pruner=None):
     saved = study.user_attrs.get("identity")
     if saved is None:
         study.set_user_attr("identity", identity)
-    elif saved != identity:
+        saved = identity
+    # a study kept before a key of ADDED_LATER was recorded resumes as it did
+    identity = {k: v for k, v in identity.items() if k in saved or k not in ADDED_LATER}
+    if saved != identity:
         key, then, now = first_difference(saved, identity)
         raise DataError(
             f"--out {str(out)!r} holds a search with {key} = {then!r}, not {now!r}: run the "

@@ -246,3 +246,20 @@ def test_a_validation_part_of_one_class_is_refused_before_any_trial(tmp_path):
     with pytest.raises(DataError, match="validation part holds a single class"):
         search(tmp_path, 1, toy_task(frame))
     assert not (tmp_path / "study.sqlite").exists()
+
+
+def test_a_study_knows_its_backbone_by_its_weights_and_older_studies_still_resume(tmp_path):
+    import optuna
+
+    def set_saved(change):
+        study = optuna.load_study(study_name="hpopt", storage=f"sqlite:///{tmp_path / 'study.sqlite'}")  # fmt: skip
+        identity = study.user_attrs["identity"]
+        change(identity)
+        study.set_user_attr("identity", identity)
+
+    search(tmp_path, 1)
+    set_saved(lambda identity: identity.update(backbone_sha256="0" * 64))  # re-exported weights
+    with pytest.raises(DataError, match=r"backbone_sha256 = '0{64}', not '[0-9a-f]{64}'"):
+        search(tmp_path, 2)
+    set_saved(lambda identity: identity.pop("backbone_sha256"))  # kept before the key existed
+    assert search(tmp_path, 2).counted == 2
