@@ -16,8 +16,7 @@ a stopped process (Ctrl-C, kill -9) is marked failed; a failed trial does not co
 anew before each trial from (``seed``, trials counted so far), so a resumed study draws the
 trial a straight run would have drawn, and the two end with the same trials. A study is
 refused when the command's settings (data, split, seed, backbone and its weights' sha256, base
-config) differ from
-those it was started with.
+config) differ from those it was started with.
 
 The modules run one way: :mod:`~smiexlm.moleculenet.hpopt_search` (budget, space, the trial
 itself) under :mod:`~smiexlm.moleculenet.hpopt_study` (the Optuna study) and
