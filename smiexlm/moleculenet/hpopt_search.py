@@ -207,7 +207,8 @@ class Search:
         sampler = {k: getattr(hp, k) for k in ("seed", "startup_trials", "prune_after",
                                                 "warmup_epochs")}  # fmt: skip
         doc = {"format": IDENTITY_FORMAT, **self.source, "backbone": self.backbone.name,
-               "backbone_sha256": self.backbone.weights_sha256, "base": base, "space": asdict(self.space), "sampler": sampler}  # fmt: skip
+               "backbone_sha256": self.backbone.weights_sha256, "base": base,
+               "space": asdict(self.space), "sampler": sampler}  # fmt: skip
         return json.loads(json.dumps(json_safe(doc)))
 
     def raw_features(self, kind: str | None) -> np.ndarray | None:
