@@ -137,10 +137,15 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
 ADDED_LATER = ("backbone_sha256",)
 
 
+def as_kept(current: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """``current`` without the keys of :data:`ADDED_LATER` that ``saved`` predates."""
+    return {k: v for k, v in current.items() if k in saved or k not in ADDED_LATER}
+
+
 def check_identity(folder: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Raise naming the first differing settings when ``saved`` is not ``current``."""
-    saved, current = _flat(saved), _flat(current)
-    current = {k: v for k, v in current.items() if k in saved or k not in ADDED_LATER}
+    saved = _flat(saved)
+    current = as_kept(_flat(current), saved)
     changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
     if changed:
         said = "; ".join(f"{k}: {saved.get(k)!r} then, {current.get(k)!r} now" for k in changed[:3])

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import DataError
-from smiexlm.finetuning.state import ADDED_LATER
+from smiexlm.finetuning.state import as_kept
 from smiexlm.moleculenet.hpopt_search import STUDY_FILE, STUDY_NAME, HpoptConfig, Search
 
 COUNTED_STATES = ("COMPLETE", "PRUNED")  # the trials that spend the --trials budget
@@ -37,10 +37,7 @@ def open_study(out: Path, search: Search, hp: HpoptConfig, pruner=None):
     saved = study.user_attrs.get("identity")
     if saved is None:
         study.set_user_attr("identity", identity)
-        saved = identity
-    # a study kept before a key of ADDED_LATER was recorded resumes as it did
-    identity = {k: v for k, v in identity.items() if k in saved or k not in ADDED_LATER}
-    if saved != identity:
+    elif saved != (identity := as_kept(identity, saved)):  # older studies resume as they did
         key, then, now = first_difference(saved, identity)
         raise DataError(
             f"--out {str(out)!r} holds a search with {key} = {then!r}, not {now!r}: run the "
