@@ -171,13 +171,16 @@ def forest_columns(
 class ForestFeatures:
     """The raw forest features of every molecule of ``smiles``, computed once: ECFP4 bits
     and/or RDKit 2D descriptors. :meth:`scaler` fits the descriptors' scaling on a split's
-    train rows, :meth:`matrix` applies it."""
+    train rows, :meth:`matrix` applies it. ``cache``: a data set's descriptors are kept on
+    disk (:func:`~smiexlm.fingerprints.rdkit2d_descriptors`)."""
 
-    def __init__(self, smiles: Sequence[str], kind: str, radius: int = 2, n_bits: int = 2048):
+    def __init__(self, smiles: Sequence[str], kind: str, radius: int = 2, n_bits: int = 2048,
+                 cache: bool = False):  # fmt: skip
         self.kind = kind
+        smiles = list(smiles)
         with_bits, with_descriptors = kind in ("ecfp4", "both"), kind != "ecfp4"
-        self.bits = morgan_fingerprints(list(smiles), radius, n_bits) if with_bits else None
-        self.descriptors = rdkit2d_descriptors(list(smiles)) if with_descriptors else None
+        self.bits = morgan_fingerprints(smiles, radius, n_bits) if with_bits else None
+        self.descriptors = rdkit2d_descriptors(smiles, cache=cache) if with_descriptors else None
 
     def scaler(self, train: Sequence[int]) -> FeatureScaler | None:
         """The descriptors' scaling fitted on the ``train`` rows; None for bits alone."""
@@ -206,7 +209,7 @@ def run_baseline(
     cfg = cfg or BaselineConfig()
     task = check_task(task)
     start = time.perf_counter()
-    features = ForestFeatures(task.smiles, cfg.features, cfg.radius, cfg.n_bits)
+    features = ForestFeatures(task.smiles, cfg.features, cfg.radius, cfg.n_bits, cache=True)
     feature_s = time.perf_counter() - start
     scaled: dict[tuple[int, ...], np.ndarray] = {}  # per train split (deterministic: one)
     seeds = list(seeds)

@@ -160,7 +160,7 @@ def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | N
     if raw is None:
         from smiexlm.fingerprints import molecule_features
 
-        raw = molecule_features(inputs, cfg.features)
+        raw = molecule_features(inputs, cfg.features, cache=True)
     scaler = FeatureScaler.fit(raw[np.asarray(split.train)], cfg.features)
     return torch.from_numpy(scaler.transform(raw)), scaler
 
@@ -385,7 +385,7 @@ def run_finetune(
             return inputs, None
         from smiexlm.fingerprints import molecule_features
 
-        return inputs, molecule_features(inputs, cfg.features)
+        return inputs, molecule_features(inputs, cfg.features, cache=True)
 
     def one_seed(split: Split, seed: int) -> RunResult:
         run_dir = None if run_root is None else runs.run_dir(run_root, task.name, seed)

@@ -59,7 +59,7 @@ class KeptForest:
             forest_scores,
         )
 
-        features = ForestFeatures(texts, cfg.forest)
+        features = ForestFeatures(texts, cfg.forest, cache=True)
         scaler = features.scaler(train)
         x = features.matrix(scaler)
         baseline = BaselineConfig(features=cfg.forest, n_trees=cfg.forest_trees)

@@ -218,7 +218,7 @@ class Search:
         if kind not in self.features:
             from smiexlm.fingerprints import molecule_features
 
-            self.features[kind] = molecule_features(self.inputs, kind)
+            self.features[kind] = molecule_features(self.inputs, kind, cache=True)
         return self.features[kind]
 
     def run(self, trial, progress: bool = False) -> float:

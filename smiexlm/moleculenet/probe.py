@@ -191,7 +191,8 @@ def run_probe(
     if cfg.features:
         from smiexlm.fingerprints import molecule_features
 
-        raw = molecule_features(inputs, cfg.features)  # filled per split, on its train rows
+        # filled per split, on its train rows
+        raw = molecule_features(inputs, cfg.features, cache=True)
     kind = "logistic" if task.is_classification else "ridge"
     name = f"{backbone.name} linear probe ({kind})" + (", whitened" if cfg.whiten else "")
     name += f" + {cfg.features}" if cfg.features else ""

@@ -124,6 +124,69 @@ def test_an_unparsable_smiles_is_a_row_of_nan_for_targets_and_an_error_for_featu
         rdkit2d_descriptors(["CCO"], unparsable="skip")  # type: ignore[arg-type]
 
 
+def test_a_data_sets_descriptors_are_kept_and_read_back_bit_for_bit(tmp_path, monkeypatch):
+    """``cache=True`` keeps a list's matrix once and reads it back without RDKit; another
+    order, another ``unparsable`` rule or a shorter list than the threshold is not that file."""
+    from smiexlm import fingerprints
+
+    monkeypatch.setenv("SMIEXLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(fingerprints, "CACHE_MIN_MOLECULES", 3)
+    smiles = ["CCO", "c1ccccc1O", "C" * 80, "CC(=O)[O-].[Na+]"]  # one with NaN (Ipc 1e17)
+    fresh = rdkit2d_descriptors(smiles)
+    kept = rdkit2d_descriptors(smiles, cache=True)
+    (path,) = (tmp_path / "descriptors").iterdir()
+    np.testing.assert_array_equal(kept, fresh)
+    assert np.isnan(fresh).any()
+
+    def no_rdkit():
+        raise AssertionError("computed again")
+
+    monkeypatch.setattr(fingerprints, "_rdkit2d_functions", no_rdkit)
+    np.testing.assert_array_equal(rdkit2d_descriptors(smiles, cache=True), fresh)
+    with pytest.raises(AssertionError, match="computed again"):
+        rdkit2d_descriptors(smiles[::-1], cache=True)
+    with pytest.raises(AssertionError, match="computed again"):
+        rdkit2d_descriptors(smiles, unparsable="nan", cache=True)
+    with pytest.raises(AssertionError, match="computed again"):
+        rdkit2d_descriptors(smiles[:2], cache=True)  # below the threshold: never kept
+    assert list((tmp_path / "descriptors").iterdir()) == [path]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong shape", "pickled object"])
+def test_a_damaged_kept_matrix_is_computed_again_and_replaced(tmp_path, monkeypatch, caplog,
+                                                              damage):  # fmt: skip
+    from smiexlm import fingerprints
+
+    monkeypatch.setenv("SMIEXLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(fingerprints, "CACHE_MIN_MOLECULES", 2)
+    smiles = ["CCO", "c1ccccc1O", "CCN"]
+    fresh = rdkit2d_descriptors(smiles, cache=True)
+    (path,) = (tmp_path / "descriptors").iterdir()
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    elif damage == "wrong shape":
+        np.save(path, fresh[:2])
+    else:
+        np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with caplog.at_level("WARNING", logger="smiexlm.fingerprints"):
+        again = rdkit2d_descriptors(smiles, cache=True)
+    np.testing.assert_array_equal(again, fresh)
+    assert "computing them again" in caplog.text and str(path) in caplog.text
+    np.testing.assert_array_equal(np.load(path, allow_pickle=False), fresh)  # replaced
+
+
+def test_both_features_keep_only_the_descriptors(tmp_path, monkeypatch):
+    from smiexlm import fingerprints
+
+    monkeypatch.setenv("SMIEXLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(fingerprints, "CACHE_MIN_MOLECULES", 2)
+    smiles = ["CCO", "c1ccccc1O", "CCN"]
+    got = fingerprints.molecule_features(smiles, "both", cache=True)
+    np.testing.assert_array_equal(got, fingerprints.molecule_features(smiles, "both"))
+    (path,) = (tmp_path / "descriptors").iterdir()
+    assert np.load(path).shape == (3, len(descriptor_names("rdkit2d")))
+
+
 def test_descriptors_shrink_the_default_shard_so_that_progress_is_committed_often():
     """A shard is the unit of progress; with descriptors a million molecules are hours."""
     from dataclasses import asdict

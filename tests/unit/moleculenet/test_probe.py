@@ -45,7 +45,7 @@ def test_test_rows_do_not_change_the_fill_of_the_others(monkeypatch):
         raw = feature.copy()
         known = [i for i in test_rows if not np.isnan(raw[i, 0])]
         raw[known, 0] = test_value
-        monkeypatch.setattr("smiexlm.fingerprints.molecule_features", lambda _s, _k, r=raw: r)
+        monkeypatch.setattr("smiexlm.fingerprints.molecule_features", lambda *_, r=raw, **__: r)
         cfg = ProbeConfig(split="random", features="rdkit2d", c_grid=(0.01, 1.0))
         (result,) = run_probe(task, _Backbone(), [0], cfg)
         runs.append(result)
