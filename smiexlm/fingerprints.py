@@ -4,8 +4,9 @@ The one place the package computes them: the RF baseline, the hybrid fine-tuning
 (``--features ecfp4|rdkit2d|both``), the descriptor targets of pretraining datasets
 (``preprocess --descriptors rdkit2d``, :func:`compute_descriptors`) and the demo's Tanimoto
 neighbours all call these functions. A data set's RDKit 2D descriptors can be kept on disk
-(``cache=True``): they cost minutes (BACE half a minute, ToxCast about 2, MUV about 14 on one core), and every
-fine-tuning run, resumed run, forest and probe of the same set needs the same matrix. How the values are scaled lives with their users:
+(``cache=True``): they cost minutes (BACE half a minute, ToxCast about 2, MUV about 14 on one
+core), and every fine-tuning run, resumed run, forest and probe of the set needs the same
+matrix. How the values are scaled lives with their users:
 :mod:`smiexlm.descriptor_stats` for pretraining targets, :mod:`smiexlm.moleculenet.features`
 for the hybrid heads. RDKit is imported inside the functions so that importing this module
 stays cheap.
