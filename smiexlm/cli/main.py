@@ -40,6 +40,21 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """The command lists of ``--help`` show each command's first paragraph as one flowing
+    line: typer keeps the docstring's own line breaks there, which leaves ragged rows."""
+    for info in typer_app.registered_commands:
+        text = info.help or (info.callback.__doc__ if info.callback else None) or ""
+        if info.short_help is None and text.strip():
+            info.short_help = " ".join(text.strip().split("\n\n")[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
+_one_line_summaries(app)
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: temporary outputs are removed
 

@@ -24,6 +24,19 @@ def test_help_lists_commands():
         assert command in out
 
 
+def test_command_lists_show_each_summary_as_one_flowing_line():
+    """Typer keeps a docstring's line breaks in the command lists; every summary (the
+    groups' commands too) is its first paragraph joined into one line, so on a wide terminal
+    each command is one row, with no row carrying on the one above."""
+    env = {**os.environ, "COLUMNS": "400", "TERM": "dumb"}
+    for words in ([], ["analyze"], ["vocab"], ["text"]):
+        out = subprocess.run([smiexlm_command(), *words, "--help"], capture_output=True,
+                             text=True, env=env, check=True).stdout  # fmt: skip
+        panel = out[out.index("─ Commands ─") :].splitlines()[1:]
+        rows = panel[: next(i for i, row in enumerate(panel) if row.startswith("╰"))]
+        assert rows and all(not row[2:3].isspace() for row in rows), out
+
+
 def _help(command: str) -> str:
     env = {**os.environ, "COLUMNS": "200", "TERM": "dumb"}
     result = subprocess.run(
