@@ -238,6 +238,71 @@ def campaign(args: argparse.Namespace) -> None:
         merge(argparse.Namespace(folders=folders, out=args.root, schedule="full"))
 
 
+def _cell_state(folder: Path) -> dict | None:
+    """What a stopped cell's ``state/`` holds: epochs run and planned, precision, CPU seconds
+    so far and the best validation score (fine-tuning); finished forests (a forest seed)."""
+    import json
+
+    state = folder / "state"
+    if (state / "state.json").is_file():
+        doc = json.loads((state / "state.json").read_text())
+        progress = doc["progress"]
+        return {"epochs": (progress["epochs_run"], doc["identity"]["loop"]["epochs"]),
+                "precision": progress["precision"], "cpu_s": progress.get("cpu_seconds"),
+                "best_valid": progress["best_valid"]}  # fmt: skip
+    if (state / "forests.npz").is_file():
+        import numpy as np
+
+        with np.load(state / "forests.npz") as kept:
+            return {"forests": int(np.asarray(kept["done"]).sum()), "of": len(kept["done"])}
+    return None
+
+
+def status(args: argparse.Namespace) -> None:
+    """Every cell of the plan (within ``--rows``/``--tasks``/``--seeds``): finished (its
+    test score, precision and CPU seconds), stopped (where, and the CPU time its remaining
+    epochs should take at its own pace), or not started; then the counts."""
+    from smiexlm.moleculenet import runs
+
+    lines = ["| row | set | seed | cell | test | precision | CPU s | left, CPU s |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    counts = {"finished": 0, "stopped": 0, "not started": 0}
+    left_total = 0.0
+    for row, tasks in PLAN:
+        if args.rows and row not in args.rows:
+            continue
+        for task in (t for t in tasks if not args.tasks or t in args.tasks):
+            for seed in args.seeds:
+                folder = runs.run_dir(args.root / row / "runs", task, seed)
+                done, state = runs.finished(folder), _cell_state(folder)
+                cells = [row, task, str(seed)]
+                if done is not None:
+                    cfg = done.config or {}
+                    cpu = cfg.get("train_cpu_seconds") or cfg.get("cpu_seconds")
+                    cells += ["finished", f"{done.test:.1f}", str(cfg.get("precision", "–")),
+                              "–" if cpu is None else f"{cpu:,.0f}", "–"]  # fmt: skip
+                    counts["finished"] += 1
+                elif state is not None and "epochs" in state:
+                    (ran, planned), cpu = state["epochs"], state["cpu_s"]
+                    left = None if not cpu or not ran else cpu / ran * (planned - ran)
+                    left_total += left or 0.0
+                    where = f"stopped at epoch {ran} of {planned} (best valid {100 * state['best_valid']:.1f})"
+                    cells += [where, "–", state["precision"], "–" if cpu is None else f"{cpu:,.0f}",
+                              "–" if left is None else f"{left:,.0f}"]  # fmt: skip
+                    counts["stopped"] += 1
+                elif state is not None:
+                    cells += [f"stopped: {state['forests']} of {state['of']} forests", "–", "–",
+                              "–", "–"]  # fmt: skip
+                    counts["stopped"] += 1
+                else:
+                    cells += ["not started", "–", "–", "–", "–"]
+                    counts["not started"] += 1
+                lines.append("| " + " | ".join(cells) + " |")
+    print("\n".join(lines))
+    print(", ".join(f"{n} {what}" for what, n in counts.items())
+          + f"; the stopped cells' remaining epochs: about {left_total / 3600:.1f} h of one core")  # fmt: skip
+
+
 def _spread(processes: int) -> bool:
     """True when ``processes`` copies of this script ran it (see ``distributed.relaunch``)."""
     from smiexlm.pretraining.distributed import relaunch
@@ -310,15 +375,19 @@ def main() -> None:
     p_camp.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
     p_camp.add_argument("--tasks", nargs="+", choices=TASKS, default=None, help="only these sets")
     p_camp.add_argument("--n-trees", type=int, default=500, help="trees per forest")
+    p_status = sub.add_parser("status", help="where every cell of the plan stands, from --root")
+    p_status.add_argument("--root", type=Path, required=True)
+    p_status.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
+    p_status.add_argument("--tasks", nargs="+", choices=TASKS, default=None)
     for p in (p_run, p_camp):
         p.add_argument("--progress", action="store_true", help="a progress bar per run")
-    for p in (p_run, p_probe, p_base, p_camp):
+    for p in (p_run, p_probe, p_base, p_camp, p_status):
         p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()
     if args.command == "run" and _spread(args.processes):
         return
     commands = {"run": run, "probe": probe, "baseline": baseline, "merge": merge}
-    (commands | {"campaign": campaign})[args.command](args)
+    (commands | {"campaign": campaign, "status": status})[args.command](args)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,9 @@ SMOKE: dict[str, list[Step]] = {
         Step(MN, ("campaign", "--root", "{tmp}/campaign", "--rows", "rf_ecfp4", "--tasks",
              "bace", "--seeds", "0", "--n-trees", "2"),
              expect=("campaign/report.md", "campaign/rf_ecfp4/runs/bace/seed0/result.json")),
+        Step(MN, ("status", "--root", "{tmp}/campaign", "--rows", "rf_ecfp4", "default",
+             "--tasks", "bace", "--seeds", "0"),
+             prints="1 finished, 0 stopped, 1 not started"),
     ],
     "finetune_parallel": [
         Step("finetune_parallel.py", ("--task", "bace", "--epochs", "1", "--max-train-steps",
