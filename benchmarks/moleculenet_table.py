@@ -151,7 +151,8 @@ def run(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
                      "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps,
-                     "layers": args.layers, "ema_half_life": args.ema_half_life,
+                     "layers": args.layers, "pooling": args.pooling,
+                     "ema_half_life": args.ema_half_life,
                      "head_epochs": args.head_epochs, "head_lr": args.head_lr,
                      "layer_decay": args.layer_decay}  # fmt: skip
             extra = {k: v for k, v in extra.items() if v}  # what the options change
@@ -331,6 +332,9 @@ def main() -> None:
     p_run.add_argument("--adapt-steps", type=int, default=0, help="descriptor regression first")
     p_run.add_argument("--adapt-lr", type=float, default=None, help="its learning rate")
     p_run.add_argument("--layers", type=int, default=None, help="the head reads the last N blocks")
+    p_run.add_argument("--pooling", default=None,
+                       help="the head's pooling: cls (Table 8's), mean, max, or several side by "
+                       "side (cls+mean+max)")  # fmt: skip
     p_run.add_argument("--ema-half-life", type=float, default=0.0,
                        help="validate and keep a moving average of the weights (epochs)")  # fmt: skip
     p_run.add_argument("--head-epochs", type=int, default=0,

@@ -196,6 +196,11 @@ HeadLayers = Annotated[
                  "side by side, from one pass (default: the blocks the model serves as its "
                  "embedding, the default model's last three; 1 for a folder without embedding.json)."),
 ]  # fmt: skip
+HeadPooling = Annotated[
+    str | None,
+    typer.Option("--pooling", help="How the head pools each block: cls (Table 8's), mean, max, "
+                 "or several joined by + (cls+mean+max), side by side."),
+]  # fmt: skip
 Patience = Annotated[
     int | None,
     typer.Option("--patience", help="Stop after N epochs without a better valid score "
@@ -309,6 +314,7 @@ def finetune(
     freeze: Freeze = False,
     freeze_layers: FreezeLayers = 0,
     layers: HeadLayers = None,
+    pooling: HeadPooling = None,
     features: Features = None,
     patience: Patience = None,
     ema_half_life: EmaHalfLife = None,
@@ -346,7 +352,8 @@ def finetune(
         return
     cfg = _config(None if data else task, no_canonicalize, config, ctx, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
-                  freeze=freeze, freeze_layers=freeze_layers, layers=layers, features=features,
+                  freeze=freeze, freeze_layers=freeze_layers, layers=layers, pooling=pooling,
+                  features=features,
                   patience=patience, ema_half_life=ema_half_life, head_epochs=head_epochs,
                   head_lr=head_lr, layer_decay=layer_decay, precision=precision,
                   augment=augment, tta=tta,

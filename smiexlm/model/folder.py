@@ -20,7 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from smiexlm.errors import DataError
+from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.layout import (
     CARD_NAME,
     CONFIG_NAME,
@@ -30,7 +30,7 @@ from smiexlm.model.layout import (
     is_default,
     model_folder,
 )
-from smiexlm.model.pooling import POOLINGS
+from smiexlm.model.pooling import POOLINGS, pooling_parts
 from smiexlm.model.records import (
     EmbeddingSettings,
     read_embedding,
@@ -186,8 +186,10 @@ def read_finetune_meta(path: Path) -> dict[str, Any]:
 
     if meta.get("task_type") not in TASK_TYPES:
         raise bad("task_type", f"one of {TASK_TYPES}")
-    if meta.get("pooling") not in POOLINGS:
-        raise bad("pooling", f"one of {POOLINGS}")
+    try:
+        pooling_parts(meta.get("pooling"))
+    except ConfigError:
+        raise bad("pooling", f"one of {POOLINGS}, or several joined by '+'") from None
     n = meta.get("n_outputs")
     if type(n) is not int or n < 1:
         raise bad("n_outputs", "a positive integer")

@@ -17,7 +17,7 @@ from smiexlm.errors import (
 )
 from smiexlm.finetuning.engine import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.model.pooling import POOLINGS
+from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.adapt import check_adapt
 from smiexlm.moleculenet.blend import DEFAULT_BLEND, check_blend
 from smiexlm.moleculenet.splits import SPLIT_KINDS
@@ -91,7 +91,7 @@ class FinetuneConfig:
             check_spellings(name, getattr(self, name))
         for name in ("dropout", "pooler_dropout"):
             check_fraction(name, getattr(self, name))
-        check_choice("pooling", self.pooling, POOLINGS)
+        pooling_parts(self.pooling)  # one of POOLINGS, or several side by side (cls+mean+max)
         check_choice("split", self.split, SPLIT_KINDS)
         if self.features is not None:
             check_choice("features", self.features, FEATURE_KINDS)

@@ -174,7 +174,10 @@ def pool(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
     """(B, L, d) states and (B, L) bool mask -> (B, d), as ``smiexlm.model.model.pool``.
 
     The mean's sum over positions is the last entry of a running sum: CumSum adds positions
-    one by one, so padding (+0.0) and the batch size leave it unchanged (module docstring)."""
+    one by one, so padding (+0.0) and the batch size leave it unchanged (module docstring).
+    Several joined by ``+`` (``cls+max``): (B, n·d), side by side in that order."""
+    if "+" in pooling:
+        return torch.cat([pool(hidden, mask, part) for part in pooling.split("+")], dim=-1)
     if pooling == "cls":
         return hidden[:, 0]
     m = mask[..., None]  # (B, L, 1)

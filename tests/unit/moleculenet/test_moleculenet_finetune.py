@@ -258,6 +258,42 @@ def test_a_head_on_the_last_three_blocks_is_saved_and_served(tmp_path):
     assert bad.exit_code != 0 and "layers" in str(bad.exception)
 
 
+def test_a_head_on_several_poolings_side_by_side_is_saved_and_served(tmp_path):
+    """``--pooling cls+mean+max``: the head reads the three poolings of each of its blocks
+    side by side (3 x 3 x d inputs for the default's three blocks); the folder records it and
+    ``predict`` gives back the run's kept test scores; an unknown pooling names the field."""
+    from smiexlm.cli.main import app
+    from smiexlm.errors import DataError
+    from smiexlm.model.integrity import record_checksums
+    from smiexlm.moleculenet.prediction import predict
+
+    torch.set_num_threads(1)
+    models = tmp_path / "models"
+    rows = _finetune(tmp_path, "--seeds", "0", "--pooling", "cls+mean+max", "--save-dir",
+                     str(models))  # fmt: skip
+    assert json.loads(rows["config"][0])["pooling"] == "cls+mean+max"
+    meta = json.loads((models / "seed0" / "finetune.json").read_text())
+    assert meta["pooling"] == "cls+mean+max" and meta["layers"] == 3
+    kept = np.load(tmp_path / "out0" / "runs" / "mini" / "seed0" / "predictions.npz")
+    _, frame = _small_csv(tmp_path)
+    test = frame["smi"].to_numpy()[kept["test_rows"]].tolist()
+    np.testing.assert_allclose(predict(models / "seed0", test)["y"], kept["test"][:, 0],
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+    meta["pooling"] = "cls+sum"  # a record naming a pooling there is none of
+    (models / "seed0" / "finetune.json").write_text(json.dumps(meta))
+    record_checksums(models / "seed0", "finetune.json")
+    with pytest.raises(DataError, match="key 'pooling' is 'cls\\+sum': expected one of"):
+        predict(models / "seed0", test)
+
+    bad = CliRunner().invoke(app, ["finetune", "mini", "--data", str(tmp_path / "mini.csv"),
+                                   "--smiles-col", "smi", "--label-cols", "y", "--pooling",
+                                   "cls+sum", "--out", str(tmp_path / "bad")])  # fmt: skip
+    assert (
+        bad.exit_code != 0 and "pooling" in str(bad.exception) and "cls+sum" in str(bad.exception)
+    )
+
+
 def test_cli_predict_ensemble_mean_and_std_per_molecule(tmp_path):
     from smiexlm.cli.main import app
     from smiexlm.moleculenet.prediction import predict

@@ -148,7 +148,7 @@ def test_in_memory_graph_of_an_mlm_model():
     assert np.abs(served.featurize(some, "cls", (0, -1)) - both).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("pooling", ["cls", "max"])
+@pytest.mark.parametrize("pooling", ["cls", "max", "cls+mean+max"])
 def test_predictor_graph_of_a_head_on_the_last_three_blocks(pooling):
     """A head reading the last three blocks (``layers=3``) of a micro ExLM model: the
     exported graph gives the torch head's logits (cls: the last block on the first two
