@@ -19,6 +19,7 @@ import functools
 import hashlib
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -119,7 +120,7 @@ def rdkit2d_descriptors(
     return out
 
 
-def _kept_path(smiles: Sequence[str], unparsable: str):
+def _kept_path(smiles: Sequence[str], unparsable: str) -> Path:
     from smiexlm.paths import cache_dir
 
     head = [CACHE_FORMAT, descriptor_version("rdkit2d"), repr(DESCRIPTOR_LIMIT), unparsable]
@@ -127,7 +128,7 @@ def _kept_path(smiles: Sequence[str], unparsable: str):
     return cache_dir() / "descriptors" / f"rdkit2d-{key}.npy"
 
 
-def _read_kept(path, n: int) -> np.ndarray | None:
+def _read_kept(path: Path, n: int) -> np.ndarray | None:
     """The kept (n, D) float64 matrix at ``path``; None when there is none or it is damaged."""
     if not path.is_file():
         return None
