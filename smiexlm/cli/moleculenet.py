@@ -353,13 +353,11 @@ def finetune(
     cfg = _config(None if data else task, no_canonicalize, config, ctx, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
                   freeze=freeze, freeze_layers=freeze_layers, layers=layers, pooling=pooling,
-                  features=features,
-                  patience=patience, ema_half_life=ema_half_life, head_epochs=head_epochs,
-                  head_lr=head_lr, layer_decay=layer_decay, precision=precision,
-                  augment=augment, tta=tta,
-                  adapt_steps=adapt_steps, adapt_lr=adapt_lr, forest=forest,
-                  forest_trees=forest_trees, forest_blend=forest_blend,
-                  forest_weight=forest_weight)  # fmt: skip
+                  features=features, patience=patience, ema_half_life=ema_half_life,
+                  head_epochs=head_epochs, head_lr=head_lr, layer_decay=layer_decay,
+                  precision=precision, augment=augment, tta=tta, adapt_steps=adapt_steps,
+                  adapt_lr=adapt_lr, forest=forest, forest_trees=forest_trees,
+                  forest_blend=forest_blend, forest_weight=forest_weight)  # fmt: skip
     seeds = _seeds(seeds)
     (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
     backbone = Backbone(checkpoint, preset, objective, random_init)
