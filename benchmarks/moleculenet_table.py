@@ -244,17 +244,21 @@ def _cell_state(folder: Path) -> dict | None:
     so far and the best validation score (fine-tuning); finished forests (a forest seed)."""
     import json
 
-    state = folder / "state"
-    if (state / "state.json").is_file():
-        doc = json.loads((state / "state.json").read_text())
+    from smiexlm.finetuning.state import STATE_JSON
+    from smiexlm.moleculenet.baseline import PARTIAL_NAME
+    from smiexlm.moleculenet.runs import state_dir
+
+    state = state_dir(folder)
+    if (state / STATE_JSON).is_file():
+        doc = json.loads((state / STATE_JSON).read_text())
         progress = doc["progress"]
         return {"epochs": (progress["epochs_run"], doc["identity"]["loop"]["epochs"]),
                 "precision": progress["precision"], "cpu_s": progress.get("cpu_seconds"),
                 "best_valid": progress["best_valid"]}  # fmt: skip
-    if (state / "forests.npz").is_file():
+    if (state / PARTIAL_NAME).is_file():
         import numpy as np
 
-        with np.load(state / "forests.npz") as kept:
+        with np.load(state / PARTIAL_NAME) as kept:
             return {"forests": int(np.asarray(kept["done"]).sum()), "of": len(kept["done"])}
     return None
 
