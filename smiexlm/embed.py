@@ -14,6 +14,7 @@ back as one table in input order.
 from __future__ import annotations
 
 import csv
+import logging
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +25,7 @@ import numpy as np
 from smiexlm.data.readers import iter_table
 from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurizer import Featurizer, FeaturizeReport
+from smiexlm.model.inputs import UnseenTokens
 from smiexlm.model.pooling import last_blocks
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.paths import REJECTS_HEADER, atomic_paths, check_output, rejects_beside
@@ -45,6 +47,7 @@ class EmbedResult:
     ids_path: Path | None = None
 
 
+logger = logging.getLogger(__name__)
 SHOWN_FAILURES = 10  # bad rows kept in the report (all are NaN rows and in the rejects file)
 
 
@@ -172,6 +175,8 @@ def embed_file(
             if bar is not None:
                 bar.close()
     feat.last_report = report
+    if report.unseen is not None and report.unseen.holding:
+        logger.warning("embed: %s", report.unseen.describe())
     return EmbedResult(out, report.n_inputs, width, list(id_cols), report, rejects, ids_path)
 
 
@@ -238,6 +243,8 @@ def embed_parts(
             report = feat.last_report
             counts = {"unk_tokens": report.n_unk_tokens,
                       "changed_by_normalization": report.n_changed_by_normalization}  # fmt: skip
+            if report.unseen is not None:
+                counts["molecules_with_untrained_tokens"] = report.unseen.holding
             table = _embedding_table(frame[[*id_cols, smiles_col]], emb)
             return ChunkOutput(table, report.failed, counts)
 
@@ -278,6 +285,8 @@ def _merge(total: FeaturizeReport, part: FeaturizeReport) -> None:
     total.n_unk_tokens += part.n_unk_tokens
     total.n_changed_by_normalization += part.n_changed_by_normalization
     total.failed += part.failed[: SHOWN_FAILURES - len(total.failed)]
+    if part.unseen is not None:
+        total.unseen = (total.unseen or UnseenTokens()).merge(part.unseen)
 
 
 def _writer(suffix: str, tmps: list[Path], dim: int) -> Any:

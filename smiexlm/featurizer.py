@@ -43,6 +43,7 @@ from smiexlm.errors import (
     shorten,
 )
 from smiexlm.model.encoder import batch_invariant
+from smiexlm.model.inputs import UnseenTokens
 from smiexlm.model.model import ExLMModel
 from smiexlm.model.pooling import block_indices, last_blocks, pooling_parts
 from smiexlm.model.pretrained import Pretrained, load_pretrained
@@ -70,13 +71,19 @@ class FeaturizeReport:
     n_unk_tokens: int = 0
     n_changed_by_normalization: int = 0
     failed: list[tuple[int, str, str]] = field(default_factory=list)
+    # the embedded molecules holding tokens the model never trained; None when its folder
+    # keeps no record of its corpus (corpus_tokens.json)
+    unseen: UnseenTokens | None = None
 
     def summary(self) -> str:
-        return (
+        line = (
             f"{self.n_inputs:,} SMILES, {self.n_failed:,} failed, "
             f"{self.n_unk_tokens:,} [UNK] tokens, "
             f"{self.n_changed_by_normalization:,} rewritten by normalisation"
         )
+        if self.unseen is not None:
+            line += f", {self.unseen.holding:,} with tokens the model never trained"
+        return line
 
 
 class Featurizer:
@@ -260,8 +267,8 @@ class Featurizer:
         if bar is not None:
             bar.close()
         self.last_report = report
-        if report.n_failed and log_failures:
-            _log_failures(report)
+        if log_failures:
+            log_report(report)
         return out
 
     __call__ = featurize
@@ -334,6 +341,8 @@ class Featurizer:
         good.sort(key=lambda i: len(ids[i]))  # stable: ties keep input order
         seqs = [ids[i] for i in good]
         report.n_unk_tokens += sum(row.count(self.tokenizer.unk_id) for row in seqs)
+        if (unseen := self.inputs.unseen(seqs)) is not None:
+            report.unseen = (report.unseen or UnseenTokens()).add(unseen)
         lengths = self.inputs.encoder_lengths(seqs)
         for batch in token_budget_batches(lengths, batch_tokens, batch_size):
             pooled = self.encode_ids([seqs[j] for j in batch], pooling, layer)
@@ -388,13 +397,18 @@ def _progress_bar(total: int) -> Any:
     return tqdm(total=total, unit="mol", desc="featurize")
 
 
-def _log_failures(report: FeaturizeReport) -> None:
-    shown = ", ".join(f"#{i} {shorten(s)!r} ({why})" for i, s, why in report.failed[:10])
-    more = f" and {report.n_failed - 10} more" if report.n_failed > 10 else ""
-    logger.warning(
-        "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",
-        report.n_failed, report.n_inputs, shown, more,
-    )  # fmt: skip
+def log_report(report: FeaturizeReport) -> None:
+    """Warn of what a chunk of embeddings should not be trusted for: the inputs that failed
+    (NaN rows) and the molecules holding tokens the model never trained."""
+    if report.n_failed:
+        shown = ", ".join(f"#{i} {shorten(s)!r} ({why})" for i, s, why in report.failed[:10])
+        more = f" and {report.n_failed - 10} more" if report.n_failed > 10 else ""
+        logger.warning(
+            "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",
+            report.n_failed, report.n_inputs, shown, more,
+        )  # fmt: skip
+    if report.unseen is not None and report.unseen.holding:
+        logger.warning("featurize: %s", report.unseen.describe())
 
 
 def _as_list(smiles: Any) -> list[Any]:

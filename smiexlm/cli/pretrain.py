@@ -130,7 +130,11 @@ def export(
     out: Annotated[Path, typer.Option(help="Model folder to write")],
     checkpoint: Annotated[str, typer.Option(help="Checkpoint name: last, best or step_N")] = "last",
     data: Annotated[
-        Path | None, typer.Option(help="The run's dataset folder (for the card's data section)")
+        Path | None,
+        typer.Option(
+            help="The run's dataset folder (for the card's data section and the "
+            "tokens it trained, corpus_tokens.json)"
+        ),
     ] = None,
     fp16: Annotated[bool, typer.Option(help="Store the weights in fp16")] = True,
     pooling: Annotated[

@@ -1,4 +1,4 @@
-"""``smiexlm tokenize`` and ``smiexlm vocab build``."""
+"""``smiexlm tokenize``, ``smiexlm vocab build`` and ``smiexlm vocab corpus``."""
 
 from __future__ import annotations
 
@@ -76,6 +76,48 @@ def vocab_build(
     tok.save(out)
     typer.echo(report)
     typer.echo(f"wrote {out} ({tok.vocab_size} tokens, hash {tok.vocab_hash[:16]})")
+
+
+@vocab_app.command("corpus")
+def vocab_corpus(
+    model: Annotated[
+        str, typer.Argument(help="Model folder or shipped model name (default: the default model)")
+    ] = "default",
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="The preprocessed dataset the model was pretrained on: record its "
+            "training split's token counts in the folder (corpus_tokens.json)"
+        ),
+    ] = None,
+) -> None:
+    """Which tokens of a model's vocabulary its weights were trained on, and which never
+    occurred (their embeddings are untrained); with --data, record them first."""
+    from smiexlm.errors import DataError
+    from smiexlm.model.folder import ModelFolder
+    from smiexlm.model.records import write_corpus_tokens
+    from smiexlm.pretraining.export import dataset_tokens
+    from smiexlm.tokenizer.special import N_SPECIAL_TOKENS
+
+    folder = ModelFolder(model)
+    if data is not None:
+        counts, source = dataset_tokens(folder.tokenizer, data)
+        typer.echo(
+            f"wrote {write_corpus_tokens(folder.path, folder.tokenizer.tokens, counts, source)}"
+        )
+        folder = ModelFolder(model)
+    counts = folder.corpus_tokens
+    if counts is None:
+        raise DataError(f"model {model!r} keeps no corpus_tokens.json: give --data, the "
+                        "preprocessed dataset it was pretrained on")  # fmt: skip
+    names = folder.tokenizer.tokens
+    ordinary = range(N_SPECIAL_TOKENS, len(names))  # special tokens are not chemistry
+    seen = [i for i in ordinary if counts[i] > 0]
+    never = [names[i] for i in ordinary if counts[i] == 0]
+    typer.echo(f"{len(seen)} of {len(ordinary)} tokens occurred in what {model} was trained on; "
+               f"the rarest: " + ", ".join(f"{names[i]} ({counts[i]:,})"
+                                          for i in sorted(seen, key=lambda i: counts[i])[:5]))  # fmt: skip
+    typer.echo(f"never trained ({len(never)}): {' '.join(never)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -243,6 +243,15 @@ class TokenDataset:
         offsets = self._offsets[shard]
         return np.array(self._bins[shard][offsets[local] : offsets[local + 1]])
 
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        """(vocab_size,) int64: how often each token id occurs in the split, BOS and EOS
+        included."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for tokens in self._bins:
+            for start in range(0, len(tokens), 1 << 24):  # bounded memory on a 19M corpus
+                counts += np.bincount(tokens[start : start + (1 << 24)], minlength=vocab_size)
+        return counts
+
     def __repr__(self) -> str:
         return f"TokenDataset({str(self.path)!r}, split={self.split!r}, molecules={len(self)})"
 

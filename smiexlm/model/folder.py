@@ -4,7 +4,8 @@ fine-tuned one (which also reads and checks ``finetune.json``).
 A reader resolves its path once (a folder, a shipped model's name, or None for the shipped
 default; :func:`smiexlm.model.layout.model_folder`) and reads each file when first asked, once:
 the config, the tokenizer (its vocabulary checked against the config), the normalisation and
-where it was read from, the embedding settings, the whitening, the card and the ONNX record.
+where it was read from, the embedding settings, the whitening, the corpus token counts, the
+card and the ONNX record.
 Loading the weights is :func:`smiexlm.model.pretrained.load_pretrained`'s job, which keeps
 the reader beside the model it loaded.
 
@@ -33,6 +34,7 @@ from smiexlm.model.layout import (
 from smiexlm.model.pooling import POOLINGS, pooling_parts
 from smiexlm.model.records import (
     EmbeddingSettings,
+    read_corpus_tokens,
     read_embedding,
     read_normalization,
     read_onnx_manifest,
@@ -40,6 +42,8 @@ from smiexlm.model.records import (
 from smiexlm.paths import VOCAB_NAME, check_not_a_file, read_json_file
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from smiexlm.data.normalize import NormalizeConfig
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.inputs import ModelInputs
@@ -128,6 +132,12 @@ class ModelFolder:
         return card.read_text(encoding="utf-8") if card.is_file() else None
 
     @cached_property
+    def corpus_tokens(self) -> np.ndarray | None:
+        """(V,) counts per token id in what the weights were trained on
+        (``corpus_tokens.json``), or None when the folder keeps no such record."""
+        return read_corpus_tokens(self.path, self.tokenizer.vocab)
+
+    @cached_property
     def onnx_manifest(self) -> dict[str, Any] | None:
         """``onnx.json`` (the ONNX graphs written beside the weights), or None."""
         return read_onnx_manifest(self.path)
@@ -135,14 +145,14 @@ class ModelFolder:
     def read_records(self) -> ModelFolder:
         """Itself, with its normalisation, whitening and embedding settings read now: a bad
         file fails here (when the model is loaded) rather than at first use."""
-        self._normalization, self.whitening, self.embedding  # noqa: B018
+        self._normalization, self.whitening, self.embedding, self.corpus_tokens  # noqa: B018
         return self
 
     def inputs(self) -> ModelInputs:
         """The input path of this folder's model: SMILES to rows as its corpus was prepared."""
         from smiexlm.model.inputs import ModelInputs
 
-        return ModelInputs(self.tokenizer, self.config, self.normalization)
+        return ModelInputs(self.tokenizer, self.config, self.normalization, self.corpus_tokens)
 
 
 class FinetunedFolder(ModelFolder):

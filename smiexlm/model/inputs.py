@@ -11,6 +11,11 @@ steps for the featurizer, fine-tuning, the linear probe and ``predict``:
 4. the length rule: a row longer than the model's positions is rejected, or, when the caller
    gives ``max_length``, cut to it keeping EOS (fine-tuning's rule) and counted.
 
+A row may still hold tokens the weights never trained: the vocabulary is wider than most
+corpora (the shipped one holds charged atoms, stereo marks and 40-odd elements; MOSES holds
+none of those). :meth:`ModelInputs.unseen` names them per row, from the folder's
+``corpus_tokens.json``, so that callers can say so.
+
 Nothing is dropped silently: every input keeps its row or the reason it has none. Rows are
 padded into batches by :func:`smiexlm.data.collate` (one padder for the whole package); the
 ExLM expansion of BOS and EOS is :meth:`ExLMConfig.encoder_length`.
@@ -19,14 +24,18 @@ ExLM expansion of BOS and EOS is :meth:`ExLMConfig.encoder_length`.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from smiexlm.data.normalize import MAX_SMILES_CHARS, NormalizeConfig, normalize_smiles, text_problem
 from smiexlm.errors import InvalidSmilesError
+from smiexlm.tokenizer.special import N_SPECIAL_TOKENS
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from smiexlm.model.config import ExLMConfig
     from smiexlm.tokenizer import Tokenizer
 
@@ -45,7 +54,11 @@ class Prepared:
     reasons: list[str | None]
     rows: list[list[int] | None] = field(default_factory=list)
     n_changed: int = 0  # inputs rewritten by normalisation
-    n_cut: int = 0  # rows cut to max_length
+    cut: list[int] = field(default_factory=list)  # indices of the rows cut to max_length
+
+    @property
+    def n_cut(self) -> int:
+        return len(self.cut)
 
     @property
     def good(self) -> list[int]:
@@ -102,13 +115,49 @@ def model_texts(
     return prepared.require_all(smiles).texts  # type: ignore[return-value]
 
 
+@dataclass
+class UnseenTokens:
+    """Of ``molecules`` rows, how many hold tokens absent from what the weights were trained on
+    (``holding``), and for each such token the number of rows holding it (``tokens``)."""
+
+    molecules: int = 0
+    holding: int = 0
+    tokens: Counter = field(default_factory=Counter)
+
+    def add(self, unseen: Sequence[Sequence[str]]) -> UnseenTokens:
+        """Itself, with the rows of :meth:`ModelInputs.unseen` counted in."""
+        self.molecules += len(unseen)
+        self.holding += sum(1 for tokens in unseen if tokens)
+        self.tokens.update(token for tokens in unseen for token in tokens)
+        return self
+
+    def merge(self, other: UnseenTokens) -> UnseenTokens:
+        self.molecules += other.molecules
+        self.holding += other.holding
+        self.tokens.update(other.tokens)
+        return self
+
+    def describe(self, shown: int = 5) -> str:
+        """``"3 of 10 molecules hold tokens absent from ...: [C@@H] (2), [NH+] (1)"``."""
+        listed = ", ".join(f"{token} ({n:,})" for token, n in self.tokens.most_common(shown))
+        more = f" and {len(self.tokens) - shown} more" if len(self.tokens) > shown else ""
+        return (f"{self.holding:,} of {self.molecules:,} molecules hold tokens absent from what "
+                f"the weights were trained on (the model never read them): {listed}{more}")  # fmt: skip
+
+
 class ModelInputs:
     """SMILES to rows for one model: its tokenizer, normalisation and positions."""
 
-    def __init__(self, tokenizer: Tokenizer, config: ExLMConfig, normalization: NormalizeConfig):
+    def __init__(
+        self, tokenizer: Tokenizer, config: ExLMConfig, normalization: NormalizeConfig,
+        corpus_counts: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
+        """``corpus_counts``: (V,) how often each token id occurred in what the weights were
+        trained on (:func:`~smiexlm.model.records.read_corpus_tokens`), or None when unknown."""
         self.tokenizer = tokenizer
         self.config = config
         self.normalization = normalization
+        self.corpus_counts = corpus_counts
 
     @property
     def max_chars(self) -> int:
@@ -143,7 +192,7 @@ class ModelInputs:
                 continue
             if max_length is not None and len(row) > max_length:
                 rows[i] = [*row[: max_length - 1], row[-1]]
-                prepared.n_cut += 1
+                prepared.cut.append(i)
             elif max_length is None and len(row) > limit:
                 rows[i], reasons[i] = None, f"{len(row)} tokens exceed the model's {limit}"
         prepared.rows = rows
@@ -153,17 +202,28 @@ class ModelInputs:
         """:func:`model_texts` with this model's normalisation."""
         return model_texts(smiles, self.normalization, canonicalize)
 
-    def rows(self, texts: Sequence[str], max_length: int | None = None) -> tuple[list[list[int]], int]:  # fmt: skip
-        """Rows of SMILES already normalised (:meth:`texts`), and how many were cut to
+    def rows(self, texts: Sequence[str], max_length: int | None = None) -> tuple[list[list[int]], list[int]]:  # fmt: skip
+        """Rows of SMILES already normalised (:meth:`texts`), and the indices of those cut to
         ``max_length``; an untokenizable one raises, naming it."""
         prepared = self.encode(Prepared(list(texts), [None] * len(texts)), max_length)
-        return prepared.require_all(texts).rows, prepared.n_cut  # type: ignore[return-value]
+        return prepared.require_all(texts).rows, prepared.cut  # type: ignore[return-value]
 
     def unknown(self, rows: Sequence[Sequence[int]]) -> tuple[int, int]:
         """([UNK] tokens, rows holding at least one) among ``rows``: what the model's vocabulary
         lacks, counted so that it is never silent."""
         counts = [list(row).count(self.tokenizer.unk_id) for row in rows]
         return sum(counts), sum(c > 0 for c in counts)
+
+    def unseen(self, rows: Sequence[Sequence[int]]) -> list[list[str]] | None:
+        """Per row, the tokens absent from what the weights were trained on, each once in order
+        of first appearance (their embeddings are untrained); None when the folder keeps no
+        ``corpus_tokens.json``. Special tokens ([UNK] included, counted by :meth:`unknown`)
+        are never listed."""
+        if self.corpus_counts is None:
+            return None
+        missing, names = self.corpus_counts == 0, self.tokenizer.tokens
+        return [list(dict.fromkeys(names[i] for i in row if i >= N_SPECIAL_TOKENS and missing[i]))
+                for row in rows]  # fmt: skip
 
     def encoder_lengths(self, rows: Sequence[Sequence[int]]) -> list[int]:
         """Positions each row takes in the encoder (for token-budget batching)."""

@@ -11,6 +11,7 @@ A pre-trained model folder holds::
     embedding.json         the pooling served by default, and whether it is whitened (optional)
     whitening.safetensors  the corpus whitening of each pooling (optional, `smiexlm whiten`)
     descriptors.json       the descriptor head's statistics (optional)
+    corpus_tokens.json     each token's count in what the weights were trained on (optional)
     MODEL_CARD.md          the model card (optional; may hold a normalisation block)
     onnx.json              the ONNX graphs written beside the weights (optional) and
     encoder.onnx           the encoder graph it records
@@ -47,13 +48,14 @@ HEAD_NAME = "head.safetensors"
 REFERENCE_NAME = "reference.safetensors"
 FOREST_NAME = "forest.skops"  # the forest blended with a fine-tuned model (finetune --forest)
 ONNX_MANIFEST_NAME = "onnx.json"
+CORPUS_TOKENS_NAME = "corpus_tokens.json"  # what the weights were trained on, token by token
 GRAPH_FILES: dict[str, str] = {"encoder": "encoder.onnx", "predictor": "predictor.onnx"}
 # The weight files an ONNX graph is exported from (its record keeps their sha256).
 GRAPH_SOURCES = (WEIGHTS_NAME, HEAD_NAME)
 # Every file a model folder may hold, in the order of the module docstring.
 FILES = (
     CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, CHECKSUMS_NAME,
-    NORMALIZATION_NAME, EMBEDDING_NAME, WHITENING_NAME, STATS_NAME, CARD_NAME,
+    NORMALIZATION_NAME, EMBEDDING_NAME, WHITENING_NAME, STATS_NAME, CORPUS_TOKENS_NAME, CARD_NAME,
     ONNX_MANIFEST_NAME, *GRAPH_FILES.values(), FINETUNE_NAME, HEAD_NAME, REFERENCE_NAME,
     FOREST_NAME,
 )  # fmt: skip

@@ -85,7 +85,8 @@ class Pretrained:
         """The input path of this model: SMILES to rows as its corpus was prepared."""
         from smiexlm.model.inputs import ModelInputs
 
-        return ModelInputs(self.tokenizer, self.model.config, self.normalization)
+        corpus = None if self.folder is None else self.folder.corpus_tokens
+        return ModelInputs(self.tokenizer, self.model.config, self.normalization, corpus)
 
 
 def load_pretrained(path: str | Path | ModelFolder | None = None) -> Pretrained:

@@ -1,6 +1,7 @@
 """The small JSON records of a model folder, read and written: ``embedding.json`` (the pooling
 served by default and whether it is whitened), ``normalization.json`` (how the corpus SMILES
-were normalised, or a block in ``MODEL_CARD.md``) and ``onnx.json`` (the ONNX graphs beside
+were normalised, or a block in ``MODEL_CARD.md``), ``corpus_tokens.json`` (how often each
+token occurred in what the weights were trained on) and ``onnx.json`` (the ONNX graphs beside
 the weights). :class:`smiexlm.model.folder.ModelFolder` reads them for a folder; the writers
 are the exporters (``smiexlm export``, ``smiexlm whiten``, fine-tuning, ``export-onnx``).
 """
@@ -10,14 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from smiexlm.data.normalize import REWRITES, NormalizeConfig
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.layout import (
     CARD_NAME,
+    CORPUS_TOKENS_NAME,
     EMBEDDING_NAME,
     NORMALIZATION_NAME,
     ONNX_MANIFEST_NAME,
@@ -31,6 +36,7 @@ from smiexlm.paths import read_json_file, write_text_atomic
 DEFAULT_NORMALIZATION = NormalizeConfig(max_length=None)
 # /2: the encoder returns every pooling of one pass; /3: of every block
 ONNX_MANIFEST_FORMAT = "smiexlm-onnx/3"
+CORPUS_TOKENS_FORMAT = "smiexlm-corpus-tokens/1"
 # A fenced block in the model card: ```json normalization\n{...}\n```
 _CARD_BLOCK = re.compile(r"```json\s+normalization\s*\n(.*?)```", re.DOTALL)
 
@@ -128,6 +134,44 @@ def _normalization_from_json(text: str, source: str) -> NormalizeConfig:
             raise ConfigError(key, value, f"true or false (in {source})")
         values[key] = value
     return dataclasses.replace(DEFAULT_NORMALIZATION, **values)
+
+
+def write_corpus_tokens(folder: Path, tokens: Sequence[str], counts: np.ndarray, source: str) -> Path:  # fmt: skip
+    """``corpus_tokens.json`` of a model folder: how often each vocabulary token (``tokens``,
+    in id order) occurred in what its weights were trained on (``counts``, one per token),
+    and what that was (``source``). Tokens that never occurred are left out: their embeddings
+    are where initialisation put them."""
+    counts = np.asarray(counts)
+    if counts.shape != (len(tokens),):
+        raise DataError(f"corpus token counts: {counts.shape} for {len(tokens)} tokens: "
+                        "expected one count per vocabulary token")  # fmt: skip
+    doc = {"format": CORPUS_TOKENS_FORMAT, "source": source, "tokens": int(counts.sum()),
+           "counts": {t: int(c) for t, c in zip(tokens, counts, strict=True) if c > 0}}  # fmt: skip
+    path = Path(folder) / CORPUS_TOKENS_NAME
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def read_corpus_tokens(folder: Path, vocabulary: Mapping[str, int]) -> np.ndarray | None:
+    """(V,) int64 counts per token id of a folder's ``corpus_tokens.json``, or None when it
+    has none (exported before the record was kept, or without its corpus)."""
+    path = Path(folder) / CORPUS_TOKENS_NAME
+    if not path.is_file():
+        return None
+    _, doc = read_json_file(path, "corpus token record", CORPUS_TOKENS_FORMAT)
+    listed = doc.get("counts")
+    if not isinstance(listed, dict):
+        raise DataError(f"corpus token record {str(path)!r}: expected 'counts' to be a JSON "
+                        'object such as {"C": 1200, "c": 900}')  # fmt: skip
+    counts = np.zeros(len(vocabulary), dtype=np.int64)
+    for token, count in listed.items():
+        if token not in vocabulary:
+            raise DataError(f"corpus token record {str(path)!r}: token {token!r} is not in the "
+                            "folder's vocabulary: the record belongs to another model")  # fmt: skip
+        if type(count) is not int or count < 0:
+            raise ConfigError(f"counts[{token!r}] (in {path})", count, "a count, 0 or more")
+        counts[vocabulary[token]] = count
+    return counts
 
 
 def read_onnx_manifest(folder: Path) -> dict[str, Any] | None:

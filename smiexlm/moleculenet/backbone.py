@@ -126,7 +126,8 @@ class Backbone:
 
     def inputs(self, tokenizer) -> ModelInputs:
         """The input path of this backbone (rows of :meth:`model_texts`)."""
-        return ModelInputs(tokenizer, self.config(tokenizer), self.normalization)
+        corpus = None if self.folder is None else self.folder.corpus_tokens
+        return ModelInputs(tokenizer, self.config(tokenizer), self.normalization, corpus)
 
     def build(self, tokenizer, dropout: float):
         """A fresh encoder (weights read again for each seed) with ``dropout`` everywhere."""

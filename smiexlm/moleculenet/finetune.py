@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.model.inputs import UnseenTokens
 from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.adapt import adapt_descriptors
 from smiexlm.moleculenet.backbone import Backbone
@@ -205,11 +206,14 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
     inputs = inputs if inputs is not None else backbone.model_texts(task.smiles, cfg.canonicalize)
     tokenizer = backbone.tokenizer(inputs)
     model_inputs = backbone.inputs(tokenizer)
-    rows, n_cut = model_inputs.rows(inputs, cfg.max_length)
+    rows, cut = model_inputs.rows(inputs, cfg.max_length)
     unknown = model_inputs.unknown(rows)
     if unknown[1]:
         log.warning("%s: %d of %d molecules hold %d tokens outside the model's vocabulary "
                     "([UNK])", task.name, unknown[1], len(rows), unknown[0])  # fmt: skip
+    if (unseen := model_inputs.unseen(rows)) and any(unseen):
+        log.warning("%s: %s; fine-tuning trains those its training molecules hold",
+                    task.name, UnseenTokens().add(unseen).describe())  # fmt: skip
     targets = _Targets.fit(task, split)
     features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
     torch.manual_seed(seed)
@@ -229,7 +233,7 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
     train.variants = _variants(backbone, tokenizer, inputs, split.train, cfg.augment, cfg, seed)
     valid.variants = _variants(backbone, tokenizer, inputs, split.valid, cfg.tta, cfg, seed)
     test.variants = _variants(backbone, tokenizer, inputs, split.test, cfg.tta, cfg, seed)
-    return _Setup(inputs, tokenizer, n_cut, unknown, targets, scaler, model, (train, valid, test),
+    return _Setup(inputs, tokenizer, len(cut), unknown, targets, scaler, model, (train, valid, test),
                   adapted)  # fmt: skip
 
 
@@ -323,7 +327,23 @@ def _write_outputs(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneC
             feature_scaler=scaler,
         )  # fmt: skip
         save_finetuned(run.model, run.tokenizer, save_dir, normalization=backbone.normalization,
-                       meta=meta, reference=reference, forest=scores.forest)  # fmt: skip
+                       meta=meta, reference=reference, forest=scores.forest,
+                       corpus_tokens=_trained_tokens(backbone, train))  # fmt: skip
+
+
+def _trained_tokens(backbone: Backbone, train) -> tuple[np.ndarray, str] | None:
+    """(V,) token counts of what a fine-tuned model's weights were trained on (the backbone's
+    corpus, then every spelling of the training molecules) and what that was; None when the
+    backbone keeps no record of its corpus."""
+    counts = None if backbone.folder is None else backbone.folder.corpus_tokens
+    if counts is None:
+        return None
+    source = f"the pretraining corpus of {backbone.name}"
+    if train.rows is None:  # a frozen encoder: fine-tuning trained the head alone
+        return counts, source
+    rows = [*train.rows, *(row for spellings in train.variants or [] for row in spellings)]
+    tuned = np.bincount(np.concatenate(rows), minlength=len(counts)) if rows else 0
+    return counts + tuned, f"{source}, then {len(train.rows):,} fine-tuning training molecules"
 
 
 def _reference(model, parts, inputs: list[str], split: Split, targets: _Targets,

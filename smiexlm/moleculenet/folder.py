@@ -81,21 +81,28 @@ def finetuned_folders(folders: Path | str | Sequence[Path | str]) -> list[Path |
 
 def save_finetuned(
     model, tokenizer, folder: Path, meta: dict[str, Any], normalization=None, reference=None,
-    forest=None,
+    forest=None, corpus_tokens: tuple[Any, str] | None = None,
 ) -> Path:  # fmt: skip
     """Write the folder ``predict`` reads (see the module docstring) atomically: the backbone
     as a model folder with its normalisation (the default's when None), the head,
-    ``finetune.json`` and, when given, the :class:`~smiexlm.moleculenet.reference.Reference`
-    and the :class:`~smiexlm.moleculenet.forest.KeptForest`."""
+    ``finetune.json`` and, when given, the :class:`~smiexlm.moleculenet.reference.Reference`,
+    the :class:`~smiexlm.moleculenet.forest.KeptForest` and ``corpus_tokens.json`` (``(counts,
+    source)``: what the weights were trained on)."""
     from safetensors.torch import save_file
 
     from smiexlm.model.integrity import record_checksums
-    from smiexlm.model.records import DEFAULT_NORMALIZATION, write_normalization
+    from smiexlm.model.records import (
+        DEFAULT_NORMALIZATION,
+        write_corpus_tokens,
+        write_normalization,
+    )
 
     folder = Path(folder)
     with atomic_dir(folder) as tmp:  # the folder appears complete or not at all
         model.model.save_pretrained(tmp, tokenizer=tokenizer)
         write_normalization(tmp, normalization or DEFAULT_NORMALIZATION)
+        if corpus_tokens is not None:
+            write_corpus_tokens(tmp, tokenizer.tokens, *corpus_tokens)
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
         meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),

@@ -11,6 +11,12 @@ Columns of :func:`predict`, in order:
   (``finetune --forest``, :mod:`smiexlm.moleculenet.forest`) serve their blend as
   ``<label>`` (and its spread as ``<label>_std``), and the model's and the forest's scores
   alone in these two (the ensemble's means);
+- ``truncated``: the molecule has more tokens than fine-tuning's ``max_length`` and was cut
+  to it (its first tokens and EOS), as fine-tuning cut its own (any model of an ensemble);
+- ``untrained_tokens`` (folders fine-tuned from a backbone that records its corpus,
+  ``corpus_tokens.json``): the molecule's tokens that neither pretraining nor fine-tuning's
+  training molecules held, space-separated (``""`` when none): their embeddings are where
+  initialisation put them, so the prediction rests on the rest of the molecule;
 - the applicability domain (:mod:`smiexlm.trust.domain`; folders with a reference):
   ``nearest_tanimoto`` and ``mean_tanimoto_k5`` (ECFP4 to the training molecules),
   ``nearest_cosine`` and ``mean_cosine_k5`` (the models' own embeddings, the ensemble's mean;
@@ -68,6 +74,8 @@ class _Served:
     pooled: np.ndarray | None  # (N, d) the head's input embedding (torch backend)
     meta: dict[str, Any]
     reference: Reference | None
+    cut: np.ndarray | None = None  # (N,) bool: cut to the fine-tuning's max_length
+    untrained: list[list[str]] | None = None  # per molecule, or None without a corpus record
     forest: KeptForest | None = None
     forest_scores: np.ndarray | None = None  # (N, T) the forest's scores of ``texts``
 
@@ -105,18 +113,21 @@ def _serve_one(
         model, inputs, meta = load_finetuned(folder)
     cfg = meta["config"]
     texts = inputs.texts(smiles, cfg.get("canonicalize", True))
-    features = _features(meta, texts)
+    features = _features(meta, texts, str(folder))
     spellings = [texts] + (list(zip(*random_smiles(texts, tta, 0), strict=True)) if tta else [])
     mean = np.asarray(meta["target_mean"], dtype=np.float32)
     std = np.asarray(meta["target_std"], dtype=np.float32)
     reference = Reference.load(folder)
     temperature = _temperature(folder, meta, reference) if calibrate else None
-    views, pooled = [], None
+    views, pooled, cut, untrained = [], None, np.zeros(len(texts), dtype=bool), None
     for v, view in enumerate(spellings):
-        rows, _ = inputs.rows(list(view), cfg.get("max_length", 256))
-        if v == 0 and (unknown := inputs.unknown(rows))[1]:
-            log.warning("%d of %d molecules hold %d tokens outside the model's vocabulary "
-                        "([UNK])", unknown[1], len(rows), unknown[0])  # fmt: skip
+        rows, cut_rows = inputs.rows(list(view), cfg.get("max_length", 256))
+        if v == 0:
+            cut[cut_rows] = True
+            if (unknown := inputs.unknown(rows))[1]:
+                log.warning("%d of %d molecules hold %d tokens outside the model's vocabulary "
+                            "([UNK])", unknown[1], len(rows), unknown[0])  # fmt: skip
+            untrained = inputs.unseen(rows)
         if backend == "onnx":
             logits = model.logits(rows, features, batch_size)
         else:
@@ -133,7 +144,7 @@ def _serve_one(
     if temperature is not None:  # what conformal calibration sees: the calibrated scores
         reference.valid_scores = to_scores(reference.valid_logits / temperature, "classification",
                                            mean, std).astype(np.float32)  # fmt: skip
-    served = _Served(texts, np.stack(views), pooled, meta, reference)
+    served = _Served(texts, np.stack(views), pooled, meta, reference, cut, untrained)
     served.forest = KeptForest.load(folder, meta)
     if served.forest is not None:
         _require(folder, reference, "its forest")
@@ -166,14 +177,14 @@ def _require(folder: Path | str, reference: Reference | None, option: str) -> No
         )
 
 
-def _features(meta: dict, texts: list[str]) -> np.ndarray | None:
+def _features(meta: dict, texts: list[str], folder: str) -> np.ndarray | None:
     """The hybrid head's scaled features, or None for a plain head."""
     if not meta.get("feature_scaler"):
         return None
     from smiexlm.fingerprints import molecule_features
     from smiexlm.moleculenet.features import FeatureScaler
 
-    scaler = FeatureScaler.from_dict(meta["feature_scaler"])
+    scaler = FeatureScaler.from_dict(meta["feature_scaler"], folder)
     return scaler.transform(molecule_features(texts, scaler.kind))
 
 
@@ -234,6 +245,11 @@ def predict(
             values = _rows_of(values.reshape(len(good), len(labels)), ok)
             for j, label in enumerate(labels):
                 frame[f"{label}_{suffix}"] = values[:, j]
+    frame["truncated"] = _column_of(np.any([s.cut for s in served], axis=0), ok)
+    if all(s.untrained is not None for s in served):
+        tokens = [" ".join(dict.fromkeys(t for s in served for t in s.untrained[i]))
+                  for i in range(len(good))]  # fmt: skip
+        frame["untrained_tokens"] = _column_of(np.asarray(tokens, dtype=object), ok)
     domain = _domain(folders, served)
     for name, values in (domain or {}).items():
         frame[name] = _column_of(values, ok)

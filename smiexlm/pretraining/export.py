@@ -3,8 +3,9 @@
 The folder holds what ``ExLMModel.from_pretrained`` and ``Featurizer.from_pretrained`` read
 (``config.json``, ``vocab.json``, ``model.safetensors`` and ``checksums.json``, its sha256,
 checked on every load), plus ``normalization.json`` (how the corpus SMILES were normalised, so
-the featurizer applies the same) and ``MODEL_CARD.md``: the training data, steps, tokens seen,
-final train/valid losses and the exact command.
+the featurizer applies the same), ``corpus_tokens.json`` (each token's count in the training
+split, when the dataset is given: which embeddings were never trained) and ``MODEL_CARD.md``:
+the training data, steps, tokens seen, final train/valid losses and the exact command.
 """
 
 from __future__ import annotations
@@ -14,14 +15,28 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from smiexlm.data.normalize import REWRITES
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
-from smiexlm.model.layout import CARD_NAME, EMBEDDING_NAME, NORMALIZATION_NAME, WEIGHTS_NAME
+from smiexlm.model.layout import (
+    CARD_NAME,
+    CORPUS_TOKENS_NAME,
+    EMBEDDING_NAME,
+    NORMALIZATION_NAME,
+    WEIGHTS_NAME,
+)
 from smiexlm.model.pooling import pooling_parts
 from smiexlm.model.pretrained import load_pretrained
-from smiexlm.model.records import DEFAULT_NORMALIZATION, write_embedding, write_normalization
+from smiexlm.model.records import (
+    DEFAULT_NORMALIZATION,
+    write_corpus_tokens,
+    write_embedding,
+    write_normalization,
+)
 from smiexlm.paths import atomic_dir, read_json_file
+from smiexlm.tokenizer.special import N_SPECIAL_TOKENS
 
 
 @dataclass
@@ -105,14 +120,44 @@ def export_run(
     )
     summary = summarise_run(run_dir, source)
     _, train_config = read_json_file(source / "train_config.json", "training config")
-    card = _card(pre.model, summary, manifest, normalization, train_config, command, fp16, pooling)
+    corpus = None if dataset is None else dataset_tokens(pre.tokenizer, Path(dataset))
+    card = _card(pre.model, summary, manifest, normalization, train_config, command, fp16, pooling,
+                 None if corpus is None else corpus[0])  # fmt: skip
     # The folder appears complete or not at all: written under a temporary name, renamed.
     with atomic_dir(out_dir) as tmp:
         pre.model.save_pretrained(tmp, tokenizer=pre.tokenizer, dtype=torch.float16 if fp16 else None)  # fmt: skip
         write_normalization(tmp, normalization)
         write_embedding(tmp, pooling)
+        if corpus is not None:
+            write_corpus_tokens(tmp, pre.tokenizer.tokens, *corpus)
         (tmp / CARD_NAME).write_text(card)
     return out_dir / CARD_NAME
+
+
+def dataset_tokens(tokenizer, dataset: Path) -> tuple[np.ndarray, str]:
+    """(V,) token counts of the training split of the preprocessed ``dataset`` a model was
+    pretrained on (its vocabulary must be the model's), and the record's ``source``."""
+    from smiexlm.data.shards import TokenDataset
+
+    train = TokenDataset(dataset, "train")
+    if train.vocab_hash != tokenizer.vocab_hash:
+        raise DataError(
+            f"--data {str(dataset)!r} was tokenized with vocabulary {str(train.vocab_hash)[:12]}…"
+            f" and the model's is {tokenizer.vocab_hash[:12]}…: expected the dataset the model "
+            "was pretrained on"
+        )
+    return train.token_counts(tokenizer.vocab_size), f"{dataset.name}, train split ({len(train):,} molecules)"  # fmt: skip
+
+
+def _trained_line(counts: np.ndarray | None) -> str:
+    """The card's line on the vocabulary the corpus covered ("" without the counts)."""
+    if counts is None:
+        return ""
+    ordinary = counts[N_SPECIAL_TOKENS:]
+    return (f"\n- tokens trained: {int((ordinary > 0).sum())} of the vocabulary's {len(ordinary)} "
+            f"(`{CORPUS_TOKENS_NAME}`); the others never occurred in the training split, so "
+            "the model never read them as input. `featurize`, `embed` and `predict` say which "
+            "molecules hold them; `smiexlm vocab corpus` lists them.")  # fmt: skip
 
 
 def _read_manifest(dataset: Path | None) -> dict:
@@ -132,7 +177,8 @@ def _descriptor_line(c) -> str:
     return "none"
 
 
-def _card(model, s: RunSummary, manifest, normalization, train_config, command, fp16, pooling) -> str:  # fmt: skip
+def _card(model, s: RunSummary, manifest, normalization, train_config, command, fp16, pooling,
+          corpus_counts=None) -> str:  # fmt: skip
     c = model.config
     n_params = model.num_parameters()
     splits = manifest.get("splits", {})
@@ -172,7 +218,7 @@ def _card(model, s: RunSummary, manifest, normalization, train_config, command, 
 - molecules: {count("train", "molecules")} train / {count("valid", "molecules")} valid, {count("train", "tokens")} train tokens
 - sources:
 {sources or "  - (dataset manifest not given)"}
-- normalisation: RDKit canonical SMILES {"on" if normalization.canonicalize else "off"}, stereo {"stripped" if normalization.strip_stereo else "kept"}, salt stripping {"on" if normalization.strip_salts else "off"}. The featurizer applies the same (`{NORMALIZATION_NAME}`).
+- normalisation: RDKit canonical SMILES {"on" if normalization.canonicalize else "off"}, stereo {"stripped" if normalization.strip_stereo else "kept"}, salt stripping {"on" if normalization.strip_salts else "off"}. The featurizer applies the same (`{NORMALIZATION_NAME}`).{_trained_line(corpus_counts)}
 
 ## Command
 

@@ -63,8 +63,8 @@ def test_the_length_rule_rejects_or_cuts_keeping_eos():
     inputs = ModelInputs(tok, config, NormalizeConfig(max_length=None))
     rejected = inputs.prepare(["CCO", "c1ccccc1CCCCCCCC"], canonicalize=False)
     assert rejected.reasons[1] == "18 tokens exceed the model's 8" and rejected.n_cut == 0
-    rows, n_cut = inputs.rows(["CCO", "c1ccccc1CCCCCCCC"], max_length=6)
-    assert n_cut == 1 and len(rows[1]) == 6 and rows[1][-1] == EOS_ID
+    rows, cut = inputs.rows(["CCO", "c1ccccc1CCCCCCCC"], max_length=6)
+    assert cut == [1] and len(rows[1]) == 6 and rows[1][-1] == EOS_ID
     assert inputs.encoder_lengths(rows) == [len(rows[0]) + 2, 8]  # BOS and EOS doubled
 
 

@@ -227,7 +227,7 @@ def test_finetuned_folder_records_both_weight_files_and_predicts(tmp_path, finet
     assert verify_checksum(finetuned / "head.safetensors")
     assert verify_checksum(finetuned / "finetune.json")
     assert _predict(tmp_path, finetuned).returncode == 0
-    assert (tmp_path / "p.csv").read_text().startswith("smiles,valid,y\nCCO,True,")
+    assert (tmp_path / "p.csv").read_text().startswith("smiles,valid,y,truncated\nCCO,True,")
 
 
 def _predict(tmp_path: Path, folder: Path) -> subprocess.CompletedProcess:

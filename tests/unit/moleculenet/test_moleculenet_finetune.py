@@ -426,7 +426,7 @@ def test_predict_with_test_time_augmentation(tmp_path):
     save_finetuned(model, SmilesTokenizer.load(DEFAULT_MODEL_DIR / "vocab.json"), tmp_path, meta)
     smiles = ["CC(=O)Oc1ccccc1C(=O)O", "bad", "CN1CCC[C@H]1c1cccnc1", "C"]
     plain, tta = predict(tmp_path, smiles), predict(tmp_path, smiles, tta=4)
-    assert list(tta.columns) == ["smiles", "valid", "y", "y_tta_std"]
+    assert list(tta.columns) == ["smiles", "valid", "y", "y_tta_std", "truncated"]
     assert tta["valid"].tolist() == [True, False, True, True] and tta.loc[1, ["y", "y_tta_std"]].isna().all()  # fmt: skip
     assert tta.loc[3, "y_tta_std"] == 0.0  # methane has one spelling
     assert tta.loc[0, "y_tta_std"] > 0.0 and tta.loc[0, "y"] != plain.loc[0, "y"]
@@ -494,3 +494,16 @@ def test_a_stopped_forest_seed_goes_on_to_the_uninterrupted_predictions(tmp_path
         calls.clear()
         (again,) = run_baseline(task, [1], cfg, run_root=tmp_path / "cut")
         assert len(calls) == 4 and (again.valid, again.test) == (whole.valid, whole.test)
+
+
+def test_each_result_records_the_versions_its_scores_depend_on(tmp_path):
+    import rdkit
+    import sklearn
+
+    from smiexlm import __version__
+
+    frame = _finetune(tmp_path, "--seeds", "0", "--random-init")
+    software = json.loads(frame["config"][0])["software"]
+    assert software == {"smiexlm": __version__, "rdkit": rdkit.__version__,
+                        "torch": torch.__version__, "scikit-learn": sklearn.__version__,
+                        "numpy": np.__version__}  # fmt: skip

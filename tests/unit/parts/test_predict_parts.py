@@ -42,7 +42,7 @@ def test_predict_into_parts_matches_the_csv(tmp_path):
     got = read_parts(tmp_path / "p").to_pandas()
     domain = ["nearest_tanimoto", "mean_tanimoto_k5", "nearest_cosine", "mean_cosine_k5"]
     assert list(got.columns) == list(want.columns) == [
-        "name", "smiles", "valid", "y", "y_std", *domain, "in_domain"
+        "name", "smiles", "valid", "y", "y_std", "truncated", *domain, "in_domain"
     ]  # fmt: skip
     assert (
         got["name"].tolist() == list("abcdefg") and got["valid"].tolist() == want["valid"].tolist()

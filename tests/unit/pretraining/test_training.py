@@ -282,9 +282,13 @@ def test_plot_run_overlays_several_runs_and_metrics_files(dataset, tmp_path):
 
 
 def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
+    from collections import Counter
+
     from smiexlm import ExLMModel, Featurizer
+    from smiexlm.data.shards import TokenDataset
     from smiexlm.pretraining.export import export_run
     from smiexlm.pretraining.trainer import pretrain
+    from smiexlm.tokenizer import SmilesTokenizer
 
     out = tmp_path / "run"
     result = pretrain(_config(), dataset, out, max_steps=4)
@@ -300,6 +304,12 @@ def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
     }
     assert "stereo kept" in text
     assert json.loads((folder / "embedding.json").read_text()) == {"pooling": "cls"}
+    tokens = json.loads((folder / "corpus_tokens.json").read_text())  # row by row, by hand
+    train, names = TokenDataset(dataset, "train"), SmilesTokenizer.load(folder).tokens
+    by_hand = Counter(names[i] for row in range(len(train)) for i in train[row].tolist())
+    assert tokens["counts"] == dict(by_hand) and tokens["tokens"] == int(train.lengths.sum())
+    trained = sum(1 for name in by_hand if name not in ("[BOS]", "[EOS]"))
+    assert f"- tokens trained: {trained} of the vocabulary's {len(names) - 5} " in text
     mean = export_run(out, tmp_path / "mean", pooling="mean").parent
     assert Featurizer.from_pretrained(mean).pooling == "mean" and "mean pooling" in (mean / "MODEL_CARD.md").read_text()  # fmt: skip
     model = ExLMModel.from_pretrained(folder)  # fp16 on disk, loads as the trained weights
