@@ -177,6 +177,6 @@ def _check_record(record: Any, folder: Path) -> FeatureScaler | None:
     if record["scaler"] is None:
         return None
     try:
-        return FeatureScaler.from_dict(record["scaler"])
+        return FeatureScaler.from_dict(record["scaler"], where)
     except (KeyError, TypeError, ValueError):
         raise DataError(f"{where}: 'scaler' is not a feature scaler") from None

@@ -109,13 +109,28 @@ class MoleculeTask:
         best_epoch: int | None = None,
     ) -> RunResult:
         """The report's record of one seed: ``valid`` is the selection score (unscaled),
-        ``test`` the test split's scores."""
+        ``test`` the test split's scores; ``config`` gains the versions of what decided them
+        (``software``)."""
+        config = config | {"software": software_versions()}
         return RunResult(
             model=model, dataset=self.name, seed=seed, split=split.label, metric=self.metric,
             test=test.mean * self.scale, valid=valid * self.scale, sizes=split.sizes,
             n_invalid=self.n_invalid, n_tasks_scored=test.n_scored, n_tasks=len(self.label_cols),
             wall_s=wall_s, data_sha256=self.sha256, best_epoch=best_epoch, config=config,
         )  # fmt: skip
+
+
+def software_versions() -> dict[str, str]:
+    """The versions a score depends on: RDKit (canonical SMILES, scaffolds, descriptors),
+    torch, scikit-learn (forests, probes, metrics), numpy and this package."""
+    import rdkit
+    import sklearn
+    import torch
+
+    from smiexlm import __version__
+
+    return {"smiexlm": __version__, "rdkit": rdkit.__version__, "torch": torch.__version__,
+            "scikit-learn": sklearn.__version__, "numpy": np.__version__}  # fmt: skip
 
 
 def check_task(task: object, field: str = "task") -> MoleculeTask:

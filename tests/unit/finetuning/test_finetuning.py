@@ -159,6 +159,24 @@ def test_hybrid_head_needs_its_features_and_scaler_matches_sklearn():
     assert np.abs(FeatureScaler.fit(raw[:40], "x", clip=1.0).transform(raw * 50)).max() <= 1.0
 
 
+def test_a_scaler_served_with_another_rdkit_says_so_once_per_folder(caplog):
+    import logging
+
+    from smiexlm.moleculenet.features import FeatureScaler, features_version
+
+    record = FeatureScaler.fit(np.ones((4, 2), dtype=np.float32), "rdkit2d").to_dict()
+    assert record["version"] == features_version() and features_version().startswith("RDKit ")
+    older = record | {"version": "RDKit 2019.03.1"}
+    with caplog.at_level(logging.WARNING, logger="smiexlm.moleculenet.features"):
+        FeatureScaler.from_dict(record, "same-rdkit")
+        FeatureScaler.from_dict({k: v for k, v in record.items() if k != "version"}, "unrecorded")
+        assert not caplog.text  # the same RDKit, or a folder saved before versions were kept
+        for _ in range(2):
+            assert FeatureScaler.from_dict(older, "older").version == "RDKit 2019.03.1"
+    assert caplog.text.count("fitted with RDKit 2019.03.1") == 1 and "'older'" not in caplog.text
+    assert f"computed here with {features_version()}" in caplog.text
+
+
 def test_probe_scores_match_sklearn_by_hand():
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
