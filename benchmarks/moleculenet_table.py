@@ -3,7 +3,7 @@
 Every (set, seed) is a cell with a folder of its own, ``OUT/runs/<set>/seed<k>/``: a
 fine-tuning cell keeps its state there after every epoch and goes on from it when run
 again; a finished cell (``result.json``) is read back, never redone. So every command below
-can be stopped at any moment and started again, and the whole table can span sittings.
+can be stopped at any moment and started again, and the whole table can be run in as many parts as the time allows.
 
     export SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1
     python benchmarks/moleculenet_table.py run --name ExLM --checkpoint exlm --out runs/mn/exlm
@@ -11,7 +11,7 @@ can be stopped at any moment and started again, and the whole table can span sit
     python benchmarks/moleculenet_table.py baseline --features rdkit2d --out runs/mn/rf_rdkit2d
     python benchmarks/moleculenet_table.py merge runs/mn/* --out runs/mn/report
 
-``campaign`` runs the issue's whole plan (:data:`PLAN`, cell by cell, cheapest rows first and
+``campaign`` runs the whole plan (:data:`PLAN`, cell by cell, cheapest rows first and
 the shipped default last) into ``--root``, one folder per row, and merges the report after
 each cell: ``python benchmarks/moleculenet_table.py campaign --root benchmarks/results/table1``.
 
@@ -19,6 +19,13 @@ each cell: ``python benchmarks/moleculenet_table.py campaign --root benchmarks/r
 shortened schedule (``CPU_EPOCHS``, learning rate at least ``MIN_LR``), kept only to
 reproduce the table that still uses it. Model selection is by validation ROC-AUC per epoch;
 the test split is never used for a choice.
+
+``compare`` says how sure a difference between two rows is, from their kept test predictions:
+a paired bootstrap over each set's test molecules (:mod:`smiexlm.moleculenet.compare`), e.g.
+``python benchmarks/moleculenet_table.py compare benchmarks/results/table1/exlm
+benchmarks/results/table1/mlm --tasks tox21 toxcast``. A row is a folder holding
+``runs/<set>/seed<k>/predictions.npz``, or ``<set>/seed<k>/predictions.npz`` (the forests
+``forest_blend.py`` keeps).
 """
 
 from __future__ import annotations
@@ -308,6 +315,61 @@ def status(args: argparse.Namespace) -> None:
           + f"; the stopped cells' remaining epochs: about {left_total / 3600:.1f} h of one core")  # fmt: skip
 
 
+def compare(args: argparse.Namespace) -> None:
+    """Row A against row B on every set of ``--tasks`` both hold for every seed, then over
+    those sets; prints the table and writes it to ``--out`` when given."""
+    import numpy as np
+
+    from smiexlm.errors import DataError
+    from smiexlm.moleculenet.compare import mean_over_sets, paired_bootstrap
+    from smiexlm.moleculenet.loaders import load_task
+    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, read_predictions, run_dir
+
+    def kept(row: Path, task) -> list[dict] | None:
+        root = row / "runs" if (row / "runs").is_dir() else row
+        folders = [run_dir(root, task.name, seed) for seed in args.seeds]
+        if not all((f / PREDICTIONS_NAME).is_file() for f in folders):
+            return None
+        return [read_predictions(f, task) for f in folders]
+
+    (a_row, b_row), parts, kinds = args.rows, [], set()
+    lines = [f"A = `{a_row.name}`, B = `{b_row.name}`, seeds {args.seeds}; {args.draws:,} paired "
+             f"draws of each set's test molecules, {100 * args.level:g} % intervals", "",
+             "| set | test molecules | A | B | A − B | interval | draws with A better |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name in args.tasks:
+        task = load_task(name)
+        a, b = kept(a_row, task), kept(b_row, task)
+        if a is None or b is None:
+            print(f"{name}: left out, not every seed of both rows is finished", file=sys.stderr)
+            continue
+        rows = a[0]["test_rows"]
+        if any(not np.array_equal(k["test_rows"], rows) for k in a + b):
+            raise DataError(f"{name}: the rows' test molecules differ: expected one split")
+        d = paired_bootstrap(task.task_type, task.labels[rows], [k["test"] for k in a],
+                             [k["test"] for k in b], args.draws, 0, args.level)  # fmt: skip
+        parts.append(d)
+        kinds.add(task.task_type)
+        lines.append(_difference_line(name, len(rows), d, task.scale))
+    if not parts:
+        raise DataError(f"--tasks {args.tasks}: no set finished in both rows")
+    if len(parts) > 1 and len(kinds) == 1:
+        kind = kinds.pop()
+        mean = mean_over_sets(parts, kind == "classification", args.level)
+        lines.append(_difference_line(f"mean of {len(parts)}", None, mean, 100.0 if kind == "classification" else 1.0))  # fmt: skip
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+def _difference_line(name: str, n: int | None, d, scale: float) -> str:
+    cells = [name, "–" if n is None else f"{n:,}", f"{scale * d.a:.1f}", f"{scale * d.b:.1f}",
+             f"{scale * d.diff:+.1f}", f"[{scale * d.low:+.1f}, {scale * d.high:+.1f}]",
+             f"{100 * d.a_better:.0f} %"]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
 def _spread(processes: int) -> bool:
     """True when ``processes`` copies of this script ran it (see ``distributed.relaunch``)."""
     from smiexlm.pretraining.distributed import relaunch
@@ -387,15 +449,21 @@ def main() -> None:
     p_status.add_argument("--root", type=Path, required=True)
     p_status.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
     p_status.add_argument("--tasks", nargs="+", choices=TASKS, default=None)
+    p_compare = sub.add_parser("compare", help="how sure a difference between two rows is")
+    p_compare.add_argument("rows", nargs=2, type=Path, metavar="ROW", help="row A, then row B")
+    p_compare.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
+    p_compare.add_argument("--draws", type=int, default=1000, help="paired resamples")
+    p_compare.add_argument("--level", type=float, default=0.95, help="interval coverage")
+    p_compare.add_argument("--out", type=Path, default=None, help="also write the table here")
     for p in (p_run, p_camp):
         p.add_argument("--progress", action="store_true", help="a progress bar per run")
-    for p in (p_run, p_probe, p_base, p_camp, p_status):
+    for p in (p_run, p_probe, p_base, p_camp, p_status, p_compare):
         p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()
     if args.command == "run" and _spread(args.processes):
         return
     commands = {"run": run, "probe": probe, "baseline": baseline, "merge": merge}
-    (commands | {"campaign": campaign, "status": status})[args.command](args)
+    (commands | {"campaign": campaign, "status": status, "compare": compare})[args.command](args)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,10 @@ SMOKE: dict[str, list[Step]] = {
         Step("seed_ensemble.py", ("{tmp}/run", "--tasks", "bace", "--seeds", "0", "--forest",
              "ecfp4", "--forest-root", "{tmp}/forests", "--n-trees", "5", "--out",
              "{tmp}/ensemble"), expect=("ensemble/ensemble.md",), prints="| mean of 1 |"),
+        # a fine-tuned row against a forest kept by forest_blend.py (<set>/seed<k>/ layout)
+        Step(MN, ("compare", "{tmp}/run", "{tmp}/forests/ecfp4_5trees", "--tasks", "bace",
+             "--seeds", "0", "--draws", "20", "--out", "{tmp}/compare.md"),
+             expect=("compare.md",), prints="| bace | 152 |"),
         Step(MN, ("campaign", "--root", "{tmp}/campaign", "--rows", "rf_ecfp4", "--tasks",
              "bace", "--seeds", "0", "--n-trees", "2"),
              expect=("campaign/report.md", "campaign/rf_ecfp4/runs/bace/seed0/result.json")),

@@ -1,0 +1,84 @@
+"""How sure a difference between two rows of a MoleculeNet table is: a paired bootstrap over
+the test molecules.
+
+Three seeds say how much a score moves with the seed; they say nothing about the test set,
+which is small (BACE's scaffold test split has 152 molecules, ClinTox's 148) and fixed by the
+deterministic scaffold split. A row's figure is the mean over its seeds of the test score (the
+mean over a set's scorable tasks). :func:`paired_bootstrap` draws the test molecules with
+replacement, the same draw for both rows, and recomputes both figures on it: the spread of
+their difference over draws is what another test set of the same kind could have shown. A
+draw in which a task lacks one class scores that task as the tables do: left out of the mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.moleculenet.metrics import score
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Row A against row B on one set (or a mean over sets): each figure on the test set as
+    it is, their difference, its central ``level`` interval over the draws, and the share of
+    draws in which A is the better (higher ROC-AUC, lower RMSE)."""
+
+    a: float
+    b: float
+    diff: float
+    low: float
+    high: float
+    a_better: float
+    draws: np.ndarray  # (R,) the difference on each draw, kept for means over sets
+
+    @classmethod
+    def of(cls, a: float, b: float, draws: np.ndarray, higher_is_better: bool,
+           level: float) -> Difference:  # fmt: skip
+        tail = (1.0 - level) / 2.0 * 100.0
+        low, high = np.percentile(draws, [tail, 100.0 - tail])
+        better = draws > 0 if higher_is_better else draws < 0
+        return cls(a, b, a - b, float(low), float(high), float(better.mean()), draws)
+
+
+def row_figure(task_type: str, labels: np.ndarray, seeds: Sequence[np.ndarray]) -> float:
+    """The table's figure: the mean over seeds of the test score of each seed's (N, T) scores."""
+    return float(np.mean([score(task_type, labels, s).mean for s in seeds]))
+
+
+def paired_bootstrap(
+    task_type: str, labels: np.ndarray, a: Sequence[np.ndarray], b: Sequence[np.ndarray],
+    draws: int = 1000, seed: int = 0, level: float = 0.95,
+) -> Difference:  # fmt: skip
+    """Row A (``a``: each seed's (N, T) test scores) against row B on the same N test molecules
+    (``labels``, (N, T), NaN = missing), over ``draws`` paired resamples of the molecules."""
+    if draws < 10:
+        raise ConfigError("draws", draws, "at least 10 resamples")
+    if not 0.0 < level < 1.0:
+        raise ConfigError("level", level, "a coverage strictly between 0 and 1, such as 0.95")
+    labels = labels if labels.ndim == 2 else labels[:, None]
+    for name, seeds in (("a", a), ("b", b)):
+        if not seeds or any(np.shape(s)[0] != len(labels) for s in seeds):
+            raise DataError(f"row {name}: expected each seed's scores of the {len(labels)} test "
+                            f"molecules, got shapes {[np.shape(s) for s in seeds]}")  # fmt: skip
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(draws)
+    for r in range(draws):
+        pick = rng.integers(0, len(labels), len(labels))
+        diffs[r] = (row_figure(task_type, labels[pick], [s[pick] for s in a])
+                    - row_figure(task_type, labels[pick], [s[pick] for s in b]))  # fmt: skip
+    return Difference.of(row_figure(task_type, labels, a), row_figure(task_type, labels, b),
+                         diffs, task_type == "classification", level)  # fmt: skip
+
+
+def mean_over_sets(parts: Sequence[Difference], higher_is_better: bool, level: float = 0.95) -> Difference:  # fmt: skip
+    """The difference of the rows' means over sets: each set drawn on its own (the sets'
+    test molecules are independent), the draws of equal rank averaged."""
+    if len({len(p.draws) for p in parts}) != 1:
+        raise DataError("every set must have the same number of draws to average them")
+    draws = np.mean([p.draws for p in parts], axis=0)
+    return Difference.of(float(np.mean([p.a for p in parts])), float(np.mean([p.b for p in parts])),
+                         draws, higher_is_better, level)  # fmt: skip
