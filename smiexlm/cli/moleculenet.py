@@ -429,8 +429,14 @@ def probe(
     task_type: TaskTypeOpt = None,
     out: Out = Path("runs/probe"),
     whiten: Annotated[
-        bool, typer.Option(help="Apply the model folder's corpus whitening first.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--whiten/--no-whiten",
+            help="Apply the model folder's corpus whitening first (default: as its "
+            "embedding.json says, where it stores a whitening of the chosen pooling and blocks).",
+            show_default=False,
+        ),
+    ] = None,
     pooling: Pooling = None,
     tta: Annotated[
         int,
@@ -458,11 +464,16 @@ def probe(
     from smiexlm.moleculenet.probe import ProbeConfig, run_probe
 
     _check_outputs(out)
+    backbone = Backbone(checkpoint)
+    if whiten is None:  # the model's own embedding, as pooling and layers default to it
+        own = backbone.folder is not None and backbone.folder.embedding.whiten
+        blocks = layers or backbone.layers
+        whiten = own and backbone.whitening(pooling or backbone.pooling, blocks) is not None
     cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten,
                       tta=tta, layers=layers)  # fmt: skip
     seeds = _seeds(seeds)
     (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
-    results = run_probe(loaded, Backbone(checkpoint), seeds, cfg)
+    results = run_probe(loaded, backbone, seeds, cfg)
     _print_report(results, out, f"Linear probe {loaded.name}")
 
 

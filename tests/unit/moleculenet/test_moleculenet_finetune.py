@@ -332,6 +332,16 @@ def test_cli_probe_on_a_user_csv(tmp_path):
     assert rows["model"][0] == "default_model linear probe (logistic)"
     config = json.loads(rows["config"][0])
     assert 0.0 <= rows["test"][0] <= 100.0 and config["chosen_c"] and config["pooling"] == "cls+max"
+    # without options, the probe reads the model's own embedding, whitened as its folder says
+    for flags, name in (((), "default_model linear probe (logistic), whitened"),
+                        (("--no-whiten",), "default_model linear probe (logistic)")):  # fmt: skip
+        result = CliRunner().invoke(app, [
+            "probe", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
+            "--split", "random", "--seeds", "0", "--device", "cpu", "--out", str(out / "own"),
+            *flags,
+        ])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert pd.read_csv(out / "own" / "results.csv")["model"][0] == name
 
 
 @pytest.mark.parametrize("features", ["ecfp4", "rdkit2d", "both"])
