@@ -78,7 +78,7 @@ def hpopt(
     hp = HpoptConfig(trials, cpu_minutes, seed)  # the budget checked before any data is read
     base = _config(None if data else task, ctx=ctx, split=split, max_train_steps=max_train_steps,
                    precision=precision, device=device)  # fmt: skip
-    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
     out = out if out is not None else Path("runs/hpopt") / task
     result = run_hpopt(loaded, base, out, hp, Backbone(checkpoint), progress=True,

@@ -38,7 +38,8 @@ TaskArg = Annotated[
 Split = Annotated[
     str,
     typer.Option(help="scaffold (DeepChem-equal, no seed) | scaffold_chiral | balanced_scaffold "
-                 "(seeded) | random (seeded)."),
+                 "(seeded) | random (seeded) | column:NAME (your table's own split: its column "
+                 "NAME says train, valid or test in each row)."),
 ]  # fmt: skip
 Out = Annotated[Path, typer.Option("--out", help="Folder for results.csv, report.md, report.png.")]
 DataCsv = Annotated[
@@ -74,17 +75,23 @@ def _tasks(tasks: list[str] | None) -> list[str]:
 
 def _load_tasks(
     tasks: list[str] | None, data: Path | None, smiles_col: str, label_cols,
-    task_type: str | None,
+    task_type: str | None, split: str = "scaffold",
 ):  # fmt: skip
-    """The MoleculeTasks to run: the user's table (``--data``) or the MoleculeNet sets named."""
+    """The MoleculeTasks to run: the user's table (``--data``, with its own split column for
+    ``--split column:NAME``) or the MoleculeNet sets named."""
     from smiexlm.errors import ConfigError
     from smiexlm.moleculenet import load_task, read_task
+    from smiexlm.moleculenet.splits import check_split_kind, split_column
 
+    column = split_column(check_split_kind(split, "--split"))
     if data is not None:  # one task name given (finetune NAME --data) titles the results
         name = tasks[0] if tasks and len(tasks) == 1 else None
         labels = label_cols or []
         kind = task_type or "classification"
-        return [read_task(data, smiles_col, labels, kind, name)]  # type: ignore[arg-type]
+        return [read_task(data, smiles_col, labels, kind, name, column)]  # type: ignore[arg-type]
+    if column is not None:
+        raise ConfigError("--split", split, "a computed split for a MoleculeNet set (column:NAME "
+                          "reads the split column of your own table, --data)")  # fmt: skip
     if task_type is not None:  # never silently ignored
         from smiexlm.moleculenet.registry import get_spec
 
@@ -155,7 +162,7 @@ def baseline(
     cfg = BaselineConfig(features, n_trees=n_trees, split=split, class_weight=class_weight)
     title = f"{cfg.model_name.split(' (')[0]} baseline"
     results, seeds = [], _seeds(seeds)
-    for loaded in _load_tasks(tasks, data, smiles_col, label_cols, task_type):
+    for loaded in _load_tasks(tasks, data, smiles_col, label_cols, task_type, split):
         results += run_baseline(loaded, seeds, cfg)
         write_report(results, out, title)  # partial results survive an interrupt
     _print_report(results, out, title)
@@ -359,7 +366,7 @@ def finetune(
                   adapt_lr=adapt_lr, forest=forest, forest_trees=forest_trees,
                   forest_blend=forest_blend, forest_weight=forest_weight)  # fmt: skip
     seeds = _seeds(seeds)
-    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split)
     backbone = Backbone(checkpoint, preset, objective, random_init)
     results = run_finetune(loaded, cfg, backbone, seeds, save_dir, overwrite=overwrite,
                            run_root=out / "runs", resume=resume)  # fmt: skip
@@ -403,7 +410,7 @@ def benchmark(
         return
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     seeds = _seeds(seeds)
-    for loaded in _load_tasks(tasks, None, "smiles", None, None):
+    for loaded in _load_tasks(tasks, None, "smiles", None, None, split):
         cfg = _config(loaded.name, config=config, ctx=ctx, split=split, epochs=epochs,
                       max_train_steps=max_train_steps, device=device, layers=layers, forest=forest,
                       forest_trees=forest_trees, forest_blend=forest_blend,
@@ -472,7 +479,7 @@ def probe(
     cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten,
                       tta=tta, layers=layers)  # fmt: skip
     seeds = _seeds(seeds)
-    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type)
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split)
     results = run_probe(loaded, backbone, seeds, cfg)
     _print_report(results, out, f"Linear probe {loaded.name}")
 

@@ -35,7 +35,7 @@ from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.runs import keep_predictions, run_dir, state_dir
-from smiexlm.moleculenet.splits import SPLIT_KINDS
+from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
 from smiexlm.paths import atomic_paths
 
@@ -72,8 +72,7 @@ class BaselineConfig:
             )
         if self.class_weight not in ("balanced", "none"):
             raise ConfigError("class_weight", self.class_weight, "'balanced' or 'none'")
-        if self.split not in SPLIT_KINDS:
-            raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
+        check_split_kind(self.split)
 
 
 def fit_forests(

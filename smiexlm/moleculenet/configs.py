@@ -20,7 +20,7 @@ from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.adapt import check_adapt
 from smiexlm.moleculenet.blend import DEFAULT_BLEND, check_blend
-from smiexlm.moleculenet.splits import SPLIT_KINDS
+from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.paths import PACKAGE_DIR
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "moleculenet.toml"
@@ -92,7 +92,7 @@ class FinetuneConfig:
         for name in ("dropout", "pooler_dropout"):
             check_fraction(name, getattr(self, name))
         pooling_parts(self.pooling)  # one of POOLINGS, or several side by side (cls+mean+max)
-        check_choice("split", self.split, SPLIT_KINDS)
+        check_split_kind(self.split)
         if self.features is not None:
             check_choice("features", self.features, FEATURE_KINDS)
         if self.forest is not None:

@@ -41,7 +41,7 @@ from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import POOLINGS
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
-from smiexlm.moleculenet.splits import Split, make_split
+from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, check_task
 from smiexlm.paths import json_safe
 
@@ -176,7 +176,7 @@ class Search:
     ) -> Search:
         """The search on ``whole``'s train and validation rows (see the module docstring)."""
         whole = check_task(whole)
-        split = make_split(whole.smiles, base.split, seed)
+        split = whole.split(base.split, seed)
         rows = [*split.train, *split.valid]  # the test rows are left out here, for good
         task = whole.subset(rows)
         n = len(split.train)

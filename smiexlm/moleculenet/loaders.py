@@ -25,6 +25,7 @@ from smiexlm.data.normalize import smiles_problem
 from smiexlm.data.readers import read_table
 from smiexlm.errors import DataError
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
+from smiexlm.moleculenet.splits import read_parts
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import cache_dir, check_input_file, data_dir, file_sha256
 
@@ -122,10 +123,12 @@ def read_task(
     label_cols: Sequence[str],
     task_type: TaskType = "classification",
     name: str | None = None,
+    split_col: str | None = None,
 ) -> MoleculeTask:
     """A user's table (CSV, TSV or Parquet, read by :func:`~smiexlm.data.readers.read_table`),
     checked as strictly as the built-in sets; ``name`` (default: the file name without
-    suffix) titles the results.
+    suffix) titles the results. ``split_col`` names a column holding the table's own split
+    (``train``, ``valid`` or ``test`` in each row), used by the split ``column:<split_col>``.
 
     Raises DataError for a missing file or column, classification labels other than 0/1
     (``true``/``false`` in any case are read as 1/0), a classification task with no positives
@@ -138,7 +141,8 @@ def read_task(
     if not label_cols:
         raise DataError(f"label_cols of {path.name}: expected at least one label column")
     raw = read_table(path, smiles_col, "--data", infer_types=True)  # CSV, TSV or Parquet
-    task = clean_task(raw, smiles_col, list(label_cols), task_type, name=name or path.stem, strict=True)  # fmt: skip
+    task = clean_task(raw, smiles_col, list(label_cols), task_type, name=name or path.stem,
+                      strict=True, split_col=split_col)  # fmt: skip
     task.source, task.sha256 = str(path), file_sha256(path)
     return task
 
@@ -150,9 +154,11 @@ def clean_task(
     task_type: TaskType,
     name: str,
     strict: bool,
+    split_col: str | None = None,
 ) -> MoleculeTask:
     """Select, type-check and RDKit-filter the columns of a raw CSV (see module docstring)."""
-    missing = [c for c in [smiles_col, *label_cols] if c not in raw.columns]
+    wanted = [smiles_col, *label_cols] + ([] if split_col is None else [split_col])
+    missing = [c for c in wanted if c not in raw.columns]
     if missing:
         shown = ", ".join(map(repr, list(raw.columns)[:12]))
         raise DataError(
@@ -173,6 +179,7 @@ def clean_task(
                     ", ".join(f"{why}: {n}" for why, n in reasons.items()))  # fmt: skip
     if task_type == "regression":
         _check_regression(labels, valid, name)
+    parts = None if split_col is None else read_parts(raw[split_col], split_col, name)
     return MoleculeTask(
         name=name,
         smiles=smiles[valid].tolist(),
@@ -182,6 +189,8 @@ def clean_task(
         n_raw=len(raw),
         n_invalid=len(invalid_rows),
         invalid=[(int(r), smiles.iloc[r]) for r in invalid_rows[:_MAX_LISTED_INVALID]],
+        split_col=split_col,
+        parts=None if parts is None else [p for p, ok in zip(parts, valid, strict=True) if ok],
     )
 
 

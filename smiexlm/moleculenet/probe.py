@@ -29,7 +29,7 @@ from smiexlm.moleculenet.features import FeatureScaler
 from smiexlm.moleculenet.metrics import TaskScores, score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.runs import keep_predictions
-from smiexlm.moleculenet.splits import SPLIT_KINDS
+from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
 
 
@@ -58,8 +58,7 @@ class ProbeConfig:
             raise ConfigError("c_grid", self.c_grid, "one or more positive numbers")
         if self.pooling is not None:
             pooling_parts(self.pooling)
-        if self.split not in SPLIT_KINDS:
-            raise ConfigError("split", self.split, f"one of {', '.join(SPLIT_KINDS)}")
+        check_split_kind(self.split)
         if self.features is not None and self.features not in FEATURE_KINDS:
             raise ConfigError("features", self.features, f"one of {', '.join(FEATURE_KINDS)}")
         if self.class_weight not in ("balanced", "none"):

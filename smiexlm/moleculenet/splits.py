@@ -6,6 +6,10 @@ ordered by (size, smallest member index) descending, and each group goes to trai
 fits under ``frac_train * n``, else to valid while it fits under ``(frac_train + frac_valid) *
 n``, else to test. ``n`` counts every input, parsable or not; unparsable SMILES get no split.
 It takes no seed because it has none; ``balanced_scaffold_split`` and ``random_split`` do.
+
+A user's table may carry its own split (a time split, a cluster split, a project's fixed
+test set): ``column:NAME`` reads it from the table's column NAME, whose cells say ``train``,
+``valid`` or ``test`` (:func:`column_split`, :meth:`MoleculeTask.split`).
 """
 
 from __future__ import annotations
@@ -18,11 +22,27 @@ from typing import Literal
 
 import numpy as np
 
-from smiexlm.errors import ConfigError
+from smiexlm.errors import ConfigError, DataError
 from smiexlm.paths import cache_dir, write_text_atomic
 
 SplitKind = Literal["scaffold", "scaffold_chiral", "balanced_scaffold", "random"]
 SPLIT_KINDS: tuple[str, ...] = ("scaffold", "scaffold_chiral", "balanced_scaffold", "random")
+COLUMN = "column:"  # "column:fold": the table's own split, in its column "fold"
+PARTS = ("train", "valid", "test")
+
+
+def check_split_kind(kind: object, field: str = "split") -> str:
+    """``kind`` when it names a split (one of :data:`SPLIT_KINDS`, or ``column:NAME``)."""
+    if isinstance(kind, str) and (kind in SPLIT_KINDS or (kind.startswith(COLUMN) and kind[len(COLUMN):])):  # fmt: skip
+        return kind
+    raise ConfigError(field, kind, f"one of {', '.join(SPLIT_KINDS)}, or column:NAME (the "
+                      "table's own split, in its column NAME)")  # fmt: skip
+
+
+def split_column(kind: str) -> str | None:
+    """The column a ``column:NAME`` split reads, or None for the computed kinds."""
+    return kind[len(COLUMN) :] if kind.startswith(COLUMN) else None
+
 
 Indices = list[int]
 
@@ -182,4 +202,27 @@ def make_split(
         return Split(kind, seed, *parts)
     if kind == "random":
         return Split(kind, seed, *random_split(len(smiles_list), seed, frac_train, frac_valid))
-    raise ConfigError("split", kind, f"one of {', '.join(SPLIT_KINDS)}")
+    if split_column(check_split_kind(kind)):
+        raise ConfigError("split", kind, "a table read with its split column (read_task(..., "
+                          "split_col=...), or --data with --split column:NAME)")  # fmt: skip
+    raise AssertionError(kind)  # every kind is handled above
+
+
+def column_split(kind: str, parts: Sequence[str]) -> Split:
+    """The ``column:NAME`` split whose molecules' parts are ``parts`` (one of :data:`PARTS`
+    each, as :func:`read_parts` checked them)."""
+    part_of = np.asarray(parts, dtype=object)
+    return Split(kind, None, *(np.flatnonzero(part_of == p).tolist() for p in PARTS))
+
+
+def read_parts(column: Sequence[object], name: str, where: str) -> list[str]:
+    """The cells of a split column as ``train``/``valid``/``test`` (any case, spaces around
+    them ignored); DataError naming the first other cell, its row and the column."""
+    parts = []
+    for row, cell in enumerate(column):
+        part = cell.strip().lower() if isinstance(cell, str) else None
+        if part not in PARTS:
+            raise DataError(f"{where}: split column {name!r}, row {row + 1}, holds {cell!r}: "
+                            f"expected one of {', '.join(PARTS)}")  # fmt: skip
+        parts.append(part)
+    return parts

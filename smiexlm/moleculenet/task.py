@@ -22,7 +22,13 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.moleculenet.metrics import TaskScores, check_scorable
 from smiexlm.moleculenet.registry import TaskType
 from smiexlm.moleculenet.report import RunResult
-from smiexlm.moleculenet.splits import Split, make_split
+from smiexlm.moleculenet.splits import (
+    Split,
+    check_split_kind,
+    column_split,
+    make_split,
+    split_column,
+)
 
 
 @dataclass
@@ -40,6 +46,9 @@ class MoleculeTask:
     n_raw: int | None = None
     n_invalid: int = 0
     invalid: list[tuple[int, str]] = field(default_factory=list)  # the first dropped rows
+    # the table's own split: its column's name and each molecule's part (train/valid/test)
+    split_col: str | None = None
+    parts: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.labels = np.asarray(self.labels, dtype=np.float64).reshape(len(self.smiles), -1)
@@ -78,7 +87,19 @@ class MoleculeTask:
         return MoleculeTask(
             self.name, [self.smiles[i] for i in rows], self.labels[rows], self.label_cols,
             self.task_type, self.source, self.sha256, self.n_raw, self.n_invalid, self.invalid,
+            self.split_col, None if self.parts is None else [self.parts[i] for i in rows],
         )  # fmt: skip
+
+    def split(self, kind: str, seed: int) -> Split:
+        """The split ``kind`` names (:func:`~smiexlm.moleculenet.splits.make_split`), or the
+        table's own for ``column:NAME`` when the task was read with that column."""
+        column = split_column(check_split_kind(kind))
+        if column is None:
+            return make_split(self.smiles, kind, seed)
+        if column != self.split_col or self.parts is None:
+            raise ConfigError("split", kind, f"a split the table was read with ({self.name} was "
+                              f"read with {'no split column' if self.split_col is None else repr('column:' + self.split_col)})")  # fmt: skip
+        return column_split(kind, self.parts)
 
     def check_split(self, split: Split) -> None:
         """DataError unless train, valid and test each hold a labelled molecule (training,
@@ -181,7 +202,7 @@ def run_seeds(
     for seed in seeds:
         split = splits[-1] if splits and splits[-1].seed is None else None
         if split is None:  # seeded kinds differ per seed
-            split = make_split(task.smiles, split_kind, seed)
+            split = task.split(split_kind, seed)
             task.check_split(split)
         splits.append(split)
     shared_s += time.perf_counter() - t0

@@ -517,3 +517,46 @@ def test_each_result_records_the_versions_its_scores_depend_on(tmp_path):
     assert software == {"smiexlm": __version__, "rdkit": rdkit.__version__,
                         "torch": torch.__version__, "scikit-learn": sklearn.__version__,
                         "numpy": np.__version__}  # fmt: skip
+
+
+def test_a_table_brings_its_own_split_in_a_column(tmp_path):
+    """``--split column:NAME``: the rows the table says, never a computed split; a bad cell is
+    named with its row, and the kind is refused where no table column can be read."""
+    from smiexlm.cli.main import app
+    from smiexlm.errors import ConfigError, DataError
+    from smiexlm.moleculenet import read_task
+    from smiexlm.moleculenet.splits import make_split
+
+    path, frame = _small_csv(tmp_path)
+    fold = [
+        "test" if i % 5 == 0 else "valid" if i % 5 == 1 else " Train " for i in range(len(frame))
+    ]
+    frame["fold"] = fold
+    frame.loc[7, "smi"] = "not a smiles"  # dropped as unparsable: the parts stay aligned
+    frame.to_csv(path, index=False)
+    task = read_task(path, "smi", ["y"], split_col="fold")
+    kept = [f.strip().lower() for i, f in enumerate(fold) if i != 7]
+    split = task.split("column:fold", 0)
+    assert [kept[i] for i in split.test] == ["test"] * len(split.test)
+    assert sorted(split.train + split.valid + split.test) == list(range(len(task)))
+    assert split.label == "column:fold" and split.seed is None
+    with pytest.raises(ConfigError, match="read with 'column:fold'"):
+        task.split("column:other", 0)
+    with pytest.raises(ConfigError, match="split column"):
+        make_split(task.smiles, "column:fold")
+
+    out = tmp_path / "own"
+    result = _finetune_cli(path, out, "--split", "column:fold", "--seeds", "0", "--random-init")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(out / "results.csv")
+    assert rows["split"][0] == "column:fold"
+    assert rows["sizes"][0] == "/".join(str(kept.count(p)) for p in ("train", "valid", "test"))
+    with np.load(out / "runs" / "mini" / "seed0" / "predictions.npz") as kept_scores:
+        assert kept_scores["test_rows"].tolist() == split.test
+
+    frame.loc[3, "fold"] = "holdout"
+    frame.to_csv(path, index=False)
+    with pytest.raises(DataError, match="split column 'fold', row 4, holds 'holdout'"):
+        read_task(path, "smi", ["y"], split_col="fold")
+    result = CliRunner().invoke(app, ["probe", "bbbp", "--split", "column:fold"])
+    assert result.exit_code != 0 and "your own table" in str(result.exception)
