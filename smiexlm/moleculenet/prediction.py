@@ -15,8 +15,8 @@ Columns of :func:`predict`, in order:
   to it (its first tokens and EOS), as fine-tuning cut its own (any model of an ensemble);
 - ``untrained_tokens`` (folders fine-tuned from a backbone that records its corpus,
   ``corpus_tokens.json``): the molecule's tokens that neither pretraining nor fine-tuning's
-  training molecules held, space-separated (``""`` when none): their embeddings are where
-  initialisation put them, so the prediction rests on the rest of the molecule;
+  training molecules held, space-separated (``""`` when none): the model never read them in
+  training, so the prediction rests on the rest of the molecule;
 - the applicability domain (:mod:`smiexlm.trust.domain`; folders with a reference):
   ``nearest_tanimoto`` and ``mean_tanimoto_k5`` (ECFP4 to the training molecules),
   ``nearest_cosine`` and ``mean_cosine_k5`` (the models' own embeddings, the ensemble's mean;
