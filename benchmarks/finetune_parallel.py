@@ -52,7 +52,8 @@ def one(task: str, epochs: int, seed: int, threads: int, extra: list[str], root:
     result = json.loads((out / "runs" / task / f"seed{seed}" / "result.json").read_text())["result"]
     config = result["config"]
     return {
-        "command": " ".join(command[1:]), "threads": threads, "load_before": round(load, 2),
+        # the run folder is a temporary one: the record names its place, not its path
+        "command": " ".join(command[1:]).replace(str(out), "RUN"), "threads": threads, "load_before": round(load, 2),
         "wall_s": round(wall, 1), "train_s": config["train_seconds"],
         "train_cpu_s": config["train_cpu_seconds"], "steps": config["steps"],
         "precision": config["precision"], "test": round(result["test"], 2),
