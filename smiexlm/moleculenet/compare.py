@@ -8,6 +8,12 @@ mean over a set's scorable tasks). :func:`paired_bootstrap` draws the test molec
 replacement, the same draw for both rows, and recomputes both figures on it: the spread of
 their difference over draws is what another test set of the same kind could have shown. A
 draw in which a task lacks one class scores that task as the tables do: left out of the mean.
+
+A draw is a count per molecule (how often it was drawn), so ROC-AUC is scored from the
+counts as weights on each task's molecules ranked once (:class:`_Ranked`), not by sorting a
+resampled copy per draw: ToxCast's 617 tasks x 6 seeds x 1,000 draws take about 3 CPU
+minutes, not half an hour. The tests hold each draw to scikit-learn's ROC-AUC on the
+resampled molecules, tied scores included.
 """
 
 from __future__ import annotations
@@ -44,6 +50,39 @@ class Difference:
         return cls(a, b, a - b, float(low), float(high), float(better.mean()), draws)
 
 
+class _Ranked:
+    """One task of one seed's scores, its labelled molecules ranked once: the ROC-AUC of any
+    draw of them, from how often each was drawn (ties count a half, as in ROC-AUC)."""
+
+    def __init__(self, labels: np.ndarray, scores: np.ndarray) -> None:
+        self.rows = np.flatnonzero(~np.isnan(labels))
+        self.positive = labels[self.rows] == 1
+        levels, self.level = np.unique(scores[self.rows], return_inverse=True)
+        self.n_levels = len(levels)
+
+    def auc(self, counts: np.ndarray) -> float:
+        """ROC-AUC of the draw in which molecule i was drawn ``counts[i]`` times; NaN when it
+        holds one class only."""
+        weight = counts[self.rows]
+        pos, neg = np.where(self.positive, weight, 0), np.where(self.positive, 0, weight)
+        n_pos, n_neg = pos.sum(), neg.sum()
+        if n_pos == 0 or n_neg == 0:
+            return float("nan")
+        neg_at = np.bincount(self.level, neg, minlength=self.n_levels)
+        below = np.cumsum(neg_at) - neg_at  # negatives scored lower than each level
+        return float((pos * (below[self.level] + 0.5 * neg_at[self.level])).sum() / (n_pos * n_neg))
+
+
+def _figure_of_counts(ranked: list[list[_Ranked]], counts: np.ndarray) -> float:
+    """A row's figure on a draw: the mean over seeds of the mean over scorable tasks."""
+    figures = []
+    for seed in ranked:
+        per_task = [t.auc(counts) for t in seed]
+        scored = [s for s in per_task if not np.isnan(s)]
+        figures.append(np.mean(scored) if scored else np.nan)
+    return float(np.mean(figures))
+
+
 def row_figure(task_type: str, labels: np.ndarray, seeds: Sequence[np.ndarray]) -> float:
     """The table's figure: the mean over seeds of the test score of each seed's (N, T) scores."""
     return float(np.mean([score(task_type, labels, s).mean for s in seeds]))
@@ -66,10 +105,17 @@ def paired_bootstrap(
                             f"molecules, got shapes {[np.shape(s) for s in seeds]}")  # fmt: skip
     rng = np.random.default_rng(seed)
     diffs = np.empty(draws)
+    if task_type == "classification":
+        ranked = [[[_Ranked(labels[:, t], np.reshape(s, labels.shape)[:, t])
+                    for t in range(labels.shape[1])] for s in row] for row in (a, b)]  # fmt: skip
     for r in range(draws):
         pick = rng.integers(0, len(labels), len(labels))
-        diffs[r] = (row_figure(task_type, labels[pick], [s[pick] for s in a])
-                    - row_figure(task_type, labels[pick], [s[pick] for s in b]))  # fmt: skip
+        if task_type == "classification":
+            counts = np.bincount(pick, minlength=len(labels)).astype(float)
+            diffs[r] = _figure_of_counts(ranked[0], counts) - _figure_of_counts(ranked[1], counts)
+        else:
+            diffs[r] = (row_figure(task_type, labels[pick], [s[pick] for s in a])
+                        - row_figure(task_type, labels[pick], [s[pick] for s in b]))  # fmt: skip
     return Difference.of(row_figure(task_type, labels, a), row_figure(task_type, labels, b),
                          diffs, task_type == "classification", level)  # fmt: skip
 

@@ -33,8 +33,11 @@ def _sklearn_figure(labels, seeds):
     return float(np.mean(figures))
 
 
-def test_each_draw_is_the_difference_scikit_learn_gives_on_the_same_molecules():
+@pytest.mark.parametrize("decimals", [None, 1])  # 1: many tied scores, each counting a half
+def test_each_draw_is_the_difference_scikit_learn_gives_on_the_same_molecules(decimals):
     labels, good, poor = _rows()
+    if decimals is not None:
+        good, poor = ([np.round(s, decimals) for s in row] for row in (good, poor))
     d = paired_bootstrap("classification", labels, good, poor, draws=20, seed=3)
     assert d.a == pytest.approx(_sklearn_figure(labels, good))
     assert d.b == pytest.approx(_sklearn_figure(labels, poor))
