@@ -100,13 +100,9 @@ class EmbedOptions:
         """``whiten``, or the model folder's own when None: whitened when its
         ``embedding.json`` says so and it stores a whitening for the chosen pooling and blocks
         (or, for one block, for each part of the pooling)."""
-        from smiexlm.whitening import can_whiten
-
         if self.whiten is not None:
             return self.whiten
-        stored = self.folder.whitening or {}
-        chosen = (self.chosen_pooling(), self.chosen_layers())
-        return self.folder.embedding.whiten and can_whiten(stored, *chosen)
+        return self.folder.serves_whitened(self.chosen_pooling(), self.chosen_layers())
 
     def settings(self) -> dict[str, Any]:
         """What a folder of parts records, so that a resume cannot mix two kinds of rows."""

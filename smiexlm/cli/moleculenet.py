@@ -473,9 +473,9 @@ def probe(
     _check_outputs(out)
     backbone = Backbone(checkpoint)
     if whiten is None:  # the model's own embedding, as pooling and layers default to it
-        own = backbone.folder is not None and backbone.folder.embedding.whiten
-        blocks = layers or backbone.layers
-        whiten = own and backbone.whitening(pooling or backbone.pooling, blocks) is not None
+        whiten = backbone.folder is not None and backbone.folder.serves_whitened(
+            pooling or backbone.pooling, layers or backbone.layers
+        )
     cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten,
                       tta=tta, layers=layers)  # fmt: skip
     seeds = _seeds(seeds)

@@ -105,8 +105,8 @@ def vocab_corpus(
         typer.echo(
             f"wrote {write_corpus_tokens(folder.path, folder.tokenizer.tokens, counts, source)}"
         )
-        folder = ModelFolder(model)
-    counts = folder.corpus_tokens
+    else:
+        counts = folder.corpus_tokens
     if counts is None:
         raise DataError(f"model {model!r} keeps no corpus_tokens.json: give --data, the "
                         "preprocessed dataset it was pretrained on")  # fmt: skip

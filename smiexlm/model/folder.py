@@ -125,6 +125,14 @@ class ModelFolder:
 
         return load_whitening(self.path, self.config.d_model)
 
+    def serves_whitened(self, pooling: str, layers: int) -> bool:
+        """Whether the folder's own embedding of ``pooling`` of the last ``layers`` blocks is
+        whitened: its ``embedding.json`` says so and it stores a whitening of them (or, for
+        one block, of each part of the pooling). What a caller naming no ``whiten`` gets."""
+        from smiexlm.whitening import can_whiten
+
+        return self.embedding.whiten and can_whiten(self.whitening or {}, pooling, layers)
+
     @property
     def card(self) -> str | None:
         """The text of ``MODEL_CARD.md``, or None."""
