@@ -26,6 +26,11 @@ a paired bootstrap over each set's test molecules (:mod:`smiexlm.moleculenet.com
 benchmarks/results/table1/mlm --tasks tox21 toxcast``. A row is a folder holding
 ``runs/<set>/seed<k>/predictions.npz``, or ``<set>/seed<k>/predictions.npz`` (the forests
 ``forest_blend.py`` keeps).
+
+Every cell records, beside its ROC-AUC, the test PR-AUC (average precision) and the share of
+positives it should be read against (MAE, R² and Spearman's rho for a regression set);
+``measures --root ROOT`` adds them to cells finished before they were recorded, from the
+predictions those kept.
 """
 
 from __future__ import annotations
@@ -363,6 +368,34 @@ def compare(args: argparse.Namespace) -> None:
         args.out.write_text("\n".join(lines) + "\n")
 
 
+def measures(args: argparse.Namespace) -> None:
+    """Fill in the measures beside the score (PR-AUC; MAE, R², Spearman) of every finished
+    cell under ``--root`` whose result predates them, from the predictions it kept; then
+    rewrite the reports. Cells that kept no predictions are counted and left as they are."""
+    from smiexlm.moleculenet import runs
+    from smiexlm.moleculenet.loaders import load_task
+
+    tasks, filled, without = {}, 0, 0
+    for row in (r for r in ROWS if (args.root / r / "runs").is_dir()):
+        changed = False
+        for folder in sorted((args.root / row / "runs").glob("*/seed*/")):
+            done = runs.finished(folder)
+            if done is None or done.more:
+                continue
+            if not (folder / runs.PREDICTIONS_NAME).is_file():
+                without += 1
+                continue
+            if done.dataset not in tasks:
+                tasks[done.dataset] = load_task(done.dataset)
+            changed |= runs.add_measures(folder, tasks[done.dataset])
+            filled += 1
+        if changed:
+            _report(args.root / row, ROWS[row][1])
+    folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
+    merge(argparse.Namespace(folders=folders, out=args.root, schedule="full"))
+    print(f"{filled} cells given their measures; {without} kept no predictions")
+
+
 def _difference_line(name: str, n: int | None, d, scale: float) -> str:
     cells = [name, "–" if n is None else f"{n:,}", f"{scale * d.a:.1f}", f"{scale * d.b:.1f}",
              f"{scale * d.diff:+.1f}", f"[{scale * d.low:+.1f}, {scale * d.high:+.1f}]",
@@ -445,6 +478,8 @@ def main() -> None:
     p_camp.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
     p_camp.add_argument("--tasks", nargs="+", choices=TASKS, default=None, help="only these sets")
     p_camp.add_argument("--n-trees", type=int, default=500, help="trees per forest")
+    p_measures = sub.add_parser("measures", help="PR-AUC etc. for cells finished before them")
+    p_measures.add_argument("--root", type=Path, required=True)
     p_status = sub.add_parser("status", help="where every cell of the plan stands, from --root")
     p_status.add_argument("--root", type=Path, required=True)
     p_status.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
@@ -463,7 +498,8 @@ def main() -> None:
     if args.command == "run" and _spread(args.processes):
         return
     commands = {"run": run, "probe": probe, "baseline": baseline, "merge": merge}
-    (commands | {"campaign": campaign, "status": status, "compare": compare})[args.command](args)
+    commands |= {"campaign": campaign, "status": status, "compare": compare, "measures": measures}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

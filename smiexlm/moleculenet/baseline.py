@@ -231,7 +231,8 @@ def run_baseline(
             partial.unlink(missing_ok=True)
         bar.update()
         config = asdict(cfg) | {"train_cpu_seconds": time.process_time() - cpu}
-        return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, config)
+        return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, config,
+                           test_pred=pred[n_valid:])  # fmt: skip
 
     try:
         return run_seeds(task, seeds, cfg.split, one_seed, feature_s, on_result)

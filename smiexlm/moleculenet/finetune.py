@@ -296,7 +296,7 @@ def finetune_once(
         save_dir = run_dir = None  # one process writes
     _write_outputs(run, task, split, cfg, seed, backbone, fitted, scores, save_dir, run_dir)
     result = task.result(variant_name(backbone, cfg), split, seed, valid_score, test_score,
-                         time.perf_counter() - t0, config, fitted.best_epoch)  # fmt: skip
+                         time.perf_counter() - t0, config, fitted.best_epoch, scores.test)  # fmt: skip
     if run_dir is not None:
         runs.finish(run_dir, result)
     return result

@@ -1,4 +1,5 @@
-"""ROC-AUC over tasks with missing labels, RMSE, and a head's scores from its logits.
+"""ROC-AUC over tasks with missing labels, RMSE, the measures reported beside them (PR-AUC;
+MAE, R² and Spearman's rho), and a head's scores from its logits.
 
 Labels are ``(N, T)`` float arrays with NaN for a missing label. A task counts towards the
 mean ROC-AUC only when its (non-missing) labels hold both classes; the others are listed in
@@ -7,6 +8,7 @@ mean ROC-AUC only when its (non-missing) labels hold both classes; the others ar
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,6 +98,81 @@ def multitask_rmse(y_true: np.ndarray, y_pred: np.ndarray) -> TaskScores:
     return TaskScores(
         float(np.mean(scored)) if scored else float("nan"), per_task, len(scored), skipped
     )
+
+
+def binary_average_precision(y_true: np.ndarray, y_score: np.ndarray) -> float:
+    """Average precision of one binary task, the area under its precision-recall steps: the sum
+    over score thresholds (tied scores form one) of the recall gained times the precision there,
+    as scikit-learn's ``average_precision_score``. NaN when ``y_true`` holds no positive or no
+    negative."""
+    y_true = np.asarray(y_true, dtype=float) == 1
+    y_score = np.asarray(y_score, dtype=float)
+    n_pos = int(y_true.sum())
+    if n_pos == 0 or n_pos == len(y_true):
+        return float("nan")
+    order = np.argsort(-y_score, kind="stable")
+    hits, ordered = y_true[order], y_score[order]
+    last = np.r_[ordered[1:] != ordered[:-1], True]  # the last molecule of each tied run
+    tp = np.cumsum(hits)[last]
+    precision = tp / (np.flatnonzero(last) + 1)
+    recall_gain = np.diff(np.r_[0, tp]) / n_pos
+    return float((recall_gain * precision).sum())
+
+
+def _per_task(y_true: np.ndarray, y_pred: np.ndarray, measure) -> list[float]:
+    """``measure(true, pred)`` of each column over its known (non-NaN) labels; NaN where a
+    column has fewer than two."""
+    y_true, y_pred = _as_2d(y_true), _as_2d(y_pred)
+    out = []
+    for t in range(y_true.shape[1]):
+        known = ~np.isnan(y_true[:, t])
+        out.append(measure(y_true[known, t], y_pred[known, t]) if known.sum() > 1 else math.nan)
+    return out
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float:
+    spread = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - float(((y - pred) ** 2).sum()) / spread if spread > 0 else math.nan
+
+
+def _spearman(y: np.ndarray, pred: np.ndarray) -> float:
+    a, b = _average_ranks(y), _average_ranks(pred)
+    a, b = a - a.mean(), b - b.mean()
+    norm = math.sqrt(float((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum()) / norm if norm > 0 else math.nan
+
+
+def _mean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return float(np.mean(kept)) if kept else math.nan
+
+
+#: the measures reported beside the primary score, per task type, in report order
+MORE_MEASURES = {
+    "classification": ("pr_auc", "positives"),
+    "regression": ("mae", "r2", "spearman"),
+}
+
+
+def more_scores(task_type: str, y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    """The measures beside the primary score, each the mean over tasks that can be scored.
+
+    Classification: ``pr_auc``, the average precision (x 100), which weighs the top of the
+    ranking where ROC-AUC weighs all of it, and ``positives``, the share of positives (x 100)
+    among the labelled molecules of those tasks, which is the average precision of a random
+    ranking. Regression: ``mae``, ``r2`` (coefficient of determination) and ``spearman``
+    (rank correlation)."""
+    if task_type == "classification":
+        ap = _per_task(y_true, y_pred, binary_average_precision)
+        y = _as_2d(y_true)
+        share = [float(np.nanmean(y[:, t])) for t in range(y.shape[1])]
+        scored = [s for s, a in zip(share, ap, strict=True) if not math.isnan(a)]
+        return {"pr_auc": 100 * _mean(ap), "positives": 100 * _mean(scored)}
+    return {
+        "mae": _mean(_per_task(y_true, y_pred, lambda y, p: float(np.abs(y - p).mean()))),
+        "r2": _mean(_per_task(y_true, y_pred, _r2)),
+        "spearman": _mean(_per_task(y_true, y_pred, _spearman)),
+    }
 
 
 def check_scorable(y_test: np.ndarray, label_cols: list[str], name: str, split: str) -> None:

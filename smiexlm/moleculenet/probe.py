@@ -210,6 +210,7 @@ def run_probe(
                                 "backbone_sha256": backbone.weights_sha256,
                                 "pooling": cfg.pooling or backbone.pooling,
                                 "layers": cfg.layers or backbone.layers}  # fmt: skip
-        return task.result(name, split, seed, got.valid.mean, got.test, 0.0, config)
+        return task.result(name, split, seed, got.valid.mean, got.test, 0.0, config,
+                           test_pred=got.test_pred)  # fmt: skip
 
     return run_seeds(task, seeds, cfg.split, one_seed, shared_s=time.perf_counter() - start)

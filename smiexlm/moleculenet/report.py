@@ -38,11 +38,14 @@ class RunResult:
     data_sha256: str | None
     best_epoch: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    #: measures beside the score (``metrics.more_scores``); empty in results older than them
+    more: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)
         out["sizes"] = "/".join(map(str, self.sizes))
         out["config"] = json.dumps(self.config, sort_keys=True)
+        out["more"] = json.dumps(self.more, sort_keys=True)
         return out
 
 
@@ -158,6 +161,41 @@ def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
     return "\n".join(lines)
 
 
+#: how the report names the measures kept beside the score (``RunResult.more``), and their decimals
+MORE_TITLES = {"pr_auc": ("PR-AUC x 100 (average precision)", 1), "mae": ("MAE", 3),
+               "r2": ("R² (coefficient of determination)", 3), "spearman": ("Spearman's rho", 3)}  # fmt: skip
+
+
+def more_markdown(results: list[RunResult]) -> str:
+    """One table per measure kept beside the score (:data:`MORE_TITLES`): mean ± sample std
+    over seeds per row and dataset; under PR-AUC, what a random ranking scores (the share of
+    positives). Empty when no result keeps them (results older than them)."""
+    lines: list[str] = []
+    for key, (title, k) in MORE_TITLES.items():
+        have = [r for r in results if not math.isnan(r.more.get(key, math.nan))]
+        if not have:
+            continue
+        datasets = _dataset_order(have)
+        table: dict[str, dict[str, list[float]]] = {}
+        for row, r in zip(_row_names(have), have, strict=True):
+            table.setdefault(row, {}).setdefault(r.dataset, []).append(r.more[key])
+        if key == "pr_auc":
+            chance = table["random ranking (the share of positives)"] = {}
+            for r in have:
+                chance.setdefault(r.dataset, []).append(r.more["positives"])
+        lines += [f"**{title}**", "", "| model | " + " | ".join(datasets) + " |",
+                  "|" + "---|" * (len(datasets) + 1)]  # fmt: skip
+        for row, per in table.items():
+            cells = []
+            for ds in datasets:
+                mean, std = _mean_std(per.get(ds, []))
+                cells.append("–" if math.isnan(mean) else f"{mean:.{k}f}"
+                             + (f" ± {std:.{k}f}" if len(per[ds]) > 1 else ""))  # fmt: skip
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def details_markdown(results: list[RunResult]) -> str:
     """Per-run table: split, seed, sizes, invalid molecules, scored tasks, updates, precision,
     training CPU time and wall time."""
@@ -220,6 +258,11 @@ def write_report(
         *(
             ["Paper rows: ExLM paper Table 1 (scaffold split, 3 seeds).", ""]
             if _paper_datasets(results)
+            else []
+        ),
+        *(
+            ["## Beside the score (test, mean ± sample std over seeds)", "", more]
+            if (more := more_markdown(results))
             else []
         ),
         "## Runs",

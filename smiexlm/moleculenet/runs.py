@@ -87,7 +87,8 @@ def finished(folder: Path) -> RunResult | None:
     try:
         record = doc["result"]
         scores = {k: math.nan if record[k] is None else record[k] for k in ("test", "valid")}
-        return RunResult(**record | scores | {"sizes": tuple(record["sizes"])})
+        more = {k: math.nan if v is None else v for k, v in record.get("more", {}).items()}
+        return RunResult(**record | scores | {"sizes": tuple(record["sizes"]), "more": more})
     except (KeyError, TypeError) as err:
         raise DataError(f"run result {str(path)!r} is damaged: {err}") from None
 
@@ -187,6 +188,22 @@ def read_predictions(folder: Path, task) -> dict[str, np.ndarray]:
                 f"{task.name} ({len(task)} rows, {task.labels.shape[1]} labels)"
             )
     return arrays
+
+
+def add_measures(folder: Path, task) -> bool:
+    """Give the finished run in ``folder`` the measures beside its score
+    (:func:`~smiexlm.moleculenet.metrics.more_scores`) from the test predictions it kept,
+    when it finished before they were recorded; the rest of its result is kept as it was.
+    False when it has them already, has not finished or kept no predictions."""
+    from smiexlm.moleculenet.metrics import more_scores
+
+    done = finished(folder)
+    if done is None or done.more or not (Path(folder) / PREDICTIONS_NAME).is_file():
+        return False
+    kept = read_predictions(folder, task)
+    done.more = more_scores(task.task_type, task.labels[kept["test_rows"]], kept["test"])
+    finish(folder, done)
+    return True
 
 
 def keep_predictions(

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.moleculenet.metrics import TaskScores, check_scorable
+from smiexlm.moleculenet.metrics import TaskScores, check_scorable, more_scores
 from smiexlm.moleculenet.registry import TaskType
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import (
@@ -128,16 +128,24 @@ class MoleculeTask:
         wall_s: float,
         config: dict[str, Any],
         best_epoch: int | None = None,
+        test_pred: np.ndarray | None = None,
     ) -> RunResult:
         """The report's record of one seed: ``valid`` is the selection score (unscaled),
         ``test`` the test split's scores; ``config`` gains the versions of what decided them
-        (``software``)."""
+        (``software``); ``test_pred``, the test molecules' probabilities or values, gives the
+        measures reported beside the score (:func:`~smiexlm.moleculenet.metrics.more_scores`)."""
         config = config | {"software": software_versions()}
+        more = (
+            {}
+            if test_pred is None
+            else more_scores(self.task_type, self.labels[split.test], test_pred)
+        )
         return RunResult(
             model=model, dataset=self.name, seed=seed, split=split.label, metric=self.metric,
             test=test.mean * self.scale, valid=valid * self.scale, sizes=split.sizes,
             n_invalid=self.n_invalid, n_tasks_scored=test.n_scored, n_tasks=len(self.label_cols),
             wall_s=wall_s, data_sha256=self.sha256, best_epoch=best_epoch, config=config,
+            more=more,
         )  # fmt: skip
 
 

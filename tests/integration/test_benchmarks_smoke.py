@@ -105,6 +105,9 @@ SMOKE: dict[str, list[Step]] = {
         Step(MN, ("status", "--root", "{tmp}/campaign", "--rows", "rf_ecfp4", "default",
              "--tasks", "bace", "--seeds", "0"),
              prints="1 finished, 0 stopped, 1 not started"),
+        # the cell records its PR-AUC itself: nothing to add
+        Step(MN, ("measures", "--root", "{tmp}/campaign"),
+             prints="0 cells given their measures; 0 kept no predictions"),
     ],
     "finetune_parallel": [
         Step("finetune_parallel.py", ("--task", "bace", "--epochs", "1", "--max-train-steps",

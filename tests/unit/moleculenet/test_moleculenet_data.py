@@ -229,3 +229,35 @@ def test_kept_predictions_read_back_and_a_file_of_another_table_is_refused(tmp_p
         read_predictions(run_dir(tmp_path, "toy", 0), short)
     with pytest.raises(DataError, match="no such file"):
         read_predictions(tmp_path / "nothing", task)
+
+
+def test_a_cell_finished_before_the_measures_gains_them_from_its_predictions(tmp_path):
+    import json
+
+    from sklearn.metrics import average_precision_score
+
+    from smiexlm.moleculenet.metrics import multitask_roc_auc
+    from smiexlm.moleculenet.runs import add_measures, finish, finished, keep_predictions
+    from smiexlm.moleculenet.splits import Split
+    from smiexlm.moleculenet.task import MoleculeTask
+
+    rng = np.random.default_rng(0)
+    labels = (rng.random((40, 2)) < 0.4).astype(float)
+    task = MoleculeTask("toy", ["C"] * 40, labels, ["a", "b"])
+    split = Split("scaffold", None, list(range(20)), list(range(20, 30)), list(range(30, 40)))
+    test = rng.random((10, 2))
+    folder = tmp_path / "toy" / "seed0"
+    assert not add_measures(folder, task)  # not finished
+    result = task.result("m", split, 0, 0.5, multitask_roc_auc(labels[30:], test), 1.0, {},
+                         test_pred=test)  # fmt: skip
+    assert set(result.more) == {"pr_auc", "positives"}  # a new result records them itself
+    result.more = {}  # as a result written before they were recorded
+    finish(folder, result)
+    assert not add_measures(folder, task)  # no predictions kept: left as it is
+    keep_predictions(tmp_path, "toy", 0, split, rng.random((10, 2)), test)
+    before = json.loads((folder / "result.json").read_text())["result"]
+    assert add_measures(folder, task) and not add_measures(folder, task)  # once
+    after = json.loads((folder / "result.json").read_text())["result"]
+    assert after | {"more": {}} == before
+    expected = np.mean([average_precision_score(labels[30:, t], test[:, t]) for t in (0, 1)])
+    assert finished(folder).more["pr_auc"] == pytest.approx(100 * expected, rel=1e-6)

@@ -8,19 +8,29 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sklearn.metrics import mean_squared_error, roc_auc_score
+from scipy.stats import spearmanr
+from sklearn.metrics import (
+    average_precision_score,
+    mean_absolute_error,
+    mean_squared_error,
+    r2_score,
+    roc_auc_score,
+)
 
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.moleculenet.configs import finetune_config, load_table
 from smiexlm.moleculenet.metrics import (
+    binary_average_precision,
     binary_roc_auc,
     check_scorable,
+    more_scores,
     multitask_rmse,
     multitask_roc_auc,
 )
 from smiexlm.moleculenet.report import (
     RunResult,
     markdown_table,
+    more_markdown,
     read_results,
     summarize,
     write_report,
@@ -69,6 +79,60 @@ def test_rmse_equals_sklearn_and_masks():
     known = ~np.isnan(y[:, 1])
     assert out.per_task[0] == pytest.approx(math.sqrt(mean_squared_error(y[:, 0], p[:, 0])))
     assert out.per_task[1] == pytest.approx(math.sqrt(mean_squared_error(y[known, 1], p[known, 1])))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 6)), min_size=2, max_size=40),
+)
+def test_average_precision_equals_sklearn_with_ties(pairs):
+    y = np.array([p[0] for p in pairs])
+    s = np.array([p[1] for p in pairs], dtype=float) / 3  # few distinct values: many ties
+    ours = binary_average_precision(y, s)
+    if len(set(y)) < 2:
+        assert math.isnan(ours)
+    else:
+        assert ours == pytest.approx(average_precision_score(y, s), abs=1e-12)
+
+
+def test_average_precision_by_hand():
+    # ranked: + - + -  -> precision 1 at recall 1/2, 2/3 at recall 1: AP = (1 + 2/3) / 2
+    assert binary_average_precision([1, 0, 1, 0], [0.9, 0.8, 0.7, 0.1]) == pytest.approx(5 / 6)
+    # one tied run holding both: a single threshold, precision 2/4 at recall 1
+    assert binary_average_precision([1, 0, 1, 0], [0.5] * 4) == pytest.approx(0.5)
+
+
+def test_more_scores_mask_and_average_over_tasks_as_sklearn_scipy():
+    rng = np.random.default_rng(1)
+    y = (rng.random((40, 3)) < 0.3).astype(float)
+    y[:5, 0], y[:, 2] = np.nan, 0.0  # task 2 holds one class: left out, as ROC-AUC leaves it
+    p = rng.random((40, 3))
+    out = more_scores("classification", y, p)
+    known = ~np.isnan(y[:, 0])
+    aps = [average_precision_score(y[known, 0], p[known, 0]),
+           average_precision_score(y[:, 1], p[:, 1])]  # fmt: skip
+    assert out["pr_auc"] == pytest.approx(100 * np.mean(aps))
+    assert out["positives"] == pytest.approx(100 * np.mean([y[known, 0].mean(), y[:, 1].mean()]))
+    v, q = rng.normal(size=(30, 2)), rng.normal(size=(30, 2))
+    v[4, 1] = np.nan
+    got, k = more_scores("regression", v, v + q), ~np.isnan(v[:, 1])
+    cols = [(v[:, 0], v[:, 0] + q[:, 0]), (v[k, 1], v[k, 1] + q[k, 1])]
+    assert got["mae"] == pytest.approx(np.mean([mean_absolute_error(a, b) for a, b in cols]))
+    assert got["r2"] == pytest.approx(np.mean([r2_score(a, b) for a, b in cols]))
+    assert got["spearman"] == pytest.approx(np.mean([spearmanr(a, b)[0] for a, b in cols]))
+
+
+def test_reports_show_the_measures_beside_the_score(tmp_path):
+    results = [_result("m", "bace", s, 80.0) for s in range(3)]
+    for r, ap in zip(results, (30.0, 40.0, 50.0), strict=True):
+        r.more = {"pr_auc": ap, "positives": 12.5}
+    text = more_markdown(results)
+    assert "| m | 40.0 ± 10.0 |" in text
+    assert "| random ranking (the share of positives) | 12.5 ± 0.0 |" in text
+    assert more_markdown([_result("m", "bace", 0, 80.0)]) == ""  # older results: no table
+    paths = write_report(results, tmp_path, "test")
+    assert read_results(paths["json"]) == results
+    assert "PR-AUC x 100" in paths["md"].read_text()
 
 
 def test_single_class_test_split_is_an_error():
