@@ -123,7 +123,7 @@ def select(
         typer.Option(
             help="uncertainty (probability nearest 0.5) | std (the ensemble's spread) "
             "| tta_std (the spread over random SMILES) | novelty (1 - nearest "
-            "training Tanimoto) | value (the prediction)."
+            "training Tanimoto) | value (the prediction) | ucb (value + kappa x spread)."
         ),
     ] = "uncertainty",  # fmt: skip
     task: Annotated[
@@ -136,7 +136,13 @@ def select(
             "above this (1: keep near-copies)."
         ),
     ] = 0.7,  # fmt: skip
-    lowest: Annotated[bool, typer.Option(help="--by value: the lowest predictions first.")] = False,
+    lowest: Annotated[
+        bool, typer.Option(help="--by value or ucb: the lowest predictions first.")
+    ] = False,
+    kappa: Annotated[
+        float,
+        typer.Option(help="--by ucb: how much the spread weighs against the value (0: value)."),
+    ] = 1.0,
     smiles_col: SmilesCol = "smiles",
     out: Annotated[Path, typer.Option("--out", "-o", help="CSV of the picks.")] = Path("picks.csv"),
 ) -> None:
@@ -150,7 +156,7 @@ def select(
     check_output(out, "--out")
     frame = (read_parts(input) if input.is_dir()
              else read_table(input, smiles_col, "input", infer_types=True))  # fmt: skip
-    chosen = choose(frame, n, by, task, max_similarity, smiles_col, lowest)
+    chosen = choose(frame, n, by, task, max_similarity, smiles_col, lowest, kappa)
     with atomic_path(out) as tmp:
         chosen.picks.to_csv(tmp, index=False)
     typer.echo(f"{chosen.summary()}; wrote {out}")

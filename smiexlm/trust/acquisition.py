@@ -9,7 +9,11 @@ output of ``smiexlm predict``, one row per molecule) by one of these scores, hig
 - ``std``: the ensemble's spread ``<task>_std`` (``predict`` with several folders);
 - ``tta_std``: the spread over random SMILES ``<task>_tta_std`` (``predict --tta K``);
 - ``novelty``: ``1 - nearest_tanimoto``, distance from the training molecules;
-- ``value``: the prediction itself (the most active first; ``lowest=True`` for the least).
+- ``value``: the prediction itself (the most active first; ``lowest=True`` for the least);
+- ``ucb``: the upper confidence bound ``value + kappa * spread``, the spread being the
+  ensemble's ``<task>_std``, else the random SMILES' ``<task>_tta_std``: the promising and
+  the unsure first, ``kappa`` (default 1) weighing the one against the other (0 is
+  ``value``); with ``lowest=True``, ``-value + kappa * spread``, for a property wanted low.
 
 A batch of near-copies teaches little, so the walk down the ranking skips a molecule whose
 ECFP4 Tanimoto similarity to one already picked exceeds ``max_similarity`` (1 keeps every
@@ -26,8 +30,8 @@ import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
 
-Acquisition = Literal["uncertainty", "std", "tta_std", "novelty", "value"]
-ACQUISITIONS: tuple[str, ...] = ("uncertainty", "std", "tta_std", "novelty", "value")
+Acquisition = Literal["uncertainty", "std", "tta_std", "novelty", "value", "ucb"]
+ACQUISITIONS: tuple[str, ...] = ("uncertainty", "std", "tta_std", "novelty", "value", "ucb")
 DEFAULT_MAX_SIMILARITY = 0.7  # ECFP4 Tanimoto: above it, two molecules are of one series
 
 
@@ -67,10 +71,24 @@ def task_column(frame: Any, task: str | None) -> str:
     return tasks[0]
 
 
-def acquisition(frame: Any, task: str, by: Acquisition, lowest: bool = False) -> np.ndarray:
+def acquisition(
+    frame: Any, task: str, by: Acquisition, lowest: bool = False, kappa: float = 1.0
+) -> np.ndarray:
     """(n,) float64 score per row, higher picked first; NaN where the row cannot be scored."""
     if by not in ACQUISITIONS:
         raise ConfigError("--by", by, "one of " + ", ".join(ACQUISITIONS))
+    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not kappa >= 0:
+        raise ConfigError("--kappa", kappa, "a non-negative number (0 ranks by value alone)")
+    if by == "ucb":
+        spread = next((c for c in (f"{task}_std", f"{task}_tta_std") if c in frame.columns), None)
+        if spread is None:
+            raise DataError(
+                f"--by ucb needs a spread beside {task!r}: the column {task + '_std'!r} "
+                f"(predict with several --checkpoint folders) or {task + '_tta_std'!r} "
+                "(predict --tta K)"
+            )
+        value = acquisition(frame, task, "value", lowest)
+        return value + kappa * np.asarray(frame[spread], dtype=np.float64)
     column = {"uncertainty": task, "std": f"{task}_std", "tta_std": f"{task}_tta_std",
               "novelty": "nearest_tanimoto", "value": task}[by]  # fmt: skip
     if column not in frame.columns:
@@ -103,17 +121,18 @@ def select(
     max_similarity: float = DEFAULT_MAX_SIMILARITY,
     smiles_col: str = "smiles",
     lowest: bool = False,
+    kappa: float = 1.0,
 ) -> Selection:
     """The ``n`` rows of ``frame`` to test next: highest ``by`` score first (ties in input
     order), none more similar than ``max_similarity`` (ECFP4 Tanimoto) to one picked before
-    it."""
+    it; ``kappa`` weighs the spread in ``ucb``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError("-n", n, "a positive integer")
     if not 0 < max_similarity <= 1:
         raise ConfigError("--max-similarity", max_similarity, "a Tanimoto similarity in (0, 1]")
     if smiles_col not in frame.columns:
         raise DataError(f"--smiles-col {smiles_col!r}: no such column in {list(frame.columns)}")
-    score = acquisition(frame, task_column(frame, task), by, lowest)
+    score = acquisition(frame, task_column(frame, task), by, lowest, kappa)
     scored = np.flatnonzero(np.isfinite(score))
     order = scored[np.argsort(-score[scored], kind="stable")]  # ties: input order
     picked, skipped = _diverse(order, frame[smiles_col].tolist(), n, max_similarity)

@@ -85,6 +85,22 @@ def test_spread_and_novelty_read_predicts_columns_and_say_what_is_missing():
         select(frame, 1, "entropy", task="active")
 
 
+def test_ucb_adds_kappa_spreads_to_the_value_and_needs_a_spread():
+    frame = _predictions([0.2, 0.5, 0.6], smiles=OTHERS[:3], active_tta_std=[0.5, 0.05, 0.0])
+    # value + 1 x spread: 0.7, 0.55, 0.6 -> m0, m2, m1; kappa 0 is the value alone
+    assert select(frame, 3, "ucb").picks["id"].tolist() == ["m0", "m2", "m1"]
+    np.testing.assert_allclose(select(frame, 3, "ucb").picks["acquisition"], [0.7, 0.6, 0.55])
+    assert select(frame, 3, "ucb", kappa=0).picks["id"].tolist() == ["m2", "m1", "m0"]
+    # wanted low: -value + spread = 0.3, -0.45, -0.6
+    assert select(frame, 1, "ucb", lowest=True).picks["id"].tolist() == ["m0"]
+    frame["active_std"] = [0.0, 1.0, 0.0]  # the ensemble's spread comes first
+    assert select(frame, 1, "ucb").picks["id"].tolist() == ["m1"]
+    with pytest.raises(ConfigError, match="--kappa"):
+        select(frame, 1, "ucb", kappa=-1)
+    with pytest.raises(DataError, match=r"--by ucb needs a spread.*--tta K"):
+        select(_predictions([0.2, 0.5]), 1, "ucb")
+
+
 def test_the_select_command_writes_the_picks(tmp_path):
     from smiexlm.cli.main import app
 
@@ -96,3 +112,9 @@ def test_the_select_command_writes_the_picks(tmp_path):
     picks = pd.read_csv(out)
     assert picks["id"].tolist() == ["m2", "m1"] and list(picks.columns)[-2:] == ["acquisition", "pick"]  # fmt: skip
     assert "2 picked of 5 rows (0 without a score" in result.output
+    spread = _predictions([0.9, 0.5], smiles=OTHERS[:2], active_std=[0.0, 0.6])
+    spread.to_csv(table, index=False)
+    result = CliRunner().invoke(app, ["select", str(table), "-n", "1", "--by", "ucb",
+                                      "--kappa", "0.5", "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert pd.read_csv(out)["acquisition"].tolist() == pytest.approx([0.9])  # 0.9 > 0.5 + 0.3
