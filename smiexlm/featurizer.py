@@ -24,8 +24,9 @@ records them in :attr:`Featurizer.last_report`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
@@ -246,34 +247,91 @@ class Featurizer:
         that streams a file in pieces reports file rows); ``log_failures=False`` leaves the
         listing of bad inputs to the caller.
         """
+        items = _as_list(smiles)
         pooling = pooling or self.pooling
         layer = self.blocks if layer is None else layer
-        self._check_options(pooling, layer, errors, batch_tokens, batch_size)
-        whitening = self._whitening(pooling, layer, whiten)
-        items = _as_list(smiles)
-        self.model.eval()  # dropout off, whatever the caller did to the model since loading
+        whitening = self._check_options(pooling, layer, errors, batch_tokens, batch_size,
+                                        chunk_size, whiten)  # fmt: skip
         out = np.empty((len(items), self.width(pooling, layer)), dtype=np.float32)
-        report = FeaturizeReport(n_inputs=len(items))
         bar = _progress_bar(len(items)) if progress else None
-        for start in range(0, len(items), chunk_size):
-            chunk = items[start : start + chunk_size]
-            out[start : start + len(chunk)] = self._featurize_chunk(
-                chunk, index_offset + start, pooling, layer, errors, batch_tokens, batch_size,
-                canonicalize, report, bar,
-            )  # fmt: skip
-            if whitening is not None:
-                out[start : start + len(chunk)] = whitening(out[start : start + len(chunk)])
-            release_free_memory()
-        if bar is not None:
-            bar.close()
-        self.last_report = report
+        chunks = self._chunks(iter(items), pooling, layer, errors, batch_tokens, batch_size,
+                              canonicalize, chunk_size, whitening, index_offset, bar)  # fmt: skip
+        start = 0
+        for emb in chunks:
+            out[start : start + len(emb)] = emb
+            start += len(emb)
         if log_failures:
-            log_report(report)
+            log_report(self.last_report)
         return out
 
     __call__ = featurize
 
-    def _check_options(self, pooling, layer, errors, batch_tokens, batch_size) -> None:
+    def iter_featurize(
+        self,
+        smiles: Iterable[str],
+        pooling: Pooling | None = None,
+        layer: int | Sequence[int] | None = None,
+        errors: Errors = "raise",
+        batch_tokens: int = 16384,
+        batch_size: int | None = None,
+        canonicalize: bool = True,
+        chunk_size: int = 8192,
+        progress: bool = False,
+        *,
+        whiten: bool | None = None,
+        index_offset: int = 0,
+        log_failures: bool = True,
+    ) -> Iterator[np.ndarray]:
+        """The embeddings of ``smiles`` a chunk at a time: (up to ``chunk_size``, d) float32
+        arrays, in input order, each as soon as it is computed.
+
+        ``smiles`` is read lazily, ``chunk_size`` at a time, so a generator over a file of
+        any length (``(line.split()[0] for line in open(path))``) is embedded in bounded
+        memory, and the caller can write each chunk away before the next is read. The rows
+        are those :meth:`featurize` gives for the same input and options (the same chunks
+        are computed alike); :attr:`last_report` counts what has been read so far and is
+        complete, and its warnings logged, once the iterator is exhausted."""
+        if isinstance(smiles, str):
+            _as_list(smiles)  # the one-str error
+        pooling = pooling or self.pooling
+        layer = self.blocks if layer is None else layer
+        whitening = self._check_options(pooling, layer, errors, batch_tokens, batch_size,
+                                        chunk_size, whiten)  # fmt: skip
+        chunks = self._chunks(iter(smiles), pooling, layer, errors, batch_tokens, batch_size,
+                              canonicalize, chunk_size, whitening, index_offset,
+                              _progress_bar(None) if progress else None)  # fmt: skip
+        return self._streamed(chunks, log_failures)
+
+    def _streamed(self, chunks: Iterator[np.ndarray], log_failures: bool) -> Iterator[np.ndarray]:
+        yield from chunks
+        if log_failures:
+            log_report(self.last_report)
+
+    def _chunks(self, items: Iterator[Any], pooling: str, layer, errors: str, batch_tokens: int,
+                batch_size: int | None, canonicalize: bool, chunk_size: int,
+                whitening: Whitening | None, index_offset: int,
+                bar: Any) -> Iterator[np.ndarray]:  # fmt: skip
+        """Each chunk's embeddings, whitened where asked; :attr:`last_report` is the run's
+        report from the first chunk on; the progress bar, when given, is closed at the end."""
+        self.model.eval()  # dropout off, whatever the caller did to the model since loading
+        report = self.last_report = FeaturizeReport(n_inputs=0)
+        start = 0
+        while chunk := list(islice(items, chunk_size)):
+            report.n_inputs += len(chunk)
+            emb = self._featurize_chunk(chunk, index_offset + start, pooling, layer, errors,
+                                        batch_tokens, batch_size, canonicalize, report, bar)  # fmt: skip
+            if whitening is not None:
+                emb = whitening(emb)
+            release_free_memory()
+            start += len(chunk)
+            yield emb
+        if bar is not None:
+            bar.close()
+
+    def _check_options(
+        self, pooling, layer, errors, batch_tokens, batch_size, chunk_size, whiten
+    ) -> Whitening | None:
+        """ConfigError naming the first bad option; else the whitening the call applies."""
         pooling_parts(pooling)
         if errors not in _ERRORS:
             raise ConfigError("errors", errors, f"one of {_ERRORS}")
@@ -282,6 +340,9 @@ class Featurizer:
             raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError("batch_size", batch_size, "a positive integer or None")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ConfigError("chunk_size", chunk_size, "a positive integer")
+        return self._whitening(pooling, layer, whiten)
 
     def _whitening(self, pooling: str, layer, whiten: bool | None) -> Whitening | None:
         """The whitening a call applies, or None."""
@@ -391,7 +452,7 @@ def release_free_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-def _progress_bar(total: int) -> Any:
+def _progress_bar(total: int | None) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="mol", desc="featurize")

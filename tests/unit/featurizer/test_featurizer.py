@@ -205,6 +205,44 @@ def test_errors_nan_fills_rows_and_reports(feat, caplog):
     np.testing.assert_allclose(x[[0, 4]], feat.featurize(["CCO", "c1ccccc1"]), atol=2e-5)
 
 
+def test_iter_featurize_streams_chunks_lazily_and_equals_featurize(feat, caplog):
+    bad = ["CCO", "C1CC", *PANEL, "C&C"]
+    read = []
+
+    def lines():  # a file read line by line: how far the featurizer has read is recorded
+        for i, smiles in enumerate(bad):
+            read.append(i)
+            yield smiles
+
+    stream = feat.iter_featurize(lines(), errors="nan", chunk_size=4)
+    assert read == []  # nothing read before the first chunk is asked for
+    first = next(stream)
+    assert first.shape == (4, feat.dim) and read == [0, 1, 2, 3]  # that chunk, no further
+    with caplog.at_level(logging.WARNING, logger="smiexlm.featurizer"):
+        rest = list(stream)
+    sizes = [len(c) for c in rest]
+    assert sum(sizes) == len(bad) - 4 and all(n == 4 for n in sizes[:-1])
+    got = np.vstack([first, *rest])
+    report = feat.last_report
+    assert report.n_inputs == len(bad) and [i for i, _, _ in report.failed] == [1, len(bad) - 1]
+    assert f"2 of {len(bad)} SMILES" in caplog.text  # logged once the stream is exhausted
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(feat.featurize(bad, errors="nan")))
+    np.testing.assert_allclose(got, feat.featurize(bad, errors="nan", chunk_size=4), atol=2e-5)
+    assert list(feat.iter_featurize([])) == []
+
+
+def test_iter_featurize_refuses_bad_options_before_reading(feat):
+    never = iter(["CCO"])
+    for option, value in (("chunk_size", 0), ("pooling", "sum"), ("batch_tokens", 0)):
+        with pytest.raises(ConfigError, match=option):
+            feat.iter_featurize(never, **{option: value})
+    assert next(never) == "CCO"  # nothing was read
+    with pytest.raises(DataError, match="wrap it in a list"):
+        feat.iter_featurize("CCO")
+    with pytest.raises(InvalidSmilesError, match="input index 1"):  # raised at its chunk
+        list(feat.iter_featurize(["CCO", "C1CC"]))
+
+
 def test_too_long_for_the_model(tmp_path):
     ckpt = make_checkpoint(tmp_path / "short", max_positions=8)
     feat = Featurizer.from_pretrained(ckpt, device="cpu")
