@@ -27,7 +27,9 @@ replaced by its quantiles among its own validation scores, averaged in equal thi
 
 Only the validation split makes a choice; test is read once per blend. Writes ``blend.md``
 and ``blend.json`` into ``--out`` and prints the table (ROC-AUC x 100 or RMSE, mean ± sample
-std over seeds).
+std over seeds). ``--keep DIR`` keeps each ``chosen`` blend's validation and test predictions
+in ``DIR/<root>+<beside>/<set>/seed<k>/predictions.npz``, a row ``moleculenet_table.py
+compare`` reads: how sure a blend's gain over the forest alone is.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def blends(task, model: dict, forest: dict, third: dict | None = None) -> dict[s
     from smiexlm.moleculenet.blend import blend, quantiles
     from smiexlm.moleculenet.metrics import score
 
-    y_valid, y_test = task.labels[model["valid_rows"]], task.labels[model["test_rows"]]
+    y_test = task.labels[model["test_rows"]]
 
     def test_score(pred: np.ndarray) -> float:
         return score(task.task_type, y_test, pred).mean
@@ -76,15 +78,27 @@ def blends(task, model: dict, forest: dict, third: dict | None = None) -> dict[s
         if third is not None:
             thirds = [quantiles(p["valid"], p["test"]) for p in (model, forest, third)]
             out["thirds"] = test_score(sum(thirds) / 3.0)
-    valid = [
-        score(task.task_type, y_valid, blend(task.task_type, model["valid"], model["valid"],
-                                             forest["valid"], forest["valid"], w, "quantile")).mean
-        for w in WEIGHTS
-    ]  # fmt: skip
-    pick = int(np.nanargmax(valid) if task.is_classification else np.nanargmin(valid))
-    out["chosen"] = test_score(blend(task.task_type, *parts, WEIGHTS[pick], "quantile"))
-    out["chosen_weight"] = float(WEIGHTS[pick])
+    weight, _, chosen = chosen_blend(task, model, forest)
+    out["chosen"], out["chosen_weight"] = test_score(chosen), weight
     return out
+
+
+def chosen_blend(task, model: dict, forest: dict) -> tuple[float, np.ndarray, np.ndarray]:
+    """The quantile blend whose model weight (of :data:`WEIGHTS`) scores best on validation:
+    (that weight, its validation predictions, its test predictions)."""
+    from smiexlm.moleculenet.blend import blend
+    from smiexlm.moleculenet.metrics import score
+
+    y_valid = task.labels[model["valid_rows"]]
+
+    def on_valid(w: float) -> np.ndarray:
+        return blend(task.task_type, model["valid"], model["valid"], forest["valid"],
+                     forest["valid"], w, "quantile")  # fmt: skip
+
+    valid = [score(task.task_type, y_valid, on_valid(w)).mean for w in WEIGHTS]
+    w = float(WEIGHTS[int(np.nanargmax(valid) if task.is_classification else np.nanargmin(valid))])
+    parts = (model["valid"], model["test"], forest["valid"], forest["test"])
+    return w, on_valid(w), blend(task.task_type, *parts, w, "quantile")
 
 
 def _mean_std(values: list[float], scale: float) -> str:
@@ -120,6 +134,9 @@ def main() -> None:
                         help="also blend in this row's runs of the same (set, seed), in thirds")  # fmt: skip
     parser.add_argument("--n-trees", type=int, default=500, help="trees of a forest trained here")
     parser.add_argument("--tasks", nargs="+", default=None, help="sets to read (default: all)")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="keep each chosen blend's predictions in DIR/<root>+<beside>/<set>/"
+                        "seed<k>/ (what moleculenet_table.py compare reads)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.partner is None and args.forest_root is None:
@@ -127,7 +144,14 @@ def main() -> None:
 
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, finished, read_predictions, run_dir
+    from smiexlm.moleculenet.runs import (
+        PREDICTIONS_NAME,
+        finished,
+        keep_predictions,
+        read_predictions,
+        run_dir,
+    )
+    from smiexlm.moleculenet.splits import Split
 
     def row_predictions(option: str, row: Path, task, seed: int) -> dict:
         folder = run_dir(row / "runs", task.name, seed)
@@ -164,6 +188,12 @@ def main() -> None:
                 cells.append({"root": root.name, "name": result.model, "dataset": result.dataset,
                               "seed": result.seed, "features": kind,
                               **blends(task, model, forest, third)})  # fmt: skip
+                if args.keep is not None:
+                    _, valid, test = chosen_blend(task, model, forest)
+                    split = Split("kept", None, [], model["valid_rows"].tolist(),
+                                  model["test_rows"].tolist())  # fmt: skip
+                    keep_predictions(args.keep / f"{root.name}+{kind}", task.name, result.seed,
+                                     split, valid, test)  # fmt: skip
                 print(json.dumps(cells[-1]), flush=True)
 
     columns = ["model", "forest", "mean", "quantile", "chosen"] + (["thirds"] if args.third else [])

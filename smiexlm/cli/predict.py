@@ -61,6 +61,14 @@ Mondrian = Annotated[
 ]  # fmt: skip
 
 
+DomainQuantile = Annotated[
+    float,
+    typer.Option(help="in_domain is False below this quantile of the validation molecules' "
+                 "nearest similarities to the training molecules (0: below the least similar "
+                 "of them; 0.05: a twentieth of the validation molecules falls outside)."),
+]  # fmt: skip
+
+
 def predict(
     checkpoint: FinetunedDirs,
     input: InputCsv,
@@ -75,6 +83,7 @@ def predict(
     calibrate: Calibrate = False,
     conformal_alpha: ConformalAlpha = None,
     mondrian: Mondrian = False,
+    domain_quantile: DomainQuantile = 0.0,
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES, with the applicability domain (nearness to the training molecules)
@@ -88,7 +97,8 @@ def predict(
     output = output if output is not None else out
     cols = columns(id_cols or None)  # an empty --id-cols keeps the default
     how = {"backend": backend, "tta": tta, "calibrate": calibrate,
-           "conformal_alpha": conformal_alpha, "mondrian": mondrian}  # fmt: skip
+           "conformal_alpha": conformal_alpha, "mondrian": mondrian,
+           "domain_quantile": domain_quantile}  # fmt: skip
     if wants_parts(output, part_rows):  # refuses --part-rows 0 (None: the default)
         rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
         return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols, rows,

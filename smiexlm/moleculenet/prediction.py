@@ -21,8 +21,8 @@ Columns of :func:`predict`, in order:
   ``nearest_tanimoto`` and ``mean_tanimoto_k5`` (ECFP4 to the training molecules),
   ``nearest_cosine`` and ``mean_cosine_k5`` (the models' own embeddings, the ensemble's mean;
   not with the ONNX backend, whose graph gives logits only), and ``in_domain`` (both nearest
-  similarities at least the lowest a validation molecule had; an ensemble compares its mean
-  similarity with its models' mean bound);
+  similarities at least the lowest a validation molecule had, or with ``domain_quantile`` q
+  their q-quantile; an ensemble compares its mean similarity with its models' mean bound);
 - with ``conformal_alpha``: ``<label>_set`` (classification: the split-conformal set,
   ``{0}``, ``{1}``, ``{0,1}`` or ``{}``; ``""`` in a bad row) or ``<label>_low`` and
   ``<label>_high`` (regression: the interval), calibrated on the validation molecules
@@ -203,6 +203,7 @@ def predict(
     calibrate: bool = False,
     conformal_alpha: float | None = None,
     mondrian: bool = False,
+    domain_quantile: float = 0.0,
 ) -> pd.DataFrame:
     """Predictions per input SMILES, one row each (the module docstring lists the columns).
 
@@ -215,15 +216,19 @@ def predict(
     silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
     onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
     ``conformal_alpha`` and ``mondrian`` (class-conditional sets): see the module docstring.
+    ``domain_quantile`` q: ``in_domain`` is False below the q-quantile of the validation
+    molecules' nearest similarities (0, the default: below the least similar of them).
     """
     from smiexlm.data.normalize import smiles_problem
     from smiexlm.trust.arrays import check_alpha
+    from smiexlm.trust.domain import check_quantile
 
     if backend not in ("torch", "onnx"):
         raise ConfigError("backend", backend, "'torch' or 'onnx'")
     check_spellings("tta", tta)
     if conformal_alpha is not None:
         check_alpha(conformal_alpha)
+    check_quantile(domain_quantile)
     folders = finetuned_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
@@ -250,7 +255,7 @@ def predict(
         tokens = [" ".join(dict.fromkeys(t for s in served for t in s.untrained[i]))
                   for i in range(len(good))]  # fmt: skip
         frame["untrained_tokens"] = _column_of(np.asarray(tokens, dtype=object), ok)
-    domain = _domain(folders, served)
+    domain = _domain(folders, served, domain_quantile)
     for name, values in (domain or {}).items():
         frame[name] = _column_of(values, ok)
     if conformal_alpha is not None:
@@ -281,9 +286,10 @@ def _check_agree(folders: list, metas: list[dict]) -> None:
             )
 
 
-def _domain(folders: list, served: list[_Served]) -> dict | None:
-    """The applicability-domain columns on the parsable molecules, or None when a folder has
-    no reference."""
+def _domain(folders: list, served: list[_Served], quantile: float) -> dict | None:
+    """The applicability-domain columns on the parsable molecules, ``in_domain`` against the
+    ``quantile`` bounds (:class:`~smiexlm.trust.domain.DomainBounds`), or None when a folder
+    has no reference."""
     from smiexlm.search import ecfp4_packed
 
     lacking = [f for f, s in zip(folders, served, strict=True) if s.reference is None]
@@ -300,7 +306,7 @@ def _domain(folders: list, served: list[_Served]) -> dict | None:
         if key not in tanimoto:
             tanimoto[key] = tanimoto_neighbours(queries, ref.train_ecfp4)
         cosine = None if s.pooled is None else cosine_neighbours(s.pooled, ref.train_embedding)
-        per_model.append((tanimoto[key], cosine, ref.bounds))
+        per_model.append((tanimoto[key], cosine, ref.bounds(quantile)))
     nearest_t = np.mean([t[0] for t, _, _ in per_model], axis=0)
     columns = {DOMAIN_COLUMNS[0]: nearest_t,
                DOMAIN_COLUMNS[1]: np.mean([t[1] for t, _, _ in per_model], axis=0)}  # fmt: skip

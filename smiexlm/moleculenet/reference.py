@@ -68,9 +68,9 @@ class Reference:
         return {"tanimoto": tanimoto[0], "mean_tanimoto": tanimoto[1],
                 "cosine": cosine[0], "mean_cosine": cosine[1]}  # fmt: skip
 
-    @property
-    def bounds(self) -> DomainBounds:
-        return DomainBounds.of(self.valid_tanimoto, self.valid_cosine)
+    def bounds(self, quantile: float = 0.0) -> DomainBounds:
+        """The domain's bounds from the validation molecules' nearness (:class:`DomainBounds`)."""
+        return DomainBounds.of(self.valid_tanimoto, self.valid_cosine, quantile)
 
     def save(self, folder: Path) -> Path:
         from safetensors.numpy import save_file

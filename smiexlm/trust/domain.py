@@ -12,7 +12,9 @@ compared; a training set of MoleculeNet's size is small enough):
 For each molecule: the similarity of its nearest training molecule and the mean over its
 ``k`` nearest. :class:`DomainBounds` holds what the validation molecules had, each against the
 same training molecules; a molecule whose nearest similarity (either kind) is below the
-lowest a validation molecule had lies outside the range the validation score speaks for.
+lowest a validation molecule had lies outside the range the validation score speaks for
+(or below a chosen quantile of theirs: the lowest is a single molecule's, and a large set's
+least similar validation molecule can be far out).
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ from smiexlm.errors import ConfigError
 
 DEFAULT_K = 5  # neighbours averaged for the mean_* columns
 QUERY_BLOCK = 256  # queries per matrix product: 256 x 75,000 float32 is 77 MB
+
+
+def check_quantile(quantile: float) -> None:
+    """ConfigError unless ``quantile`` is a number in [0, 0.5]: the share of validation
+    molecules a domain bound may leave outside (0: the lowest of them)."""
+    if (
+        isinstance(quantile, bool)
+        or not isinstance(quantile, (int, float))
+        or not 0 <= quantile <= 0.5
+    ):
+        raise ConfigError("--domain-quantile", quantile, "a share in [0, 0.5] of the validation "
+                          "molecules left outside the domain (0: the least similar of them)")  # fmt: skip
 
 
 def unpack_ecfp4(packed: np.ndarray) -> np.ndarray:
@@ -107,18 +121,23 @@ def _check_k(k: int) -> None:
 
 @dataclass(frozen=True)
 class DomainBounds:
-    """The lowest nearest-neighbour similarity of any validation molecule, per measure
-    (NaN: no validation molecule, so no bound)."""
+    """Per measure, the nearest-neighbour similarity below which a molecule is outside the
+    domain: the lowest any validation molecule had, or with ``quantile`` q the q-quantile of
+    theirs, so that a share q of the validation molecules themselves falls outside (NaN: no
+    validation molecule, so no bound)."""
 
     tanimoto: float
     cosine: float
 
     @classmethod
-    def of(cls, valid_tanimoto: np.ndarray, valid_cosine: np.ndarray) -> DomainBounds:
+    def of(cls, valid_tanimoto: np.ndarray, valid_cosine: np.ndarray,
+           quantile: float = 0.0) -> DomainBounds:  # fmt: skip
+        check_quantile(quantile)
+
         def low(values: np.ndarray) -> float:
             values = np.asarray(values, dtype=np.float64)
             values = values[np.isfinite(values)]
-            return float(values.min()) if len(values) else float("nan")
+            return float(np.quantile(values, quantile)) if len(values) else float("nan")
 
         return cls(low(valid_tanimoto), low(valid_cosine))
 

@@ -80,6 +80,20 @@ def test_bounds_are_the_lowest_validation_similarity():
     assert none.inside(np.array([0.0]), np.array([0.0])).tolist() == [True]
 
 
+def test_a_quantile_bound_leaves_that_share_of_the_validation_molecules_outside():
+    rng = np.random.default_rng(0)
+    tanimoto, cosine = rng.random(200), rng.random(200)
+    for q in (0.0, 0.05, 0.25):
+        bounds = DomainBounds.of(tanimoto, cosine, q)
+        assert bounds.tanimoto == pytest.approx(np.quantile(tanimoto, q))
+        outside = ~bounds.inside(tanimoto, None)
+        assert outside.mean() == pytest.approx(q, abs=1 / 200)  # of the validation molecules
+    assert DomainBounds.of(tanimoto, cosine, 0.0).tanimoto == tanimoto.min()
+    for q in (-0.1, 0.6, True, "0.1"):
+        with pytest.raises(ConfigError, match="--domain-quantile"):
+            DomainBounds.of(tanimoto, cosine, q)
+
+
 def _finetuned(tmp_path):
     from smiexlm.cli.main import app
     from tests.unit.moleculenet.test_moleculenet_finetune import _small_csv
@@ -128,8 +142,15 @@ def test_reference_and_predict_columns_match_brute_force(tmp_path, caplog):
     unit = ref.train_embedding
     brute = (pooled / np.linalg.norm(pooled, axis=1, keepdims=True)) @ unit.T
     np.testing.assert_allclose(got["nearest_cosine"][:3], brute.max(axis=1), rtol=1e-4)
-    assert got["nearest_tanimoto"][2] < ref.bounds.tanimoto and not got["in_domain"][2]
+    assert got["nearest_tanimoto"][2] < ref.bounds().tanimoto and not got["in_domain"][2]
     assert not got["in_domain"][3] and np.isnan(got["nearest_tanimoto"][3])
+    # a stricter bound: the median validation molecule's nearness, from the same reference
+    strict = predict(folder, queries, domain_quantile=0.5)
+    bounds = ref.bounds(0.5)
+    expected = ((strict["nearest_tanimoto"] >= bounds.tanimoto)
+                & (strict["nearest_cosine"] >= bounds.cosine))  # fmt: skip
+    assert strict["in_domain"].tolist() == expected.tolist()
+    assert not (strict["in_domain"] & ~got["in_domain"]).any()  # never wider than the lowest
 
     # a folder from before the reference existed: predictions, no domain columns, one warning
     (folder / REFERENCE_NAME).unlink()
