@@ -372,11 +372,16 @@ def measures(args: argparse.Namespace) -> None:
     """Fill in the measures beside the score (PR-AUC; MAE, R², Spearman) of every finished
     cell under ``--root`` whose result predates them, from the predictions it kept; then
     rewrite the reports. Cells that kept no predictions are counted and left as they are."""
+    from smiexlm.errors import DataError
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.loaders import load_task
 
+    rows = [r for r in ROWS if (args.root / r / "runs").is_dir()]
+    if not rows:
+        raise DataError(f"--root {str(args.root)!r} holds no row folder (<row>/runs/) of "
+                        f"{', '.join(ROWS)}")  # fmt: skip
     tasks, filled, without = {}, 0, 0
-    for row in (r for r in ROWS if (args.root / r / "runs").is_dir()):
+    for row in rows:
         changed = False
         for folder in sorted((args.root / row / "runs").glob("*/seed*/")):
             done = runs.finished(folder)
@@ -391,8 +396,8 @@ def measures(args: argparse.Namespace) -> None:
             filled += 1
         if changed:
             _report(args.root / row, ROWS[row][1])
-    folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
-    merge(argparse.Namespace(folders=folders, out=args.root, schedule="full"))
+    merge(argparse.Namespace(folders=[args.root / r for r in rows], out=args.root,
+                             schedule="full"))  # fmt: skip
     print(f"{filled} cells given their measures; {without} kept no predictions")
 
 

@@ -23,6 +23,7 @@ every exclusion is counted in the :class:`Selection`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -77,8 +78,8 @@ def acquisition(
     """(n,) float64 score per row, higher picked first; NaN where the row cannot be scored."""
     if by not in ACQUISITIONS:
         raise ConfigError("--by", by, "one of " + ", ".join(ACQUISITIONS))
-    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not kappa >= 0:
-        raise ConfigError("--kappa", kappa, "a non-negative number (0 ranks by value alone)")
+    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not 0 <= kappa < math.inf:
+        raise ConfigError("--kappa", kappa, "a finite non-negative number (0 ranks by value alone)")
     if by == "ucb":
         spread = next((c for c in (f"{task}_std", f"{task}_tta_std") if c in frame.columns), None)
         if spread is None:

@@ -95,8 +95,9 @@ def test_ucb_adds_kappa_spreads_to_the_value_and_needs_a_spread():
     assert select(frame, 1, "ucb", lowest=True).picks["id"].tolist() == ["m0"]
     frame["active_std"] = [0.0, 1.0, 0.0]  # the ensemble's spread comes first
     assert select(frame, 1, "ucb").picks["id"].tolist() == ["m1"]
-    with pytest.raises(ConfigError, match="--kappa"):
-        select(frame, 1, "ucb", kappa=-1)
+    for kappa in (-1, float("nan"), float("inf"), True):
+        with pytest.raises(ConfigError, match="--kappa"):
+            select(frame, 1, "ucb", kappa=kappa)
     with pytest.raises(DataError, match=r"--by ucb needs a spread.*--tta K"):
         select(_predictions([0.2, 0.5]), 1, "ucb")
 
