@@ -126,7 +126,12 @@ def _spread(processes: int) -> bool:
 def _print_report(results, out: Path, title: str) -> None:
     import sys
 
-    from smiexlm.moleculenet.report import describe_splits, markdown_table, write_report
+    from smiexlm.moleculenet.report import (
+        describe_splits,
+        markdown_table,
+        more_markdown,
+        write_report,
+    )
     from smiexlm.ranks import detect
 
     if not detect().is_main:
@@ -134,6 +139,8 @@ def _print_report(results, out: Path, title: str) -> None:
     paths = write_report(results, out, title, command="smiexlm " + " ".join(sys.argv[1:]))
     typer.echo(f"split: {describe_splits(results)}")
     typer.echo(markdown_table(results))
+    if more := more_markdown(results):
+        typer.echo("\nbeside the score (test):\n" + more)
     typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
 
 
