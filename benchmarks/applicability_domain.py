@@ -10,11 +10,12 @@ Reads every fine-tuning run under the given roots (``ROOT/runs/<set>/seed<k>/``)
 and for each set, pooling its seeds:
 
 - each test molecule's error: the absolute error (regression, in the label's units), or the
-  mean over its labelled tasks of |label - probability| (classification);
+  mean over its labelled tasks of abs(label − probability) (classification);
 - the mean error in each fifth of the test molecules ordered by nearest similarity, and the
   Spearman correlation of similarity with error (negative: error grows as similarity falls);
-- the mean error inside and outside the domain (``in_domain`` as ``predict`` decides it:
-  both nearest similarities at least the lowest a validation molecule of that run had).
+- the mean error inside and outside the domain, for each ``--quantiles`` q as ``predict
+  --domain-quantile q`` decides it: both nearest similarities at least the q-quantile of the
+  validation molecules' of that run (0: the lowest any had).
 
 Writes ``report.md``, ``domain.csv`` (one row per set, measure and fifth) and ``domain.png``
 (error against similarity, one line per set, Tanimoto and cosine side by side) into ``--out``.
@@ -23,6 +24,7 @@ Writes ``report.md``, ``domain.csv`` (one row per set, measure and fifth) and ``
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,19 +45,22 @@ def _runs(roots: list[Path]) -> dict[str, list[Path]]:
     return found
 
 
-def _molecule_errors(npz: Path, labels: np.ndarray, regression: bool) -> pd.DataFrame:
-    """One row per test molecule: error, nearest similarities, in_domain."""
+def _molecule_errors(npz: Path, labels: np.ndarray, quantiles: list[float]) -> pd.DataFrame:
+    """One row per test molecule: error, nearest similarities, and ``in_domain <q>`` per
+    quantile, decided as ``predict`` decides it (:class:`~smiexlm.trust.domain.DomainBounds`)."""
+    from smiexlm.trust.domain import DomainBounds
+
     kept = np.load(npz)
     y, p = labels[kept["test_rows"]], kept["test"].astype(np.float64)
     known = ~np.isnan(y)
     diff = np.where(known, np.abs(np.nan_to_num(y) - p), 0.0)
     n = known.sum(axis=1)
     error = np.where(n > 0, diff.sum(axis=1) / np.maximum(n, 1), np.nan)
-    inside = np.ones(len(error), dtype=bool)
-    for measure in MEASURES:
-        inside &= kept[f"test_{measure}"] >= np.nanmin(kept[f"valid_{measure}"])
     frame = pd.DataFrame({m: kept[f"test_{m}"] for m in MEASURES})
-    frame["error"], frame["in_domain"] = error, inside
+    frame["error"] = error
+    for q in quantiles:
+        bounds = DomainBounds.of(kept["valid_tanimoto"], kept["valid_cosine"], q)
+        frame[f"in_domain {q:g}"] = bounds.inside(kept["test_tanimoto"], kept["test_cosine"])
     return frame[np.isfinite(error)]
 
 
@@ -67,7 +72,8 @@ def _fifths(frame: pd.DataFrame, measure: str) -> pd.DataFrame:
                                       n=("error", "size")).reset_index()  # fmt: skip
 
 
-def summarise(found: dict[str, list[Path]]) -> tuple[pd.DataFrame, list[str]]:
+def summarise(found: dict[str, list[Path]],
+              quantiles: list[float]) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     from scipy.stats import spearmanr
 
     from smiexlm.moleculenet import load_task
@@ -75,20 +81,22 @@ def summarise(found: dict[str, list[Path]]) -> tuple[pd.DataFrame, list[str]]:
     rows, lines = [], []
     for name, paths in sorted(found.items()):
         task = load_task(name)
-        frame = pd.concat([_molecule_errors(p, task.labels, not task.is_classification)
-                           for p in paths], ignore_index=True)  # fmt: skip
-        unit = "absolute error" if not task.is_classification else "mean |label - p|"
+        frame = pd.concat([_molecule_errors(p, task.labels, quantiles) for p in paths],
+                          ignore_index=True)  # fmt: skip
+        unit = "absolute error" if not task.is_classification else "mean abs(label − p)"
         parts = []
         for measure in MEASURES:
             rho = spearmanr(frame[measure], frame["error"]).statistic
             for r in _fifths(frame, measure).itertuples():
                 rows.append((name, measure, r.fifth, r.similarity, r.error, r.n, rho))
             parts.append(f"{rho:+.2f}")
-        out = frame[~frame["in_domain"]]["error"]
+        for q in quantiles:
+            inside = frame[f"in_domain {q:g}"]
+            out = frame[~inside]["error"]
+            parts.append(f"{frame[inside]['error'].mean():.3f} | "
+                         f"{out.mean() if len(out) else float('nan'):.3f} ({len(out)})")  # fmt: skip
         lines.append(
-            f"| {name} | {len(paths)} | {len(frame)} | {unit} | {parts[0]} | {parts[1]} | "
-            f"{frame[frame['in_domain']]['error'].mean():.3f} | "
-            f"{out.mean() if len(out) else float('nan'):.3f} ({len(out)}) |"
+            f"| {name} | {len(paths)} | {len(frame)} | {unit} | " + " | ".join(parts) + " |"
         )
     columns = ["set", "measure", "fifth", "similarity", "error", "n", "spearman"]
     return pd.DataFrame(rows, columns=columns), lines
@@ -115,20 +123,28 @@ def plot(table: pd.DataFrame, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("roots", type=Path, nargs="+", help="folders holding runs/<set>/seed<k>")
+    parser.add_argument("--quantiles", type=float, nargs="+", default=[0.0, 0.05],
+                        help="domain bounds at these quantiles of the validation molecules' "
+                        "nearness (0: the lowest; predict's default is 0.05)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     found = _runs(args.roots)
     if not found:
         raise SystemExit("no run with test similarities under the given roots")
-    table, lines = summarise(found)
+    table, lines = summarise(found, args.quantiles)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "domain.csv", index=False)
     plot(table, args.out / "domain.png")
-    header = ("| set | runs | test molecules | error | Spearman (Tanimoto) | Spearman (cosine) "
-              "| error in domain | error outside (n) |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    columns = ["set", "runs", "test molecules", "error", "Spearman (Tanimoto)",
+               "Spearman (cosine)"]  # fmt: skip
+    for q in args.quantiles:
+        at = ", bounds at the lowest" if q == 0 else f", bounds at the {q:g} quantile"
+        columns += [f"error in domain{at}", f"error outside (n){at}"]
+    header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
     report = "\n".join([header, *lines])
     (args.out / "report.md").write_text(
         "# Error against nearness to the training molecules (test split)\n\n"
+        f"`python benchmarks/applicability_domain.py {' '.join(sys.argv[1:])}`\n\n"
         + report + "\n\nPer fifth of the test molecules: `domain.csv`; plot: `domain.png`.\n"
     )  # fmt: skip
     print(report)

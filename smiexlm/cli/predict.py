@@ -65,7 +65,7 @@ DomainQuantile = Annotated[
     float,
     typer.Option(help="in_domain is False below this quantile of the validation molecules' "
                  "nearest similarities to the training molecules (0: below the least similar "
-                 "of them; 0.05: a twentieth of the validation molecules falls outside)."),
+                 "of them)."),
 ]  # fmt: skip
 
 
@@ -83,7 +83,7 @@ def predict(
     calibrate: Calibrate = False,
     conformal_alpha: ConformalAlpha = None,
     mondrian: Mondrian = False,
-    domain_quantile: DomainQuantile = 0.0,
+    domain_quantile: DomainQuantile = 0.05,
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES, with the applicability domain (nearness to the training molecules)

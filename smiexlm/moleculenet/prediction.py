@@ -21,8 +21,8 @@ Columns of :func:`predict`, in order:
   ``nearest_tanimoto`` and ``mean_tanimoto_k5`` (ECFP4 to the training molecules),
   ``nearest_cosine`` and ``mean_cosine_k5`` (the models' own embeddings, the ensemble's mean;
   not with the ONNX backend, whose graph gives logits only), and ``in_domain`` (both nearest
-  similarities at least the lowest a validation molecule had, or with ``domain_quantile`` q
-  their q-quantile; an ensemble compares its mean similarity with its models' mean bound);
+  similarities at least the ``domain_quantile`` of the validation molecules', 5 % by
+  default; an ensemble compares its mean similarity with its models' mean bound);
 - with ``conformal_alpha``: ``<label>_set`` (classification: the split-conformal set,
   ``{0}``, ``{1}``, ``{0,1}`` or ``{}``; ``""`` in a bad row) or ``<label>_low`` and
   ``<label>_high`` (regression: the interval), calibrated on the validation molecules
@@ -57,7 +57,13 @@ from smiexlm.moleculenet.folder import finetuned_folders
 from smiexlm.moleculenet.forest import KeptForest
 from smiexlm.moleculenet.metrics import to_scores
 from smiexlm.moleculenet.reference import Reference
-from smiexlm.trust.domain import DEFAULT_K, DomainBounds, cosine_neighbours, tanimoto_neighbours
+from smiexlm.trust.domain import (
+    DEFAULT_K,
+    DEFAULT_QUANTILE,
+    DomainBounds,
+    cosine_neighbours,
+    tanimoto_neighbours,
+)
 
 log = logging.getLogger(__name__)
 _NO_REFERENCE: set[Path] = set()  # folders already reported as lacking one
@@ -203,7 +209,7 @@ def predict(
     calibrate: bool = False,
     conformal_alpha: float | None = None,
     mondrian: bool = False,
-    domain_quantile: float = 0.0,
+    domain_quantile: float = DEFAULT_QUANTILE,
 ) -> pd.DataFrame:
     """Predictions per input SMILES, one row each (the module docstring lists the columns).
 
@@ -217,7 +223,7 @@ def predict(
     onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
     ``conformal_alpha`` and ``mondrian`` (class-conditional sets): see the module docstring.
     ``domain_quantile`` q: ``in_domain`` is False below the q-quantile of the validation
-    molecules' nearest similarities (0, the default: below the least similar of them).
+    molecules' nearest similarities (0.05 by default; 0: below the least similar of them).
     """
     from smiexlm.data.normalize import smiles_problem
     from smiexlm.trust.arrays import check_alpha

@@ -25,7 +25,13 @@ import numpy as np
 
 from smiexlm.errors import DataError
 from smiexlm.model.layout import REFERENCE_NAME
-from smiexlm.trust.domain import DomainBounds, cosine_neighbours, tanimoto_neighbours, unit_rows
+from smiexlm.trust.domain import (
+    DEFAULT_QUANTILE,
+    DomainBounds,
+    cosine_neighbours,
+    tanimoto_neighbours,
+    unit_rows,
+)
 
 
 @dataclass
@@ -68,7 +74,7 @@ class Reference:
         return {"tanimoto": tanimoto[0], "mean_tanimoto": tanimoto[1],
                 "cosine": cosine[0], "mean_cosine": cosine[1]}  # fmt: skip
 
-    def bounds(self, quantile: float = 0.0) -> DomainBounds:
+    def bounds(self, quantile: float = DEFAULT_QUANTILE) -> DomainBounds:
         """The domain's bounds from the validation molecules' nearness (:class:`DomainBounds`)."""
         return DomainBounds.of(self.valid_tanimoto, self.valid_cosine, quantile)
 

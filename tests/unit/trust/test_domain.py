@@ -70,8 +70,8 @@ def test_unparsable_and_empty_cases():
         cosine_neighbours(np.ones((1, 2)), np.ones((3, 2)), k=0)
 
 
-def test_bounds_are_the_lowest_validation_similarity():
-    bounds = DomainBounds.of(np.array([0.5, 0.3, np.nan]), np.array([0.9, 0.8, 0.7]))
+def test_bounds_at_quantile_zero_are_the_lowest_validation_similarity():
+    bounds = DomainBounds.of(np.array([0.5, 0.3, np.nan]), np.array([0.9, 0.8, 0.7]), 0.0)
     assert (bounds.tanimoto, bounds.cosine) == (0.3, pytest.approx(0.7))
     inside = bounds.inside(np.array([0.3, 0.29, 0.9]), np.array([0.7, 0.9, 0.69]))
     assert inside.tolist() == [True, False, False]
@@ -89,9 +89,21 @@ def test_a_quantile_bound_leaves_that_share_of_the_validation_molecules_outside(
         outside = ~bounds.inside(tanimoto, None)
         assert outside.mean() == pytest.approx(q, abs=1 / 200)  # of the validation molecules
     assert DomainBounds.of(tanimoto, cosine, 0.0).tanimoto == tanimoto.min()
-    for q in (-0.1, 0.6, True, "0.1"):
+    for q in (-0.1, 0.6, True, "0.1", float("nan")):
         with pytest.raises(ConfigError, match="--domain-quantile"):
             DomainBounds.of(tanimoto, cosine, q)
+
+
+def test_predict_and_its_command_share_the_default_quantile():
+    import inspect
+
+    from smiexlm.cli.predict import predict as command
+    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.trust.domain import DEFAULT_QUANTILE
+
+    for function in (command, predict):
+        assert inspect.signature(function).parameters["domain_quantile"].default == DEFAULT_QUANTILE
+    assert DomainBounds.of(np.arange(100.0), np.arange(100.0)).tanimoto == pytest.approx(4.95)
 
 
 def _finetuned(tmp_path):
@@ -144,13 +156,13 @@ def test_reference_and_predict_columns_match_brute_force(tmp_path, caplog):
     np.testing.assert_allclose(got["nearest_cosine"][:3], brute.max(axis=1), rtol=1e-4)
     assert got["nearest_tanimoto"][2] < ref.bounds().tanimoto and not got["in_domain"][2]
     assert not got["in_domain"][3] and np.isnan(got["nearest_tanimoto"][3])
-    # a stricter bound: the median validation molecule's nearness, from the same reference
-    strict = predict(folder, queries, domain_quantile=0.5)
-    bounds = ref.bounds(0.5)
-    expected = ((strict["nearest_tanimoto"] >= bounds.tanimoto)
-                & (strict["nearest_cosine"] >= bounds.cosine))  # fmt: skip
-    assert strict["in_domain"].tolist() == expected.tolist()
-    assert not (strict["in_domain"] & ~got["in_domain"]).any()  # never wider than the lowest
+    for q in (0.0, 0.05, 0.5):  # bounds at the lowest, the default and the median
+        bounds, kept = ref.bounds(q), predict(folder, queries, domain_quantile=q)
+        expected = ((kept["nearest_tanimoto"] >= bounds.tanimoto)
+                    & (kept["nearest_cosine"] >= bounds.cosine))  # fmt: skip
+        assert kept["in_domain"].tolist() == expected.tolist()
+        assert bounds.tanimoto == pytest.approx(np.quantile(ref.valid_tanimoto, q))
+    assert predict(folder, queries)["in_domain"].tolist() == got["in_domain"].tolist()
 
     # a folder from before the reference existed: predictions, no domain columns, one warning
     (folder / REFERENCE_NAME).unlink()
