@@ -37,18 +37,20 @@ from smiexlm.moleculenet.report import (
 )
 
 
+@pytest.mark.parametrize(("ours", "sklearn"), [(binary_roc_auc, roc_auc_score),
+                                               (binary_average_precision, average_precision_score)])  # fmt: skip
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 1), st.integers(0, 6)), min_size=2, max_size=40),
 )
-def test_binary_roc_auc_equals_sklearn_with_ties(pairs):
+def test_binary_measures_equal_sklearn_with_ties(ours, sklearn, pairs):
     y = np.array([p[0] for p in pairs])
     s = np.array([p[1] for p in pairs], dtype=float) / 3  # few distinct values: many ties
-    ours = binary_roc_auc(y, s)
+    got = ours(y, s)
     if len(set(y)) < 2:
-        assert math.isnan(ours)
+        assert math.isnan(got)
     else:
-        assert ours == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+        assert got == pytest.approx(sklearn(y, s), abs=1e-12)
 
 
 def test_multitask_roc_auc_masks_missing_labels_by_hand():
@@ -79,20 +81,6 @@ def test_rmse_equals_sklearn_and_masks():
     known = ~np.isnan(y[:, 1])
     assert out.per_task[0] == pytest.approx(math.sqrt(mean_squared_error(y[:, 0], p[:, 0])))
     assert out.per_task[1] == pytest.approx(math.sqrt(mean_squared_error(y[known, 1], p[known, 1])))
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 6)), min_size=2, max_size=40),
-)
-def test_average_precision_equals_sklearn_with_ties(pairs):
-    y = np.array([p[0] for p in pairs])
-    s = np.array([p[1] for p in pairs], dtype=float) / 3  # few distinct values: many ties
-    ours = binary_average_precision(y, s)
-    if len(set(y)) < 2:
-        assert math.isnan(ours)
-    else:
-        assert ours == pytest.approx(average_precision_score(y, s), abs=1e-12)
 
 
 def test_average_precision_by_hand():
