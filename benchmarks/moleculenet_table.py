@@ -25,7 +25,7 @@ a paired bootstrap over each set's test molecules (:mod:`smiexlm.moleculenet.com
 ``python benchmarks/moleculenet_table.py compare benchmarks/results/table1/exlm
 benchmarks/results/table1/mlm --tasks tox21 toxcast``. A row is a folder holding
 ``runs/<set>/seed<k>/predictions.npz``, or ``<set>/seed<k>/predictions.npz`` (the forests
-``forest_blend.py`` keeps).
+``forest_blend.py`` keeps). ``--measure pr_auc`` compares PR-AUC instead of the score.
 
 Every cell records, beside its ROC-AUC, the test PR-AUC (average precision) and the share of
 positives it should be read against (MAE, R² and Spearman's rho for a regression set);
@@ -338,8 +338,10 @@ def compare(args: argparse.Namespace) -> None:
         return [read_predictions(f, task) for f in folders]
 
     (a_row, b_row), parts, kinds = args.rows, [], set()
-    lines = [f"A = `{a_row.name}`, B = `{b_row.name}`, seeds {args.seeds}; {args.draws:,} paired "
-             f"draws of each set's test molecules, {100 * args.level:g} % intervals", "",
+    what = "test PR-AUC x 100 (average precision)" if args.measure == "pr_auc" else "test score"
+    lines = [f"A = `{a_row.name}`, B = `{b_row.name}`, seeds {args.seeds}; {what}; "
+             f"{args.draws:,} paired draws of each set's test molecules, "
+             f"{100 * args.level:g} % intervals", "",
              "| set | test molecules | A | B | A − B | interval | draws with A better |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for name in args.tasks:
@@ -352,7 +354,8 @@ def compare(args: argparse.Namespace) -> None:
         if any(not np.array_equal(k["test_rows"], rows) for k in a + b):
             raise DataError(f"{name}: the rows' test molecules differ: expected one split")
         d = paired_bootstrap(task.task_type, task.labels[rows], [k["test"] for k in a],
-                             [k["test"] for k in b], args.draws, 0, args.level)  # fmt: skip
+                             [k["test"] for k in b], args.draws, 0, args.level,
+                             args.measure)  # fmt: skip
         parts.append(d)
         kinds.add(task.task_type)
         lines.append(_difference_line(name, len(rows), d, task.scale))
@@ -494,6 +497,8 @@ def main() -> None:
     p_compare.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
     p_compare.add_argument("--draws", type=int, default=1000, help="paired resamples")
     p_compare.add_argument("--level", type=float, default=0.95, help="interval coverage")
+    p_compare.add_argument("--measure", choices=["score", "pr_auc"], default="score",
+                           help="the table's score, or PR-AUC (classification sets)")  # fmt: skip
     p_compare.add_argument("--out", type=Path, default=None, help="also write the table here")
     for p in (p_run, p_camp):
         p.add_argument("--progress", action="store_true", help="a progress bar per run")

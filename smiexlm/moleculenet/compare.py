@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.moleculenet.metrics import score
+from smiexlm.moleculenet.metrics import more_scores, score
 
 
 @dataclass(frozen=True)
@@ -72,28 +72,54 @@ class _Ranked:
         below = np.cumsum(neg_at) - neg_at  # negatives scored lower than each level
         return float((pos * (below[self.level] + 0.5 * neg_at[self.level])).sum() / (n_pos * n_neg))
 
+    def pr_auc(self, counts: np.ndarray) -> float:
+        """Average precision of the same draw (tied scores one threshold, as in
+        :func:`~smiexlm.moleculenet.metrics.binary_average_precision`); NaN when it holds one
+        class only."""
+        weight = counts[self.rows]
+        pos = np.where(self.positive, weight, 0)
+        n_pos = pos.sum()
+        if n_pos == 0 or n_pos == weight.sum():
+            return float("nan")
+        pos_at = np.bincount(self.level, pos, minlength=self.n_levels)[::-1]  # highest first
+        seen = np.cumsum(np.bincount(self.level, weight, minlength=self.n_levels)[::-1])
+        precision = np.cumsum(pos_at) / np.maximum(seen, 1)  # a level no draw holds gains 0
+        return float((pos_at * precision).sum() / n_pos)
 
-def _figure_of_counts(ranked: list[list[_Ranked]], counts: np.ndarray) -> float:
+
+#: what the bootstrap can compare: the table's score, or the classification measure beside it
+MEASURES = ("score", "pr_auc")
+
+
+def _figure_of_counts(ranked: list[list[_Ranked]], counts: np.ndarray, measure: str) -> float:
     """A row's figure on a draw: the mean over seeds of the mean over scorable tasks."""
     figures = []
     for seed in ranked:
-        per_task = [t.auc(counts) for t in seed]
+        per_task = [t.pr_auc(counts) if measure == "pr_auc" else t.auc(counts) for t in seed]
         scored = [s for s in per_task if not np.isnan(s)]
         figures.append(np.mean(scored) if scored else np.nan)
     return float(np.mean(figures))
 
 
-def row_figure(task_type: str, labels: np.ndarray, seeds: Sequence[np.ndarray]) -> float:
-    """The table's figure: the mean over seeds of the test score of each seed's (N, T) scores."""
+def row_figure(task_type: str, labels: np.ndarray, seeds: Sequence[np.ndarray],
+               measure: str = "score") -> float:  # fmt: skip
+    """The table's figure: the mean over seeds of the test score (or of the mean average
+    precision over tasks, ``measure="pr_auc"``) of each seed's (N, T) scores."""
+    if measure == "pr_auc":
+        return float(np.mean([more_scores(task_type, labels, s)["pr_auc"] / 100 for s in seeds]))
     return float(np.mean([score(task_type, labels, s).mean for s in seeds]))
 
 
 def paired_bootstrap(
     task_type: str, labels: np.ndarray, a: Sequence[np.ndarray], b: Sequence[np.ndarray],
-    draws: int = 1000, seed: int = 0, level: float = 0.95,
+    draws: int = 1000, seed: int = 0, level: float = 0.95, measure: str = "score",
 ) -> Difference:  # fmt: skip
     """Row A (``a``: each seed's (N, T) test scores) against row B on the same N test molecules
-    (``labels``, (N, T), NaN = missing), over ``draws`` paired resamples of the molecules."""
+    (``labels``, (N, T), NaN = missing), over ``draws`` paired resamples of the molecules;
+    ``measure="pr_auc"`` compares the mean average precision (classification) instead of the
+    score."""
+    if measure not in MEASURES or (measure == "pr_auc" and task_type != "classification"):
+        raise ConfigError("measure", measure, "score, or pr_auc for a classification set")
     if draws < 10:
         raise ConfigError("draws", draws, "at least 10 resamples")
     if not 0.0 < level < 1.0:
@@ -112,12 +138,14 @@ def paired_bootstrap(
         pick = rng.integers(0, len(labels), len(labels))
         if task_type == "classification":
             counts = np.bincount(pick, minlength=len(labels)).astype(float)
-            diffs[r] = _figure_of_counts(ranked[0], counts) - _figure_of_counts(ranked[1], counts)
+            diffs[r] = (_figure_of_counts(ranked[0], counts, measure)
+                        - _figure_of_counts(ranked[1], counts, measure))  # fmt: skip
         else:
             diffs[r] = (row_figure(task_type, labels[pick], [s[pick] for s in a])
                         - row_figure(task_type, labels[pick], [s[pick] for s in b]))  # fmt: skip
-    return Difference.of(row_figure(task_type, labels, a), row_figure(task_type, labels, b),
-                         diffs, task_type == "classification", level)  # fmt: skip
+    return Difference.of(row_figure(task_type, labels, a, measure),
+                         row_figure(task_type, labels, b, measure), diffs,
+                         task_type == "classification", level)  # fmt: skip
 
 
 def mean_over_sets(parts: Sequence[Difference], higher_is_better: bool, level: float = 0.95) -> Difference:  # fmt: skip

@@ -103,7 +103,8 @@ SMOKE: dict[str, list[Step]] = {
              expect=("compare.md",), prints="| bace | 152 |"),
         # the blend forest_blend.py kept against the forest alone
         Step(MN, ("compare", "{tmp}/kept/run+ecfp4", "{tmp}/forests/ecfp4_5trees", "--tasks",
-             "bace", "--seeds", "0", "--draws", "20"), prints="| bace | 152 |"),
+             "bace", "--seeds", "0", "--draws", "20", "--measure", "pr_auc"),
+             prints="| bace | 152 |"),
         Step(MN, ("campaign", "--root", "{tmp}/campaign", "--rows", "rf_ecfp4", "--tasks",
              "bace", "--seeds", "0", "--n-trees", "2"),
              expect=("campaign/report.md", "campaign/rf_ecfp4/runs/bace/seed0/result.json")),

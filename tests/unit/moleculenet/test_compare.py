@@ -18,34 +18,36 @@ def _rows(n=60, tasks=2, seed=0):
     return labels, [np.nan_to_num(g) for g in good], poor
 
 
-def _sklearn_figure(labels, seeds):
+def _sklearn_figure(labels, seeds, measure="score"):
     """The table's figure by hand: per seed, the mean over tasks with both classes."""
-    from sklearn.metrics import roc_auc_score
+    from sklearn.metrics import average_precision_score, roc_auc_score
 
+    by = average_precision_score if measure == "pr_auc" else roc_auc_score
     figures = []
     for scores in seeds:
         per_task = []
         for t in range(labels.shape[1]):
             known = ~np.isnan(labels[:, t])
             if len(set(labels[known, t])) == 2:
-                per_task.append(roc_auc_score(labels[known, t], scores[known, t]))
+                per_task.append(by(labels[known, t], scores[known, t]))
         figures.append(np.mean(per_task))
     return float(np.mean(figures))
 
 
+@pytest.mark.parametrize("measure", ["score", "pr_auc"])
 @pytest.mark.parametrize("decimals", [None, 1])  # 1: many tied scores, each counting a half
-def test_each_draw_is_the_difference_scikit_learn_gives_on_the_same_molecules(decimals):
+def test_each_draw_is_the_difference_scikit_learn_gives_on_the_same_molecules(decimals, measure):
     labels, good, poor = _rows()
     if decimals is not None:
         good, poor = ([np.round(s, decimals) for s in row] for row in (good, poor))
-    d = paired_bootstrap("classification", labels, good, poor, draws=20, seed=3)
-    assert d.a == pytest.approx(_sklearn_figure(labels, good))
-    assert d.b == pytest.approx(_sklearn_figure(labels, poor))
+    d = paired_bootstrap("classification", labels, good, poor, draws=20, seed=3, measure=measure)
+    assert d.a == pytest.approx(_sklearn_figure(labels, good, measure))
+    assert d.b == pytest.approx(_sklearn_figure(labels, poor, measure))
     rng = np.random.default_rng(3)  # the same draws, one by one
     for r in range(20):
         pick = rng.integers(0, len(labels), len(labels))
-        by_hand = (_sklearn_figure(labels[pick], [s[pick] for s in good])
-                   - _sklearn_figure(labels[pick], [s[pick] for s in poor]))  # fmt: skip
+        by_hand = (_sklearn_figure(labels[pick], [s[pick] for s in good], measure)
+                   - _sklearn_figure(labels[pick], [s[pick] for s in poor], measure))  # fmt: skip
         assert d.draws[r] == pytest.approx(by_hand)
     low, high = np.percentile(d.draws, [2.5, 97.5])
     assert (d.low, d.high) == (pytest.approx(low), pytest.approx(high))
@@ -78,6 +80,8 @@ def test_bad_calls_name_what_is_wrong():
     labels, good, poor = _rows()
     with pytest.raises(ConfigError, match="draws"):
         paired_bootstrap("classification", labels, good, poor, draws=5)
+    with pytest.raises(ConfigError, match="measure"):
+        paired_bootstrap("regression", labels, good, poor, measure="pr_auc")
     with pytest.raises(ConfigError, match="level"):
         paired_bootstrap("classification", labels, good, poor, level=95)
     with pytest.raises(DataError, match="row b"):
