@@ -168,6 +168,8 @@ def run(args: argparse.Namespace) -> None:
                      "head_epochs": args.head_epochs, "head_lr": args.head_lr,
                      "layer_decay": args.layer_decay}  # fmt: skip
             extra = {k: v for k, v in extra.items() if v}  # what the options change
+            if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
+                extra["precision"] = args.precision
             cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant] | extra)
             (r,) = run_finetune(load_task(task), cfg, backbone, [seed], progress=args.progress,
                                 run_root=args.out / "runs", resume=True)  # fmt: skip
@@ -245,6 +247,7 @@ def campaign(args: argparse.Namespace) -> None:
             n_trees=args.n_trees,
             augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
             ema_half_life=0.0, head_epochs=0, head_lr=None, layer_decay=None,
+            precision=args.precision,
         )  # fmt: skip
         {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
         folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
@@ -502,6 +505,9 @@ def main() -> None:
     p_compare.add_argument("--out", type=Path, default=None, help="also write the table here")
     for p in (p_run, p_camp):
         p.add_argument("--progress", action="store_true", help="a progress bar per run")
+        p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                       help="auto: bf16 where it is native, and a stopped cell goes on in its "
+                       "own; fp32 or bf16: that, a stopped cell switching to it (recorded)")  # fmt: skip
     for p in (p_run, p_probe, p_base, p_camp, p_status, p_compare):
         p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()

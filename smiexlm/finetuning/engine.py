@@ -178,6 +178,13 @@ class FitResult:
     precision: str = "fp32"  # what the run's precision resolved to: "bf16" or "fp32"
     history: list[dict[str, float]] = field(default_factory=list)
     resumed_seconds: float = 0.0  # wall seconds of the segments before a resume
+    #: earlier precisions of a run resumed in another one: [precision, its last epoch] each
+    precision_before: list[list] = field(default_factory=list)
+
+    def precision_record(self) -> str:
+        """The precision as reports say it: ``fp32``, or ``bf16 to epoch 21, then fp32``."""
+        earlier = [f"{p} to epoch {last}" for p, last in self.precision_before]
+        return ", then ".join([*earlier, self.precision])
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -187,7 +194,7 @@ class FitResult:
             "stopped_early": self.stopped_early,
             "train_seconds": round(self.seconds, 2),
             "train_cpu_seconds": round(self.cpu_seconds, 2),
-            "precision": self.precision,
+            "precision": self.precision_record(),
         } | ({"resumed_seconds": round(self.resumed_seconds, 2)} if self.resumed_seconds else {})
 
 
@@ -335,10 +342,21 @@ class _Fit:
         progress = saved.state.progress
         self.before_s, self.before_cpu_s = progress["seconds"], progress["cpu_seconds"]
         self.result = FitResult(**progress | {"resumed_seconds": self.before_s})
-        # the run goes on in the precision it began in: "auto" may resolve otherwise on this
-        # machine, and one run trained in two precisions would be recorded as one of them
-        self.config = dataclasses.replace(self.config, precision=self.result.precision)
+        self._go_on_in(self.config.precision)
         self.since_best = saved.state.since_best
+
+    def _go_on_in(self, asked: str) -> None:
+        """The precision a resumed run goes on in: the one it trained in so far unless another
+        is asked for by name ("auto" may resolve otherwise on this machine, and is no reason
+        to change); a change is kept in :attr:`FitResult.precision_before`, so the run says
+        it trained in both (a bf16 run stopped on a machine with native bf16 can go on in
+        fp32 on one that only emulates it, at fp32's pace, not emulated bf16's)."""
+        result = self.result
+        now = result.precision if asked == "auto" else resolved_precision(self.device, asked)
+        if now != result.precision:
+            result.precision_before.append([result.precision, result.epochs_run])
+            result.precision = now
+        self.config = dataclasses.replace(self.config, precision=now)
 
     def _save(self) -> None:
         """The state after this epoch (rank 0 writes every process's generator)."""

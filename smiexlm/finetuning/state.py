@@ -142,10 +142,16 @@ def as_kept(current: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in current.items() if k in saved or k not in ADDED_LATER}
 
 
+#: settings a resumed run may change (each says how the run goes on, not what it computes up
+#: to here): the precision it goes on in is recorded in its result (``FitResult.precision``)
+MAY_CHANGE = ("loop.precision", "finetune.precision")
+
+
 def check_identity(folder: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raise naming the first differing settings when ``saved`` is not ``current``."""
-    saved = _flat(saved)
-    current = as_kept(_flat(current), saved)
+    """Raise naming the first differing settings when ``saved`` is not ``current`` (beside
+    :data:`MAY_CHANGE`)."""
+    saved = {k: v for k, v in _flat(saved).items() if k not in MAY_CHANGE}
+    current = {k: v for k, v in as_kept(_flat(current), saved).items() if k not in MAY_CHANGE}
     changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
     if changed:
         said = "; ".join(f"{k}: {saved.get(k)!r} then, {current.get(k)!r} now" for k in changed[:3])

@@ -94,8 +94,8 @@ def finished(folder: Path) -> RunResult | None:
 
 
 #: settings of how a run is carried out, not of what it computes: a finished run is read back
-#: whatever they are now
-HOW_RUN = frozenset({"device", "eval_batch_size"})
+#: whatever they are now (its result records the precision it trained in)
+HOW_RUN = frozenset({"device", "eval_batch_size", "precision"})
 
 
 def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> RunResult:
@@ -113,8 +113,8 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> R
     pairs += [(key, recorded.get(key, expected[key]), expected[key])
               for key in ("backbone", "backbone_sha256")]  # fmt: skip
     for key, want in json.loads(json.dumps(expected["finetune"])).items():
-        if key in HOW_RUN or (key == "precision" and want == "auto"):
-            continue  # (a result records the precision that "auto" resolved to)
+        if key in HOW_RUN:
+            continue
         if key in recorded or key in defaults:
             pairs.append((key, recorded.get(key, defaults.get(key)), want))
     for key, was, now in pairs:

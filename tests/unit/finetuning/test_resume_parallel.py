@@ -116,6 +116,27 @@ def test_a_resumed_run_keeps_the_precision_it_began_in(tmp_path, monkeypatch, fr
     assert fresh.precision == "bf16" and set(used) == {"auto"}
 
 
+def test_a_resumed_run_switches_precision_only_when_one_is_named_and_says_so(tmp_path, monkeypatch):
+    """A bf16 state resumed with precision="fp32" goes on in fp32 (a machine that emulates
+    bf16 would take several times as long) and records both; "auto" keeps its own."""
+    from smiexlm import device
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)
+    _run(tmp_path / "cut", stop_after=2, epochs=4)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)  # another machine
+    used, autocast = [], engine.autocast
+    monkeypatch.setattr(engine, "autocast", lambda dev, p: used.append(p) or autocast(dev, p))
+    _, switched = _run(tmp_path / "cut", epochs=4, precision="fp32")
+    assert set(used) == {"fp32"} and switched.epochs_run == 4
+    assert switched.precision == "fp32" and switched.precision_before == [["bf16", 2]]
+    assert switched.summary()["precision"] == "bf16 to epoch 2, then fp32"
+    used.clear()
+    _run(tmp_path / "kept", stop_after=2, epochs=4, precision="bf16")
+    _, kept = _run(tmp_path / "kept", epochs=4)  # "auto" goes on in the state's own
+    assert set(used) == {"bf16"} and kept.summary()["precision"] == "bf16"
+
+
 def test_a_state_of_other_settings_or_damaged_is_refused(tmp_path):
     torch.set_num_threads(1)
     _run(tmp_path, stop_after=1)
