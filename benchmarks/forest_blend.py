@@ -27,9 +27,11 @@ replaced by its quantiles among its own validation scores, averaged in equal thi
 
 Only the validation split makes a choice; test is read once per blend. Writes ``blend.md``
 and ``blend.json`` into ``--out`` and prints the table (ROC-AUC x 100 or RMSE, mean ± sample
-std over seeds). ``--keep DIR`` keeps each ``chosen`` blend's validation and test predictions
-in ``DIR/<root>+<beside>/<set>/seed<k>/predictions.npz``, a row ``moleculenet_table.py
-compare`` reads: how sure a blend's gain over the forest alone is.
+std over seeds). ``--keep DIR`` keeps the validation and test predictions of the blend
+``finetune --forest`` serves (``quantile`` at weight 0.5) in ``DIR/<root>+<beside>/`` and of
+``chosen`` in ``DIR/<root>+<beside>+chosen/`` (``<set>/seed<k>/predictions.npz`` each): rows
+``moleculenet_table.py compare`` reads, to say how sure a blend's gain over the forest alone
+is.
 """
 
 from __future__ import annotations
@@ -101,6 +103,23 @@ def chosen_blend(task, model: dict, forest: dict) -> tuple[float, np.ndarray, np
     return w, on_valid(w), blend(task.task_type, *parts, w, "quantile")
 
 
+def keep_blends(row: Path, task, seed: int, model: dict, forest: dict) -> None:
+    """Keep the validation and test predictions of the blend ``finetune --forest`` serves
+    (``quantile``, the model's weight 0.5; ``mean`` for regression) in the row ``row`` and of
+    the ``chosen`` one in ``row`` + ``+chosen``, each as ``<set>/seed<k>/predictions.npz``."""
+    from smiexlm.moleculenet.blend import blend
+    from smiexlm.moleculenet.runs import keep_predictions
+    from smiexlm.moleculenet.splits import Split
+
+    how = "quantile" if task.is_classification else "mean"
+    served = tuple(blend(task.task_type, model["valid"], model[part], forest["valid"],
+                         forest[part], 0.5, how) for part in ("valid", "test"))  # fmt: skip
+    _, *chosen = chosen_blend(task, model, forest)
+    split = Split("kept", None, [], model["valid_rows"].tolist(), model["test_rows"].tolist())
+    for folder, (valid, test) in ((row, served), (row.with_name(row.name + "+chosen"), chosen)):
+        keep_predictions(folder, task.name, seed, split, valid, test)
+
+
 def _mean_std(values: list[float], scale: float) -> str:
     values = [v * scale for v in values if not math.isnan(v)]
     if not values:
@@ -135,8 +154,8 @@ def main() -> None:
     parser.add_argument("--n-trees", type=int, default=500, help="trees of a forest trained here")
     parser.add_argument("--tasks", nargs="+", default=None, help="sets to read (default: all)")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
-                        help="keep each chosen blend's predictions in DIR/<root>+<beside>/<set>/"
-                        "seed<k>/ (what moleculenet_table.py compare reads)")  # fmt: skip
+                        help="keep the served and the chosen blends' predictions in "
+                        "DIR/<root>+<beside>[+chosen]/<set>/seed<k>/ (rows for compare)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.partner is None and args.forest_root is None:
@@ -144,14 +163,7 @@ def main() -> None:
 
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.runs import (
-        PREDICTIONS_NAME,
-        finished,
-        keep_predictions,
-        read_predictions,
-        run_dir,
-    )
-    from smiexlm.moleculenet.splits import Split
+    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, finished, read_predictions, run_dir
 
     def row_predictions(option: str, row: Path, task, seed: int) -> dict:
         folder = run_dir(row / "runs", task.name, seed)
@@ -189,11 +201,8 @@ def main() -> None:
                               "seed": result.seed, "features": kind,
                               **blends(task, model, forest, third)})  # fmt: skip
                 if args.keep is not None:
-                    _, valid, test = chosen_blend(task, model, forest)
-                    split = Split("kept", None, [], model["valid_rows"].tolist(),
-                                  model["test_rows"].tolist())  # fmt: skip
-                    keep_predictions(args.keep / f"{root.name}+{kind}", task.name, result.seed,
-                                     split, valid, test)  # fmt: skip
+                    keep_blends(args.keep / f"{root.name}+{kind}", task, result.seed, model,
+                                forest)  # fmt: skip
                 print(json.dumps(cells[-1]), flush=True)
 
     columns = ["model", "forest", "mean", "quantile", "chosen"] + (["thirds"] if args.third else [])
