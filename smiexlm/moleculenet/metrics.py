@@ -147,13 +147,6 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(kept)) if kept else math.nan
 
 
-#: the measures reported beside the primary score, per task type, in report order
-MORE_MEASURES = {
-    "classification": ("pr_auc", "positives"),
-    "regression": ("mae", "r2", "spearman"),
-}
-
-
 def more_scores(task_type: str, y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
     """The measures beside the primary score, each the mean over tasks that can be scored.
 
@@ -165,9 +158,8 @@ def more_scores(task_type: str, y_true: np.ndarray, y_pred: np.ndarray) -> dict[
     if task_type == "classification":
         ap = _per_task(y_true, y_pred, binary_average_precision)
         y = _as_2d(y_true)
-        share = [float(np.nanmean(y[:, t])) for t in range(y.shape[1])]
-        scored = [s for s, a in zip(share, ap, strict=True) if not math.isnan(a)]
-        return {"pr_auc": 100 * _mean(ap), "positives": 100 * _mean(scored)}
+        share = [float(np.nanmean(y[:, t])) for t, a in enumerate(ap) if not math.isnan(a)]
+        return {"pr_auc": 100 * _mean(ap), "positives": 100 * _mean(share)}
     return {
         "mae": _mean(_per_task(y_true, y_pred, lambda y, p: float(np.abs(y - p).mean()))),
         "r2": _mean(_per_task(y_true, y_pred, _r2)),
