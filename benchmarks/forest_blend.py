@@ -62,8 +62,9 @@ def forest_predictions(
     return read_predictions(folder, task)
 
 
-def blends(task, model: dict, forest: dict, third: dict | None = None) -> dict[str, float]:
-    """Test scores of the model, the forest and their blends (see the module docstring)."""
+def blends(task, model: dict, forest: dict, chosen: tuple, third: dict | None = None) -> dict[str, float]:  # fmt: skip
+    """Test scores of the model, the forest and their blends (see the module docstring);
+    ``chosen``: :func:`chosen_blend` of the two."""
     from smiexlm.moleculenet.blend import blend, quantiles
     from smiexlm.moleculenet.metrics import score
 
@@ -80,8 +81,8 @@ def blends(task, model: dict, forest: dict, third: dict | None = None) -> dict[s
         if third is not None:
             thirds = [quantiles(p["valid"], p["test"]) for p in (model, forest, third)]
             out["thirds"] = test_score(sum(thirds) / 3.0)
-    weight, _, chosen = chosen_blend(task, model, forest)
-    out["chosen"], out["chosen_weight"] = test_score(chosen), weight
+    weight, _, chosen_test = chosen
+    out["chosen"], out["chosen_weight"] = test_score(chosen_test), weight
     return out
 
 
@@ -103,10 +104,11 @@ def chosen_blend(task, model: dict, forest: dict) -> tuple[float, np.ndarray, np
     return w, on_valid(w), blend(task.task_type, *parts, w, "quantile")
 
 
-def keep_blends(row: Path, task, seed: int, model: dict, forest: dict) -> None:
+def keep_blends(row: Path, task, seed: int, model: dict, forest: dict, chosen: tuple) -> None:
     """Keep the validation and test predictions of the blend ``finetune --forest`` serves
     (``quantile``, the model's weight 0.5; ``mean`` for regression) in the row ``row`` and of
-    the ``chosen`` one in ``row`` + ``+chosen``, each as ``<set>/seed<k>/predictions.npz``."""
+    the ``chosen`` one (:func:`chosen_blend`) in ``row`` + ``+chosen``, each as
+    ``<set>/seed<k>/predictions.npz``."""
     from smiexlm.moleculenet.blend import blend
     from smiexlm.moleculenet.runs import keep_predictions
     from smiexlm.moleculenet.splits import Split
@@ -114,9 +116,9 @@ def keep_blends(row: Path, task, seed: int, model: dict, forest: dict) -> None:
     how = "quantile" if task.is_classification else "mean"
     served = tuple(blend(task.task_type, model["valid"], model[part], forest["valid"],
                          forest[part], 0.5, how) for part in ("valid", "test"))  # fmt: skip
-    _, *chosen = chosen_blend(task, model, forest)
     split = Split("kept", None, [], model["valid_rows"].tolist(), model["test_rows"].tolist())
-    for folder, (valid, test) in ((row, served), (row.with_name(row.name + "+chosen"), chosen)):
+    pairs = ((row, served), (row.with_name(row.name + "+chosen"), chosen[1:]))
+    for folder, (valid, test) in pairs:
         keep_predictions(folder, task.name, seed, split, valid, test)
 
 
@@ -197,12 +199,13 @@ def main() -> None:
                     for part in ("valid_rows", "test_rows"):
                         if not np.array_equal(model[part], other[part]):
                             raise DataError(f"{str(path)!r}: the partner's {part} differ from the model's")  # fmt: skip
+                chosen = chosen_blend(task, model, forest)  # scored, and kept with --keep
                 cells.append({"root": root.name, "name": result.model, "dataset": result.dataset,
                               "seed": result.seed, "features": kind,
-                              **blends(task, model, forest, third)})  # fmt: skip
+                              **blends(task, model, forest, chosen, third)})  # fmt: skip
                 if args.keep is not None:
                     keep_blends(args.keep / f"{root.name}+{kind}", task, result.seed, model,
-                                forest)  # fmt: skip
+                                forest, chosen)  # fmt: skip
                 print(json.dumps(cells[-1]), flush=True)
 
     columns = ["model", "forest", "mean", "quantile", "chosen"] + (["thirds"] if args.third else [])

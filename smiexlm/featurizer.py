@@ -248,10 +248,8 @@ class Featurizer:
         listing of bad inputs to the caller.
         """
         items = _as_list(smiles)
-        pooling = pooling or self.pooling
-        layer = self.blocks if layer is None else layer
-        whitening = self._check_options(pooling, layer, errors, batch_tokens, batch_size,
-                                        chunk_size, whiten)  # fmt: skip
+        pooling, layer, whitening = self._plan(pooling, layer, errors, batch_tokens, batch_size,
+                                               chunk_size, whiten)  # fmt: skip
         out = np.empty((len(items), self.width(pooling, layer)), dtype=np.float32)
         bar = _progress_bar(len(items)) if progress else None
         chunks = self._chunks(iter(items), pooling, layer, errors, batch_tokens, batch_size,
@@ -293,10 +291,8 @@ class Featurizer:
         complete, and its warnings logged, once the iterator is exhausted."""
         if isinstance(smiles, str):
             _as_list(smiles)  # the one-str error
-        pooling = pooling or self.pooling
-        layer = self.blocks if layer is None else layer
-        whitening = self._check_options(pooling, layer, errors, batch_tokens, batch_size,
-                                        chunk_size, whiten)  # fmt: skip
+        pooling, layer, whitening = self._plan(pooling, layer, errors, batch_tokens, batch_size,
+                                               chunk_size, whiten)  # fmt: skip
         chunks = self._chunks(iter(smiles), pooling, layer, errors, batch_tokens, batch_size,
                               canonicalize, chunk_size, whitening, index_offset,
                               _progress_bar(None) if progress else None)  # fmt: skip
@@ -328,10 +324,13 @@ class Featurizer:
         if bar is not None:
             bar.close()
 
-    def _check_options(
+    def _plan(
         self, pooling, layer, errors, batch_tokens, batch_size, chunk_size, whiten
-    ) -> Whitening | None:
-        """ConfigError naming the first bad option; else the whitening the call applies."""
+    ) -> tuple[str, Any, Whitening | None]:
+        """The call's pooling and blocks (the model's own where None) and the whitening it
+        applies; ConfigError naming the first bad option."""
+        pooling = pooling or self.pooling
+        layer = self.blocks if layer is None else layer
         pooling_parts(pooling)
         if errors not in _ERRORS:
             raise ConfigError("errors", errors, f"one of {_ERRORS}")
@@ -342,7 +341,7 @@ class Featurizer:
             raise ConfigError("batch_size", batch_size, "a positive integer or None")
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ConfigError("chunk_size", chunk_size, "a positive integer")
-        return self._whitening(pooling, layer, whiten)
+        return pooling, layer, self._whitening(pooling, layer, whiten)
 
     def _whitening(self, pooling: str, layer, whiten: bool | None) -> Whitening | None:
         """The whitening a call applies, or None."""
