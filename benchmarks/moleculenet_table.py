@@ -166,7 +166,8 @@ def run(args: argparse.Namespace) -> None:
                      "layers": args.layers, "pooling": args.pooling,
                      "ema_half_life": args.ema_half_life,
                      "head_epochs": args.head_epochs, "head_lr": args.head_lr,
-                     "layer_decay": args.layer_decay}  # fmt: skip
+                     "layer_decay": args.layer_decay,
+                     "class_weight": args.class_weight}  # fmt: skip
             extra = {k: v for k, v in extra.items() if v}  # what the options change
             if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
                 extra["precision"] = args.precision
@@ -247,7 +248,7 @@ def campaign(args: argparse.Namespace) -> None:
             n_trees=args.n_trees,
             augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
             ema_half_life=0.0, head_epochs=0, head_lr=None, layer_decay=None,
-            precision=args.precision,
+            class_weight="none", precision=args.precision,
         )  # fmt: skip
         {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
         folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
@@ -452,6 +453,8 @@ def main() -> None:
     p_run.add_argument("--head-lr", type=float, default=None, help="their learning rate")
     p_run.add_argument("--layer-decay", type=float, default=None,
                        help="each block's learning rate this times the one above it")  # fmt: skip
+    p_run.add_argument("--class-weight", choices=("none", "balanced"), default="none",
+                       help="balanced: each task's classes weighted inversely to their frequency")  # fmt: skip
     p_probe = sub.add_parser("probe", help="linear probe on pooled embeddings, every task")
     p_probe.add_argument("--name", default="linear probe (logistic)")
     p_probe.add_argument("--checkpoint", default=None)

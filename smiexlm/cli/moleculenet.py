@@ -275,6 +275,12 @@ ForestWeight = Annotated[
     float | None,
     typer.Option("--forest-weight", help="The model's weight in the blend, 0 to 1 (0.5)."),
 ]
+ClassWeight = Annotated[
+    str | None,
+    typer.Option("--class-weight", help="none (default) | balanced: weigh each task's two "
+                 "classes in the loss inversely to their frequency on the training molecules "
+                 "(classification only)."),
+]  # fmt: skip
 Resume = Annotated[
     bool,
     typer.Option("--resume", help="Keep the runs already in --out: a finished (set, seed) is "
@@ -335,6 +341,7 @@ def finetune(
     head_epochs: HeadEpochs = None,
     head_lr: HeadLr = None,
     layer_decay: LayerDecay = None,
+    class_weight: ClassWeight = None,
     precision: Precision = "auto",
     data: DataCsv = None,
     smiles_col: SmilesCol = "smiles",
@@ -369,7 +376,7 @@ def finetune(
                   freeze=freeze, freeze_layers=freeze_layers, layers=layers, pooling=pooling,
                   features=features, patience=patience, ema_half_life=ema_half_life,
                   head_epochs=head_epochs, head_lr=head_lr, layer_decay=layer_decay,
-                  precision=precision, augment=augment, tta=tta, adapt_steps=adapt_steps,
+                  class_weight=class_weight, precision=precision, augment=augment, tta=tta, adapt_steps=adapt_steps,
                   adapt_lr=adapt_lr, forest=forest, forest_trees=forest_trees,
                   forest_blend=forest_blend, forest_weight=forest_weight)  # fmt: skip
     seeds = _seeds(seeds)

@@ -5,7 +5,8 @@ first position, for ExLM the first BOS state; ``mean`` or ``max`` over the real 
 then ``SequenceHead`` applies dense → tanh → dropout → out_proj. ``task_loss`` is the one
 place where missing labels (NaN) are masked out, for ``multilabel`` (a sigmoid and BCE per
 label: MoleculeNet's binary and multi-task sets) and ``regression`` (MSE); ``multiclass``
-(softmax cross-entropy, GLUE) uses ``IGNORE_INDEX`` (−100) as "missing".
+(softmax cross-entropy, GLUE) uses ``IGNORE_INDEX`` (−100) as "missing". A multilabel head may
+weigh each task's two classes (``class_weights``, :func:`balanced_class_weights`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -52,6 +54,7 @@ def task_loss(
     labels: Tensor,
     task_type: TaskType,
     regression_loss: Literal["mse", "huber"] = "mse",
+    class_weights: Tensor | None = None,
 ) -> Tensor:
     """Mean loss over the *present* labels.
 
@@ -59,6 +62,9 @@ def task_loss(
     ``multilabel``: logits (B, T), labels (B, T) float in {0, 1}, NaN = missing (BCE).
     ``regression``: logits (B, T), labels (B, T) float, NaN = missing (MSE, or Huber with
     delta 1 when ``regression_loss="huber"``).
+    ``class_weights`` (2, T), multilabel only: each present entry's loss is weighted by its
+    class's weight for its task (row 0 the negatives', row 1 the positives'), and the sum is
+    still divided by the number of present labels.
     A batch without any present label gives a zero loss that still carries a gradient graph.
     """
     if task_type == "multiclass":
@@ -75,11 +81,31 @@ def task_loss(
     target = torch.where(present, labels, torch.zeros_like(labels))
     if task_type == "multilabel":
         per_entry = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        if class_weights is not None:
+            weights = class_weights.to(per_entry.dtype)
+            per_entry = per_entry * torch.where(target > 0.5, weights[1], weights[0])
     elif regression_loss == "huber":
         per_entry = F.huber_loss(logits, target, reduction="none", delta=1.0)
     else:
         per_entry = F.mse_loss(logits, target, reduction="none")
     return (per_entry * present).sum() / present.sum()
+
+
+def balanced_class_weights(labels: np.ndarray) -> np.ndarray:
+    """(2, T) weights of each task's negatives (row 0) and positives (row 1) from training
+    labels (N, T) in {0, 1}, NaN = missing: scikit-learn's ``class_weight="balanced"`` per task,
+    n / (2 n_class) over the task's present labels, so the weights average 1 over them. A task
+    with one class only (or none) keeps weights of 1."""
+    labels = np.asarray(labels, dtype=np.float64)
+    present = ~np.isnan(labels)
+    positives = np.where(present, labels > 0.5, False).sum(axis=0)
+    negatives = present.sum(axis=0) - positives
+    weights = np.ones((2, labels.shape[1]))
+    both = (positives > 0) & (negatives > 0)
+    n = (positives + negatives)[both]
+    weights[0, both] = n / (2.0 * negatives[both])
+    weights[1, both] = n / (2.0 * positives[both])
+    return weights
 
 
 class SequenceHead(nn.Module):
@@ -139,6 +165,9 @@ class ExLMForSequencePrediction(nn.Module):
 
     ``layers`` = n > 1 puts the pooled outputs of the last n blocks (each through the final
     LayerNorm, the last first) side by side before the head, from one pass of the encoder.
+
+    ``class_weights`` (2, T), multilabel only, weighs each task's classes in the loss
+    (:func:`task_loss`); they shape training alone and are not saved with the weights.
     """
 
     def __init__(
@@ -150,6 +179,7 @@ class ExLMForSequencePrediction(nn.Module):
         pooling: Literal["cls", "mean", "max"] = "cls",
         n_features: int = 0,
         layers: int = 1,
+        class_weights: np.ndarray | None = None,
     ):
         super().__init__()
         if task_type not in _TASK_TYPES:
@@ -168,6 +198,13 @@ class ExLMForSequencePrediction(nn.Module):
         d = model.config.d_model * len(pooling_parts(pooling)) * layers
         self.head = SequenceHead(model.config.d_model, n_outputs, pooler_dropout,
                                  n_inputs=d + n_features)  # fmt: skip
+        if class_weights is not None:
+            class_weights = torch.as_tensor(np.asarray(class_weights), dtype=torch.float32)
+            if task_type != "multilabel" or tuple(class_weights.shape) != (2, n_outputs):
+                got = (task_type, tuple(class_weights.shape))
+                raise ConfigError("class_weights", got, f"(2, {n_outputs}) weights of a "
+                                  "multilabel head's negatives and positives")  # fmt: skip
+        self.register_buffer("class_weights", class_weights, persistent=False)
 
     def pool(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T) ids and mask -> (B, layers·d) pooled encoder features."""
@@ -197,5 +234,7 @@ class ExLMForSequencePrediction(nn.Module):
             dtype = torch.promote_types(pooled.dtype, self.head.dense.weight.dtype)
             x = torch.cat([pooled.to(dtype), features.to(dtype)], dim=-1)  # (B, d + F)
         logits = self.head(x)  # (B, n_outputs)
-        loss = None if labels is None else task_loss(logits, labels, self.task_type)
+        loss = None
+        if labels is not None:
+            loss = task_loss(logits, labels, self.task_type, class_weights=self.class_weights)
         return SequencePredictionOutput(loss=loss, logits=logits, pooled=pooled)

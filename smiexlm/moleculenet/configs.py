@@ -38,6 +38,9 @@ _LOOP_KEYS = {
 }  # fmt: skip
 
 
+CLASS_WEIGHTS = ("none", "balanced")
+
+
 def _default_loop() -> LoopConfig:
     return LoopConfig(epochs=40, batch_size=64, lr=1e-4)
 
@@ -53,7 +56,9 @@ class FinetuneConfig:
     ``both``, random-SMILES ``augment`` of the training molecules, test-time ``tta``,
     ``adapt_steps`` of descriptor regression on the training molecules before fine-tuning,
     :mod:`~smiexlm.moleculenet.adapt`, and a random ``forest`` on ``ecfp4`` | ``rdkit2d`` |
-    ``both`` kept beside the model and blended with it, :mod:`~smiexlm.moleculenet.forest`).
+    ``both`` kept beside the model and blended with it, :mod:`~smiexlm.moleculenet.forest`;
+    ``class_weight="balanced"`` weighs each classification task's two classes inversely to
+    their frequency on its training molecules, :func:`~smiexlm.model.heads.balanced_class_weights`).
 
     The TOML tables, the CLI and :func:`finetune_config` speak flat keys
     (:meth:`from_flat`, :meth:`to_dict`); ``max_train_steps`` is the loop's ``max_steps`` and is
@@ -81,6 +86,8 @@ class FinetuneConfig:
     forest_trees: int = 500
     forest_blend: str = DEFAULT_BLEND  # how the two are blended (smiexlm.moleculenet.blend)
     forest_weight: float = 0.5  # the model's weight in the blend
+    # "balanced": each classification task's classes weighted n / (2 n_class) in the loss
+    class_weight: str = "none"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +106,7 @@ class FinetuneConfig:
             check_choice("forest", self.forest, FEATURE_KINDS)
         check_positive_int("forest_trees", self.forest_trees)
         check_blend(self.forest_weight, self.forest_blend)
+        check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
         if self.loop.freeze and self.loop.freeze_layers:
             raise ConfigError(
                 "freeze_layers",

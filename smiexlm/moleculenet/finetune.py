@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.errors import ConfigError
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.adapt import adapt_descriptors
@@ -74,6 +75,8 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
         blocks = f"last {cfg.layers} blocks" if cfg.layers > 1 else "last block"
         name += f", head on the {blocks}"
     name += f" + {cfg.features}" if cfg.features else ""
+    if cfg.class_weight == "balanced":
+        name += ", classes balanced"
     if cfg.loop.ema_half_life:
         name += f", weights averaged (half-life {cfg.loop.ema_half_life:g} epochs)"
     return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
@@ -179,6 +182,24 @@ def _variants(backbone, tokenizer, inputs, rows, n: int, cfg: FinetuneConfig, se
     return [flat[k * n : (k + 1) * n] for k in range(len(texts))]
 
 
+def _class_weights(task: MoleculeTask, split: Split, cfg: FinetuneConfig) -> np.ndarray | None:
+    """(2, T) loss weights of each task's classes on the training molecules, or None."""
+    check_class_weight(task, cfg)
+    if cfg.class_weight == "none":
+        return None
+    from smiexlm.model.heads import balanced_class_weights
+
+    return balanced_class_weights(task.labels[np.asarray(split.train)])
+
+
+def check_class_weight(task: MoleculeTask, cfg: FinetuneConfig) -> None:
+    """ConfigError when ``cfg`` weighs the classes of a regression task."""
+    if cfg.class_weight != "none" and not task.is_classification:
+        raise ConfigError("class_weight", cfg.class_weight,
+                          f"'none' for {task.name}, a regression task (classes are weighted "
+                          "in classification only)")  # fmt: skip
+
+
 @dataclass
 class _Setup:
     """A seed's run before training: the model-side SMILES and their tokenizer, the model, its
@@ -215,6 +236,7 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
         log.warning("%s: %s; fine-tuning trains those its training molecules hold",
                     task.name, UnseenTokens().add(unseen).describe())  # fmt: skip
     targets = _Targets.fit(task, split)
+    class_weights = _class_weights(task, split, cfg)
     features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
     torch.manual_seed(seed)
     encoder, adapted = backbone.build(tokenizer, cfg.dropout), {}
@@ -226,7 +248,7 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
         encoder, len(task.label_cols),
         "multilabel" if task.is_classification else "regression", cfg.pooler_dropout,
         cfg.pooling, n_features=0 if features is None else features.shape[1],  # type: ignore[arg-type]
-        layers=cfg.layers,
+        layers=cfg.layers, class_weights=class_weights,
     )  # fmt: skip
     examples = Examples(rows, targets.scaled(), features)
     train, valid, test = (examples.subset(np.asarray(p)) for p in (split.train, split.valid, split.test))  # fmt: skip
@@ -384,6 +406,7 @@ def run_finetune(
     of trained again, and a stopped run goes on from its last epoch; without it, a run folder
     that is already there is refused (:func:`smiexlm.moleculenet.runs.check_fresh`)."""
     task = check_task(task)
+    check_class_weight(task, cfg)
     if run_root is not None and not resume:
         runs.check_fresh(run_root, task.name, seeds)
     backbone = backbone or Backbone()

@@ -51,6 +51,8 @@ def identity(task, split: Split, cfg, backbone: Backbone) -> dict[str, Any]:
         del finetune["adapt_steps"], finetune["adapt_lr"]
     if finetune["layers"] == 1:  # likewise
         del finetune["layers"]
+    if finetune["class_weight"] == "none":  # likewise
+        del finetune["class_weight"]
     if finetune["forest"] is None:  # likewise
         for key in ("forest", "forest_trees", "forest_blend", "forest_weight"):
             del finetune[key]

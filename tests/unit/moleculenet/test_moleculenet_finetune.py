@@ -22,6 +22,79 @@ def test_multilabel_loss_masks_missing_labels_by_hand():
     assert task_loss(logits, labels, "multilabel").item() == pytest.approx(by_hand, rel=1e-6)
 
 
+def test_balanced_class_weights_are_scikit_learns_per_task():
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from smiexlm.model.heads import balanced_class_weights
+
+    nan = float("nan")
+    labels = np.array([[1, 0, 1, nan], [0, 0, 1, nan], [0, 0, nan, 1], [0, 1, 1, nan],
+                       [nan, 0, 1, 0]])  # fmt: skip
+    weights = balanced_class_weights(labels)
+    for t in (0, 1, 3):
+        y = labels[~np.isnan(labels[:, t]), t]
+        expected = compute_class_weight("balanced", classes=np.array([0.0, 1.0]), y=y)
+        np.testing.assert_allclose(weights[:, t], expected, rtol=1e-12)
+    assert weights[:, 2].tolist() == [1.0, 1.0]  # one class only: unweighted
+
+
+def test_weighted_multilabel_loss_is_torchs_weighted_bce_over_the_present_labels():
+    from smiexlm.model.heads import task_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 3, dtype=torch.float64)
+    labels = torch.tensor([[1, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 1], [0, 1, 0]],
+                          dtype=torch.float64)  # fmt: skip
+    labels[2, 0] = labels[4, 1] = float("nan")
+    weights = torch.tensor([[0.6, 0.75, 0.8], [3.0, 1.5, 1.25]], dtype=torch.float64)
+    present = ~labels.isnan()
+    target = labels.nan_to_num(0.0)
+    per_entry = torch.where(target > 0.5, weights[1], weights[0])  # each entry's class's weight
+    expected = (
+        torch.nn.functional.binary_cross_entropy_with_logits(
+            logits[present], target[present], weight=per_entry[present], reduction="sum"
+        )
+        / present.sum()
+    )
+    got = task_loss(logits, labels, "multilabel", class_weights=weights)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-12)
+    ones = task_loss(logits, labels, "multilabel", class_weights=torch.ones(2, 3))
+    assert ones.item() == pytest.approx(task_loss(logits, labels, "multilabel").item(), rel=1e-12)
+
+
+def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(tmp_path):
+    from smiexlm.moleculenet import runs
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.configs import FinetuneConfig
+    from smiexlm.moleculenet.loaders import read_task
+    from smiexlm.moleculenet.splits import make_split
+
+    torch.set_num_threads(1)
+    _finetune(tmp_path, "--seeds", "0")
+    rows = _finetune(tmp_path, "--seeds", "0", "--class-weight", "balanced")
+    assert rows["model"][0] == "default_model, classes balanced"
+    assert json.loads(rows["config"][0])["class_weight"] == "balanced"
+    scores = [np.load(tmp_path / out / "runs" / "mini" / "seed0" / "predictions.npz")["test"]
+              for out in ("out0", "out1")]  # fmt: skip
+    assert not np.array_equal(*scores)  # two updates of another loss
+    # a finished run made without class weights is not read back as a weighted one
+    path, _ = _small_csv(tmp_path)
+    again = _finetune_cli(path, tmp_path / "out0", "--seeds", "0", "--class-weight", "balanced",
+                          "--resume")  # fmt: skip
+    assert again.exit_code != 0 and "class_weight" in str(again.exception), again.output
+    # a state kept before the setting existed holds no record of it, and goes on as before
+    task = read_task(path, "smi", ["y"])
+    split, backbone = make_split(task.smiles, "random"), Backbone()
+    assert "class_weight" not in runs.identity(task, split, FinetuneConfig(), backbone)["finetune"]
+    weighted = runs.identity(task, split, FinetuneConfig(class_weight="balanced"), backbone)
+    assert weighted["finetune"]["class_weight"] == "balanced"
+    bad = _finetune_cli(path, tmp_path / "reg", "--seeds", "0", "--task-type", "regression",
+                        "--class-weight", "balanced")  # fmt: skip
+    assert bad.exit_code != 0 and "regression" in str(bad.exception), bad.output
+    typo = _finetune_cli(path, tmp_path / "typo", "--class-weight", "balance")
+    assert typo.exit_code != 0 and "class_weight" in str(typo.exception), typo.output
+
+
 @pytest.mark.slow
 def test_cli_finetune_then_predict_on_bbbp(shared_data, tmp_path):
     from smiexlm.cli.main import app
