@@ -36,6 +36,7 @@ predictions those kept.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
@@ -514,6 +515,9 @@ def main() -> None:
     for p in (p_run, p_probe, p_base, p_camp, p_status, p_compare):
         p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()
+    # a line per epoch of every run (smiexlm.finetuning.engine) in the log
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+    logging.getLogger("smiexlm").setLevel(logging.INFO)
     if args.command == "run" and _spread(args.processes):
         return
     commands = {"run": run, "probe": probe, "baseline": baseline, "merge": merge}

@@ -37,6 +37,10 @@ head-only stage draws its own batches and dropout, so the schedule that follows 
 batches and masks it would have seen without it. It is validated as epoch 0, which selection
 may keep.
 
+Each epoch logs one line at INFO (``smiexlm.finetuning.engine``): the step, the training loss,
+the validation score and the best so far, and the time left at the run's pace; a log file's
+progress, beside the optional progress bar.
+
 ``freeze=True`` trains the head only: the encoder runs once, in eval mode, over every example,
 and the head trains on those cached features (seconds instead of minutes).
 ``freeze_layers=N`` freezes the embeddings and the first N encoder blocks.
@@ -51,6 +55,7 @@ result it would have had without the stop. Under several processes (``torchrun``
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -78,6 +83,8 @@ from smiexlm.finetuning.batches import (
 )
 from smiexlm.finetuning.inference import predict
 from smiexlm.finetuning.parallel import Replicas, present_labels
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -297,11 +304,14 @@ class _Fit:
         with bar:  # closed too when on_epoch ends the run
             if self.config.head_epochs and not result.history:  # not again on a resume
                 self._head_first(bar)
+            first_step, started = result.steps, time.perf_counter()
             while result.steps < self.total and not result.stopped_early:
                 record = self._epoch(bar)
                 if self.valid is not None and self.score is not None:
                     self._validate(record, bar)
                 result.history.append(record)
+                if self.replicas.is_main:
+                    self._log_epoch(desc, record, first_step, started)
                 result.stopped_early = self._patience_spent()
                 self.replicas.check_same_weights(self.model)
                 self._save()
@@ -505,6 +515,22 @@ class _Fit:
         else:
             self.since_best += 1
         bar.set_postfix(valid=f"{value:.3f}", best=f"{result.best_valid:.3f}@{result.best_epoch}")
+
+    def _log_epoch(self, desc: str, record: dict[str, float], first_step: int,
+                   started: float) -> None:  # fmt: skip
+        """One line per epoch at INFO: where the run is, its scores, and the time left at
+        this segment's pace (a log file's progress, where a bar would be noise)."""
+        result = self.result
+        spent = time.perf_counter() - started
+        done = result.steps - first_step
+        left = spent / done * (self.total - result.steps) if done else float("nan")
+        valid = ""
+        if "valid" in record:
+            valid = (f", valid {record['valid']:.4f} (best {result.best_valid:.4f} at epoch "
+                     f"{result.best_epoch})")  # fmt: skip
+        log.info("%s: epoch %d (step %d of %d), train loss %.4f%s; %.1f min, about %.1f min left",
+                 desc, result.epochs_run, result.steps, self.total, record["train_loss"], valid,
+                 spent / 60, left / 60)  # fmt: skip
 
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.config.higher_is_better else a < b

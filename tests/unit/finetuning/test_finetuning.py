@@ -92,7 +92,7 @@ def test_freeze_trains_the_head_only_and_freeze_layers_the_first_blocks():
         fit(model, Examples(rows, _targets()), None, LoopConfig(1, 8, 1e-3, freeze_layers=9), None)
 
 
-def test_patience_stops_early_and_is_recorded_and_best_epoch_is_restored():
+def test_patience_stops_early_and_is_recorded_and_best_epoch_is_restored(caplog):
     model, rows = _model_and_rows()
     data = Examples(rows, _targets())
     scores = iter([0.9, 0.5, 0.4, 0.3, 0.2, 0.1])  # best at epoch 1, then worse
@@ -103,8 +103,12 @@ def test_patience_stops_early_and_is_recorded_and_best_epoch_is_restored():
         return next(scores)
 
     cfg = LoopConfig(epochs=6, batch_size=8, lr=1e-2, patience=2, device="cpu")
-    result = fit(model, data, data, cfg, score)
+    with caplog.at_level("INFO", logger="smiexlm.finetuning.engine"):
+        result = fit(model, data, data, cfg, score, desc="toy")
     assert result.stopped_early and result.epochs_run == 3 and result.best_epoch == 1
+    lines = [r.getMessage() for r in caplog.records]  # one per epoch, with its scores
+    assert len(lines) == 3 and lines[2].startswith("toy: epoch 3 (step ")
+    assert "valid 0.4000 (best 0.9000 at epoch 1)" in lines[2] and "min left" in lines[2]
     assert result.summary()["stopped_early"] is True and result.best_valid == 0.9
     restored = predict(model, data, precision=cfg.precision)  # validation's precision
     np.testing.assert_allclose(restored, states[0], atol=1e-5)  # epoch 1 weights
