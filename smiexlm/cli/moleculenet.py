@@ -478,13 +478,23 @@ def probe(
             show_default=False,
         ),
     ] = None,
+    save_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-dir",
+            help="Keep the fitted probe as a folder predict serves "
+            "(DIR/seed<k>: one per distinct fit, so one for a deterministic split). A "
+            "seed folder that exists already is refused unless --overwrite.",
+        ),
+    ] = None,
+    overwrite: Overwrite = False,
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""
     from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.probe import ProbeConfig, run_probe
 
-    _check_outputs(out)
+    _check_outputs(out, save_dir)
     backbone = Backbone(checkpoint)
     if whiten is None:  # the model's own embedding, as pooling and layers default to it
         whiten = backbone.folder is not None and backbone.folder.serves_whitened(
@@ -494,7 +504,7 @@ def probe(
                       tta=tta, layers=layers)  # fmt: skip
     seeds = _seeds(seeds)
     (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split)
-    results = run_probe(loaded, backbone, seeds, cfg)
+    results = run_probe(loaded, backbone, seeds, cfg, save_dir=save_dir, overwrite=overwrite)
     _print_report(results, out, f"Linear probe {loaded.name}")
 
 

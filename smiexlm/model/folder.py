@@ -51,6 +51,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.whitening import Whitening
 
 TASK_TYPES = ("classification", "regression")  # the task_type of a fine-tuned folder
+# the form of its head: fine-tuning's (dense, tanh, out_proj) or one linear map (a probe's)
+HEAD_KINDS = ("mlp", "linear")
 
 
 class ModelFolder:
@@ -232,6 +234,8 @@ def read_finetune_meta(path: Path) -> dict[str, Any]:
     layers = meta.setdefault("layers", 1)  # folders from before the option: the last block
     if type(layers) is not int or layers < 1:
         raise bad("layers", "a positive integer (the last blocks the head reads)")
+    if meta.setdefault("head", "mlp") not in HEAD_KINDS:  # folders from before: fine-tuning's
+        raise bad("head", f"one of {HEAD_KINDS} (the head's form)")
     scaler = meta.get("feature_scaler")
     if (n_features > 0) != isinstance(scaler, dict):
         raise bad("feature_scaler", f"an object exactly when n_features ({n_features}) > 0")

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from smiexlm.errors import ConfigError
 from smiexlm.model.dropout import Dropout
 from smiexlm.model.encoder import linear
+from smiexlm.model.folder import HEAD_KINDS
 from smiexlm.model.pooling import last_blocks, pooling_parts
 from smiexlm.tokenizer.special import IGNORE_INDEX
 
@@ -108,8 +109,14 @@ def balanced_class_weights(labels: np.ndarray) -> np.ndarray:
     return weights
 
 
+# What a sequence head computes from the pooled features: dense → tanh → dropout → out_proj
+# (fine-tuning's), or one linear map (a linear probe's, kept as a model folder; HEAD_KINDS).
+HeadKind = Literal["mlp", "linear"]
+
+
 class SequenceHead(nn.Module):
-    """features (B, n_inputs) → dense (to d) → tanh → dropout → out_proj -> (B, n_outputs).
+    """features (B, n_inputs) → dense (to d) → tanh → dropout → out_proj -> (B, n_outputs);
+    ``kind="linear"``: out_proj alone, (B, n_inputs) -> (B, n_outputs).
 
     ``n_inputs`` defaults to ``d_model``; a hybrid head takes d_model + extra features.
 
@@ -122,28 +129,42 @@ class SequenceHead(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_outputs: int, pooler_dropout: float = 0.1, n_inputs: int | None = None
-    ):
+        self, d_model: int, n_outputs: int, pooler_dropout: float = 0.1, n_inputs: int | None = None,
+        kind: HeadKind = "mlp",
+    ):  # fmt: skip
         super().__init__()
         if n_outputs < 1:
             raise ConfigError("n_outputs", n_outputs, "a positive integer")
         if not 0.0 <= pooler_dropout < 1.0:
             raise ConfigError("pooler_dropout", pooler_dropout, "a probability in [0, 1)")
-        self.dense = nn.Linear(n_inputs or d_model, d_model)
-        self.dropout = Dropout(pooler_dropout)
-        self.out_proj = nn.Linear(d_model, n_outputs)
+        if kind not in HEAD_KINDS:
+            raise ConfigError("head", kind, f"one of {HEAD_KINDS}")
+        self.kind = kind
+        n_inputs = n_inputs or d_model
+        if kind == "mlp":
+            self.dense = nn.Linear(n_inputs, d_model)
+            self.dropout = Dropout(pooler_dropout)
+        self.out_proj = nn.Linear(d_model if kind == "mlp" else n_inputs, n_outputs)
 
     def forward(self, features: Tensor) -> Tensor:
         device = features.device.type
         if torch.is_autocast_enabled(device):
             with torch.autocast(device, enabled=False):
-                return self._forward(features.to(self.dense.weight.dtype))
+                return self._forward(features.to(self.out_proj.weight.dtype))
         return self._forward(features)
 
     def _forward(self, features: Tensor) -> Tensor:
         # ``linear``: under batch_invariant a batch of 1 to 3 molecules takes a large one's kernel
-        h = torch.tanh(linear(features, self.dense.weight, self.dense.bias))
-        return linear(self.dropout(h), self.out_proj.weight, self.out_proj.bias)
+        if self.kind == "mlp":
+            h = torch.tanh(linear(features, self.dense.weight, self.dense.bias))
+            features = self.dropout(h)
+        return linear(features, self.out_proj.weight, self.out_proj.bias)
+
+    def traced(self, features: Tensor) -> Tensor:
+        """The same map in plain torch operations (an exported graph's; eval mode)."""
+        if self.kind == "mlp":
+            features = torch.tanh(self.dense(features))
+        return self.out_proj(features)
 
 
 @dataclass
@@ -168,6 +189,7 @@ class ExLMForSequencePrediction(nn.Module):
 
     ``class_weights`` (2, T), multilabel only, weighs each task's classes in the loss
     (:func:`task_loss`); they shape training alone and are not saved with the weights.
+    ``head="linear"`` makes the head one linear map of the pooled features (a linear probe's).
     """
 
     def __init__(
@@ -180,6 +202,7 @@ class ExLMForSequencePrediction(nn.Module):
         n_features: int = 0,
         layers: int = 1,
         class_weights: np.ndarray | None = None,
+        head: HeadKind = "mlp",
     ):
         super().__init__()
         if task_type not in _TASK_TYPES:
@@ -197,7 +220,7 @@ class ExLMForSequencePrediction(nn.Module):
         self.layers = layers
         d = model.config.d_model * len(pooling_parts(pooling)) * layers
         self.head = SequenceHead(model.config.d_model, n_outputs, pooler_dropout,
-                                 n_inputs=d + n_features)  # fmt: skip
+                                 n_inputs=d + n_features, kind=head)  # fmt: skip
         if class_weights is not None:
             class_weights = torch.as_tensor(np.asarray(class_weights), dtype=torch.float32)
             if task_type != "multilabel" or tuple(class_weights.shape) != (2, n_outputs):
@@ -231,7 +254,7 @@ class ExLMForSequencePrediction(nn.Module):
                 got = None if features is None else tuple(features.shape)
                 raise ConfigError("features", got, f"(B, {self.n_features}) per-molecule features")
             # the features join at the head's precision, not rounded to a bf16 pooled output's
-            dtype = torch.promote_types(pooled.dtype, self.head.dense.weight.dtype)
+            dtype = torch.promote_types(pooled.dtype, self.head.out_proj.weight.dtype)
             x = torch.cat([pooled.to(dtype), features.to(dtype)], dim=-1)  # (B, d + F)
         logits = self.head(x)  # (B, n_outputs)
         loss = None

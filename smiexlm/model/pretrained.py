@@ -119,7 +119,7 @@ def load_finetuned(
     pre = load_pretrained(folder)
     model = ExLMForSequencePrediction(
         pre.model, meta["n_outputs"], head_type, 0.0, meta["pooling"],
-        n_features=meta["n_features"], layers=meta["layers"],
+        n_features=meta["n_features"], layers=meta["layers"], head=meta["head"],
     )  # fmt: skip
     load_module_weights(model.head, folder.head_path, f"{FINETUNE_NAME} and the backbone")
     return model.to(resolve_device(device)).eval(), pre.inputs(), meta

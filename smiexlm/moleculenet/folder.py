@@ -106,7 +106,8 @@ def save_finetuned(
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
         meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
-                       "n_features": model.n_features, "layers": model.layers}  # fmt: skip
+                       "n_features": model.n_features, "layers": model.layers,
+                       "head": model.head.kind}  # fmt: skip
         names = [HEAD_NAME, FINETUNE_NAME]
         if forest is not None:
             meta["forest"] = forest.record()

@@ -209,5 +209,4 @@ class PredictorGraph(nn.Module):
         pooled = torch.cat([pool(h, mask, self.pooling) for h in hidden.split(d, -1)], -1)
         if features is not None:
             pooled = torch.cat([pooled, features.to(pooled.dtype)], dim=-1)  # (B, d + F)
-        head = self.head
-        return head.out_proj(torch.tanh(head.dense(pooled)))  # (B, n_outputs)
+        return self.head.traced(pooled)  # (B, n_outputs)

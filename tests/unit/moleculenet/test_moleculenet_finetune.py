@@ -389,6 +389,64 @@ def test_cli_predict_ensemble_mean_and_std_per_molecule(tmp_path):
     assert preds["valid"].tolist() == [True, True, False] and preds["y_std"].isna().tolist()[2]
 
 
+@pytest.mark.parametrize("whiten", [True, False])
+def test_a_saved_probe_is_served_by_predict_as_it_scored(tmp_path, whiten):
+    """``probe --save-dir`` keeps the fit as a folder with a linear head (its standardisation
+    and the corpus whitening folded into the weights): ``predict`` gives back the probe's own
+    validation and test probabilities, with the domain and calibration columns."""
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.loaders import read_task
+    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.moleculenet.probe import ProbeConfig, run_probe
+
+    torch.set_num_threads(1)
+    path, frame = _small_csv(tmp_path)
+    task = read_task(path, "smi", ["y"])
+    cfg = ProbeConfig(split="random", device="cpu", whiten=whiten, c_grid=(0.01, 0.1, 1.0))
+    runs_root, save = tmp_path / "runs", tmp_path / "saved"
+    (result,) = run_probe(task, Backbone(), [0], cfg, run_root=runs_root, save_dir=save)
+    kept = np.load(runs_root / "mini" / "seed0" / "predictions.npz")
+    meta = json.loads((save / "seed0" / "finetune.json").read_text())
+    assert meta["head"] == "linear" and meta["config"]["whiten"] is whiten
+    for part in ("valid", "test"):
+        rows = kept[f"{part}_rows"]
+        served = predict(save / "seed0", frame["smi"].iloc[rows].tolist(), calibrate=True)
+        plain = predict(save / "seed0", frame["smi"].iloc[rows].tolist())
+        np.testing.assert_allclose(plain["y"].to_numpy(), kept[part][:, 0], atol=2e-5)
+        assert served["in_domain"].notna().all() and served["y"].between(0, 1).all()
+    from sklearn.metrics import roc_auc_score
+
+    test_rows = kept["test_rows"]
+    served = predict(save / "seed0", frame["smi"].iloc[test_rows].tolist())
+    assert roc_auc_score(frame["y"].iloc[test_rows], served["y"]) * 100 == pytest.approx(
+        result.test, abs=1e-6
+    )
+
+
+def test_a_probe_is_saved_once_per_fit_and_not_over_another_model(tmp_path):
+    from smiexlm.cli.main import app
+
+    torch.set_num_threads(1)
+    path, frame = _small_csv(tmp_path)
+    frame["part"] = ["train"] * 40 + ["valid", "valid", "test", "test"] * 5  # its own split
+    frame.to_csv(path, index=False)
+    args = ["probe", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
+            "--seeds", "0", "1", "--device", "cpu", "--out", str(tmp_path / "probe"),
+            "--save-dir", str(tmp_path / "saved"), "--split", "column:part"]  # fmt: skip
+    first = CliRunner().invoke(app, args)  # a deterministic split: one fit serves both seeds
+    assert first.exit_code == 0, first.output
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["seed0"]
+    seeded = CliRunner().invoke(app, [*args[:-2], "--split", "random", "--save-dir",
+                                      str(tmp_path / "seeded")])  # fmt: skip
+    assert seeded.exit_code == 0, seeded.output
+    assert sorted(p.name for p in (tmp_path / "seeded").iterdir()) == ["seed0", "seed1"]
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code != 0 and "--overwrite" in str(again.exception)
+    assert CliRunner().invoke(app, [*args, "--overwrite"]).exit_code == 0
+    with_features = CliRunner().invoke(app, [*args, "--overwrite", "--features", "ecfp4"])
+    assert with_features.exit_code != 0 and "features" in str(with_features.exception)
+
+
 def test_cli_probe_on_a_user_csv(tmp_path):
     from smiexlm.cli.main import app
 

@@ -39,7 +39,7 @@ def test_test_rows_do_not_change_the_fill_of_the_others(monkeypatch):
     test_rows = make_split(smiles, "random", 0).test
     # a regression target: its valid RMSE moves with any change of the fill
     task = MoleculeTask("toy", smiles, labels, ["y"], "regression")
-    monkeypatch.setattr(probe_module, "pooled_embeddings", lambda *_: embeddings)
+    monkeypatch.setattr(probe_module, "_pooled", lambda *_: embeddings)
     runs = []
     for test_value in (-50.0, 50.0):  # every computable test feature pulled one way
         raw = feature.copy()
@@ -84,7 +84,7 @@ def test_a_deterministic_split_is_fitted_once_for_every_seed(monkeypatch, tmp_pa
     embeddings, _, labels, _ = _data()
     smiles = [f"C1{'C' * ring}C1{'C' * chain}" for ring in range(1, 11) for chain in range(10)]
     task = MoleculeTask("toy", smiles, labels, ["y"], "classification")  # 10 scaffolds
-    monkeypatch.setattr(probe_module, "pooled_embeddings", lambda *_: embeddings)
+    monkeypatch.setattr(probe_module, "_pooled", lambda *_: embeddings)
     calls = []
     real = probe_module.probe_split
     monkeypatch.setattr(probe_module, "probe_split", lambda *a: calls.append(a) or real(*a))

@@ -148,11 +148,12 @@ def test_in_memory_graph_of_an_mlm_model():
     assert np.abs(served.featurize(some, "cls", (0, -1)) - both).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("pooling", ["cls", "max", "cls+mean+max"])
-def test_predictor_graph_of_a_head_on_the_last_three_blocks(pooling):
+@pytest.mark.parametrize(("pooling", "head"), [("cls", "mlp"), ("max", "mlp"),
+                                               ("cls+mean+max", "mlp"), ("cls", "linear")])  # fmt: skip
+def test_predictor_graph_of_a_head_on_the_last_three_blocks(pooling, head):
     """A head reading the last three blocks (``layers=3``) of a micro ExLM model: the
     exported graph gives the torch head's logits (cls: the last block on the first two
-    positions only, the blocks under it cut to match)."""
+    positions only, the blocks under it cut to match); a saved probe's linear head too."""
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
@@ -164,7 +165,8 @@ def test_predictor_graph_of_a_head_on_the_last_three_blocks(pooling):
     torch.manual_seed(0)
     config = ExLMConfig.tiny(objective="exlm", vocab_size=tokenizer.vocab_size, n_layers=3,
                              d_model=32, d_ff=64, n_heads=2, k=2)  # fmt: skip
-    model = ExLMForSequencePrediction(ExLMModel(config), 2, "regression", 0.0, pooling, layers=3)
+    model = ExLMForSequencePrediction(ExLMModel(config), 2, "regression", 0.0, pooling, layers=3,
+                                      head=head)  # fmt: skip
     model.eval()
     some = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "C1CCCCC1N", "O=C(O)c1ccccc1OC(C)=O"]
     enc = tokenizer.encode_batch(some)
