@@ -340,6 +340,7 @@ def _write_outputs(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneC
         nearness = reference.nearness([run.inputs[i] for i in split.test], test_pooled)
         runs.write_predictions(run_dir, split, scores.valid, scores.test, reference, nearness,
                                scores.parts)  # fmt: skip
+        runs.write_history(run_dir, fitted.history)
     if save_dir is not None:
         scaler = None if run.scaler is None else run.scaler.to_dict()
         meta = dict(

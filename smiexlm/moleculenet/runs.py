@@ -2,9 +2,10 @@
 
 ``ROOT/<set>/seed<k>/`` holds, while the run trains, ``state/`` (rewritten after every epoch,
 see :mod:`smiexlm.finetuning.state`); when it has finished, ``predictions.npz`` (the scores
-of the validation and test molecules, with their row numbers in the task's table) and
-``result.json`` (the :class:`~smiexlm.moleculenet.report.RunResult`), written in that order,
-each atomically, after which ``state/`` is removed. A folder with ``result.json`` is a
+of the validation and test molecules, with their row numbers in the task's table),
+``history.json`` (each epoch's step, training loss and validation score: the curve a
+selection was made on) and ``result.json`` (the :class:`~smiexlm.moleculenet.report.RunResult`),
+written in that order, each atomically, after which ``state/`` is removed. A folder with ``result.json`` is a
 finished run: it is read back, never trained again.
 """
 
@@ -30,8 +31,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 RESULT_NAME = "result.json"
 PREDICTIONS_NAME = "predictions.npz"
+HISTORY_NAME = "history.json"
 STATE_NAME = "state"
 RESULT_FORMAT = "smiexlm-run-result/1"
+HISTORY_FORMAT = "smiexlm-run-history/1"
 
 
 def run_dir(root: Path, dataset: str, seed: int) -> Path:
@@ -217,6 +220,12 @@ def keep_predictions(
         folder = run_dir(root, dataset, seed)
         folder.mkdir(parents=True, exist_ok=True)
         write_predictions(folder, split, valid, test)
+
+
+def write_history(folder: Path, history: Sequence[dict[str, float]]) -> None:
+    """``history.json``: one record per epoch of a fine-tuning run (``epoch``, ``step``,
+    ``train_loss`` and, with a validation split, ``valid``; epoch 0 is ``head_epochs``')."""
+    write_json({"format": HISTORY_FORMAT, "history": list(history)}, Path(folder) / HISTORY_NAME)
 
 
 def finish(folder: Path, result: RunResult) -> None:

@@ -73,6 +73,10 @@ def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(
     _finetune(tmp_path, "--seeds", "0")
     rows = _finetune(tmp_path, "--seeds", "0", "--class-weight", "balanced")
     assert rows["model"][0] == "default_model, classes balanced"
+    doc = json.loads((tmp_path / "out1" / "runs" / "mini" / "seed0" / "history.json").read_text())
+    (epoch,) = doc["history"]  # one epoch of two updates, with its validation score
+    assert (epoch["epoch"], epoch["step"]) == (1, 2) and epoch["train_loss"] > 0
+    assert epoch["valid"] * 100 == pytest.approx(rows["valid"][0])
     assert json.loads(rows["config"][0])["class_weight"] == "balanced"
     scores = [np.load(tmp_path / out / "runs" / "mini" / "seed0" / "predictions.npz")["test"]
               for out in ("out0", "out1")]  # fmt: skip
