@@ -280,6 +280,63 @@ def _cell_state(folder: Path) -> dict | None:
     return None
 
 
+def _history(folder: Path) -> list[dict] | None:
+    """A fine-tuning cell's epochs: ``history.json`` when it has finished, its state's when it
+    is still training; None for a cell without either (not started, a forest or a probe)."""
+    import json
+
+    from smiexlm.finetuning.state import STATE_JSON
+    from smiexlm.moleculenet.runs import HISTORY_NAME, state_dir
+
+    if (folder / HISTORY_NAME).is_file():
+        return json.loads((folder / HISTORY_NAME).read_text())["history"]
+    if (state_dir(folder) / STATE_JSON).is_file():
+        return json.loads((state_dir(folder) / STATE_JSON).read_text())["progress"]["history"]
+    return None
+
+
+def curves(args: argparse.Namespace) -> None:
+    """Each fine-tuning cell's validation score per epoch, one panel per set and one colour
+    per row folder (a line per seed), finished or still training; a PNG at ``--out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from smiexlm.errors import DataError
+    from smiexlm.moleculenet import runs
+    from smiexlm.paths import atomic_path
+
+    found = {}  # (set, row, seed) -> [(epoch, valid)]
+    for folder in args.folders:
+        for task in args.tasks:
+            for seed in args.seeds:
+                history = _history(runs.run_dir(folder / "runs", task, seed))
+                points = [(h["epoch"], 100 * h["valid"]) for h in history or () if "valid" in h]
+                if points:
+                    found[task, folder.name, seed] = points
+    if not found:
+        raise DataError(f"no fine-tuning history under {', '.join(map(str, args.folders))} "
+                        f"for {', '.join(args.tasks)}, seeds {args.seeds}: expected "
+                        "<row>/runs/<set>/seed<k>/history.json or a state")  # fmt: skip
+    tasks = [t for t in args.tasks if any(key[0] == t for key in found)]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
+    colours = {f.name: f"C{i}" for i, f in enumerate(args.folders)}
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for (t, row, seed), points in sorted(found.items()):
+            if t == task:
+                epochs, valid = zip(*points, strict=True)
+                ax.plot(epochs, valid, color=colours[row], linestyle=("-", "--", ":")[seed % 3],
+                        label=f"{row}, seed {seed}")  # fmt: skip
+        ax.set(title=task, xlabel="epoch", ylabel="validation score x 100")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(args.out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    print(f"{len(found)} cells: {args.out}")
+
+
 def status(args: argparse.Namespace) -> None:
     """Every cell of the plan (within ``--rows``/``--tasks``/``--seeds``): finished (its
     test score, precision and CPU seconds), stopped (where, and the CPU time its remaining
@@ -495,6 +552,11 @@ def main() -> None:
     p_camp.add_argument("--n-trees", type=int, default=500, help="trees per forest")
     p_measures = sub.add_parser("measures", help="PR-AUC etc. for cells finished before them")
     p_measures.add_argument("--root", type=Path, required=True)
+    p_curves = sub.add_parser("curves", help="validation per epoch of fine-tuning cells, a PNG")
+    p_curves.add_argument("folders", nargs="+", type=Path, metavar="ROW",
+                          help="row folders (<row>/runs/<set>/seed<k>/)")  # fmt: skip
+    p_curves.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
+    p_curves.add_argument("--out", type=Path, required=True, help="the PNG")
     p_status = sub.add_parser("status", help="where every cell of the plan stands, from --root")
     p_status.add_argument("--root", type=Path, required=True)
     p_status.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
@@ -512,7 +574,7 @@ def main() -> None:
         p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                        help="auto: bf16 where it is native, and a stopped cell goes on in its "
                        "own; fp32 or bf16: that, a stopped cell switching to it (recorded)")  # fmt: skip
-    for p in (p_run, p_probe, p_base, p_camp, p_status, p_compare):
+    for p in (p_run, p_probe, p_base, p_camp, p_status, p_compare, p_curves):
         p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()
     # a line per epoch of every run (smiexlm.finetuning.engine) in the log
@@ -521,7 +583,8 @@ def main() -> None:
     if args.command == "run" and _spread(args.processes):
         return
     commands = {"run": run, "probe": probe, "baseline": baseline, "merge": merge}
-    commands |= {"campaign": campaign, "status": status, "compare": compare, "measures": measures}
+    commands |= {"campaign": campaign, "status": status, "compare": compare}
+    commands |= {"measures": measures, "curves": curves}
     commands[args.command](args)
 
 

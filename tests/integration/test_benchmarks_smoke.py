@@ -67,8 +67,11 @@ SMOKE: dict[str, list[Step]] = {
     "moleculenet_table+conformal_coverage+applicability_domain": [
         Step(MN, ("run", "--name", "shipped", "--tasks", "bace", "--seeds", "0",
              "--max-train-steps", "2", "--out", "{tmp}/run"),
-             expect=("run/results.json", "run/runs/bace/seed0/result.json"),
+             expect=("run/results.json", "run/runs/bace/seed0/result.json",
+                     "run/runs/bace/seed0/history.json"),
              prints="shipped bace seed 0: test"),
+        Step(MN, ("curves", "{tmp}/run", "--tasks", "bace", "--seeds", "0", "--out",
+             "{tmp}/curves.png"), expect=("curves.png",), prints="1 cells"),
         Step("conformal_coverage.py", ("{tmp}/run", "--out", "{tmp}/conformal", "--resplits",
              "2"), expect=("conformal/report.md", "conformal/coverage.csv",
              "conformal/reliability_run_bace.png"), prints="| bace | 0 | run | 0.1 | mondrian |"),
