@@ -4,9 +4,10 @@
 see :mod:`smiexlm.finetuning.state`); when it has finished, ``predictions.npz`` (the scores
 of the validation and test molecules, with their row numbers in the task's table),
 ``history.json`` (each epoch's step, training loss and validation score: the curve a
-selection was made on) and ``result.json`` (the :class:`~smiexlm.moleculenet.report.RunResult`),
-written in that order, each atomically, after which ``state/`` is removed. A folder with ``result.json`` is a
-finished run: it is read back, never trained again.
+selection was made on) and ``result.json`` (the
+:class:`~smiexlm.moleculenet.report.RunResult`), written in that order, each atomically, after
+which ``state/`` is removed. A folder with ``result.json`` is a finished run: it is read back,
+never trained again.
 """
 
 from __future__ import annotations
