@@ -259,15 +259,11 @@ def campaign(args: argparse.Namespace) -> None:
 def _cell_state(folder: Path) -> dict | None:
     """What a stopped cell's ``state/`` holds: epochs run and planned, precision, CPU seconds
     so far and the best validation score (fine-tuning); finished forests (a forest seed)."""
-    import json
-
-    from smiexlm.finetuning.state import STATE_JSON
     from smiexlm.moleculenet.baseline import PARTIAL_NAME
     from smiexlm.moleculenet.runs import state_dir
 
     state = state_dir(folder)
-    if (state / STATE_JSON).is_file():
-        doc = json.loads((state / STATE_JSON).read_text())
+    if (doc := _state_doc(folder)) is not None:
         progress = doc["progress"]
         return {"epochs": (progress["epochs_run"], doc["identity"]["loop"]["epochs"]),
                 "precision": progress["precision"], "cpu_s": progress.get("cpu_seconds"),
@@ -285,14 +281,23 @@ def _history(folder: Path) -> list[dict] | None:
     is still training; None for a cell without either (not started, a forest or a probe)."""
     import json
 
-    from smiexlm.finetuning.state import STATE_JSON
-    from smiexlm.moleculenet.runs import HISTORY_NAME, state_dir
+    from smiexlm.moleculenet.runs import HISTORY_NAME
 
     if (folder / HISTORY_NAME).is_file():
         return json.loads((folder / HISTORY_NAME).read_text())["history"]
-    if (state_dir(folder) / STATE_JSON).is_file():
-        return json.loads((state_dir(folder) / STATE_JSON).read_text())["progress"]["history"]
-    return None
+    doc = _state_doc(folder)
+    return None if doc is None else doc["progress"]["history"]
+
+
+def _state_doc(folder: Path) -> dict | None:
+    """A fine-tuning cell's ``state/state.json`` while it trains, else None."""
+    import json
+
+    from smiexlm.finetuning.state import STATE_JSON
+    from smiexlm.moleculenet.runs import state_dir
+
+    path = state_dir(folder) / STATE_JSON
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def curves(args: argparse.Namespace) -> None:
