@@ -249,7 +249,7 @@ def campaign(args: argparse.Namespace) -> None:
             n_trees=args.n_trees,
             augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
             ema_half_life=0.0, head_epochs=0, head_lr=None, layer_decay=None,
-            class_weight="none", precision=args.precision,
+            class_weight=None, precision=args.precision,
         )  # fmt: skip
         {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
         folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
@@ -516,8 +516,9 @@ def main() -> None:
     p_run.add_argument("--head-lr", type=float, default=None, help="their learning rate")
     p_run.add_argument("--layer-decay", type=float, default=None,
                        help="each block's learning rate this times the one above it")  # fmt: skip
-    p_run.add_argument("--class-weight", choices=("none", "balanced"), default="none",
-                       help="balanced: each task's classes weighted inversely to their frequency")  # fmt: skip
+    p_run.add_argument("--class-weight", choices=("none", "balanced"), default=None,
+                       help="balanced: each task's classes weighted inversely to their "
+                            "frequency (default: the set's config; MUV's is balanced)")  # fmt: skip
     p_probe = sub.add_parser("probe", help="linear probe on pooled embeddings, every task")
     p_probe.add_argument("--name", default="linear probe (logistic)")
     p_probe.add_argument("--checkpoint", default=None)

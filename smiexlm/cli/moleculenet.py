@@ -277,9 +277,10 @@ ForestWeight = Annotated[
 ]
 ClassWeight = Annotated[
     str | None,
-    typer.Option("--class-weight", help="none (default) | balanced: weigh each task's two "
-                 "classes in the loss inversely to their frequency on the training molecules "
-                 "(classification only)."),
+    typer.Option("--class-weight", help="none | balanced: weigh each task's two classes in "
+                 "the loss inversely to their frequency on the training molecules "
+                 "(classification only). Default: the set's config, balanced for MUV, none "
+                 "elsewhere."),
 ]  # fmt: skip
 Resume = Annotated[
     bool,
