@@ -192,6 +192,27 @@ def _class_weights(task: MoleculeTask, split: Split, cfg: FinetuneConfig) -> np.
     return balanced_class_weights(task.labels[np.asarray(split.train)])
 
 
+#: below this share of positives among a classification set's labels, unweighted fine-tuning
+#: is warned that it may settle on the prior (as MUV's 0.2 % did; its config weighs the classes)
+RARE_POSITIVES = 0.01
+
+
+def warn_rare_positives(task: MoleculeTask, cfg: FinetuneConfig) -> float | None:
+    """Warn, and return the share of positives, when an unweighted classification set holds
+    fewer than :data:`RARE_POSITIVES` of them; None otherwise."""
+    if cfg.class_weight != "none" or not task.is_classification:
+        return None
+    labels = task.labels[~np.isnan(task.labels)]
+    share = float((labels > 0.5).mean()) if labels.size else 0.0
+    if share >= RARE_POSITIVES:
+        return None
+    log.warning("%s: %.2f %% of its labels are positive; unweighted, fine-tuning can settle on "
+                "the prior and rank the positives at chance for many epochs (MUV's did); "
+                "--class-weight balanced weighs each task's classes inversely to their "
+                "frequency", task.name, 100 * share)  # fmt: skip
+    return share
+
+
 def check_class_weight(task: MoleculeTask, cfg: FinetuneConfig) -> None:
     """ConfigError when ``cfg`` weighs the classes of a regression task."""
     if cfg.class_weight != "none" and not task.is_classification:
@@ -408,6 +429,7 @@ def run_finetune(
     that is already there is refused (:func:`smiexlm.moleculenet.runs.check_fresh`)."""
     task = check_task(task)
     check_class_weight(task, cfg)
+    warn_rare_positives(task, cfg)
     if run_root is not None and not resume:
         runs.check_fresh(run_root, task.name, seeds)
     backbone = backbone or Backbone()

@@ -62,6 +62,28 @@ def test_weighted_multilabel_loss_is_torchs_weighted_bce_over_the_present_labels
     assert ones.item() == pytest.approx(task_loss(logits, labels, "multilabel").item(), rel=1e-12)
 
 
+def test_rare_positives_are_warned_of_unless_the_classes_are_weighted(caplog):
+    from smiexlm.moleculenet.configs import FinetuneConfig
+    from smiexlm.moleculenet.finetune import warn_rare_positives
+    from smiexlm.moleculenet.task import MoleculeTask
+
+    labels = np.zeros((300, 2))
+    labels[:2, 0] = 1.0  # 2 positives of 599 present labels: 0.33 %
+    labels[5, 1] = np.nan
+    task = MoleculeTask("rare", ["C"] * 300, labels, ["a", "b"])
+    with caplog.at_level("WARNING", logger="smiexlm.moleculenet.finetune"):
+        share = warn_rare_positives(task, FinetuneConfig())
+    assert share == pytest.approx(2 / 599)
+    assert "rare: 0.33 % of its labels are positive" in caplog.text
+    assert "--class-weight balanced" in caplog.text
+    assert warn_rare_positives(task, FinetuneConfig(class_weight="balanced")) is None
+    labels[:6, 0] = 1.0  # 6 of 599: 1.0 %, no longer rare
+    assert warn_rare_positives(MoleculeTask("x", ["C"] * 300, labels, ["a", "b"]),
+                               FinetuneConfig()) is None  # fmt: skip
+    values = MoleculeTask("y", ["C"] * 3, np.zeros((3, 1)), ["v"], task_type="regression")
+    assert warn_rare_positives(values, FinetuneConfig()) is None
+
+
 def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(tmp_path):
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.backbone import Backbone
