@@ -148,8 +148,9 @@ def read_cells(out: Path) -> list:
 def run(args: argparse.Namespace) -> None:
     import torch
 
+    from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.finetune import run_finetune
+    from smiexlm.moleculenet.finetune import run_finetune, with_backbone_blocks
     from smiexlm.moleculenet.loaders import load_task
 
     torch.set_num_threads(args.threads)
@@ -159,9 +160,6 @@ def run(args: argparse.Namespace) -> None:
     )  # fmt: skip
     for seed in args.seeds:  # seed-major: an interrupted run still covers every dataset
         for task in args.tasks:
-            if not _cells(args.out, task, [seed])[1]:
-                continue
-            start = time.perf_counter()
             extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
                      "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps,
                      "layers": args.layers, "pooling": args.pooling,
@@ -173,6 +171,11 @@ def run(args: argparse.Namespace) -> None:
             if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
                 extra["precision"] = args.precision
             cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant] | extra)
+            folder = runs.run_dir(args.out / "runs", task, seed)
+            if (done := runs.finished(folder)) is not None:  # kept when made as asked now
+                runs.check_settings(done, folder, with_backbone_blocks(cfg, backbone), backbone)
+                continue
+            start = time.perf_counter()
             (r,) = run_finetune(load_task(task), cfg, backbone, [seed], progress=args.progress,
                                 run_root=args.out / "runs", resume=True)  # fmt: skip
             _keep(args.out, args.name)(r)

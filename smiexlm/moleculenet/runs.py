@@ -46,24 +46,34 @@ def state_dir(folder: Path) -> Path:
     return Path(folder) / STATE_NAME
 
 
-def identity(task, split: Split, cfg, backbone: Backbone) -> dict[str, Any]:
-    """What a resumed run must share with the run that saved the state, beyond the loop."""
+def settings(cfg) -> dict[str, Any]:
+    """The fine-tuning settings a run's :func:`identity` holds: ``cfg``'s flat ones, those
+    of later options left out where they are off, as runs older than the options hold them."""
+    return _without_settings_off(cfg.to_dict())
+
+
+def _without_settings_off(values: dict[str, Any]) -> dict[str, Any]:
     from smiexlm.finetuning.engine import without_settings_off
 
-    finetune = without_settings_off(cfg.to_dict())  # the loop's later settings, when used
-    if not finetune["adapt_steps"]:  # recorded only when used, as by runs older than it
-        del finetune["adapt_steps"], finetune["adapt_lr"]
-    if finetune["layers"] == 1:  # likewise
-        del finetune["layers"]
-    if finetune["class_weight"] == "none":  # likewise
-        del finetune["class_weight"]
-    if finetune["forest"] is None:  # likewise
+    out = without_settings_off(values)  # the loop's later settings
+    if not out.get("adapt_steps"):
+        out.pop("adapt_steps", None), out.pop("adapt_lr", None)
+    if out.get("layers") == 1:
+        del out["layers"]
+    if out.get("class_weight") == "none":
+        del out["class_weight"]
+    if out.get("forest") is None:
         for key in ("forest", "forest_trees", "forest_blend", "forest_weight"):
-            del finetune[key]
+            out.pop(key, None)
+    return out
+
+
+def identity(task, split: Split, cfg, backbone: Backbone) -> dict[str, Any]:
+    """What a resumed run must share with the run that saved the state, beyond the loop."""
     return {
         "dataset": task.name, "data_sha256": task.sha256, "n_molecules": len(task),
         "split": split.label, "backbone": backbone.name,
-        "backbone_sha256": backbone.weights_sha256, "finetune": finetune,
+        "backbone_sha256": backbone.weights_sha256, "finetune": settings(cfg),
     }  # fmt: skip
 
 
@@ -109,20 +119,46 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> R
     says; otherwise a DataError naming the first setting that differs, so that a resume with
     other settings never returns the result of a run made with the old ones. A setting the
     result does not record (runs older than it) is its default, or is not compared."""
-    from smiexlm.moleculenet.configs import FinetuneConfig
+    pairs = [("data_sha256", done.data_sha256, expected["data_sha256"]),
+             ("split", done.split, expected["split"])]  # fmt: skip
+    _refuse_a_difference(folder, pairs + _setting_pairs(done, expected))
+    return done
+
+
+def check_settings(done: RunResult, folder: Path, cfg, backbone: Backbone) -> RunResult:
+    """:func:`check_finished` without the data and split, for a caller that has not read
+    the set: ``done`` when it was made with ``backbone`` and ``cfg``'s settings."""
+    expected = {"backbone": backbone.name, "backbone_sha256": backbone.weights_sha256,
+                "finetune": settings(cfg)}  # fmt: skip
+    _refuse_a_difference(folder, _setting_pairs(done, expected))
+    return done
+
+
+def _setting_pairs(done: RunResult, expected: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(setting, as the finished run recorded it, as ``expected`` asks) for the backbone and
+    every fine-tuning setting but how the run was carried out (:data:`HOW_RUN`)."""
+    from smiexlm.moleculenet.configs import FLAT_KEYS, FinetuneConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)
                 if f.default is not dataclasses.MISSING}  # fmt: skip
     recorded = json.loads(json.dumps(done.config))  # tuples and lists alike
-    pairs = [("data_sha256", done.data_sha256, expected["data_sha256"]),
-             ("split", done.split, expected["split"])]  # fmt: skip
-    pairs += [(key, recorded.get(key, expected[key]), expected[key])
-              for key in ("backbone", "backbone_sha256")]  # fmt: skip
-    for key, want in json.loads(json.dumps(expected["finetune"])).items():
+    wanted = json.loads(json.dumps(expected["finetune"]))
+    pairs = [(key, recorded.get(key, expected[key]), expected[key])
+             for key in ("backbone", "backbone_sha256")]  # fmt: skip
+    for key, want in wanted.items():
         if key in HOW_RUN:
             continue
         if key in recorded or key in defaults:
             pairs.append((key, recorded.get(key, defaults.get(key)), want))
+    # a setting the run had on and this one has off (left out of ``expected``)
+    off = json.loads(json.dumps(FinetuneConfig().to_dict()))
+    was_on = _without_settings_off({k: v for k, v in recorded.items() if k in FLAT_KEYS})
+    pairs += [(key, recorded[key], off[key])
+              for key in sorted(was_on.keys() - wanted.keys() - HOW_RUN)]  # fmt: skip
+    return pairs
+
+
+def _refuse_a_difference(folder: Path, pairs: list[tuple[str, Any, Any]]) -> None:
     for key, was, now in pairs:
         if was != now:
             raise DataError(
@@ -130,7 +166,6 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> R
                 f"but this run asks for {key} = {now!r}: give another --out, or the settings "
                 "it was made with"
             )
-    return done
 
 
 def check_fresh(root: Path, dataset: str, seeds: Sequence[int]) -> None:

@@ -85,9 +85,10 @@ def test_rare_positives_are_warned_of_unless_the_classes_are_weighted(caplog):
 
 
 def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(tmp_path):
+    from smiexlm.errors import DataError
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.configs import FinetuneConfig
+    from smiexlm.moleculenet.configs import FLAT_KEYS, FinetuneConfig
     from smiexlm.moleculenet.loaders import read_task
     from smiexlm.moleculenet.splits import make_split
 
@@ -108,6 +109,20 @@ def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(
     again = _finetune_cli(path, tmp_path / "out0", "--seeds", "0", "--class-weight", "balanced",
                           "--resume")  # fmt: skip
     assert again.exit_code != 0 and "class_weight" in str(again.exception), again.output
+    # nor a weighted one as unweighted, though an unweighted run's record leaves the key out
+    back = _finetune_cli(path, tmp_path / "out1", "--seeds", "0", "--class-weight", "none",
+                         "--resume")  # fmt: skip
+    assert back.exit_code != 0, back.output
+    assert "class_weight = 'balanced', but this run asks for class_weight = 'none'" in str(
+        back.exception)  # fmt: skip
+    # the same check without reading the set (the table script's, before it skips a cell)
+    weighted_run = tmp_path / "out1" / "runs" / "mini" / "seed0"
+    done, backbone = runs.finished(weighted_run), Backbone()
+    made = {key: value for key, value in done.config.items() if key in FLAT_KEYS}
+    assert runs.check_settings(done, weighted_run, FinetuneConfig.from_flat(**made), backbone)
+    unweighted = FinetuneConfig.from_flat(**made | {"class_weight": "none"})
+    with pytest.raises(DataError, match="class_weight = 'balanced', but this run asks for"):
+        runs.check_settings(done, weighted_run, unweighted, backbone)
     # a state kept before the setting existed holds no record of it, and goes on as before
     task = read_task(path, "smi", ["y"])
     split, backbone = make_split(task.smiles, "random"), Backbone()
