@@ -200,10 +200,10 @@ RARE_POSITIVES = 0.01
 def warn_rare_positives(task: MoleculeTask, cfg: FinetuneConfig) -> float | None:
     """Warn, and return the share of positives, when an unweighted classification set holds
     fewer than :data:`RARE_POSITIVES` of them; None otherwise."""
-    if cfg.class_weight != "none" or not task.is_classification:
-        return None
     labels = task.labels[~np.isnan(task.labels)]
-    share = float((labels > 0.5).mean()) if labels.size else 0.0
+    if cfg.class_weight != "none" or not task.is_classification or not labels.size:
+        return None
+    share = float((labels > 0.5).mean())
     if share >= RARE_POSITIVES:
         return None
     log.warning("%s: %.2f %% of its labels are positive; unweighted, fine-tuning can settle on "
