@@ -57,7 +57,8 @@ def _without_settings_off(values: dict[str, Any]) -> dict[str, Any]:
 
     out = without_settings_off(values)  # the loop's later settings
     if not out.get("adapt_steps"):
-        out.pop("adapt_steps", None), out.pop("adapt_lr", None)
+        for key in ("adapt_steps", "adapt_lr"):
+            out.pop(key, None)
     if out.get("layers") == 1:
         del out["layers"]
     if out.get("class_weight") == "none":
@@ -117,8 +118,9 @@ HOW_RUN = frozenset({"device", "eval_batch_size", "precision"})
 def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> RunResult:
     """``done``, read back from ``folder``, when it ran as ``expected`` (:func:`identity`)
     says; otherwise a DataError naming the first setting that differs, so that a resume with
-    other settings never returns the result of a run made with the old ones. A setting the
-    result does not record (runs older than it) is its default, or is not compared."""
+    other settings never returns the result of a run made with the old ones, in either
+    direction: a setting on in one and off in the other differs too. A setting the result does
+    not record (runs older than it) is its default, or is not compared."""
     pairs = [("data_sha256", done.data_sha256, expected["data_sha256"]),
              ("split", done.split, expected["split"])]  # fmt: skip
     _refuse_a_difference(folder, pairs + _setting_pairs(done, expected))
