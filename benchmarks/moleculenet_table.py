@@ -63,8 +63,17 @@ ROWS = {
     "rf_ecfp4": ("baseline", "RF-ECFP4 (500 trees)", {"features": "ecfp4"}),
     "rf_rdkit2d": ("baseline", "RF-RDKit2D (500 trees)", {"features": "rdkit2d"}),
     "rf_both": ("baseline", "RF-ECFP4+RDKit2D (500 trees)", {"features": "both"}),
-    "exlm": ("run", "ExLM twin (tiny, 101M tokens), fine-tuned", {"checkpoint": "exlm"}),
-    "mlm": ("run", "MLM twin (tiny, 101M tokens), fine-tuned", {"checkpoint": "mlm"}),
+    # The twins test the paper's ExLM-vs-MLM claim, so they keep its unweighted loss everywhere.
+    "exlm": (
+        "run",
+        "ExLM twin (tiny, 101M tokens), fine-tuned",
+        {"checkpoint": "exlm", "class_weight": "none"},
+    ),
+    "mlm": (
+        "run",
+        "MLM twin (tiny, 101M tokens), fine-tuned",
+        {"checkpoint": "mlm", "class_weight": "none"},
+    ),
     "default_probe": (
         "probe",
         "default (tiny MTR, 101M tokens), linear probe of its own embedding",
@@ -160,17 +169,7 @@ def run(args: argparse.Namespace) -> None:
     )  # fmt: skip
     for seed in args.seeds:  # seed-major: an interrupted run still covers every dataset
         for task in args.tasks:
-            extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
-                     "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps,
-                     "layers": args.layers, "pooling": args.pooling,
-                     "ema_half_life": args.ema_half_life,
-                     "head_epochs": args.head_epochs, "head_lr": args.head_lr,
-                     "layer_decay": args.layer_decay,
-                     "class_weight": args.class_weight}  # fmt: skip
-            extra = {k: v for k, v in extra.items() if v}  # what the options change
-            if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
-                extra["precision"] = args.precision
-            cfg = cpu_config(task, args.schedule, **VARIANTS[args.variant] | extra)
+            cfg = _run_config(args, task)
             folder = runs.run_dir(args.out / "runs", task, seed)
             if (done := runs.finished(folder)) is not None:  # kept when made as asked now
                 runs.check_settings(done, folder, with_backbone_blocks(cfg, backbone), backbone)
@@ -182,6 +181,19 @@ def run(args: argparse.Namespace) -> None:
             print(f"{args.name} {task} seed {seed}: test {r.test:.1f} valid {r.valid:.1f} "
                   f"{r.config['steps']} steps {time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip
             _report(args.out, args.name)
+
+
+def _run_config(args: argparse.Namespace, task: str):
+    """The fine-tuning config ``run`` makes for ``task`` from its options."""
+    extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
+             "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps,
+             "layers": args.layers, "pooling": args.pooling, "ema_half_life": args.ema_half_life,
+             "head_epochs": args.head_epochs, "head_lr": args.head_lr,
+             "layer_decay": args.layer_decay, "class_weight": args.class_weight}  # fmt: skip
+    extra = {k: v for k, v in extra.items() if v}  # what the options change
+    if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
+        extra["precision"] = args.precision
+    return cpu_config(task, args.schedule, **VARIANTS[args.variant] | extra)
 
 
 def probe(args: argparse.Namespace) -> None:
@@ -243,20 +255,48 @@ def campaign(args: argparse.Namespace) -> None:
         tasks = [t for t in tasks if not args.tasks or t in args.tasks]
         if (args.rows and row not in args.rows) or not tasks:
             continue
-        kind, name, options = ROWS[row]
-        ns = argparse.Namespace(
-            name=name, out=args.root / row, tasks=tasks, seeds=args.seeds, threads=1,
-            checkpoint=options.get("checkpoint"), preset="tiny", objective="mlm",
-            variant=options.get("variant", "finetune"), schedule="full", progress=args.progress,
-            pooling=None, features=options.get("features"), whiten=options.get("whiten", False),
-            n_trees=args.n_trees,
-            augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
-            ema_half_life=0.0, head_epochs=0, head_lr=None, layer_decay=None,
-            class_weight=None, precision=args.precision,
-        )  # fmt: skip
-        {"run": run, "probe": probe, "baseline": baseline}[kind](ns)
+        kind = ROWS[row][0]
+        {"run": run, "probe": probe, "baseline": baseline}[kind](_row_args(row, tasks, args))
         folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
         merge(argparse.Namespace(folders=folders, out=args.root, schedule="full"))
+
+
+def _row_args(row: str, tasks: list[str], args: argparse.Namespace) -> argparse.Namespace:
+    """The options the campaign runs ``row`` with: its command's, as :data:`ROWS` sets them."""
+    _, name, options = ROWS[row]
+    return argparse.Namespace(
+        name=name, out=args.root / row, tasks=tasks, seeds=args.seeds, threads=1,
+        checkpoint=options.get("checkpoint"), preset="tiny", objective="mlm",
+        variant=options.get("variant", "finetune"), schedule="full",
+        progress=args.progress, pooling=None,
+        features=options.get("features"), whiten=options.get("whiten", False),
+        n_trees=args.n_trees,
+        augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
+        ema_half_life=0.0, head_epochs=0, head_lr=None, layer_decay=None,
+        class_weight=options.get("class_weight"), precision=args.precision,
+    )  # fmt: skip
+
+
+def _differences(row: str, task: str, done, backbones: dict) -> str:
+    """How a finished fine-tuning cell of ``row`` differs from what the campaign would make
+    now (``setting was -> now``, comma separated), or "" when it does not; forests and probes
+    are not checked. ``backbones`` caches each row's model."""
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.finetune import with_backbone_blocks
+    from smiexlm.moleculenet.runs import setting_differences
+
+    if ROWS[row][0] != "run":
+        return ""
+    asked = argparse.Namespace(
+        root=Path("."), seeds=[], progress=False, n_trees=None, precision="auto"
+    )  # the campaign's own, whatever was given
+    ns = _row_args(row, [task], asked)
+    if row not in backbones:
+        backbones[row] = Backbone(checkpoint=ns.checkpoint, preset=ns.preset,
+                                  objective=ns.objective, random_init=ns.variant == "random-init")  # fmt: skip
+    cfg = with_backbone_blocks(_run_config(ns, task), backbones[row])
+    diffs = setting_differences(done, cfg, backbones[row])
+    return ", ".join(f"{key} {was!r} -> {now!r}" for key, was, now in diffs)
 
 
 def _cell_state(folder: Path) -> dict | None:
@@ -348,13 +388,15 @@ def curves(args: argparse.Namespace) -> None:
 def status(args: argparse.Namespace) -> None:
     """Every cell of the plan (within ``--rows``/``--tasks``/``--seeds``): finished (its
     test score, precision and CPU seconds), stopped (where, and the CPU time its remaining
-    epochs should take at its own pace), or not started; then the counts."""
+    epochs should take at its own pace), or not started; then the counts. A finished
+    fine-tuning cell made with other settings than its row's now (a config changed under it)
+    says which: the campaign would stop at it."""
     from smiexlm.moleculenet import runs
 
     lines = ["| row | set | seed | cell | test | precision | CPU s | left, CPU s |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    counts = {"finished": 0, "stopped": 0, "not started": 0}
-    left_total = 0.0
+    counts = {"finished": 0, "finished with other settings": 0, "stopped": 0, "not started": 0}
+    left_total, backbones = 0.0, {}
     for row, tasks in PLAN:
         if args.rows and row not in args.rows:
             continue
@@ -366,9 +408,13 @@ def status(args: argparse.Namespace) -> None:
                 if done is not None:
                     cfg = done.config or {}
                     cpu = cfg.get("train_cpu_seconds") or cfg.get("cpu_seconds")
-                    cells += ["finished", f"{done.test:.1f}", str(cfg.get("precision", "–")),
+                    diffs = _differences(row, task, done, backbones)
+                    what = (
+                        f"finished with other settings than now: {diffs}" if diffs else "finished"
+                    )
+                    cells += [what, f"{done.test:.1f}", str(cfg.get("precision", "–")),
                               "–" if cpu is None else f"{cpu:,.0f}", "–"]  # fmt: skip
-                    counts["finished"] += 1
+                    counts["finished with other settings" if diffs else "finished"] += 1
                 elif state is not None and "epochs" in state:
                     (ran, planned), cpu = state["epochs"], state["cpu_s"]
                     left = None if not cpu or not ran else cpu / ran * (planned - ran)
@@ -521,7 +567,7 @@ def main() -> None:
                        help="each block's learning rate this times the one above it")  # fmt: skip
     p_run.add_argument("--class-weight", choices=("none", "balanced"), default=None,
                        help="balanced: each task's classes weighted inversely to their "
-                            "frequency (default: the set's config; MUV's is balanced)")  # fmt: skip
+                            "frequency (default: the set's config: balanced for MUV and ToxCast)")  # fmt: skip
     p_probe = sub.add_parser("probe", help="linear probe on pooled embeddings, every task")
     p_probe.add_argument("--name", default="linear probe (logistic)")
     p_probe.add_argument("--checkpoint", default=None)

@@ -279,8 +279,8 @@ ClassWeight = Annotated[
     str | None,
     typer.Option("--class-weight", help="none | balanced: weigh each task's two classes in "
                  "the loss inversely to their frequency on the training molecules "
-                 "(classification only). Default: the set's config, balanced for MUV, none "
-                 "elsewhere."),
+                 "(classification only). Default: the set's config, balanced for MUV and "
+                 "ToxCast, none elsewhere."),
 ]  # fmt: skip
 Resume = Annotated[
     bool,

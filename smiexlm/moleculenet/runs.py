@@ -130,10 +130,16 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> R
 def check_settings(done: RunResult, folder: Path, cfg, backbone: Backbone) -> RunResult:
     """:func:`check_finished` without the data and split, for a caller that has not read
     the set: ``done`` when it was made with ``backbone`` and ``cfg``'s settings."""
+    _refuse_a_difference(folder, setting_differences(done, cfg, backbone))
+    return done
+
+
+def setting_differences(done: RunResult, cfg, backbone: Backbone) -> list[tuple[str, Any, Any]]:
+    """(setting, as ``done`` was made with it, as ``backbone`` and ``cfg`` ask for it) for
+    each that differs; empty when ``done`` is what they would make."""
     expected = {"backbone": backbone.name, "backbone_sha256": backbone.weights_sha256,
                 "finetune": settings(cfg)}  # fmt: skip
-    _refuse_a_difference(folder, _setting_pairs(done, expected))
-    return done
+    return [(key, was, now) for key, was, now in _setting_pairs(done, expected) if was != now]
 
 
 def _setting_pairs(done: RunResult, expected: dict[str, Any]) -> list[tuple[str, Any, Any]]:
