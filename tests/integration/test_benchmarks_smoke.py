@@ -113,7 +113,7 @@ SMOKE: dict[str, list[Step]] = {
              expect=("campaign/report.md", "campaign/rf_ecfp4/runs/bace/seed0/result.json")),
         Step(MN, ("status", "--root", "{tmp}/campaign", "--rows", "rf_ecfp4", "default",
              "--tasks", "bace", "--seeds", "0"),
-             prints="1 finished, 0 stopped, 1 not started"),
+             prints="1 finished, 0 finished with other settings, 0 stopped, 1 not started"),
         # the cell records its PR-AUC itself: nothing to add
         Step(MN, ("measures", "--root", "{tmp}/campaign"),
              prints="0 cells given their measures; 0 kept no predictions"),
