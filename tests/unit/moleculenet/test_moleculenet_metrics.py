@@ -143,7 +143,7 @@ def test_table8_ships_and_overrides():
                cfg.dropout, cfg.pooler_dropout)  # fmt: skip
         assert got == row, task
         assert task in table
-    # the one setting of the project's own: MUV's classes weighted, every other set unweighted
+    # the one setting of the project's own: MUV's and ToxCast's classes weighted, the rest not
     weights = {task: finetune_config(task).class_weight for task in expected}
     assert weights == {t: "balanced" if t in ("muv", "toxcast") else "none" for t in expected}
     assert finetune_config(None).class_weight == "none"  # a user's CSV
