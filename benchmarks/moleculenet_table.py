@@ -158,15 +158,11 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from smiexlm.moleculenet import runs
-    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.finetune import run_finetune, with_backbone_blocks
     from smiexlm.moleculenet.loaders import load_task
 
     torch.set_num_threads(args.threads)
-    backbone = Backbone(
-        checkpoint=args.checkpoint, preset=args.preset, objective=args.objective,
-        random_init=args.variant == "random-init",
-    )  # fmt: skip
+    backbone = _run_backbone(args)
     for seed in args.seeds:  # seed-major: an interrupted run still covers every dataset
         for task in args.tasks:
             cfg = _run_config(args, task)
@@ -181,6 +177,14 @@ def run(args: argparse.Namespace) -> None:
             print(f"{args.name} {task} seed {seed}: test {r.test:.1f} valid {r.valid:.1f} "
                   f"{r.config['steps']} steps {time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip
             _report(args.out, args.name)
+
+
+def _run_backbone(args: argparse.Namespace):
+    """The model ``run`` fine-tunes: ``--checkpoint``, or a random init of ``--preset``."""
+    from smiexlm.moleculenet.backbone import Backbone
+
+    return Backbone(checkpoint=args.checkpoint, preset=args.preset, objective=args.objective,
+                    random_init=args.variant == "random-init")  # fmt: skip
 
 
 def _run_config(args: argparse.Namespace, task: str):
@@ -281,7 +285,6 @@ def _differences(row: str, task: str, done, backbones: dict) -> str:
     """How a finished fine-tuning cell of ``row`` differs from what the campaign would make
     now (``setting was -> now``, comma separated), or "" when it does not; forests and probes
     are not checked. ``backbones`` caches each row's model."""
-    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.finetune import with_backbone_blocks
     from smiexlm.moleculenet.runs import setting_differences
 
@@ -292,8 +295,7 @@ def _differences(row: str, task: str, done, backbones: dict) -> str:
     )  # the campaign's own, whatever was given
     ns = _row_args(row, [task], asked)
     if row not in backbones:
-        backbones[row] = Backbone(checkpoint=ns.checkpoint, preset=ns.preset,
-                                  objective=ns.objective, random_init=ns.variant == "random-init")  # fmt: skip
+        backbones[row] = _run_backbone(ns)
     cfg = with_backbone_blocks(_run_config(ns, task), backbones[row])
     diffs = setting_differences(done, cfg, backbones[row])
     return ", ".join(f"{key} {was!r} -> {now!r}" for key, was, now in diffs)
