@@ -15,9 +15,8 @@ can be stopped at any moment and started again, and the whole table can be run i
 the shipped default last) into ``--root``, one folder per row, and merges the report after
 each cell: ``python benchmarks/moleculenet_table.py campaign --root benchmarks/results/table1``.
 
-``--schedule full`` (the default) is Table 8 as shipped. ``--schedule cpu`` is the earlier
-shortened schedule (``CPU_EPOCHS``, learning rate at least ``MIN_LR``), kept only to
-reproduce the table that still uses it. Model selection is by validation ROC-AUC per epoch;
+Every fine-tuning row runs Table 8's schedule as shipped (with the project's class weights
+for ToxCast and MUV, in their configs). Model selection is by validation ROC-AUC per epoch;
 the test split is never used for a choice.
 
 ``compare`` says how sure a difference between two rows is, from their kept test predictions:
@@ -42,12 +41,6 @@ import time
 from pathlib import Path
 
 TASKS = ["bace", "bbbp", "clintox", "sider", "tox21", "toxcast", "muv"]
-SMALL_TASKS = ["bace", "bbbp", "clintox", "sider"]  # Table 8's full schedule fits a CPU
-# the shortened schedule (Table 8: 60, 40, 100, 100, 80, 80, 40 epochs); the large sets are
-# also capped in updates (one Tox21/ToxCast/MUV epoch is 49/107/582 updates)
-CPU_EPOCHS = {"bace": 2, "bbbp": 2, "clintox": 2, "sider": 2, "tox21": 1, "toxcast": 1, "muv": 1}
-CPU_MAX_STEPS = {"tox21": 25, "toxcast": 40, "muv": 25}
-MIN_LR = 1e-4
 
 VARIANTS = {  # --variant: FinetuneConfig overrides and what the backbone is
     "finetune": {},
@@ -100,17 +93,6 @@ PLAN = (  # (row, tasks), cheapest first and the shipped default last (it may ch
     + [(row, [task]) for task in TASKS for row in ("default", "default_rdkit2d")]
     + [(row, ["muv"]) for row in ("exlm", "mlm")]
 )
-
-
-def cpu_config(task: str, schedule: str = "full", **overrides):
-    """``full``: Table 8 as shipped; ``cpu``: the shortened schedule (CPU_EPOCHS, MIN_LR)."""
-    from smiexlm.moleculenet.configs import finetune_config
-
-    if schedule == "full":
-        return finetune_config(task, device="cpu", **overrides)
-    lr = max(finetune_config(task).loop.lr, MIN_LR)
-    short = {"epochs": CPU_EPOCHS[task], "lr": lr, "max_train_steps": CPU_MAX_STEPS.get(task)}
-    return finetune_config(task, device="cpu", **short | overrides)
 
 
 def _cells(out: Path, task: str, seeds: list[int]):
@@ -189,6 +171,8 @@ def _run_backbone(args: argparse.Namespace):
 
 def _run_config(args: argparse.Namespace, task: str):
     """The fine-tuning config ``run`` makes for ``task`` from its options."""
+    from smiexlm.moleculenet.configs import finetune_config
+
     extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
              "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps,
              "layers": args.layers, "pooling": args.pooling, "ema_half_life": args.ema_half_life,
@@ -197,7 +181,7 @@ def _run_config(args: argparse.Namespace, task: str):
     extra = {k: v for k, v in extra.items() if v}  # what the options change
     if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
         extra["precision"] = args.precision
-    return cpu_config(task, args.schedule, **VARIANTS[args.variant] | extra)
+    return finetune_config(task, device="cpu", **VARIANTS[args.variant] | extra)
 
 
 def probe(args: argparse.Namespace) -> None:
@@ -246,10 +230,7 @@ def merge(args: argparse.Namespace) -> None:
         old = folder / "results.json"
         results += cells if cells or not old.is_file() else read_results(old)
     command = "python benchmarks/moleculenet_table.py merge " + " ".join(map(str, args.folders))
-    title = "MoleculeNet scaffold split, " + (
-        "Table 8 schedule" if args.schedule == "full" else "CPU budget (shortened)"
-    )
-    paths = write_report(results, args.out, title, command)
+    paths = write_report(results, args.out, "MoleculeNet scaffold split, Table 8 schedule", command)
     print("\n".join(str(p) for p in paths.values()))
 
 
@@ -262,7 +243,7 @@ def campaign(args: argparse.Namespace) -> None:
         kind = ROWS[row][0]
         {"run": run, "probe": probe, "baseline": baseline}[kind](_row_args(row, tasks, args))
         folders = [args.root / r for r in ROWS if (args.root / r / "runs").is_dir()]
-        merge(argparse.Namespace(folders=folders, out=args.root, schedule="full"))
+        merge(argparse.Namespace(folders=folders, out=args.root))
 
 
 def _row_args(row: str, tasks: list[str], args: argparse.Namespace) -> argparse.Namespace:
@@ -271,7 +252,7 @@ def _row_args(row: str, tasks: list[str], args: argparse.Namespace) -> argparse.
     return argparse.Namespace(
         name=name, out=args.root / row, tasks=tasks, seeds=args.seeds, threads=1,
         checkpoint=options.get("checkpoint"), preset="tiny", objective="mlm",
-        variant=options.get("variant", "finetune"), schedule="full",
+        variant=options.get("variant", "finetune"),
         progress=args.progress, pooling=None,
         features=options.get("features"), whiten=options.get("whiten", False),
         n_trees=args.n_trees,
@@ -517,8 +498,7 @@ def measures(args: argparse.Namespace) -> None:
             filled += 1
         if changed:
             _report(args.root / row, ROWS[row][1])
-    merge(argparse.Namespace(folders=[args.root / r for r in rows], out=args.root,
-                             schedule="full"))  # fmt: skip
+    merge(argparse.Namespace(folders=[args.root / r for r in rows], out=args.root))
     print(f"{filled} cells given their measures; {without} kept no predictions")
 
 
@@ -550,7 +530,6 @@ def main() -> None:
     p_run.add_argument("--threads", type=int, default=1)
     p_run.add_argument("--processes", type=int, default=1, help="data parallel processes")
     p_run.add_argument("--variant", choices=list(VARIANTS), default="finetune")
-    p_run.add_argument("--schedule", choices=["cpu", "full"], default="full")
     p_run.add_argument("--max-train-steps", type=int, default=None, help="smoke runs only")
     p_run.add_argument("--augment", type=int, default=0, help="random SMILES per molecule")
     p_run.add_argument("--tta", type=int, default=0, help="random SMILES averaged at test")
@@ -601,7 +580,6 @@ def main() -> None:
     p_merge = sub.add_parser("merge", help="one report from several row folders")
     p_merge.add_argument("folders", nargs="+", type=Path)
     p_merge.add_argument("--out", type=Path, required=True)
-    p_merge.add_argument("--schedule", choices=["cpu", "full"], default="full")
     p_camp = sub.add_parser("campaign", help="every cell of the plan, resumable")
     p_camp.add_argument("--root", type=Path, required=True)
     p_camp.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
