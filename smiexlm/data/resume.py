@@ -37,12 +37,16 @@ def check_resume(saved, vocab_hash, cfg_doc, source_docs, out) -> None:
             raise ConfigError(
                 key, value, f"{saved_cfg.get(key)!r}, the value the interrupted run used"
             )
-    old = [(s["path"], s["role"], s["sha256"]) for s in saved["sources"]]
-    new = [(s["path"], s["role"], s["sha256"]) for s in source_docs]
+    # Inputs match by role and content, in order: a file moved or named another way since
+    # (a relative path against an absolute one) resumes; another file does not.
+    old = [(s["role"], s["sha256"]) for s in saved["sources"]]
+    new = [(s["role"], s["sha256"]) for s in source_docs]
     if old != new:
+        were = [(s["path"], s["role"], s["sha256"][:16]) for s in saved["sources"]]
+        are = [(s["path"], s["role"], s["sha256"][:16]) for s in source_docs]
         raise DataError(
-            f"inputs {new!r} differ from those of the interrupted run {old!r} (paths, roles or "
-            "sha256): resume with the same files or start a new folder"
+            f"inputs {are!r} differ from those of the interrupted run {were!r} (roles or "
+            "sha256, in order): resume with the same files or start a new folder"
         )
 
 

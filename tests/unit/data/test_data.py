@@ -171,6 +171,24 @@ def test_sigkill_then_resume_matches_uninterrupted(corpus, tmp_path):
     assert not list(out.glob("*.tmp"))
 
 
+def test_resume_matches_inputs_by_content_not_by_path(corpus, tmp_path):
+    from smiexlm.data.resume import check_resume
+
+    config = PreprocessConfig(shard_size=300, chunk_size=100, valid_fraction=0.1)
+    done = _run(corpus, tmp_path / "out", shard_size=300, chunk_size=100)
+    moved = tmp_path / "elsewhere" / "same.smi"
+    moved.parent.mkdir()
+    moved.write_bytes(corpus["smi"].read_bytes())
+    again = preprocess([moved], tmp_path / "out", config, vocab=corpus["vocab"], resume=True,
+                       progress=False)  # fmt: skip
+    assert again.manifest == done.manifest  # the finished run, not a second one
+    saved = json.loads((tmp_path / "out" / "progress.json").read_text())
+    other = {**saved["sources"][0], "path": str(moved), "sha256": "0" * 64}
+    with pytest.raises(DataError, match="differ from those of the interrupted run") as err:
+        check_resume(saved, saved["vocab_hash"], saved["config"], [other], tmp_path / "out")
+    assert str(moved) in str(err.value) and str(corpus["smi"]) in str(err.value)
+
+
 def test_strip_stereo_writes_a_flat_corpus_and_records_it(tmp_path):
     from smiexlm.data.resume import check_resume
     from smiexlm.errors import ConfigError
