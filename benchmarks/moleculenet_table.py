@@ -179,6 +179,8 @@ def _run_config(args: argparse.Namespace, task: str):
              "head_epochs": args.head_epochs, "head_lr": args.head_lr,
              "layer_decay": args.layer_decay, "class_weight": args.class_weight}  # fmt: skip
     extra = {k: v for k, v in extra.items() if v}  # what the options change
+    if args.lr_scale is not None:  # the set's own rate, scaled
+        extra["lr"] = finetune_config(task).loop.lr * args.lr_scale
     if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
         extra["precision"] = args.precision
     return finetune_config(task, device="cpu", **VARIANTS[args.variant] | extra)
@@ -257,7 +259,7 @@ def _row_args(row: str, tasks: list[str], args: argparse.Namespace) -> argparse.
         features=options.get("features"), whiten=options.get("whiten", False),
         n_trees=args.n_trees,
         augment=0, tta=0, adapt_steps=0, adapt_lr=None, max_train_steps=None, layers=None,
-        ema_half_life=0.0, head_epochs=0, head_lr=None, layer_decay=None,
+        ema_half_life=0.0, head_epochs=0, head_lr=None, layer_decay=None, lr_scale=None,
         class_weight=options.get("class_weight"), precision=args.precision,
     )  # fmt: skip
 
@@ -544,6 +546,8 @@ def main() -> None:
     p_run.add_argument("--head-epochs", type=int, default=0,
                        help="the head alone on the frozen encoder first, for N epochs")  # fmt: skip
     p_run.add_argument("--head-lr", type=float, default=None, help="their learning rate")
+    p_run.add_argument("--lr-scale", type=float, default=None,
+                       help="each set's Table 8 learning rate times this")  # fmt: skip
     p_run.add_argument("--layer-decay", type=float, default=None,
                        help="each block's learning rate this times the one above it")  # fmt: skip
     p_run.add_argument("--class-weight", choices=("none", "balanced"), default=None,

@@ -41,3 +41,21 @@ def test_the_campaign_keeps_every_committed_cell(capsys):
     counts = capsys.readouterr().out.splitlines()[-1]
     assert " 0 finished with other settings," in counts, counts
     assert int(counts.split()[0]) >= 130, counts  # the cells are there to be checked
+
+
+def test_the_benchmark_scales_each_sets_own_learning_rate():
+    """``moleculenet_table.py run --lr-scale F`` gives each set its Table 8 rate times F."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import moleculenet_table as table
+
+    from smiexlm.moleculenet.configs import finetune_config
+
+    asked = table.argparse.Namespace(root=Path("."), seeds=[0], progress=False, n_trees=None,
+                                     precision="auto")  # fmt: skip
+    for task in ("bace", "sider"):
+        args = table._row_args("default", [task], asked)
+        assert table._run_config(args, task).loop.lr == finetune_config(task).loop.lr
+        args.lr_scale = 0.5
+        assert table._run_config(args, task).loop.lr == 0.5 * finetune_config(task).loop.lr
