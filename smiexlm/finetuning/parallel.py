@@ -15,6 +15,7 @@ Started by ``smiexlm finetune --processes N`` (which starts N copies of itself, 
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from smiexlm.errors import SmiexlmError
-from smiexlm.pretraining.distributed import init
+from smiexlm.pretraining.distributed import init, shutdown
 from smiexlm.ranks import DistInfo, detect
 from smiexlm.tokenizer.special import IGNORE_INDEX
 
@@ -43,8 +44,14 @@ class Replicas:
 
     @classmethod
     def join(cls, device: torch.device) -> Replicas:
+        """This process's place; under torchrun, the process group joined here (when no one
+        has yet) stays for the process's life and is destroyed as the process ends, before
+        the interpreter's own teardown: a gloo group still alive then can abort a process
+        whose work is done (``terminate called without an active exception``)."""
         info = detect()
-        init(info, device)
+        if info.enabled and not dist.is_initialized():
+            init(info, device)
+            atexit.register(shutdown)
         return cls(info)
 
     @property
