@@ -158,9 +158,8 @@ def _replica(rank: int, world: int, port: int, folder: str) -> None:
         torch.save(_weights(model), os.path.join(folder, "weights.pt"))
         with open(os.path.join(folder, "history.json"), "w") as handle:
             json.dump(result.history, handle)
-    # The group fit joined stays until the process ends, where the exit handler Replicas.join
-    # registered destroys it before the interpreter's teardown (a gloo group alive then can
-    # abort the process): run the exit handlers now to see it go.
+    # The group fit joined stays to the process's end, where Replicas.join's exit handler
+    # destroys it: run the exit handlers now to see it go.
     assert torch.distributed.is_initialized()
     atexit._run_exitfuncs()
     assert not torch.distributed.is_initialized()
