@@ -131,9 +131,11 @@ def test_ddp_workers_end_with_their_killed_launcher(dataset, tmp_path):
     assert "find_unused_parameters" not in log.read_text()
 
 
-def test_every_parameter_gets_a_gradient_under_ddp_even_without_targets(tmp_path):
-    """DDP without find_unused_parameters: a batch with nothing masked must still reach every
-    parameter, or the next step fails ("Expected to have finished reduction")."""
+def _every_parameter_reached(rank: int, store: str) -> None:
+    """The check of the test below, in a process of its own that ends without tearing its gloo
+    group down: torch can deadlock there (a worker thread of the group waits for the GIL to
+    free a finished allreduce while the main thread, holding the GIL, waits for that worker),
+    which is not what the test is about and hung the suite once."""
     import torch.distributed as dist
 
     from smiexlm.model.config import ExLMConfig
@@ -141,22 +143,28 @@ def test_every_parameter_gets_a_gradient_under_ddp_even_without_targets(tmp_path
     from smiexlm.pretraining.distributed import wrap
     from smiexlm.ranks import DistInfo
 
+    torch.set_num_threads(1)
     micro = dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, n_transition_heads=2, vocab_size=40)
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        for objective in ("exlm", "mlm", "maelm"):
-            model = ExLMModel(ExLMConfig.tiny(objective=objective, **micro))
-            ddp = wrap(model, DistInfo(world_size=2), torch.device("cpu"))
-            assert ddp.find_unused_parameters is False
-            ids, mask = torch.randint(5, 40, (2, 6)), torch.ones(2, 6, dtype=torch.bool)
-            labels = torch.full((2, 6), -100)
-            ddp(ids, mask, labels).loss.backward()  # nothing masked
-            labels[:, 2] = ids[:, 2]
-            ddp(ids, mask, labels).loss.backward()  # fails here if a parameter was left out
-            assert all(p.grad is not None for p in model.parameters()), objective
-    finally:
-        dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
+    for objective in ("exlm", "mlm", "maelm"):
+        model = ExLMModel(ExLMConfig.tiny(objective=objective, **micro))
+        ddp = wrap(model, DistInfo(world_size=2), torch.device("cpu"))
+        assert ddp.find_unused_parameters is False
+        ids, mask = torch.randint(5, 40, (2, 6)), torch.ones(2, 6, dtype=torch.bool)
+        labels = torch.full((2, 6), -100)
+        ddp(ids, mask, labels).loss.backward()  # nothing masked
+        labels[:, 2] = ids[:, 2]
+        ddp(ids, mask, labels).loss.backward()  # fails here if a parameter was left out
+        assert all(p.grad is not None for p in model.parameters()), objective
+    os._exit(0)  # no teardown (above); a failed check raised before this line
+
+
+def test_every_parameter_gets_a_gradient_under_ddp_even_without_targets(tmp_path):
+    """DDP without find_unused_parameters: a batch with nothing masked must still reach every
+    parameter, or the next step fails ("Expected to have finished reduction")."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_every_parameter_reached, args=(str(tmp_path / "store"),), nprocs=1, join=True)
 
 
 # ---------------------------------------------------------------------- resume
