@@ -49,8 +49,7 @@ class Replicas:
         the interpreter's own teardown: a gloo group still alive then can abort a process
         whose work is done (``terminate called without an active exception``)."""
         info = detect()
-        if info.enabled and not dist.is_initialized():
-            init(info, device)
+        if init(info, device):
             atexit.register(shutdown)
         return cls(info)
 

@@ -41,14 +41,16 @@ def select_device(requested: str, info: DistInfo) -> torch.device:
     return device
 
 
-def init(info: DistInfo, device: torch.device) -> None:
-    """Join the process group (NCCL on GPU, gloo on CPU) when running under torchrun."""
-    if info.enabled and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
-            dist.init_process_group(backend, device_id=device)
-        else:
-            dist.init_process_group(backend)
+def init(info: DistInfo, device: torch.device) -> bool:
+    """Join the process group (NCCL on GPU, gloo on CPU) when running under torchrun and no
+    one has yet; whether this call created it."""
+    if not info.enabled or dist.is_initialized():
+        return False
+    if device.type == "cuda":
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    return True
 
 
 def shutdown() -> None:
