@@ -113,10 +113,9 @@ def rdkit2d_descriptors(
         return kept
     out = _computed_rdkit2d(smiles, unparsable)
     if path is not None:
-        from smiexlm.paths import atomic_path
+        from smiexlm.paths import keep_in_cache
 
-        with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-            np.save(handle, out, allow_pickle=False)
+        keep_in_cache(path, lambda tmp: np.save(tmp, out, allow_pickle=False))
     return out
 
 

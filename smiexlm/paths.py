@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import re
 import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from smiexlm.errors import DataError
+from smiexlm.errors import DataError, as_os_error
+
+log = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR / "assets"
@@ -52,9 +56,32 @@ def data_dir(required: bool = True) -> Path | None:
 
 
 def cache_dir() -> Path:
-    path = Path(os.environ.get("SMIEXLM_CACHE", Path.home() / ".cache" / "smiexlm")).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """The cache folder (``SMIEXLM_CACHE``, default ``~/.cache/smiexlm``); not made here:
+    :func:`keep_in_cache` makes what it writes."""
+    return Path(os.environ.get("SMIEXLM_CACHE", Path.home() / ".cache" / "smiexlm")).expanduser()
+
+
+_CACHE_REFUSED: set[str] = set()  # cache folders this process has said it cannot write
+
+
+def keep_in_cache(path: Path, write: Callable[[Path], None]) -> bool:
+    """Write a cache file atomically (``write`` fills the temporary name it is given); False
+    when the operating system refuses (``SMIEXLM_CACHE`` names a file, a read-only home, a
+    full disk). A cache only saves time: the caller goes on with what it computed, and the
+    refusal is said once per cache folder on stderr."""
+    try:
+        with atomic_path(path) as tmp:
+            write(tmp)
+    except OSError as err:
+        folder = str(cache_dir())
+        if folder not in _CACHE_REFUSED:
+            _CACHE_REFUSED.add(folder)
+            why = err.strerror or str(err)
+            log.warning("cache %r cannot be written (%s at %r): going on without it; set "
+                        "SMIEXLM_CACHE to a writable folder to keep results for the next run",
+                        folder, why, err.filename or str(path))  # fmt: skip
+        return False
+    return True
 
 
 def check_input_file(path: str | Path, what: str = "input") -> Path:
@@ -101,6 +128,37 @@ def check_output(
     if not os.access(folder, os.W_OK | os.X_OK):
         raise DataError(f"{what} {str(path)!r}: folder {str(folder)!r} is not writable")
     return path
+
+
+def same_place(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file or folder: the same path once links are resolved, or
+    a hard link of it. False when either does not exist."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_outputs_apart(outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """DataError when an output (option name -> path, or list of paths) names one of the
+    inputs: the file itself, a link to it or a hard link of it. Writing there would replace
+    the input with the result (``predict --input t.csv --out t.csv``), so every command
+    checks this before any compute."""
+
+    def paths(value: Any) -> list[Path]:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        return [Path(v).expanduser() for v in values if isinstance(v, (str, Path))]
+
+    for out_name, out_value in outputs.items():
+        for out in paths(out_value):
+            for in_name, in_value in inputs.items():
+                for source in paths(in_value):
+                    if same_place(out, source):
+                        raise DataError(
+                            f"{out_name} {str(out)!r} is the input {in_name} {str(source)!r}"
+                            f"{'' if out == source else ' (the same file by a link)'}: the "
+                            "result would replace it; expected another path"
+                        )
 
 
 def read_json_file(
@@ -192,15 +250,26 @@ def file_problem(path: Path, record: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------- atomic outputs
-def temporary_name(path: Path) -> Path:
-    """A hidden name beside ``path`` that keeps its suffix (writers that pick a format from
-    the suffix, such as ``savefig``, still work): ``out/emb.npy`` -> ``out/.emb.tmp-PID.npy``."""
-    return path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+# Every output is first written under a temporary name beside its final one. Those names live
+# in folders made with ``mkdtemp`` (created exclusively, mode 0700, a name nobody can guess),
+# so that no one else who may write to the output folder can plant a link where a temporary
+# will be opened: the writer never opens a path that someone else made.
+def _private_folder(final: Path, kind: str = "tmp") -> Path:
+    """A new folder ``.<name>.<kind>-<PID>-<random>`` beside ``final``, made exclusively."""
+    return Path(tempfile.mkdtemp(prefix=f".{final.name}.{kind}-{os.getpid()}-", dir=final.parent))
 
 
 def is_temporary_name(name: str) -> bool:
-    """Whether ``name`` is one :func:`temporary_name` makes (left behind by a killed run)."""
-    return name.startswith(".") and ".tmp-" in name
+    """Whether ``name`` is one the atomic writers make (left behind by a killed run)."""
+    return name.startswith(".") and (".tmp-" in name or ".old-" in name)
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file, a link (never what it points to) or a whole folder."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -218,25 +287,21 @@ def _pid_alive(pid: int) -> bool:
 def remove_stale_temporaries(path: str | Path) -> int:
     """Remove what killed writers of ``path`` left beside it; the number removed.
 
-    A ``kill -9`` skips every cleanup, leaving the temporary names of :func:`atomic_paths`
-    (``.emb.tmp-PID.npy``) and :func:`atomic_dir` (``.model.tmp-PID``, ``.model.old-PID``).
-    Those whose process no longer runs on this machine are deleted; those of live processes
-    (another run writing the same output right now) are left alone.
+    A ``kill -9`` skips every cleanup, leaving the private folders of :func:`atomic_paths` and
+    :func:`atomic_dir` (``.emb.npy.tmp-PID-xxxxxxxx``, ``.model.old-PID-xxxxxxxx``). Those
+    whose process no longer runs on this machine are deleted (a planted link only unlinked);
+    those of live processes (another run writing the same output right now) are left alone.
     """
     path = Path(path)
-    stem, suffix, name = map(re.escape, (path.stem, path.suffix, path.name))
-    pattern = re.compile(rf"\.(?:{stem}\.tmp-(\d+){suffix}|{name}\.(?:tmp|old)-(\d+))")
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(?:tmp|old)-(\d+)-[A-Za-z0-9_]+")
     if not path.parent.is_dir():
         return 0
     removed = 0
     for entry in path.parent.iterdir():
         match = pattern.fullmatch(entry.name)
-        if not match or _pid_alive(int(match.group(1) or match.group(2))):
+        if not match or _pid_alive(int(match.group(1))):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        remove_path(entry)
         removed += 1
     return removed
 
@@ -279,23 +344,43 @@ def _signals_deferred() -> Iterator[None]:
 
 
 @contextmanager
+def _naming_faults(path: Path) -> Iterator[None]:
+    """An OS fault raised while ``path`` is written that names no file of its own (a write
+    through an open handle, or a writer that reports it as text) becomes an ``OSError``
+    naming ``path``."""
+    try:
+        yield
+    except Exception as err:
+        fault = as_os_error(err, path)
+        if fault is None or fault.filename == getattr(err, "filename", None):
+            raise
+        raise fault from err
+
+
+@contextmanager
 def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     """Temporary names to write ``paths`` under; renamed into place together on success.
 
-    Every output goes to a temporary name beside its final one, is flushed to disk, and is
-    renamed only when the block finishes without error, so a reader never sees a partial
-    file and an interrupt never destroys the previous result. The renames of several files
-    run with Ctrl-C and SIGTERM held, so they land as one unit. On error the temporary files
-    are removed and the final names are left untouched; what a killed run left is removed
-    first (:func:`remove_stale_temporaries`). Each output gets the mode the umask gives.
+    Every output goes to a temporary name beside its final one (in a private folder of its
+    own, under the final file name, so that writers which pick a format from the suffix, such
+    as ``savefig``, still work), is flushed to disk, and is renamed only when the block
+    finishes without error, so a reader never sees a partial file and an interrupt never
+    destroys the previous result. A temporary the block did not write leaves its final name
+    alone. The renames of several files run with Ctrl-C and SIGTERM held, so they land as one
+    unit. On error the temporaries are removed and the final names are left untouched; what a
+    killed run left is removed first (:func:`remove_stale_temporaries`). Each output gets the
+    mode the umask gives.
     """
     finals = [Path(p) for p in paths]
-    for final in finals:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(final)
-    tmps = [temporary_name(final) for final in finals]
+    folders: list[Path] = []
     try:
-        yield tmps
+        for final in finals:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(final)
+            folders.append(_private_folder(final))
+        tmps = [folder / final.name for folder, final in zip(folders, finals, strict=True)]
+        with _naming_faults(finals[0]):
+            yield tmps
         for tmp in tmps:
             _fsync(tmp)
             if tmp.exists():
@@ -305,8 +390,8 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
                 if tmp.exists():
                     os.replace(tmp, final)
     finally:
-        for tmp in tmps:
-            tmp.unlink(missing_ok=True)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager
@@ -317,22 +402,21 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = _private_folder(final)
     try:
-        yield tmp
+        with _naming_faults(final):
+            yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _follow_umask(tmp)
-    old = final.parent / f".{final.name}.old-{os.getpid()}"
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old.exists():
-        shutil.rmtree(old)
+    if os.path.lexists(final):
+        holder = _private_folder(final, "old")  # the previous result, until the new one is in
+        os.replace(final, holder / final.name)
+        os.replace(tmp, final)
+        shutil.rmtree(holder, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
 
 
 @contextmanager

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
+from smiexlm.errors import ConfigError, DataError, InvalidSmilesError, check_positive_int
 from smiexlm.model.pooling import last_blocks
 from smiexlm.paths import atomic_dir, check_output, file_problem, file_record, read_json_file
 
@@ -358,6 +358,7 @@ class SearchIndex:
 
         if by not in _BY:
             raise ConfigError("by", by, f"one of {_BY}")
+        check_positive_int("--ef-search", ef_search)
         if not isinstance(k, int) or k < 1:
             raise ConfigError("k", k, "a positive integer")
         queries = list(queries)

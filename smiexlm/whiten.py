@@ -76,7 +76,11 @@ def whiten_model(
     whitenings = {}
     for spec, n in dict.fromkeys(specs):
         columns = [raw[(p, b)] for b in range(n) for p in pooling_parts(spec)]
-        whitenings[whitening_key(spec, n)] = fit_whitening(np.hstack(columns), rel_tol)
+        try:
+            whitenings[whitening_key(spec, n)] = fit_whitening(np.hstack(columns), rel_tol)
+        except DataError as err:
+            raise DataError(f"--corpus {str(corpus)!r}, pooling {whitening_key(spec, n)!r}: "
+                            f"{str(err).removeprefix('fit_whitening: ')}") from None  # fmt: skip
     n_used = len(smiles) - feat.last_report.n_failed
     source = {"corpus": Path(corpus).name, "corpus_sha256": file_sha256(Path(corpus)),
               "rows": n_used, "rel_tol": rel_tol,

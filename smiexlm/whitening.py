@@ -50,6 +50,9 @@ from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.pooling import pooling_parts
 
 DEFAULT_REL_TOL = 1e-3  # directions with spread below this fraction of the largest are dropped
+# fewest directions a whitening may keep (half the width for one narrower than 16): fewer
+# would serve embeddings that tell the molecules apart by almost nothing
+MIN_DIRECTIONS = 8
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,9 @@ class Whitening:
 
 
 def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
-    """The whitening of (n, d) embeddings ``x`` (float64 arithmetic; rows with NaN ignored)."""
+    """The whitening of (n, d) embeddings ``x`` (float64 arithmetic; rows with NaN ignored).
+    DataError when it would keep fewer than :data:`MIN_DIRECTIONS` directions (half of ``d``
+    when that is fewer): a corpus of one molecule repeated, or of a handful."""
     if not 0.0 <= rel_tol < 1.0:
         raise ConfigError("rel_tol", rel_tol, "a number in [0, 1)")
     x = np.asarray(x, dtype=np.float64)
@@ -120,6 +125,14 @@ def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
     _, sv, vt = np.linalg.svd(x - mean, full_matrices=False)
     spread = sv / np.sqrt(n - 1)  # standard deviation along each principal direction
     keep = spread > rel_tol * spread[0]
+    floor = min(MIN_DIRECTIONS, d // 2)
+    if int(keep.sum()) < floor:
+        distinct = len(np.unique(x, axis=0))
+        raise DataError(
+            f"fit_whitening: the {n:,} embeddings ({distinct:,} distinct) span {int(keep.sum())} "
+            f"of their {d} directions: expected at least {floor} (a corpus of many different "
+            "molecules)"
+        )
     matrix = np.where(keep, vt.T / np.where(keep, spread, 1.0), 0.0)
     return Whitening(mean.astype(np.float32), matrix.astype(np.float32))
 

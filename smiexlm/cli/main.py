@@ -6,7 +6,13 @@ them inside the command body, so that ``smiexlm --help`` answers in a fraction o
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -53,6 +59,80 @@ def _one_line_summaries(typer_app: typer.Typer) -> None:
 
 
 _one_line_summaries(app)
+
+OUTPUT_PARAMETERS = ("out", "output", "save_dir")  # the options that name what a command writes
+PARTS_COMMANDS = ("embed", "predict", "widen")  # a folder output goes on when run again
+
+
+def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """``callback`` with the checks and messages every command shares:
+
+    - before any compute, an output path naming one of its input paths (every other
+      path-valued parameter) is refused (:func:`smiexlm.paths.check_outputs_apart`), and so
+      is a column named twice in a column option (``--label-cols y y``);
+    - an OS fault (no space, no permission, a read-only disk, a file where a folder is
+      expected) becomes one ``error:`` line naming the path and the errno's words
+      (:func:`smiexlm.errors.storage_error`), saying how the command goes on where it does;
+    - Ctrl-C and SIGTERM end with one line saying so, and how the command goes on.
+    """
+    signature = inspect.signature(callback)
+    hints = typing.get_type_hints(callback, include_extras=True)
+    shown = {name: _shown(name, hints.get(name)) for name in signature.parameters}
+    resumes = "the same command with --resume goes on" if "resume" in signature.parameters else ""
+
+    @functools.wraps(callback)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        from smiexlm.cli.params import distinct_columns
+        from smiexlm.errors import storage_error
+        from smiexlm.paths import check_outputs_apart
+
+        values = signature.bind_partial(*args, **kwargs).arguments
+        resumable = resumes
+        if callback.__name__ in PARTS_COMMANDS and not Path(values.get("out") or "x.csv").suffix:
+            resumable = "the same command goes on from its finished parts"
+        outputs = {shown[k]: v for k, v in values.items() if k in OUTPUT_PARAMETERS}
+        inputs = {shown[k]: v for k, v in values.items() if k not in OUTPUT_PARAMETERS}
+        check_outputs_apart(outputs, inputs)
+        for name, value in values.items():
+            if name.endswith("_cols") and value:
+                distinct_columns(shown[name], value)
+        try:
+            return callback(*args, **kwargs)
+        except (KeyboardInterrupt, SystemExit) as stop:
+            code = 130 if isinstance(stop, KeyboardInterrupt) else stop.code
+            if code in (130, 143):  # Ctrl-C, or SIGTERM (``_terminate``)
+                name = "Ctrl-C" if code == 130 else "SIGTERM"
+                goes_on = f"; {resumable}" if resumable else ""
+                typer.echo(f"interrupted by {name}{goes_on}", err=True)
+                raise SystemExit(code) from None
+            raise
+        except Exception as err:
+            fault = storage_error(err, resumable)
+            if fault is None:
+                raise
+            raise fault from None
+
+    return guarded
+
+
+def _shown(parameter: str, hint: Any) -> str:
+    """How a parameter is named on the command line: ``--save-dir``, or ``INPUT`` for an
+    argument."""
+    if any(isinstance(m, typer.models.ArgumentInfo) for m in getattr(hint, "__metadata__", ())):
+        return parameter.upper()
+    return "--" + parameter.replace("_", "-")
+
+
+def _guard_commands(typer_app: typer.Typer) -> None:
+    for info in typer_app.registered_commands:
+        if info.callback is not None:
+            info.callback = _guarded(info.callback)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _guard_commands(group.typer_instance)
+
+
+_guard_commands(app)
 
 
 def _terminate(signum: int, frame: object) -> None:

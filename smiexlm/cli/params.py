@@ -61,3 +61,16 @@ OutputAlias = Annotated[Path | None, typer.Option("--output", hidden=True)]  # t
 def columns(text: str | None) -> list[str] | None:
     """``"a, b,c"`` -> ``["a", "b", "c"]`` (a comma-separated column option); None stays None."""
     return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
+
+
+def distinct_columns(option: str, value: str | list[str]) -> list[str]:
+    """The columns of a column option (a list, or one comma-separated text); DataError when
+    one is named twice."""
+    from smiexlm.errors import DataError
+
+    names = columns(value) if isinstance(value, str) else [str(v) for v in value]
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise DataError(f"{option} {names}: names {twice} more than once; expected each "
+                        "column once")  # fmt: skip
+    return names

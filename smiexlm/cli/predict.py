@@ -29,8 +29,9 @@ OutputCsv = Annotated[
 ]  # fmt: skip
 IdCols = Annotated[
     str | None,
-    typer.Option(help="Comma-separated input columns to keep (default: all but the SMILES "
-                 "and the model's label columns)."),
+    typer.Option(help="Comma-separated input columns to keep (default: all but the SMILES); "
+                 "one named like a column predict writes (a label, valid, in_domain...) is "
+                 "kept as input_<name>."),
 ]  # fmt: skip
 Backend = Annotated[
     str,
@@ -164,7 +165,7 @@ def select(
     from smiexlm.trust.acquisition import select as choose
 
     check_output(out, "--out")
-    frame = (read_parts(input) if input.is_dir()
+    frame = (read_parts(input).to_pandas() if input.is_dir()
              else read_table(input, smiles_col, "input", infer_types=True))  # fmt: skip
     chosen = choose(frame, n, by, task, max_similarity, smiles_col, lowest, kappa)
     with atomic_path(out) as tmp:

@@ -43,8 +43,9 @@ StripStereo = Annotated[
 ShardSize = Annotated[
     int | None,
     typer.Option(
-        help="Molecules per shard; progress is committed a shard at a time (default 1000000, "
-        "50000 with --descriptors)."
+        help="About this many molecules per shard: a shard closes at the end of the chunk of "
+        "4,096 input rows that fills it; progress is committed a shard at a time (default "
+        "1000000, 50000 with --descriptors)."
     ),
 ]
 Descriptors = Annotated[
@@ -54,6 +55,13 @@ Descriptors = Annotated[
         "RDKit 2D descriptor, about 7 ms of a core per MOSES molecule, more for larger ones)."
     ),
 ]
+
+MaxUnknown = Annotated[
+    float | None,
+    typer.Option(help="Refuse, before writing anything, a --vocab that leaves more than this "
+                 "share of the tokens of the inputs' first 5,000 molecules unknown ([UNK]; "
+                 "default 0.01)."),
+]  # fmt: skip
 
 
 def preprocess(
@@ -73,6 +81,7 @@ def preprocess(
     strip_stereo: StripStereo = False,
     shard_size: ShardSize = None,
     descriptors: Descriptors = None,
+    max_unknown: MaxUnknown = None,
     progress: Progress = True,
 ) -> None:
     """Normalise, deduplicate, tokenize and shard SMILES into DIR (manifest.json, rejects.csv)."""
@@ -87,7 +96,8 @@ def preprocess(
         descriptors=descriptors,
     )  # fmt: skip
     result = run(inputs, out, config, valid_inputs=valid_input or (), vocab=vocab,
-                 workers=workers, resume=resume, progress=progress)  # fmt: skip
+                 workers=workers, resume=resume, progress=progress,
+                 **({} if max_unknown is None else {"max_unknown": max_unknown}))  # fmt: skip
     typer.echo(result.summary())
 
 

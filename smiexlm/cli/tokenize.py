@@ -29,7 +29,7 @@ def tokenize(
     """Split SMILES into regex tokens (space-separated) or vocabulary ids, one line each; a
     blank line of --file gives a blank line, an empty SMILES argument is an error."""
     from smiexlm.data.readers import iter_smiles
-    from smiexlm.errors import DataError, InvalidSmilesError
+    from smiexlm.errors import DataError
     from smiexlm.tokenizer import SmilesTokenizer
     from smiexlm.tokenizer.vocab import tokenized_lines
 
@@ -40,12 +40,8 @@ def tokenize(
     items = list(smiles or []) + ([] if file is None else list(iter_smiles(file, what="--file")))
     if not items:
         raise typer.BadParameter("give SMILES as arguments or with --file")
-    try:
-        for line in tokenized_lines(tok, items, ids):
-            typer.echo(line)
-    except InvalidSmilesError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=1) from None
+    for line in tokenized_lines(tok, items, ids):  # an invalid SMILES: one error line, exit 2
+        typer.echo(line)
     if tok.n_unk:
         typer.echo(f"{tok.n_unk} token(s) mapped to [UNK]", err=True)
 
@@ -68,11 +64,15 @@ def vocab_build(
 
     from smiexlm.data.normalize import canonical_smiles
     from smiexlm.data.readers import iter_smiles
+    from smiexlm.errors import DataError
     from smiexlm.tokenizer.vocab import build_vocabulary
 
     corpus = (s for path in inputs
               for s in tqdm(iter_smiles(path, smiles_col), desc=path.name, unit=" mol"))  # fmt: skip
-    tok, report = build_vocabulary(corpus, min_freq, max_size, canonical_smiles if with_canonical else None)  # fmt: skip
+    try:
+        tok, report = build_vocabulary(corpus, min_freq, max_size, canonical_smiles if with_canonical else None)  # fmt: skip
+    except DataError as err:
+        raise DataError(f"INPUTS {[str(p) for p in inputs]}: {err}") from None
     tok.save(out)
     typer.echo(report)
     typer.echo(f"wrote {out} ({tok.vocab_size} tokens, hash {tok.vocab_hash[:16]})")

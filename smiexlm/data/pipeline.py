@@ -87,12 +87,56 @@ class PreprocessResult:
         desc = m.get("descriptors")
         nan = sum(sum(c.values()) for c in desc["nan"].values()) if desc else 0
         described = f"{desc['count']} descriptors ({nan:,} NaN values); " if desc else ""
+        tokens = sum(m["splits"][s]["tokens"] for s in SPLITS)
         return (
             f"{m['molecules_in']:,} in -> {m['molecules_out']:,} out ({splits}); "
             f"{m['duplicates']:,} duplicates; rejected: {rejected}; "
-            f"[UNK] tokens: {m['unk_tokens']:,} in {m['molecules_with_unk']:,} molecules; "
+            f"[UNK] tokens: {m['unk_tokens']:,} ({m['unk_tokens'] / max(tokens, 1):.3%} of "
+            f"{tokens:,}) in {m['molecules_with_unk']:,} molecules; "
             f"{described}{self.elapsed_s:.1f} s, {self.rate:,.0f} molecules/s -> {self.out_dir}"
         )
+
+
+MAX_UNKNOWN = 0.01  # the share of [UNK] tokens a vocabulary may leave in a corpus's first molecules
+SAMPLE_MOLECULES = 5000  # how many first molecules that share is measured on
+
+
+def check_vocabulary_fits(
+    tokenizer: SmilesTokenizer, vocab: str | Path | None, sources: Sequence[tuple[Path, str]],
+    smiles_col: str | None, max_unknown: float = MAX_UNKNOWN,
+) -> float:  # fmt: skip
+    """The share of [UNK] tokens ``tokenizer`` gives the first :data:`SAMPLE_MOLECULES`
+    SMILES of ``sources``; DataError above ``max_unknown``: a dataset built with a vocabulary
+    of another corpus (or of an empty one) would be mostly ``[UNK]`` and train nothing."""
+    from smiexlm.data.readers import read_chunks, split_smiles_line
+    from smiexlm.errors import InvalidSmilesError
+    from smiexlm.tokenizer.smiles import split_smiles
+
+    if isinstance(max_unknown, bool) or not 0 <= max_unknown <= 1:
+        raise ConfigError("--max-unknown", max_unknown, "a share of tokens in [0, 1]")
+    sample: list[str] = []
+    for path, _ in sources:  # the rows preprocessing would reject are left out here too
+        for _, items in read_chunks(path, 4096, smiles_col):
+            for item in items:
+                try:
+                    text = (split_smiles_line(item.decode("utf-8"))[0]
+                            if isinstance(item, bytes) else (item or "").strip())  # fmt: skip
+                    if text and split_smiles(text):
+                        sample.append(text)
+                except (UnicodeDecodeError, InvalidSmilesError):
+                    continue
+            if len(sample) >= SAMPLE_MOLECULES:
+                break
+    sample = sample[:SAMPLE_MOLECULES]
+    share, read = 1.0 - tokenizer.coverage(sample), len(sample)
+    if share > max_unknown:
+        name = "the shipped vocabulary" if vocab is None else f"--vocab {str(vocab)!r}"
+        raise DataError(
+            f"{name} leaves {share:.1%} of the tokens of the first {read:,} molecules unknown "
+            f"([UNK]; {tokenizer.vocab_size} tokens in it): expected at most {max_unknown:.1%} "
+            "(--max-unknown); build one from this corpus with `smiexlm vocab build`"
+        )
+    return share
 
 
 def preprocess(
@@ -105,8 +149,11 @@ def preprocess(
     workers: int = 1,
     resume: bool = False,
     progress: bool = True,
+    max_unknown: float = MAX_UNKNOWN,
 ) -> PreprocessResult:
-    """Build a token dataset in ``out_dir`` from SMILES files; see the module docstring."""
+    """Build a token dataset in ``out_dir`` from SMILES files; see the module docstring.
+    Before any is written, DataError when ``vocab`` leaves more than ``max_unknown`` of the
+    tokens of the inputs' first molecules unknown (:func:`check_vocabulary_fits`)."""
     config = config or PreprocessConfig()
     if workers < 1:
         raise ConfigError("workers", workers, "a positive integer")
@@ -119,6 +166,7 @@ def preprocess(
         if not path.exists():
             raise DataError(f"input {str(path)!r} does not exist")
         detect_format(path)
+    check_vocabulary_fits(tokenizer, vocab, sources, config.smiles_col, max_unknown)
     run = PreprocessRun(out, config, tokenizer, sources)
     folder_existed = out.exists()
     finished = run.open(resume)

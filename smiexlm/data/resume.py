@@ -14,7 +14,7 @@ from typing import Any, get_args
 from smiexlm.data.shards import SHARD_SUFFIXES, Split
 from smiexlm.descriptor_stats import STATS_NAME
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
-from smiexlm.paths import VOCAB_NAME, is_temporary_name
+from smiexlm.paths import VOCAB_NAME, is_temporary_name, remove_path
 
 SPLITS: tuple[str, ...] = get_args(Split)
 # The pipeline's own files besides the shards (a run that committed nothing removes them).
@@ -60,7 +60,7 @@ def drop_uncommitted(out: Path, state: Any) -> None:
             or path.name.endswith(".tmp")
             or (suffix in SHARD_SUFFIXES and stem.split("-")[0] in SPLITS and stem not in committed)
         ):
-            path.unlink()
+            remove_path(path)
     with open(out / "rejects.csv", "r+b") as handle:
         handle.truncate(state.rejects_bytes)
 
@@ -72,7 +72,7 @@ def remove_run(out: Path, folder_existed: bool) -> None:
     for path in out.iterdir():
         stem, suffix = os.path.splitext(path.name)
         ours = path.name in WRITTEN or (suffix in SHARD_SUFFIXES and stem.split("-")[0] in SPLITS)
-        if path.is_file() and (ours or is_temporary_name(path.name)):
-            path.unlink()
+        if is_temporary_name(path.name) or (path.is_file() and ours):
+            remove_path(path)
     if not folder_existed and not any(out.iterdir()):
         out.rmdir()

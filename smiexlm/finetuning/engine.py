@@ -75,7 +75,7 @@ from smiexlm.device import (
     resolve_device,
     resolved_precision,
 )
-from smiexlm.errors import ConfigError, check_positive_int
+from smiexlm.errors import ConfigError, check_field_types, check_positive_int
 from smiexlm.finetuning.batches import (
     Examples,
     bucketed_batches,
@@ -116,6 +116,7 @@ class LoopConfig:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name in ("epochs", "batch_size", "eval_batch_size", "bucket_window"):
             check_positive_int(name, getattr(self, name))
         if not self.lr > 0:

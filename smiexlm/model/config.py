@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from smiexlm.errors import ConfigError, DataError
+from smiexlm.errors import ConfigError, DataError, check_field_types
 from smiexlm.paths import read_json_file, write_text_atomic
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, N_SPECIAL_TOKENS, PAD_ID
 
@@ -84,6 +84,8 @@ class ExLMConfig:
     vocab_hash: str | None = None  # sha256 of the token list; checked on load when set
 
     def __post_init__(self) -> None:
+        check_field_types(self)
+
         def positive(name: str) -> None:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -27,6 +27,7 @@ from smiexlm.model.layout import (
     CONFIG_NAME,
     FINETUNE_NAME,
     HEAD_NAME,
+    NORMALIZATION_NAME,
     WEIGHTS_NAME,
     is_default,
     model_folder,
@@ -187,6 +188,27 @@ class FinetunedFolder(ModelFolder):
     @property
     def head_path(self) -> Path:
         return self.path / HEAD_NAME
+
+    @cached_property
+    def _normalization(self) -> tuple[NormalizeConfig, str]:
+        """``normalization.json`` checked against the sha256 the folder records and against
+        the normalisation ``finetune.json`` records (folders saved before either was kept load
+        without): the SMILES are served as the model was fine-tuned on them, or not at all."""
+        from smiexlm.model.integrity import verify_checksum
+
+        path = self.path / NORMALIZATION_NAME
+        if path.is_file():
+            verify_checksum(path, required=False)
+        normalization, source = read_normalization(self.path)
+        recorded = self.meta.get("normalization")
+        if isinstance(recorded, dict):
+            read = {name: getattr(normalization, name) for name in recorded}
+            if read != recorded:
+                raise DataError(
+                    f"{source!r} says {read} but {str(self.path / FINETUNE_NAME)!r} records "
+                    f"{recorded}: expected the normalisation the model was fine-tuned with"
+                )
+        return normalization, source
 
 
 def read_finetune_meta(path: Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 from smiexlm.errors import (
     ConfigError,
     check_choice,
+    check_field_types,
     check_fraction,
     check_positive_int,
     check_spellings,
@@ -91,6 +92,7 @@ class FinetuneConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         check_positive_int("max_length", self.max_length)
         check_positive_int("layers", self.layers, optional=True)
         check_adapt(self.adapt_steps, self.adapt_lr)

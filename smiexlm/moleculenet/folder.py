@@ -91,6 +91,7 @@ def save_finetuned(
     from safetensors.torch import save_file
 
     from smiexlm.model.integrity import record_checksums
+    from smiexlm.data.normalize import REWRITES
     from smiexlm.model.records import (
         DEFAULT_NORMALIZATION,
         write_corpus_tokens,
@@ -98,17 +99,19 @@ def save_finetuned(
     )
 
     folder = Path(folder)
+    normalization = normalization or DEFAULT_NORMALIZATION
     with atomic_dir(folder) as tmp:  # the folder appears complete or not at all
         model.model.save_pretrained(tmp, tokenizer=tokenizer)
-        write_normalization(tmp, normalization or DEFAULT_NORMALIZATION)
+        kept = write_normalization(tmp, normalization)
         if corpus_tokens is not None:
             write_corpus_tokens(tmp, tokenizer.tokens, *corpus_tokens)
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(tmp / HEAD_NAME), metadata={"format": "pt"})
         meta = meta | {"pooling": model.pooling, "n_outputs": int(head["out_proj.bias"].shape[0]),
                        "n_features": model.n_features, "layers": model.layers,
-                       "head": model.head.kind}  # fmt: skip
-        names = [HEAD_NAME, FINETUNE_NAME]
+                       "head": model.head.kind,
+                       "normalization": {n: getattr(normalization, n) for n in REWRITES}}  # fmt: skip
+        names = [HEAD_NAME, FINETUNE_NAME, kept.name]
         if forest is not None:
             meta["forest"] = forest.record()
             names.append(forest.save(tmp).name)

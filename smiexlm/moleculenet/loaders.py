@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.data.normalize import smiles_problem
-from smiexlm.data.readers import read_table
+from smiexlm.data.readers import detect_format, read_table
 from smiexlm.errors import DataError
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
 from smiexlm.moleculenet.splits import read_parts
@@ -92,10 +92,11 @@ def dataset_path(spec: DatasetSpec, allow_download: bool = True) -> Path:
         if path.is_file():
             return path
     if not allow_download or os.environ.get("SMIEXLM_OFFLINE"):
+        searched = ", ".join(dict.fromkeys(str(p.parent) for p in candidates))
+        why = "SMIEXLM_OFFLINE is set, so nothing is downloaded" if allow_download else "no download asked for"
         raise DataError(
-            f"dataset {spec.name!r}: file {spec.filename!r} not found in "
-            f"{', '.join(str(p.parent) for p in candidates)}; expected SMIEXLM_DATA to point at "
-            "a folder with moleculenet/, or network access to download it"
+            f"dataset {spec.name!r}: file {spec.filename!r} not found in {searched} ({why}); "
+            "expected SMIEXLM_DATA to point at a folder with moleculenet/"
         )
     return download(spec)
 
@@ -141,8 +142,9 @@ def read_task(
     if not label_cols:
         raise DataError(f"label_cols of {path.name}: expected at least one label column")
     raw = read_table(path, smiles_col, "--data", infer_types=True)  # CSV, TSV or Parquet
+    first_line = None if detect_format(path, "--data") == "parquet" else 2
     task = clean_task(raw, smiles_col, list(label_cols), task_type, name=name or path.stem,
-                      strict=True, split_col=split_col)  # fmt: skip
+                      strict=True, split_col=split_col, first_line=first_line)  # fmt: skip
     task.source, task.sha256 = str(path), file_sha256(path)
     return task
 
@@ -155,8 +157,16 @@ def clean_task(
     name: str,
     strict: bool,
     split_col: str | None = None,
+    first_line: int | None = 2,
 ) -> MoleculeTask:
-    """Select, type-check and RDKit-filter the columns of a raw CSV (see module docstring)."""
+    """Select, type-check and RDKit-filter the columns of a raw CSV (see module docstring).
+    Errors name a bad cell by its line in the file, the first data row being ``first_line``
+    (a CSV with a header row: 2), or by its row from 0 where ``first_line`` is None
+    (Parquet)."""
+    twice = sorted({c for c in label_cols if list(label_cols).count(c) > 1})
+    if twice:
+        raise DataError(f"{name}: label columns {list(label_cols)} name {twice} more than "
+                        "once; expected each column once")  # fmt: skip
     wanted = [smiles_col, *label_cols] + ([] if split_col is None else [split_col])
     missing = [c for c in wanted if c not in raw.columns]
     if missing:
@@ -166,10 +176,11 @@ def clean_task(
             f"({shown}{', ...' if raw.shape[1] > 12 else ''})"
         )
     smiles = raw[smiles_col].astype(str).str.strip()
-    columns = {col: _label_values(raw[col], col, task_type, name) for col in label_cols}
+    columns = {col: _label_values(raw[col], col, task_type, name, first_line)
+               for col in label_cols}  # fmt: skip
     labels = pd.DataFrame(columns, index=raw.index)
     if task_type == "classification":
-        _check_binary(labels, name, strict)
+        _check_binary(labels, name, strict, first_line)
     problems = [smiles_problem(s) for s in smiles]  # the length is checked before RDKit
     valid = np.array([p is None for p in problems], dtype=bool)
     invalid_rows = np.flatnonzero(~valid)
@@ -178,8 +189,9 @@ def clean_task(
         log.warning("%s: %d of %d SMILES excluded (%s)", name, len(invalid_rows), len(raw),
                     ", ".join(f"{why}: {n}" for why, n in reasons.items()))  # fmt: skip
     if task_type == "regression":
-        _check_regression(labels, valid, name)
-    parts = None if split_col is None else read_parts(raw[split_col], split_col, name)
+        _check_regression(labels, valid, name, first_line)
+    parts = (None if split_col is None
+             else read_parts(raw[split_col], split_col, name, first_line))  # fmt: skip
     return MoleculeTask(
         name=name,
         smiles=smiles[valid].tolist(),
@@ -194,7 +206,15 @@ def clean_task(
     )
 
 
-def _label_values(column: pd.Series, col: str, task_type: TaskType, name: str) -> pd.Series:
+def _row_name(row: int, first_line: int | None) -> str:
+    """How an error names data row ``row`` (from 0): its line in a text file whose first data
+    row is line ``first_line``; its row (from 0) where there are no lines (Parquet)."""
+    return f"row {row}" if first_line is None else f"line {int(row) + first_line}"
+
+
+def _label_values(
+    column: pd.Series, col: str, task_type: TaskType, name: str, first_line: int | None
+) -> pd.Series:
     """Float labels of one column, NaN where blank; DataError naming the first bad cell.
 
     For classification, ``true``/``false`` (any case) are read as 1/0."""
@@ -208,19 +228,23 @@ def _label_values(column: pd.Series, col: str, task_type: TaskType, name: str) -
         row = int(np.flatnonzero(bad.to_numpy())[0])
         kind = "0/1 (or true/false)" if task_type == "classification" else "a number"
         raise DataError(
-            f"{name}: label column {col!r} row {row} = {column.astype(str).iloc[row]!r}: "
-            f"expected {kind}"
+            f"{name}: label column {col!r} {_row_name(row, first_line)} = "
+            f"{column.astype(str).iloc[row]!r}: expected {kind}"
         )
     return values
 
 
-def _check_binary(labels: pd.DataFrame, name: str, strict: bool) -> None:
+def _check_binary(
+    labels: pd.DataFrame, name: str, strict: bool, first_line: int | None
+) -> None:
     for col in labels.columns:
         values = labels[col].dropna()
         odd = values[~values.isin([0.0, 1.0])]
         if len(odd):
+            row = labels.index.get_loc(odd.index[0])
             raise DataError(
-                f"{name}: label column {col!r} has value {odd.iloc[0]:g} (row {odd.index[0]}): "
+                f"{name}: label column {col!r} has value {odd.iloc[0]:g} "
+                f"({_row_name(row, first_line)}): "
                 "expected 0/1 for classification (blank = missing); use "
                 "--task-type regression for continuous targets"
             )
@@ -232,15 +256,19 @@ def _check_binary(labels: pd.DataFrame, name: str, strict: bool) -> None:
             )
 
 
-def _check_regression(labels: pd.DataFrame, valid: np.ndarray, name: str) -> None:
+def _check_regression(
+    labels: pd.DataFrame, valid: np.ndarray, name: str, first_line: int | None
+) -> None:
     """Finite numbers, at least MIN_REGRESSION_LABELS per column on the ``valid`` rows."""
+    limit = float(np.finfo(np.float32).max)  # the head trains on float32 targets
     for col in labels.columns:
         values = labels[col].to_numpy()
-        infinite = np.flatnonzero(np.isinf(values))
-        if len(infinite):
+        beyond = np.flatnonzero(np.isinf(values) | (np.abs(values) > limit))
+        if len(beyond):
             raise DataError(
-                f"{name}: label column {col!r} has value {values[infinite[0]]:g} (row "
-                f"{infinite[0]}): expected a finite number for regression"
+                f"{name}: label column {col!r} {_row_name(beyond[0], first_line)} = "
+                f"{values[beyond[0]]:g}: expected a finite number of float32's range "
+                f"(|y| <= {limit:.4g}) for regression"
             )
         n = int((~np.isnan(values[valid])).sum())
         if n < MIN_REGRESSION_LABELS:

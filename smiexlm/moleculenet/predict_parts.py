@@ -10,12 +10,15 @@ reasons (``rejects.csv`` beside the parts, ``<name>.rejects.csv`` beside the CSV
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
+
+log = logging.getLogger(__name__)
 
 Reject = tuple[int, str, str]  # (input row, SMILES, reason)
 How = dict[str, Any]  # predict's options: backend, tta, calibrate, conformal_alpha, mondrian
@@ -41,7 +44,8 @@ def predict_file(
     how: How | None = None,
 ) -> PredictedFile:
     """Predict every SMILES of ``input_path`` into the CSV ``out`` (written atomically);
-    ``id_cols`` (default: every input column but the SMILES and the predicted ones) are kept;
+    ``id_cols`` (default: every input column but the SMILES) are kept, under
+    ``input_<name>`` where predict writes a column of that name;
     ``how``: the options of :func:`~smiexlm.moleculenet.prediction.predict` (backend, tta,
     calibrate, conformal_alpha, mondrian).
     Every bad row is listed with its reason in ``<name>.rejects.csv``, written with it.
@@ -85,7 +89,8 @@ def predict_parts(
 ) -> PartsResult:
     """Predict every SMILES of ``input_path`` with the fine-tuned folder(s) ``checkpoint``
     into the folder ``out``; the same call resumes an interrupted job. ``id_cols`` (default:
-    every input column but the SMILES and the predicted ones) are kept; ``how`` as in
+    every input column but the SMILES) are kept, under ``input_<name>``
+    where predict writes a column of that name; ``how`` as in
     :func:`predict_file`."""
     import pyarrow as pa
 
@@ -132,7 +137,7 @@ def _output_columns(folders: list, how: How) -> dict[str, Any]:
 
 
 def _predict_chunk(
-    folders: list, frame: Any, smiles_col: str, keep: list[str], outputs: dict[str, Any],
+    folders: list, frame: Any, smiles_col: str, keep: dict[str, str], outputs: dict[str, Any],
     start: int, how: How,
 ) -> tuple[Any, list[Reject]]:  # fmt: skip
     """The output rows of ``frame`` (a DataFrame) and its bad rows (row, SMILES, reason)."""
@@ -160,7 +165,7 @@ def _predict_chunk(
         reason = ("empty string" if not text else "whitespace inside the SMILES"
                   if not usable.iloc[i] else smiles_problem(text) or "no prediction")  # fmt: skip
         rejects.append((start + int(i), str(frame[smiles_col].iloc[i]), reason))
-    result = frame[keep].copy()
+    result = frame[list(keep)].rename(columns=keep)
     result["smiles"] = frame[smiles_col].astype(str)
     result["valid"] = valid.to_numpy()
     for column in outputs:
@@ -176,19 +181,30 @@ def _usable(column: Any) -> Any:
 
 def _id_columns(
     first: Any, smiles_col: str, outputs: dict[str, Any], id_cols: list[str] | None
-) -> list[str]:
+) -> dict[str, str]:
+    """The input columns kept, each with its name in the output: its own, or ``input_<name>``
+    where predict writes a column of that name (``valid``, a label, ``in_domain``...), so that
+    no input column is ever dropped or overwritten (said once on stderr)."""
     from smiexlm.errors import DataError
 
     if id_cols is None:
-        return [c for c in first.columns if c not in (smiles_col, "smiles", "valid", *outputs)]
+        id_cols = [c for c in first.columns if c != smiles_col]
     missing = [c for c in id_cols if c not in first.columns]
-    clash = [c for c in id_cols if c in ("smiles", "valid", *outputs)]
-    if missing or clash:
-        raise DataError(
-            f"--id-cols {missing or clash}: expected input columns other than the SMILES and "
-            f"the predicted {list(outputs)}, among {list(first.columns)}"
-        )
-    return list(id_cols)
+    if missing:
+        raise DataError(f"--id-cols {missing}: expected columns of the input, among "
+                        f"{list(first.columns)}")  # fmt: skip
+    taken = {"smiles", "valid", *outputs}
+    names: dict[str, str] = {}
+    for column in id_cols:
+        name = str(column)
+        while name in taken or name in names.values() or (name != column and name in id_cols):
+            name = f"input_{name}"
+        names[column] = name
+    renamed = {c: n for c, n in names.items() if c != n}
+    if renamed:
+        log.warning("predict writes columns named like the input's own %s: the input's are "
+                    "kept as %s", list(renamed), list(renamed.values()))  # fmt: skip
+    return names
 
 
 def _chain(first: Any, rest: Any) -> Any:

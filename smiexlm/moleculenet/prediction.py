@@ -57,8 +57,8 @@ from smiexlm.moleculenet.folder import finetuned_folders
 from smiexlm.moleculenet.forest import KeptForest
 from smiexlm.moleculenet.metrics import to_scores
 from smiexlm.moleculenet.reference import Reference
+from smiexlm.trust.columns import DOMAIN_COLUMNS
 from smiexlm.trust.domain import (
-    DEFAULT_K,
     DEFAULT_QUANTILE,
     DomainBounds,
     cosine_neighbours,
@@ -67,8 +67,6 @@ from smiexlm.trust.domain import (
 
 log = logging.getLogger(__name__)
 _NO_REFERENCE: set[Path] = set()  # folders already reported as lacking one
-DOMAIN_COLUMNS = ("nearest_tanimoto", f"mean_tanimoto_k{DEFAULT_K}", "nearest_cosine",
-                  f"mean_cosine_k{DEFAULT_K}", "in_domain")  # fmt: skip
 
 
 @dataclass
@@ -234,6 +232,9 @@ def predict(
     check_spellings("tta", tta)
     if conformal_alpha is not None:
         check_alpha(conformal_alpha)
+    elif mondrian:
+        raise ConfigError("--mondrian", mondrian, "to come with --conformal-alpha (the sets it "
+                          "makes class-conditional)")  # fmt: skip
     check_quantile(domain_quantile)
     folders = finetuned_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row

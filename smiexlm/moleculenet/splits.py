@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import cache_dir, write_text_atomic
+from smiexlm.paths import cache_dir, keep_in_cache
 
 SplitKind = Literal["scaffold", "scaffold_chiral", "balanced_scaffold", "random"]
 SPLIT_KINDS: tuple[str, ...] = ("scaffold", "scaffold_chiral", "balanced_scaffold", "random")
@@ -102,7 +102,7 @@ def murcko_scaffolds(
             None if mol is None else MurckoScaffoldSmiles(mol=mol, includeChirality=chiral)
         )
     if use_cache and len(smiles_list) >= 5000:
-        write_text_atomic(path, json.dumps(scaffolds))
+        keep_in_cache(path, lambda tmp: tmp.write_text(json.dumps(scaffolds)))
     return scaffolds
 
 
@@ -215,14 +215,18 @@ def column_split(kind: str, parts: Sequence[str]) -> Split:
     return Split(kind, None, *(np.flatnonzero(part_of == p).tolist() for p in PARTS))
 
 
-def read_parts(column: Sequence[object], name: str, where: str) -> list[str]:
+def read_parts(
+    column: Sequence[object], name: str, where: str, first_line: int | None = 2
+) -> list[str]:
     """The cells of a split column as ``train``/``valid``/``test`` (any case, spaces around
-    them ignored); DataError naming the first other cell, its row and the column."""
+    them ignored); DataError naming the first other cell, the column and its line in the file
+    (the first data row being ``first_line``; its row from 0 where None: Parquet)."""
     parts = []
     for row, cell in enumerate(column):
         part = cell.strip().lower() if isinstance(cell, str) else None
         if part not in PARTS:
-            raise DataError(f"{where}: split column {name!r}, row {row + 1}, holds {cell!r}: "
+            at = f"row {row}" if first_line is None else f"line {row + first_line}"
+            raise DataError(f"{where}: split column {name!r}, {at}, holds {cell!r}: "
                             f"expected one of {', '.join(PARTS)}")  # fmt: skip
         parts.append(part)
     return parts

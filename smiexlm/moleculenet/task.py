@@ -109,11 +109,12 @@ class MoleculeTask:
         parts = (split.train, split.valid, split.test)
         counts = [int(labelled[np.asarray(part, dtype=np.int64)].sum()) for part in parts]
         if min(counts) == 0:
+            advice = ("use more data" if split.label.startswith("random") else "use more data, "
+                      "or --split random, which gives each part a molecule from 6 molecules up")  # fmt: skip
             raise DataError(
                 f"{self.name}: the {split.label} split of {len(self)} molecules leaves "
                 f"{'/'.join(map(str, counts))} labelled molecules in train/valid/test; expected "
-                "at least 1 in each (use more data, or --split random, which gives each part a "
-                "molecule from 6 molecules up)"
+                f"at least 1 in each ({advice})"
             )
         if self.is_classification:
             check_scorable(self.labels[split.test], self.label_cols, self.name, split.label)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.device import Precision, check_device_name, parse_precision
-from smiexlm.errors import ConfigError, check_choice
+from smiexlm.errors import ConfigError, check_choice, check_field_types
 from smiexlm.model.config import PRESETS, ExLMConfig, PresetName
 from smiexlm.paths import PACKAGE_DIR
 
@@ -125,6 +125,7 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         self.model = ModelSpec.from_table(self.model)
         for name in ("max_tokens", "update_freq", "max_steps", "log_every", "valid_every"):
             _require_int(name, getattr(self, name), minimum=1)

@@ -111,8 +111,10 @@ def export_run(
             "or a model folder written by an earlier export (which is replaced)"
         )
     pooling_parts(pooling)
-    pre = load_pretrained(source)
     manifest = _read_manifest(dataset)
+    if dataset is not None:
+        _check_trained_on(source, Path(dataset))
+    pre = load_pretrained(source)
     corpus = manifest.get("config", {})
     normalization = dataclasses.replace(
         DEFAULT_NORMALIZATION,
@@ -158,6 +160,24 @@ def _trained_line(counts: np.ndarray | None) -> str:
             f"(`{CORPUS_TOKENS_NAME}`); the others never occurred in the training split, so "
             "the model never read them as input. `featurize`, `embed` and `predict` say which "
             "molecules hold them; `smiexlm vocab corpus` lists them.")  # fmt: skip
+
+
+def _check_trained_on(checkpoint: Path, dataset: Path) -> None:
+    """DataError unless ``dataset`` is the one the run trained on: the content id its
+    checkpoint records (``trainer_state.json``), as ``pretrain --resume`` checks it. A moved
+    or copied dataset passes; a checkpoint written before the id was recorded is not checked."""
+    from smiexlm.pretraining.resume import dataset_id
+    from smiexlm.pretraining.run_state import STATE_FILE
+
+    _, payload = read_json_file(checkpoint / STATE_FILE, f"checkpoint {STATE_FILE}")
+    state = payload.get("state") if isinstance(payload.get("state"), dict) else {}
+    trained = state.get("data_id")
+    if trained is not None and trained != (given := dataset_id(dataset)):
+        raise DataError(
+            f"--data {str(dataset)!r} (content id {given}) is not the dataset the run trained "
+            f"on ({state.get('data_dir')!r}, content id {trained}): the card's counts and the "
+            "model's trained tokens would describe another corpus; expected the run's dataset"
+        )
 
 
 def _read_manifest(dataset: Path | None) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
-from smiexlm.errors import InvalidSmilesError
+from smiexlm.errors import DataError, InvalidSmilesError
 from smiexlm.tokenizer.smiles import SmilesTokenizer, split_smiles
 from smiexlm.tokenizer.special import SPECIAL_TOKENS
 
@@ -43,6 +43,12 @@ def build_vocabulary(
                 n_uncanonical += 1
             elif c != s:
                 counts.update(split_smiles(c))
+    if not counts:
+        raise DataError(
+            f"no tokenizable SMILES among the {n_in:,} non-blank entries read"
+            f"{f' ({n_bad:,} not tokenizable)' if n_bad else ''}: expected at least one "
+            "molecule to build a vocabulary from"
+        )
     tok = SmilesTokenizer.from_counts(counts, min_freq, max_size)
     kept = tok.tokens[len(SPECIAL_TOKENS) :]
     total = sum(counts.values())

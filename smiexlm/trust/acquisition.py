@@ -54,22 +54,32 @@ class Selection:
 
 
 def task_column(frame: Any, task: str | None) -> str:
-    """The predicted column ``task`` names, or the table's only one when ``task`` is None."""
-    if task is not None:
-        if task not in frame.columns:
-            raise DataError(f"--task {task!r}: no such column; the table has {list(frame.columns)}")
-        return task
-    trust = ("_std", "_low", "_high", "_model", "_forest", "_set")
-    known = {"valid", "in_domain", "nearest_tanimoto", "mean_tanimoto_k5", "nearest_cosine",
-             "mean_cosine_k5"}  # fmt: skip
-    tasks = [c for c in frame.select_dtypes("number").columns
-             if c not in known and not c.endswith(trust)]  # fmt: skip
-    if len(tasks) != 1:
-        raise DataError(
-            f"the table holds {len(tasks)} numeric columns that could be the task {tasks}: "
-            "name one with --task"
-        )
-    return tasks[0]
+    """The predicted column ``task`` names, or the table's only label column when ``task`` is
+    None (:func:`~smiexlm.trust.columns.label_columns`); DataError for a column that is not
+    there or holds no numbers."""
+    from smiexlm.trust.columns import label_columns
+
+    if task is None:
+        tasks = label_columns(frame.columns)
+        if len(tasks) != 1:
+            raise DataError(
+                f"the table holds {len(tasks)} predicted columns {tasks}: name one with --task"
+                if tasks else "the table holds no predicted column after 'valid' (is it "
+                "predict's output?): name the column to rank by with --task"
+            )
+        task = tasks[0]
+    if task not in frame.columns:
+        raise DataError(f"--task {task!r}: no such column; the table has {list(frame.columns)}")
+    column = frame[task]
+    if column.dtype.kind not in "fiub":
+        import pandas as pd
+
+        try:  # numbers kept as text (an input column of a folder of parts)
+            pd.to_numeric(column[column.astype(str).str.strip() != ""])
+        except (ValueError, TypeError):
+            raise DataError(f"--task {task!r}: the column holds text (e.g. "
+                            f"{column.iloc[0]!r}): expected numbers, a predicted label") from None  # fmt: skip
+    return task
 
 
 def acquisition(

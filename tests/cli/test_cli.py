@@ -85,7 +85,7 @@ def test_tokenize_command_tokens_and_ids(tmp_path):
         "C C O", "", "c 1 c c c c c 1"
     ]  # fmt: skip
     bad = run_cli("tokenize", "C C", check=False)
-    assert bad.returncode == 1 and "at character 1" in bad.stderr
+    assert bad.returncode == 2 and "at character 1" in bad.stderr
 
 
 def test_vocab_build_command(tmp_path):

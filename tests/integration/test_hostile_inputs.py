@@ -189,11 +189,11 @@ def test_regression_label_infinity_and_classification_2_are_shown_plainly(tmp_pa
     data = _labelled(tmp_path / "d.csv", [1.5, float("inf")] + [0.5] * 10)
     res = run_cli("baseline", "--data", data, "--label-cols", "y", "--task-type", "regression",
                   "--out", tmp_path / "out", timeout=60)  # fmt: skip
-    assert_one_line_error(res, "'y'", "value inf (row 1)", "expected a finite number")
+    assert_one_line_error(res, "'y'", "line 3 = inf", "expected a finite number")
     data = _labelled(tmp_path / "d.csv", [0, 1, 2] + [0, 1] * 5)
     res = run_cli("finetune", "mine", "--data", data, "--label-cols", "y", "--out",
                   tmp_path / "out", timeout=60)  # fmt: skip
-    line = assert_one_line_error(res, "'y'", "has value 2 (row 2)", "expected 0/1")
+    line = assert_one_line_error(res, "'y'", "has value 2 (line 4)", "expected 0/1")
     assert "np." not in line
 
 
@@ -206,7 +206,7 @@ def test_true_false_labels_are_1_0_for_classification_and_refused_for_regression
     assert task.labels[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0] * 3
     res = run_cli("baseline", "--data", data, "--label-cols", "y", "--task-type", "regression",
                   "--out", tmp_path / "out", timeout=60)  # fmt: skip
-    assert_one_line_error(res, "'y'", "row 0 = 'True'", "expected a number")
+    assert_one_line_error(res, "'y'", "line 2 = 'True'", "expected a number")
 
 
 # ---------------------------------------------------------------------- 4. messages
@@ -243,7 +243,7 @@ def test_kill_9_during_embed_leaves_temporaries_that_the_next_run_removes(tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     left = leftovers(tmp_path)
-    assert left and all(f".tmp-{proc.pid}." in name for name in left)
+    assert left and all(f".tmp-{proc.pid}-" in name for name in left)
     table.write_text("id,smiles\na,CCO\n")
     res = run_cli("embed", table, "--out", out, "--device", "cpu", timeout=60)
     assert res.returncode == 0, res.stderr

@@ -250,3 +250,8 @@ def test_blank_lines_of_a_file_still_give_blank_lines(tmp_path):
     lines = res.stdout.splitlines()
     assert len(lines) == 3 and lines[1] == "" and lines[0].startswith("1 ")
     assert np.all([line.endswith(" 2") for line in (lines[0], lines[2])])
+
+
+def test_search_refuses_no_hnsw_candidates(index):
+    res = run_cli("search", index, "--query", QUERY, "-k", 1, "--ef-search", 0)
+    assert_one_line_error(res, "--ef-search", "positive integer")

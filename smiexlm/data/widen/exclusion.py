@@ -96,7 +96,7 @@ def moleculenet_files() -> list[tuple[str, Path]]:
 
 def exclusion_keys(progress: bool = False) -> frozenset[str]:
     """The keys of every molecule of every MoleculeNet file (cached by the files' sha256)."""
-    from smiexlm.paths import cache_dir, write_bytes_atomic
+    from smiexlm.paths import cache_dir, keep_in_cache
 
     files = moleculenet_files()
     cached = cache_dir() / "widen" / f"exclusion-{_files_key(files)}.txt.gz"
@@ -104,7 +104,7 @@ def exclusion_keys(progress: bool = False) -> frozenset[str]:
         return frozenset(gzip.decompress(cached.read_bytes()).decode().split())
     keys = _compute_keys([name for name, _ in files], progress)
     text = "\n".join(sorted(keys)) + "\n"
-    write_bytes_atomic(cached, gzip.compress(text.encode(), mtime=0))
+    keep_in_cache(cached, lambda tmp: tmp.write_bytes(gzip.compress(text.encode(), mtime=0)))
     return frozenset(keys)
 
 

@@ -728,7 +728,7 @@ def test_a_table_brings_its_own_split_in_a_column(tmp_path):
 
     frame.loc[3, "fold"] = "holdout"
     frame.to_csv(path, index=False)
-    with pytest.raises(DataError, match="split column 'fold', row 4, holds 'holdout'"):
+    with pytest.raises(DataError, match="split column 'fold', line 5, holds 'holdout'"):
         read_task(path, "smi", ["y"], split_col="fold")
     result = CliRunner().invoke(app, ["probe", "bbbp", "--split", "column:fold"])
     assert result.exit_code != 0 and "your own table" in str(result.exception)
