@@ -66,14 +66,17 @@ def one_set(task_name: str, args: argparse.Namespace) -> tuple[list[str], dict]:
     from smiexlm.moleculenet.loaders import load_task
 
     task, backbone, root = load_task(task_name), Backbone(args.checkpoint), args.out / task_name
-    fixed = dict(split=args.split, max_train_steps=args.max_train_steps, device="cpu")
+    # the network alone, as the search scores it: what the search gains, not a forest
+    fixed = dict(split=args.split, max_train_steps=args.max_train_steps, device="cpu",
+                 forest="none")  # fmt: skip
     base = finetune_config(task_name, **fixed)
     hp = HpoptConfig(args.trials, args.cpu_minutes, args.search_seed)
     found = run_hpopt(task, base, root / "search", hp, backbone, on_trial=print,
                       command=f"hpopt_gain.py ({task_name})")  # fmt: skip
     if found.best_config is None:
         return [f"| {task_name} | no trial completed | – | – | {found.counted} | – |"], {}
-    best = finetune_config(task_name, config_file=root / "search" / "best.toml", device="cpu")
+    best = finetune_config(task_name, config_file=root / "search" / "best.toml", device="cpu",
+                           forest="none")  # fmt: skip
     table8_runs = args.table8_runs or root / "table8" / "runs"
     # the search's first trial is Table 8's row: when it wins, its seeds are that row's
     same = with_backbone_blocks(best, backbone) == with_backbone_blocks(base, backbone)

@@ -183,7 +183,8 @@ def _run_config(args: argparse.Namespace, task: str):
         extra["lr"] = finetune_config(task).loop.lr * args.lr_scale
     if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
         extra["precision"] = args.precision
-    return finetune_config(task, device="cpu", **VARIANTS[args.variant] | extra)
+    # a row is the network fine-tuned alone: forest_blend.py measures it beside forests
+    return finetune_config(task, device="cpu", **{"forest": "none"} | VARIANTS[args.variant] | extra)
 
 
 def probe(args: argparse.Namespace) -> None:

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     task, split, inputs = load_task(args.cache, args.task)
-    cfg = finetune_config(args.task, epochs=args.epochs, device=args.device)
+    cfg = finetune_config(args.task, epochs=args.epochs, device=args.device, forest="none")
     result = finetune_once(
         task, split, cfg, args.seed, Backbone(checkpoint=args.checkpoint), inputs=inputs,
         progress=False,

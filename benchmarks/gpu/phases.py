@@ -337,7 +337,7 @@ def finetune_jobs(ctx: Context, models: dict[str, Path]) -> tuple[list[dict], li
     jobs, skipped = [], []
     for name, folder in models.items():
         for task in tasks:
-            cfg = finetune_config(task)
+            cfg = finetune_config(task, forest="none")
             n_train = json.loads((cache / f"{task}.json").read_text())["sizes"][0]
             epochs = 1 if ctx.dry_run else cfg.loop.epochs
             steps = epochs * math.ceil(n_train / cfg.loop.batch_size)

@@ -275,7 +275,7 @@ def downstream_bbbp(checkpoint: Path, k: int, config: RepeatedMLMConfig, task: M
     """Mean valid/test ROC-AUC (×100) over ``bbbp_seeds`` on the deterministic scaffold split."""
     cfg = finetune_config(
         "bbbp", epochs=config.bbbp_epochs, max_train_steps=config.bbbp_max_steps,
-        device=config.device, split="scaffold",
+        device=config.device, split="scaffold", forest="none",  # the model's own score
     )  # fmt: skip
     split = make_split(task.smiles, "scaffold", config.seed)
     backbone = _repeated_backbone(checkpoint, k)

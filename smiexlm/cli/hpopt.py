@@ -18,6 +18,7 @@ from smiexlm.cli.moleculenet import (
     Split,
     TaskArg,
     TaskTypeOpt,
+    ValidFromTrain,
     _config,
     _load_tasks,
 )
@@ -54,6 +55,7 @@ def hpopt(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = None,
+    valid_from_train: ValidFromTrain = 0.1,
     out: SearchOut = None,
     trials: Trials = None,
     cpu_minutes: CpuMinutes = None,
@@ -78,7 +80,8 @@ def hpopt(
     hp = HpoptConfig(trials, cpu_minutes, seed)  # the budget checked before any data is read
     base = _config(None if data else task, ctx=ctx, split=split, max_train_steps=max_train_steps,
                    precision=precision, device=device)  # fmt: skip
-    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split)
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split,
+                            valid_from_train)  # fmt: skip
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
     out = out if out is not None else Path("runs/hpopt") / task
     result = run_hpopt(loaded, base, out, hp, Backbone(checkpoint), progress=True,

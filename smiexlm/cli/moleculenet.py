@@ -50,6 +50,12 @@ SmilesCol = Annotated[str, typer.Option("--smiles-col", help="SMILES column of -
 LabelCols = Annotated[
     list[str] | None, typer.Option("--label-cols", help="Label column(s) of --data.")
 ]
+ValidFromTrain = Annotated[
+    float,
+    typer.Option("--valid-from-train", help="With --split column:NAME whose column holds no "
+                 "valid rows: this share of its train rows, by scaffold (seed 0), is the "
+                 "validation part; 0 refuses such a column instead."),
+]  # fmt: skip
 TaskTypeOpt = Annotated[
     str | None,
     typer.Option("--task-type", help="Of --data: classification (0/1, blank = missing; the "
@@ -75,7 +81,7 @@ def _tasks(tasks: list[str] | None) -> list[str]:
 
 def _load_tasks(
     tasks: list[str] | None, data: Path | None, smiles_col: str, label_cols,
-    task_type: str | None, split: str = "scaffold",
+    task_type: str | None, split: str = "scaffold", valid_from_train: float = 0.1,
 ):  # fmt: skip
     """The MoleculeTasks to run: the user's table (``--data``, with its own split column for
     ``--split column:NAME``) or the MoleculeNet sets named."""
@@ -88,7 +94,8 @@ def _load_tasks(
         name = tasks[0] if tasks and len(tasks) == 1 else None
         labels = label_cols or []
         kind = task_type or "classification"
-        return [read_task(data, smiles_col, labels, kind, name, column)]  # type: ignore[arg-type]
+        return [read_task(data, smiles_col, labels, kind, name, column,  # type: ignore[arg-type]
+                          valid_from_train=valid_from_train)]  # fmt: skip
     if column is not None:
         raise ConfigError("--split", split, "a computed split for a MoleculeNet set (column:NAME "
                           "reads the split column of your own table, --data)")  # fmt: skip
@@ -159,6 +166,7 @@ def baseline(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = None,
+    valid_from_train: ValidFromTrain = 0.1,
     out: Out = Path("runs/baseline"),
 ) -> None:
     """RandomForest on ECFP4 bits, RDKit 2D descriptors or both, same splits and seeds."""
@@ -169,7 +177,8 @@ def baseline(
     cfg = BaselineConfig(features, n_trees=n_trees, split=split, class_weight=class_weight)
     title = f"{cfg.model_name.split(' (')[0]} baseline"
     results, seeds = [], _seeds(seeds)
-    for loaded in _load_tasks(tasks, data, smiles_col, label_cols, task_type, split):
+    for loaded in _load_tasks(tasks, data, smiles_col, label_cols, task_type, split,
+                              valid_from_train):  # fmt: skip
         results += run_baseline(loaded, seeds, cfg)
         write_report(results, out, title)  # partial results survive an interrupt
     _print_report(results, out, title)
@@ -261,9 +270,11 @@ AdaptLr = Annotated[
 ]
 Forest = Annotated[
     str | None,
-    typer.Option("--forest", help="ecfp4 | rdkit2d | both: after training, fit a random forest "
-                 "on these features of the same training molecules, keep it in --save-dir and "
-                 "serve the two blended (the model and the forest alone are reported beside)."),
+    typer.Option("--forest", help="auto (the default: rdkit2d for classification, where the "
+                 "blend measured best; none for regression) | none | ecfp4 | rdkit2d | both: "
+                 "after training, fit a random forest on these features of the same training "
+                 "molecules, keep it in --save-dir and serve the two blended (the model and the "
+                 "forest alone are reported beside)."),
 ]  # fmt: skip
 ForestTrees = Annotated[int | None, typer.Option("--forest-trees", help="Trees of --forest (500).")]
 ForestBlend = Annotated[
@@ -348,6 +359,7 @@ def finetune(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = None,
+    valid_from_train: ValidFromTrain = 0.1,
     save_dir: SaveDir = None,
     overwrite: Overwrite = False,
     out: Out = Path("runs/finetune"),
@@ -381,7 +393,8 @@ def finetune(
                   adapt_lr=adapt_lr, forest=forest, forest_trees=forest_trees,
                   forest_blend=forest_blend, forest_weight=forest_weight)  # fmt: skip
     seeds = _seeds(seeds)
-    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split)
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split,
+                            valid_from_train)  # fmt: skip
     backbone = Backbone(checkpoint, preset, objective, random_init)
     results = run_finetune(loaded, cfg, backbone, seeds, save_dir, overwrite=overwrite,
                            run_root=out / "runs", resume=resume)  # fmt: skip
@@ -449,6 +462,7 @@ def probe(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = None,
+    valid_from_train: ValidFromTrain = 0.1,
     out: Out = Path("runs/probe"),
     whiten: Annotated[
         bool | None,
@@ -504,7 +518,8 @@ def probe(
     cfg = ProbeConfig(pooling=pooling, split=split, features=features, device=device, whiten=whiten,
                       tta=tta, layers=layers)  # fmt: skip
     seeds = _seeds(seeds)
-    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split)
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split,
+                            valid_from_train)  # fmt: skip
     results = run_probe(loaded, backbone, seeds, cfg, save_dir=save_dir, overwrite=overwrite)
     _print_report(results, out, f"Linear probe {loaded.name}")
 

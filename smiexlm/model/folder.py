@@ -176,7 +176,8 @@ class FinetunedFolder(ModelFolder):
         if not (folder / FINETUNE_NAME).is_file():
             raise DataError(
                 f"{what} {str(folder)!r}: no {FINETUNE_NAME}; expected a folder written by "
-                "`smiexlm finetune --save-dir DIR`, which writes DIR/seed0, DIR/seed1, ..."
+                "`smiexlm finetune --save-dir DIR` (DIR itself, which serves its seeds as an "
+                "ensemble, or one of DIR/seed0, DIR/seed1, ...)"
             )
         self.path = folder
 

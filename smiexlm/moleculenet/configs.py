@@ -41,6 +41,30 @@ _LOOP_KEYS = {
 
 CLASS_WEIGHTS = ("none", "balanced")
 
+# ``forest = "auto"`` (the shipped default): the forest each task type is served with, the
+# blend that measured best beside the fine-tuned model (benchmarks/results/table1 for
+# classification, benchmarks/results/regression for regression; None: the model alone)
+AUTO = "auto"
+AUTO_FOREST = {"classification": "rdkit2d", "regression": None}
+# the most trees a forest kept beside a model may hold over all its labels: 500 a label up to
+# 200 labels; beyond, fewer a label (ToxCast's 617: 162 each), so that the forest costs less
+# than the fine-tuning it sits beside (benchmarks/results/forest_cost.md)
+FOREST_TREE_BUDGET = 100_000
+MIN_FOREST_TREES = 50
+
+
+def resolve_forest(cfg: FinetuneConfig, task_type: str, n_labels: int) -> FinetuneConfig:
+    """``cfg`` as it runs on a task: ``forest = "auto"`` made :data:`AUTO_FOREST`'s kind for
+    ``task_type``, and the forest's trees a label capped at :data:`FOREST_TREE_BUDGET` over
+    ``n_labels`` labels (never below :data:`MIN_FOREST_TREES`)."""
+    forest = AUTO_FOREST[task_type] if cfg.forest == AUTO else cfg.forest
+    trees = cfg.forest_trees
+    if forest is not None:
+        trees = min(trees, max(MIN_FOREST_TREES, FOREST_TREE_BUDGET // max(n_labels, 1)))
+    if (forest, trees) == (cfg.forest, cfg.forest_trees):
+        return cfg
+    return dataclasses.replace(cfg, forest=forest, forest_trees=trees)
+
 
 def _default_loop() -> LoopConfig:
     return LoopConfig(epochs=40, batch_size=64, lr=1e-4)
@@ -104,8 +128,10 @@ class FinetuneConfig:
         check_split_kind(self.split)
         if self.features is not None:
             check_choice("features", self.features, FEATURE_KINDS)
+        if self.forest == "none":  # TOML and the command line spell None so
+            self.forest = None
         if self.forest is not None:
-            check_choice("forest", self.forest, FEATURE_KINDS)
+            check_choice("forest", self.forest, (AUTO, *FEATURE_KINDS))
         check_positive_int("forest_trees", self.forest_trees)
         check_blend(self.forest_weight, self.forest_blend)
         check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)

@@ -36,7 +36,7 @@ from smiexlm.model.inputs import UnseenTokens
 from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.adapt import adapt_descriptors
 from smiexlm.moleculenet.backbone import Backbone
-from smiexlm.moleculenet.configs import FinetuneConfig
+from smiexlm.moleculenet.configs import FinetuneConfig, resolve_forest
 from smiexlm.moleculenet.folder import check_free_seed_folders, save_finetuned
 from smiexlm.moleculenet.metrics import TaskScores, score, to_scores
 from smiexlm.moleculenet.reference import Reference
@@ -305,7 +305,8 @@ def finetune_once(
     from smiexlm.finetuning import fit, predict_views
 
     t0 = time.perf_counter()
-    task, cfg = check_task(task), with_backbone_blocks(cfg, backbone)
+    task = check_task(task)
+    cfg = with_backbone_blocks(resolve_forest(cfg, task.task_type, len(task.label_cols)), backbone)
     run = _setup(task, split, cfg, seed, backbone, inputs, raw_features)
     (train, valid, test), targets = run.parts, run.targets
     loop = loop_config(cfg, higher_is_better=task.is_classification)
@@ -433,7 +434,7 @@ def run_finetune(
     if run_root is not None and not resume:
         runs.check_fresh(run_root, task.name, seeds)
     backbone = backbone or Backbone()
-    cfg = with_backbone_blocks(cfg, backbone)
+    cfg = with_backbone_blocks(resolve_forest(cfg, task.task_type, len(task.label_cols)), backbone)
     if save_dir is not None:  # before training, not after it
         check_output(save_dir, "--save-dir", "folder")
         check_seeds(seeds)

@@ -61,10 +61,26 @@ def _holding(folder: Path) -> str:
     )
 
 
+def seed_folders(folder: Path | str) -> list[Path]:
+    """The ``seed<N>`` fine-tuned folders a ``finetune --save-dir`` folder holds, by N; none
+    when ``folder`` is a fine-tuned folder itself or holds no seed folder."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir() or (folder / FINETUNE_NAME).is_file():
+        return []
+    seeds = [(int(p.name[4:]), p) for p in folder.iterdir()
+             if p.name.startswith("seed") and p.name[4:].isdigit()
+             and (p / FINETUNE_NAME).is_file()]  # fmt: skip
+    return [p for _, p in sorted(seeds)]
+
+
 def finetuned_folders(folders: Path | str | Sequence[Path | str]) -> list[Path | str]:
     """The fine-tuned folders of ``--checkpoint`` as a list: at least one, each once (a folder
-    named twice, by any path, would count as two agreeing models and shrink ``<label>_std``)."""
-    listed = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    named twice, by any path, would count as two agreeing models and shrink ``<label>_std``).
+    A ``finetune --save-dir`` folder stands for its seeds (:func:`seed_folders`): an ensemble."""
+    given = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    listed: list[Path | str] = []
+    for folder in given:
+        listed += seed_folders(folder) or [folder]
     if not listed:
         raise DataError("--checkpoint: expected at least one fine-tuned folder")
     seen: dict[Path, Path | str] = {}

@@ -25,7 +25,7 @@ from smiexlm.data.normalize import smiles_problem
 from smiexlm.data.readers import detect_format, read_table
 from smiexlm.errors import DataError
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
-from smiexlm.moleculenet.splits import read_parts
+from smiexlm.moleculenet.splits import VALID_FROM_TRAIN, carve_valid, read_parts
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import cache_dir, check_input_file, data_dir, file_sha256
 
@@ -125,11 +125,16 @@ def read_task(
     task_type: TaskType = "classification",
     name: str | None = None,
     split_col: str | None = None,
+    valid_from_train: float = VALID_FROM_TRAIN,
 ) -> MoleculeTask:
     """A user's table (CSV, TSV or Parquet, read by :func:`~smiexlm.data.readers.read_table`),
     checked as strictly as the built-in sets; ``name`` (default: the file name without
     suffix) titles the results. ``split_col`` names a column holding the table's own split
-    (``train``, ``valid`` or ``test`` in each row), used by the split ``column:<split_col>``.
+    (``train``, ``valid`` or ``test`` in each row), used by the split ``column:<split_col>``;
+    a column with train and test rows but no valid ones (how many public benchmarks ship
+    their splits) gets ``valid_from_train`` of its train rows as the validation part
+    (:func:`~smiexlm.moleculenet.splits.carve_valid`, said once on stderr; 0 keeps the
+    column as it is, which training then refuses).
 
     Raises DataError for a missing file or column, classification labels other than 0/1
     (``true``/``false`` in any case are read as 1/0), a classification task with no positives
@@ -145,6 +150,13 @@ def read_task(
     first_line = None if detect_format(path, "--data") == "parquet" else 2
     task = clean_task(raw, smiles_col, list(label_cols), task_type, name=name or path.stem,
                       strict=True, split_col=split_col, first_line=first_line)  # fmt: skip
+    if task.parts is not None and "valid" not in task.parts and valid_from_train:
+        task.parts, how = carve_valid(task.smiles, task.parts, valid_from_train)
+        log.warning("%s: split column %r has no valid rows: %d of its %d train molecules (%.0f "
+                    "%%, %s) are the validation part (--valid-from-train 0 refuses such a "
+                    "column)", task.name, split_col, task.parts.count("valid"),
+                    task.parts.count("valid") + task.parts.count("train"),
+                    100 * valid_from_train, how)  # fmt: skip
     task.source, task.sha256 = str(path), file_sha256(path)
     return task
 

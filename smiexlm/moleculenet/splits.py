@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from smiexlm.errors import ConfigError, DataError
+from smiexlm.errors import ConfigError, DataError, check_fraction
 from smiexlm.paths import cache_dir, keep_in_cache
 
 SplitKind = Literal["scaffold", "scaffold_chiral", "balanced_scaffold", "random"]
@@ -213,6 +213,30 @@ def column_split(kind: str, parts: Sequence[str]) -> Split:
     each, as :func:`read_parts` checked them)."""
     part_of = np.asarray(parts, dtype=object)
     return Split(kind, None, *(np.flatnonzero(part_of == p).tolist() for p in PARTS))
+
+
+VALID_FROM_TRAIN = 0.1  # the share of train carved as valid where a split column has none
+
+
+def carve_valid(smiles: Sequence[str], parts: Sequence[str], fraction: float = VALID_FROM_TRAIN,
+                seed: int = 0) -> tuple[list[str], str]:  # fmt: skip
+    """``parts`` with about ``fraction`` of its ``train`` molecules made ``valid``, and how
+    they were drawn: whole scaffold groups in a seeded order (:func:`balanced_scaffold_split`
+    of the train molecules), so the validation molecules are new scaffolds to the model as the
+    test molecules are; at random (seeded) where the train molecules share too few scaffolds
+    for any group to fit. ``test`` rows are left alone."""
+    check_fraction("--valid-from-train", fraction)
+    train = [i for i, p in enumerate(parts) if p == "train"]
+    train_smiles = [smiles[i] for i in train]
+    _, valid, _ = balanced_scaffold_split(train_smiles, seed, 1.0 - fraction, fraction)
+    how = f"by scaffold, seed {seed}"
+    if not valid:
+        _, valid, _ = random_split(len(train), seed, 1.0 - fraction, fraction)
+        how = f"at random, seed {seed}: too few scaffolds for a group to fit"
+    carved = list(parts)
+    for j in valid:
+        carved[train[j]] = "valid"
+    return carved, how
 
 
 def read_parts(

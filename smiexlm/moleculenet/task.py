@@ -111,6 +111,8 @@ class MoleculeTask:
         if min(counts) == 0:
             advice = ("use more data" if split.label.startswith("random") else "use more data, "
                       "or --split random, which gives each part a molecule from 6 molecules up")  # fmt: skip
+            if split_column(split.kind) is not None and not split.valid:
+                advice = "give the split column valid rows, or a --valid-from-train above 0"
             raise DataError(
                 f"{self.name}: the {split.label} split of {len(self)} molecules leaves "
                 f"{'/'.join(map(str, counts))} labelled molecules in train/valid/test; expected "

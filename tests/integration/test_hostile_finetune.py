@@ -108,7 +108,8 @@ def test_finetune_json_is_recorded_in_checksums_and_verified(saved, tmp_path):
     shutil.copytree(saved / "models" / "seed0", folder)
     sums = json.loads((folder / "checksums.json").read_text())["sha256"]
     assert set(sums) == {"model.safetensors", "head.safetensors", "finetune.json",
-                         "normalization.json", "reference.safetensors"}  # fmt: skip
+                         "normalization.json", "reference.safetensors",
+                         "forest.skops"}  # the default's forest beside the model  # fmt: skip
     meta = json.loads((folder / "finetune.json").read_text())
     (folder / "finetune.json").write_text(json.dumps(meta | {"target_mean": [0.5]}, indent=1))
     assert_one_line_error(_predict(tmp_path, folder), "finetune.json", "sha256")

@@ -37,7 +37,8 @@ def one_thread():
 
 def test_bbbp_subset_repeats_the_pinned_fine_tuning(shared_data, one_thread, tmp_path):
     task = load_task("bbbp", allow_download=False).subset(range(200))
-    cfg = finetune_config("bbbp", epochs=2, batch_size=32, precision="fp32", device="cpu")
+    cfg = finetune_config("bbbp", epochs=2, batch_size=32, precision="fp32", device="cpu",
+                          forest="none")  # fmt: skip
     (result,) = run_finetune(task, cfg, Backbone(ASSETS_DIR / "twins" / "exlm"), seeds=[0], save_dir=tmp_path / "ft", progress=False)  # fmt: skip
     probabilities = predict(tmp_path / "ft" / "seed0", task.smiles[:5])["p_np"]
     best = (result.best_epoch, round(result.valid, 4), round(result.test, 4))

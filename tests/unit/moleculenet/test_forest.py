@@ -89,7 +89,7 @@ def test_the_forest_is_the_baseline_forest_of_the_same_split_and_seed(blended, t
 
 def test_the_forest_leaves_the_model_as_it_is(blended, tmp_path):
     _, kept, _ = blended
-    rows, alone = _finetune(tmp_path)
+    rows, alone = _finetune(tmp_path, "--forest", "none")
     assert rows["model"][0] == "default_model"
     assert "valid_model" not in alone and json.loads(rows["config"][0])["forest"] is None
     np.testing.assert_array_equal(alone["test"], kept["test_model"])
@@ -192,3 +192,27 @@ def _rechecksum(folder, name):
     from smiexlm.model.integrity import record_checksums
 
     record_checksums(folder, name)
+
+
+def test_the_default_forest_follows_the_task_type_and_the_tree_budget():
+    import dataclasses
+
+    from smiexlm.moleculenet.configs import (
+        AUTO_FOREST,
+        FOREST_TREE_BUDGET,
+        MIN_FOREST_TREES,
+        finetune_config,
+        resolve_forest,
+    )
+
+    shipped = finetune_config("bbbp")
+    assert shipped.forest == "auto" and finetune_config("bbbp", forest="none").forest is None
+    assert resolve_forest(shipped, "classification", 1).forest == "rdkit2d"
+    assert resolve_forest(shipped, "regression", 1).forest == AUTO_FOREST["regression"]
+    assert resolve_forest(shipped, "classification", 12).forest_trees == 500  # Tox21
+    toxcast = resolve_forest(shipped, "classification", 617)
+    assert toxcast.forest_trees == FOREST_TREE_BUDGET // 617 == 162
+    assert resolve_forest(shipped, "classification", 10**6).forest_trees == MIN_FOREST_TREES
+    mine = dataclasses.replace(shipped, forest="ecfp4", forest_trees=20)
+    assert resolve_forest(mine, "regression", 1) == mine  # a named forest is kept as named
+    assert resolve_forest(finetune_config("bbbp", forest="none"), "classification", 1).forest is None

@@ -40,7 +40,7 @@ def toy_base(**overrides):
     from smiexlm.moleculenet.configs import finetune_config
 
     values = dict(split="random", epochs=3, batch_size=32, device="cpu", precision="fp32",
-                  layers=1)  # the last block alone, the head these toy searches were written for  # fmt: skip
+                  layers=1, forest="none")  # the last block alone, the head these toy searches were written for; the network alone, as trials score it  # fmt: skip
     return finetune_config(None, **values | overrides)
 
 

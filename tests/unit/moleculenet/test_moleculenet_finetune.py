@@ -232,29 +232,34 @@ def _small_csv(tmp_path):
     return path, frame
 
 
-def _finetune_cli(path, out, *extra):
-    """``smiexlm finetune`` on a CSV for two updates, in-process."""
+def _finetune_cli(path, out, *extra, forest: str | None = "none"):
+    """``smiexlm finetune`` on a CSV for two updates, in-process; the network alone unless
+    ``forest`` (None: the command's default, a forest beside it)."""
     from smiexlm.cli.main import app
 
     args = ["finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
             "--split", "random", "--max-train-steps", "2", "--batch-size", "8", "--epochs", "1",
             "--device", "cpu", "--out", str(out), *extra]  # fmt: skip
+    if forest is not None and "--forest" not in extra:
+        args += ["--forest", forest]
     return CliRunner().invoke(app, args)
 
 
-def _finetune(tmp_path, *extra, out=None):
+def _finetune(tmp_path, *extra, out=None, forest: str | None = "none"):
     path, _ = _small_csv(tmp_path)
     out = out or tmp_path / f"out{len(list(tmp_path.glob('out*')))}"  # a run folder of its own
-    result = _finetune_cli(path, out, *extra)
+    result = _finetune_cli(path, out, *extra, forest=forest)
     assert result.exit_code == 0, result.output
     return pd.read_csv(out / "results.csv")
 
 
 def test_cli_finetune_defaults_to_the_shipped_model_and_random_init_is_explicit(tmp_path):
     torch.set_num_threads(1)
-    rows = _finetune(tmp_path, "--seeds", "0")
+    rows = _finetune(tmp_path, "--seeds", "0", forest=None)  # served blended with a forest
     config = json.loads(rows["config"][0])
-    assert config["backbone"] == "default_model" and rows["model"][0] == "default_model"
+    assert config["backbone"] == "default_model" and rows["model"][0] == "default_model + RF-rdkit2d"
+    assert config["forest"] == "rdkit2d" and config["forest_trees"] == 500
+    assert {"valid_model", "test_model", "valid_forest", "test_forest"} <= set(config)
     assert config["n_unk_tokens"] == config["n_unk_molecules"] == 0
     assert config["steps"] == 2 and config["patience"] is None
     rows = _finetune(tmp_path, "--seeds", "0", "--random-init")

@@ -116,7 +116,7 @@ def _finetuned(tmp_path):
         "finetune", "mini", "--data", str(train), "--smiles-col", "smi", "--label-cols", "y",
         "--split", "random", "--max-train-steps", "1", "--batch-size", "8", "--epochs", "1",
         "--device", "cpu", "--random-init", "--seeds", "0", "--save-dir", str(models),
-        "--out", str(tmp_path / "ft"),
+        "--out", str(tmp_path / "ft"), "--forest", "none",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     return models / "seed0", frame, tmp_path / "ft" / "runs" / "mini" / "seed0"

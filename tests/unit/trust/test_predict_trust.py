@@ -24,6 +24,7 @@ def _models(tmp_path, task_type="classification", seeds=("0",), split="random"):
         "--task-type", task_type, "--split", split, "--max-train-steps", "3", "--batch-size",
         "8", "--epochs", "1", "--device", "cpu", "--random-init", "--seeds", *seeds,
         "--save-dir", str(models), "--out", str(tmp_path / f"ft_{task_type}_{split}"),
+        "--forest", "none",  # the network's own probabilities are what is calibrated here
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     return [models / f"seed{s}" for s in seeds], frame
