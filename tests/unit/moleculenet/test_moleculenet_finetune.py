@@ -737,3 +737,33 @@ def test_a_table_brings_its_own_split_in_a_column(tmp_path):
         read_task(path, "smi", ["y"], split_col="fold")
     result = CliRunner().invoke(app, ["probe", "bbbp", "--split", "column:fold"])
     assert result.exit_code != 0 and "your own table" in str(result.exception)
+
+
+def test_a_split_column_without_valid_rows_gets_one_carved_from_train(tmp_path, caplog):
+    """Whole scaffold groups of the train rows (seed 0), about 10 %, the test rows untouched;
+    said once; ``valid_from_train=0`` keeps the column as it is, which training refuses."""
+    from smiexlm.errors import DataError
+    from smiexlm.moleculenet import read_task
+    from smiexlm.moleculenet.splits import murcko_scaffolds
+
+    # 40 scaffolds (a ring of 3 to 12 atoms, a linker of 1 to 4, a phenyl), two molecules each
+    smiles = [f"C1{'C' * (ring - 1)}C1{'C' * linker}c1ccc({x})cc1"
+              for ring in range(3, 13) for linker in range(1, 5) for x in ("O", "N")]  # fmt: skip
+    fold = ["test" if i % 10 < 2 else "train" for i in range(len(smiles))]  # 16 test, 64 train
+    path = tmp_path / "own.csv"
+    pd.DataFrame({"smi": smiles, "y": [i % 2 for i in range(len(smiles))], "fold": fold}).to_csv(
+        path, index=False
+    )
+    task = read_task(path, "smi", ["y"], split_col="fold")
+    assert [p for p, f in zip(task.parts, fold, strict=True) if f == "test"] == ["test"] * 16
+    valid = [i for i, p in enumerate(task.parts) if p == "valid"]
+    train = [i for i, p in enumerate(task.parts) if p == "train"]
+    assert 0 < len(valid) <= 0.1 * 64 and len(valid) + len(train) == 64
+    scaffolds = murcko_scaffolds(task.smiles)
+    assert not {scaffolds[i] for i in valid} & {scaffolds[i] for i in train}  # whole groups
+    assert read_task(path, "smi", ["y"], split_col="fold").parts == task.parts  # seeded
+    assert sum("has no valid rows" in r.getMessage() for r in caplog.records) == 2
+    kept = read_task(path, "smi", ["y"], split_col="fold", valid_from_train=0.0)
+    assert "valid" not in kept.parts
+    with pytest.raises(DataError, match="--valid-from-train above 0"):
+        kept.check_split(kept.split("column:fold", 0))
