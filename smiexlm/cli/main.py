@@ -116,10 +116,14 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _shown(parameter: str, hint: Any) -> str:
-    """How a parameter is named on the command line: ``--save-dir``, or ``INPUT`` for an
-    argument."""
-    if any(isinstance(m, typer.models.ArgumentInfo) for m in getattr(hint, "__metadata__", ())):
-        return parameter.upper()
+    """How a parameter is named on the command line: its first long flag (``--save-dir``),
+    or ``INPUT`` for an argument."""
+    for meta in getattr(hint, "__metadata__", ()):
+        if isinstance(meta, typer.models.ArgumentInfo):
+            return parameter.upper()
+        flags = [d for d in getattr(meta, "param_decls", None) or () if d.startswith("--")]
+        if flags:
+            return flags[0].split("/")[0]
     return "--" + parameter.replace("_", "-")
 
 
