@@ -81,6 +81,8 @@ class KeptForest:
     def blended(self, task_type: str, model_valid: np.ndarray, model: np.ndarray,
                 forest: np.ndarray) -> np.ndarray:  # fmt: skip
         """(N, T) float32: ``model``'s scores blended with the forest's (``forest``)."""
+        if len(model) == 0:  # no molecule to serve (every row of the input unparsable)
+            return np.zeros((0, len(self.forests)), dtype=np.float32)
         return blend(task_type, model_valid, model, self.valid_scores, forest, self.weight,
                      self.how).astype(np.float32)  # fmt: skip
 

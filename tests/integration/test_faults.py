@@ -404,8 +404,8 @@ def test_predict_empty_cell_is_a_nan_row_and_ids_are_kept(tmp_path, finetuned):
     preds = pd.read_csv(out, keep_default_na=False, na_values=[""])
     domain = ["nearest_tanimoto", "mean_tanimoto_k5", "nearest_cosine", "mean_cosine_k5",
               "in_domain"]  # fmt: skip
-    assert preds.columns.tolist() == ["mol_id", "input_y", "smiles", "valid", "y", "truncated",
-                                      "untrained_tokens", *domain]  # y: predicted  # fmt: skip
+    assert preds.columns.tolist() == ["mol_id", "input_y", "smiles", "valid", "y", "y_model",
+                                      "y_forest", "truncated", "untrained_tokens", *domain]  # y: predicted, blended with the default's forest  # fmt: skip
     assert preds.input_y.tolist() == [1, 0, 1, 0]  # the measured labels, kept beside
     assert preds.mol_id.tolist() == ["a", "b", "c", "d"]
     assert preds.valid.tolist() == [True, False, False, True]

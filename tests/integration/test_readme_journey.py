@@ -25,9 +25,12 @@ def journey_commands() -> list[list[str]]:
 
 def test_the_readme_journey_runs_as_written(shared_data, tmp_path):
     bbbp = pd.read_csv(shared_data / "moleculenet" / "bbbp.csv")
-    bbbp = bbbp[~bbbp["smiles"].str.contains(r"\.", regex=True)].reset_index(drop=True)
-    table = bbbp.rename(columns={"p_np": "active"})[["name", "smiles", "active"]]
-    table.iloc[:200].to_csv(tmp_path / "my.csv", index=False)  # 200 molecules, both classes
+    bbbp = bbbp[~bbbp["smiles"].str.contains(r"\.", regex=True)]
+    # the 260 shortest (both classes among them): the same journey at a fraction of the cost
+    bbbp = bbbp.iloc[bbbp["smiles"].str.len().argsort(kind="stable")[:260]]
+    table = bbbp.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    table = table.rename(columns={"p_np": "active"})[["name", "smiles", "active"]]
+    table.iloc[:200].to_csv(tmp_path / "my.csv", index=False)  # 200 molecules
     table.iloc[200:260].drop(columns="active").to_csv(tmp_path / "candidates.csv", index=False)
     commands = journey_commands()
     assert [c[:2] for c in commands] == [["smiexlm", "finetune"], ["smiexlm", "predict"],
