@@ -59,6 +59,14 @@ def check_positive_int(field: str, value: object, optional: bool = False) -> Non
         raise ConfigError(field, value, "a positive integer" + (" or None" if optional else ""))
 
 
+def check_distinct(field: str, names: list) -> None:
+    """DataError naming ``field`` when a name of ``names`` (columns) is given twice."""
+    twice = sorted({str(c) for c in names if names.count(c) > 1})
+    if twice:
+        raise DataError(f"{field} {list(names)}: names {twice} more than once; expected each "
+                        "column once")  # fmt: skip
+
+
 def check_fraction(field: str, value: object) -> None:
     """ConfigError unless ``value`` is a number in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:

@@ -66,11 +66,8 @@ def columns(text: str | None) -> list[str] | None:
 def distinct_columns(option: str, value: str | list[str]) -> list[str]:
     """The columns of a column option (a list, or one comma-separated text); DataError when
     one is named twice."""
-    from smiexlm.errors import DataError
+    from smiexlm.errors import check_distinct
 
     names = columns(value) if isinstance(value, str) else [str(v) for v in value]
-    twice = sorted({c for c in names if names.count(c) > 1})
-    if twice:
-        raise DataError(f"{option} {names}: names {twice} more than once; expected each "
-                        "column once")  # fmt: skip
+    check_distinct(option, names)
     return names

@@ -23,9 +23,9 @@ import pandas as pd
 
 from smiexlm.data.normalize import smiles_problem
 from smiexlm.data.readers import detect_format, read_table
-from smiexlm.errors import DataError
+from smiexlm.errors import DataError, check_distinct
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
-from smiexlm.moleculenet.splits import VALID_FROM_TRAIN, carve_valid, read_parts
+from smiexlm.moleculenet.splits import VALID_FROM_TRAIN, carve_valid, read_parts, row_name
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import cache_dir, check_input_file, data_dir, file_sha256
 
@@ -175,10 +175,7 @@ def clean_task(
     Errors name a bad cell by its line in the file, the first data row being ``first_line``
     (a CSV with a header row: 2), or by its row from 0 where ``first_line`` is None
     (Parquet)."""
-    twice = sorted({c for c in label_cols if list(label_cols).count(c) > 1})
-    if twice:
-        raise DataError(f"{name}: label columns {list(label_cols)} name {twice} more than "
-                        "once; expected each column once")  # fmt: skip
+    check_distinct(f"{name}: label columns", list(label_cols))
     wanted = [smiles_col, *label_cols] + ([] if split_col is None else [split_col])
     missing = [c for c in wanted if c not in raw.columns]
     if missing:
@@ -218,12 +215,6 @@ def clean_task(
     )
 
 
-def _row_name(row: int, first_line: int | None) -> str:
-    """How an error names data row ``row`` (from 0): its line in a text file whose first data
-    row is line ``first_line``; its row (from 0) where there are no lines (Parquet)."""
-    return f"row {row}" if first_line is None else f"line {int(row) + first_line}"
-
-
 def _label_values(
     column: pd.Series, col: str, task_type: TaskType, name: str, first_line: int | None
 ) -> pd.Series:
@@ -240,7 +231,7 @@ def _label_values(
         row = int(np.flatnonzero(bad.to_numpy())[0])
         kind = "0/1 (or true/false)" if task_type == "classification" else "a number"
         raise DataError(
-            f"{name}: label column {col!r} {_row_name(row, first_line)} = "
+            f"{name}: label column {col!r} {row_name(row, first_line)} = "
             f"{column.astype(str).iloc[row]!r}: expected {kind}"
         )
     return values
@@ -256,7 +247,7 @@ def _check_binary(
             row = labels.index.get_loc(odd.index[0])
             raise DataError(
                 f"{name}: label column {col!r} has value {odd.iloc[0]:g} "
-                f"({_row_name(row, first_line)}): "
+                f"({row_name(row, first_line)}): "
                 "expected 0/1 for classification (blank = missing); use "
                 "--task-type regression for continuous targets"
             )
@@ -278,7 +269,7 @@ def _check_regression(
         beyond = np.flatnonzero(np.isinf(values) | (np.abs(values) > limit))
         if len(beyond):
             raise DataError(
-                f"{name}: label column {col!r} {_row_name(beyond[0], first_line)} = "
+                f"{name}: label column {col!r} {row_name(beyond[0], first_line)} = "
                 f"{values[beyond[0]]:g}: expected a finite number of float32's range "
                 f"(|y| <= {limit:.4g}) for regression"
             )

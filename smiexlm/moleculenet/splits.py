@@ -239,6 +239,12 @@ def carve_valid(smiles: Sequence[str], parts: Sequence[str], fraction: float = V
     return carved, how
 
 
+def row_name(row: int, first_line: int | None) -> str:
+    """How an error names data row ``row`` (from 0): its line in a text file whose first data
+    row is line ``first_line``; its row (from 0) where there are no lines (Parquet)."""
+    return f"row {row}" if first_line is None else f"line {int(row) + first_line}"
+
+
 def read_parts(
     column: Sequence[object], name: str, where: str, first_line: int | None = 2
 ) -> list[str]:
@@ -249,8 +255,7 @@ def read_parts(
     for row, cell in enumerate(column):
         part = cell.strip().lower() if isinstance(cell, str) else None
         if part not in PARTS:
-            at = f"row {row}" if first_line is None else f"line {row + first_line}"
-            raise DataError(f"{where}: split column {name!r}, {at}, holds {cell!r}: "
+            raise DataError(f"{where}: split column {name!r}, {row_name(row, first_line)}, holds {cell!r}: "
                             f"expected one of {', '.join(PARTS)}")  # fmt: skip
         parts.append(part)
     return parts
