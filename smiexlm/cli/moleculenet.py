@@ -117,12 +117,19 @@ def _check_outputs(out: Path, save_dir: Path | None = None) -> None:
         check_output(save_dir, "--save-dir", "folder")
 
 
-def _spread(processes: int) -> bool:
+def _spread(processes: int, ensemble: str | None = None) -> bool:
     """True when ``processes`` copies of this command ran it (exit with their code when one
-    failed); False when this process is to run it itself (see ``distributed.relaunch``)."""
+    failed); False when this process is to run it itself (see ``distributed.relaunch``).
+    A wide ``ensemble`` runs in one process."""
     import sys
 
     from smiexlm.pretraining.distributed import relaunch
+
+    if ensemble not in (None, "none") and processes > 1:
+        from smiexlm.errors import ConfigError
+
+        raise ConfigError("--processes", processes, f"1 with --ensemble {ensemble} (its members "
+                          "fine-tune one after the other in one process)")  # fmt: skip
 
     code = relaunch(processes, [sys.executable, *sys.argv])
     if code:
@@ -270,13 +277,21 @@ AdaptLr = Annotated[
 ]
 Forest = Annotated[
     str | None,
-    typer.Option("--forest", help="auto (the default: rdkit2d for classification, where the "
-                 "blend measured best; none for regression) | none | ecfp4 | rdkit2d | both: "
+    typer.Option("--forest", help="auto (the default: rdkit2d, whose blend measured best "
+                 "for classification and regression) | none | ecfp4 | rdkit2d | both: "
                  "after training, fit a random forest on these features of the same training "
                  "molecules, keep it in --save-dir and serve the two blended (the model and the "
                  "forest alone are reported beside)."),
 ]  # fmt: skip
 ForestTrees = Annotated[int | None, typer.Option("--forest-trees", help="Trees of --forest (500).")]
+Ensemble = Annotated[
+    str | None,
+    typer.Option("--ensemble", help="none (the default) | wide: fine-tune the model alone and "
+                 "with RDKit 2D beside its head, fit forests on RDKit 2D, on both and on ECFP4, "
+                 "keep the five in one folder a seed and serve them blended by validation "
+                 "quantiles, each member's score and their spread beside (about twice the "
+                 "fine-tuning's cost; --forest does not apply)."),
+]  # fmt: skip
 ForestBlend = Annotated[
     str | None,
     typer.Option("--forest-blend", help="quantile (default: each score's quantile among the "
@@ -373,6 +388,7 @@ def finetune(
     forest_trees: ForestTrees = None,
     forest_blend: ForestBlend = None,
     forest_weight: ForestWeight = None,
+    ensemble: Ensemble = None,
     config: ConfigFile = None,
 ) -> None:
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
@@ -382,7 +398,7 @@ def finetune(
     from smiexlm.moleculenet.finetune import run_finetune
 
     _check_outputs(out, save_dir)
-    if _spread(processes):
+    if _spread(processes, ensemble):
         return
     cfg = _config(None if data else task, no_canonicalize, config, ctx, split=split, epochs=epochs,
                   max_train_steps=max_train_steps, batch_size=batch_size, lr=lr, device=device,
@@ -391,7 +407,8 @@ def finetune(
                   head_epochs=head_epochs, head_lr=head_lr, layer_decay=layer_decay,
                   class_weight=class_weight, precision=precision, augment=augment, tta=tta, adapt_steps=adapt_steps,
                   adapt_lr=adapt_lr, forest=forest, forest_trees=forest_trees,
-                  forest_blend=forest_blend, forest_weight=forest_weight)  # fmt: skip
+                  forest_blend=forest_blend, forest_weight=forest_weight,
+                  ensemble=ensemble)  # fmt: skip
     seeds = _seeds(seeds)
     (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split,
                             valid_from_train)  # fmt: skip
@@ -422,6 +439,7 @@ def benchmark(
     forest_trees: ForestTrees = None,
     forest_blend: ForestBlend = None,
     forest_weight: ForestWeight = None,
+    ensemble: Ensemble = None,
     config: ConfigFile = None,
 ) -> None:
     """Fine-tune on several datasets x seeds and write one report next to the paper's numbers
@@ -434,7 +452,7 @@ def benchmark(
     from smiexlm.moleculenet.report import write_report
 
     _check_outputs(out)
-    if _spread(processes):
+    if _spread(processes, ensemble):
         return
     backbone, results = Backbone(checkpoint, preset, objective, random_init), []
     seeds = _seeds(seeds)
@@ -442,7 +460,7 @@ def benchmark(
         cfg = _config(loaded.name, config=config, ctx=ctx, split=split, epochs=epochs,
                       max_train_steps=max_train_steps, device=device, layers=layers, forest=forest,
                       forest_trees=forest_trees, forest_blend=forest_blend,
-                      forest_weight=forest_weight)  # fmt: skip
+                      forest_weight=forest_weight, ensemble=ensemble)  # fmt: skip
         results += run_finetune(loaded, cfg, backbone, seeds, run_root=out / "runs", resume=resume)
         if with_baseline:
             results += run_baseline(loaded, seeds, BaselineConfig(split=split))

@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
 def export_onnx(
     folder: Annotated[
         Path,
-        typer.Argument(help="Model folder: from `smiexlm export`, or a fine-tuned seed folder"),
+        typer.Argument(help="Model folder: from `smiexlm export`, or a fine-tuned seed folder "
+                       "(an ensemble's: each of its networks)"),
     ],
     kind: Annotated[
         str | None,
@@ -30,6 +31,8 @@ def export_onnx(
 
     Serve it with Featurizer.from_pretrained(FOLDER, backend="onnx") or
     `smiexlm predict --backend onnx`. Needs the onnx extra (onnx, onnxscript, onnxruntime)."""
+    from smiexlm.moleculenet.ensemble import network_folders
     from smiexlm.serving.onnx_export import export_onnx as write_graph
 
-    typer.echo(str(write_graph(folder, kind)))  # type: ignore[arg-type]
+    for each in network_folders(folder) or [folder]:  # an ensemble: each network member's
+        typer.echo(str(write_graph(each, kind)))  # type: ignore[arg-type]

@@ -6,10 +6,13 @@ validation molecules (:func:`quantiles`): a per-molecule transform, so a served 
 apply it to one molecule as well as to a test split (``how="quantile"``); ``how="mean"``
 averages the probabilities as they are. Regression values are in the label's units already and
 are averaged as they are. :func:`blend` gives the model the weight ``weight`` and the forest
-the rest.
+the rest; :func:`blend_members` averages any number of members so (``finetune --ensemble``,
+:mod:`smiexlm.moleculenet.ensemble`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -56,9 +59,41 @@ def blend(
     the values, of their :func:`quantiles` among their own validation scores
     (``model_valid``, ``forest_valid``) for a classification task blended ``how="quantile"``."""
     check_blend(weight, how)
+    return blend_members(task_type, [model_valid, forest_valid], [model, forest],
+                         [weight, 1.0 - weight], how)  # fmt: skip
+
+
+def on_one_scale(task_type: str, valid: np.ndarray, scores: np.ndarray, how: str) -> np.ndarray:
+    """(N, T) float64: ``scores`` as a blend averages them: their :func:`quantiles` among the
+    same member's validation scores ``valid`` (classification blended ``how="quantile"``), or
+    as they are."""
     if task_type == "classification" and how == "quantile":
-        model, forest = quantiles(model_valid, model), quantiles(forest_valid, forest)
-    return weight * np.asarray(model, np.float64) + (1.0 - weight) * np.asarray(forest, np.float64)
+        return quantiles(valid, scores)
+    return np.asarray(scores, np.float64)
+
+
+def blend_members(
+    task_type: str,
+    valids: Sequence[np.ndarray],
+    scores: Sequence[np.ndarray],
+    weights: Sequence[float] | None = None,
+    how: str = DEFAULT_BLEND,
+) -> np.ndarray:
+    """(N, T) the weighted mean of several members' scores of the same molecules (each
+    (N, T)), each first put :func:`on_one_scale` with its own validation scores (``valids``,
+    one per member); equal weights when None. Two members of weights (w, 1 - w) are
+    :func:`blend`."""
+    if len(valids) != len(scores) or not scores:
+        raise DataError(f"blend_members: {len(valids)} validation and {len(scores)} scored "
+                        "arrays: expected one of each per member, at least one member")  # fmt: skip
+    weights = [1.0 / len(scores)] * len(scores) if weights is None else list(weights)
+    if len(weights) != len(scores) or abs(sum(weights) - 1.0) > 1e-9 or min(weights) < 0:
+        raise ConfigError("weights", weights, f"{len(scores)} weights of at least 0 summing to 1")
+    check_choice("forest_blend", how, BLENDS)
+    out = np.zeros(np.shape(scores[0]), dtype=np.float64)
+    for valid, member, w in zip(valids, scores, weights, strict=True):
+        out = out + w * on_one_scale(task_type, valid, member, how)
+    return out
 
 
 def check_blend(weight: float, how: str) -> None:

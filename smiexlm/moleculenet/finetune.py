@@ -79,6 +79,8 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
         name += ", classes balanced"
     if cfg.loop.ema_half_life:
         name += f", weights averaged (half-life {cfg.loop.ema_half_life:g} epochs)"
+    if cfg.ensemble != "none":
+        name += f", {cfg.ensemble} ensemble"
     return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
 
 
@@ -433,6 +435,9 @@ def run_finetune(
     warn_rare_positives(task, cfg)
     if run_root is not None and not resume:
         runs.check_fresh(run_root, task.name, seeds)
+    if cfg.ensemble != "none" and runs.processes() > 1:
+        raise ConfigError("ensemble", cfg.ensemble, "'none' in a run of several processes (a "
+                          "wide ensemble fine-tunes its members one after the other)")  # fmt: skip
     backbone = backbone or Backbone()
     cfg = with_backbone_blocks(resolve_forest(cfg, task.task_type, len(task.label_cols)), backbone)
     if save_dir is not None:  # before training, not after it
@@ -444,15 +449,19 @@ def run_finetune(
         check_free_seed_folders(Path(save_dir), fresh, overwrite)  # a finished run's are its own
 
     @functools.cache
-    def prepared() -> tuple[list[str], np.ndarray | None]:
-        """The model's texts and the features beside them, made when a seed first trains
-        (a finished run read back needs neither: on MUV the descriptors take minutes)."""
-        inputs = backbone.model_texts(task.smiles, cfg.canonicalize)
-        if not cfg.features:
-            return inputs, None
+    def texts() -> list[str]:
+        """The model's texts, made when a seed first trains (a finished run read back needs
+        none)."""
+        return backbone.model_texts(task.smiles, cfg.canonicalize)
+
+    @functools.cache
+    def features_of(kind: str | None) -> np.ndarray | None:
+        """The hybrid features beside the head (None without): on MUV they take minutes."""
+        if not kind:
+            return None
         from smiexlm.fingerprints import molecule_features
 
-        return inputs, molecule_features(inputs, cfg.features, cache=True)
+        return molecule_features(texts(), kind, cache=True)
 
     def one_seed(split: Split, seed: int) -> RunResult:
         run_dir = None if run_root is None else runs.run_dir(run_root, task.name, seed)
@@ -460,9 +469,28 @@ def run_finetune(
             log.info("%s seed %d: finished before (%s)", task.name, seed, run_dir)
             return runs.check_finished(done, run_dir, runs.identity(task, split, cfg, backbone))
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
-        r = finetune_once(task, split, cfg, seed, backbone, target, *prepared(), progress,
-                          run_dir)  # fmt: skip
+        if cfg.ensemble == "wide":
+            r = _wide_seed(task, split, cfg, seed, backbone, target, texts(), features_of,
+                           progress, run_dir)  # fmt: skip
+        else:
+            r = finetune_once(task, split, cfg, seed, backbone, target, texts(),
+                              features_of(cfg.features), progress, run_dir)  # fmt: skip
         log.info("%s seed %d: valid %.2f test %.2f", r.dataset, seed, r.valid, r.test)
         return r
 
     return run_seeds(task, seeds, cfg.split, one_seed)
+
+
+def _wide_seed(task, split, cfg, seed, backbone, target, inputs, features_of, progress, run_dir):
+    """:func:`smiexlm.moleculenet.ensemble.fit_seed`, its members' runs kept in a temporary
+    folder when no run folder is given."""
+    import tempfile
+
+    from smiexlm.moleculenet.ensemble import fit_seed
+
+    if run_dir is not None:
+        return fit_seed(task, split, cfg, seed, backbone, target, inputs, features_of, progress,
+                        run_dir)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="smiexlm-ensemble-") as tmp:
+        return fit_seed(task, split, cfg, seed, backbone, target, inputs, features_of, progress,
+                        Path(tmp))  # fmt: skip

@@ -47,10 +47,13 @@ def check_free_seed_folders(save_dir: Path, seeds: Sequence[int], overwrite: boo
 
 def _holding(folder: Path) -> str:
     """What ``folder`` holds, for a message: the task and seed of a fine-tuned model."""
+    from smiexlm.moleculenet.ensemble import ENSEMBLE_NAME, is_ensemble
+
     if not folder.is_dir():
         return "a file"
     try:
-        meta = json.loads((folder / FINETUNE_NAME).read_text(encoding="utf-8"))
+        name = ENSEMBLE_NAME if is_ensemble(folder) else FINETUNE_NAME
+        meta = json.loads((folder / name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         meta = None
     if not isinstance(meta, dict):
@@ -62,14 +65,16 @@ def _holding(folder: Path) -> str:
 
 
 def seed_folders(folder: Path | str) -> list[Path]:
-    """The ``seed<N>`` fine-tuned folders a ``finetune --save-dir`` folder holds, by N; none
-    when ``folder`` is a fine-tuned folder itself or holds no seed folder."""
+    """The ``seed<N>`` fine-tuned (or ensemble) folders a ``finetune --save-dir`` folder
+    holds, by N; none when ``folder`` is such a folder itself or holds no seed folder."""
+    from smiexlm.moleculenet.ensemble import is_ensemble
+
     folder = Path(folder).expanduser()
-    if not folder.is_dir() or (folder / FINETUNE_NAME).is_file():
+    if not folder.is_dir() or (folder / FINETUNE_NAME).is_file() or is_ensemble(folder):
         return []
     seeds = [(int(p.name[4:]), p) for p in folder.iterdir()
              if p.name.startswith("seed") and p.name[4:].isdigit()
-             and (p / FINETUNE_NAME).is_file()]  # fmt: skip
+             and ((p / FINETUNE_NAME).is_file() or is_ensemble(p))]  # fmt: skip
     return [p for _, p in sorted(seeds)]
 
 
@@ -106,8 +111,8 @@ def save_finetuned(
     source)``: what the weights were trained on)."""
     from safetensors.torch import save_file
 
-    from smiexlm.model.integrity import record_checksums
     from smiexlm.data.normalize import REWRITES
+    from smiexlm.model.integrity import record_checksums
     from smiexlm.model.records import (
         DEFAULT_NORMALIZATION,
         write_corpus_tokens,

@@ -49,9 +49,11 @@ class KeptForest:
 
     @classmethod
     def fit(cls, texts: list[str], labels: np.ndarray, train: list[int], valid: list[int],
-            task_type: str, seed: int, cfg) -> tuple[KeptForest, np.ndarray]:  # fmt: skip
-        """The forest of ``cfg`` (a FinetuneConfig with ``forest`` set) fitted on the ``train``
-        rows of ``texts`` and ``labels``, and its scores (N, T) of every row."""
+            task_type: str, seed: int, cfg, features: str | None = None,
+            ) -> tuple[KeptForest, np.ndarray]:  # fmt: skip
+        """The forest of ``cfg`` (a FinetuneConfig with ``forest`` set; ``features``, when
+        given, instead of ``cfg.forest``) fitted on the ``train`` rows of ``texts`` and
+        ``labels``, and its scores (N, T) of every row."""
         from smiexlm.moleculenet.baseline import (
             BaselineConfig,
             ForestFeatures,
@@ -59,13 +61,14 @@ class KeptForest:
             forest_scores,
         )
 
-        features = ForestFeatures(texts, cfg.forest, cache=True)
-        scaler = features.scaler(train)
-        x = features.matrix(scaler)
-        baseline = BaselineConfig(features=cfg.forest, n_trees=cfg.forest_trees)
+        kind = features or cfg.forest
+        matrix = ForestFeatures(texts, kind, cache=True)
+        scaler = matrix.scaler(train)
+        x = matrix.matrix(scaler)
+        baseline = BaselineConfig(features=kind, n_trees=cfg.forest_trees)
         forests = fit_forests(x[train], labels[train], task_type, seed, baseline)
         scores = forest_scores(forests, x, task_type).astype(np.float32)
-        kept = cls(cfg.forest, cfg.forest_trees, cfg.forest_blend, cfg.forest_weight, scaler,
+        kept = cls(kind, cfg.forest_trees, cfg.forest_blend, cfg.forest_weight, scaler,
                    forests, scores[valid])  # fmt: skip
         return kept, scores
 
@@ -86,33 +89,36 @@ class KeptForest:
         return blend(task_type, model_valid, model, self.valid_scores, forest, self.weight,
                      self.how).astype(np.float32)  # fmt: skip
 
-    def record(self) -> dict[str, Any]:
-        """The ``finetune.json["forest"]`` block."""
+    def record(self, name: str = FOREST_NAME) -> dict[str, Any]:
+        """The ``finetune.json["forest"]`` block (of a forest saved as ``name``)."""
         return {"features": self.features, "n_trees": self.n_trees, "blend": self.how,
-                "weight": self.weight, "file": FOREST_NAME,
+                "weight": self.weight, "file": name,
                 "scaler": None if self.scaler is None else self.scaler.to_dict()}  # fmt: skip
 
-    def save(self, folder: Path) -> Path:
-        """Write ``forest.skops`` into ``folder``; the caller records its sha256."""
+    def save(self, folder: Path, name: str = FOREST_NAME) -> Path:
+        """Write ``name`` (``forest.skops``) into ``folder``; the caller records its sha256."""
         import skops.io
 
-        path = Path(folder) / FOREST_NAME
+        path = Path(folder) / name
         skops.io.dump({"format": FOREST_FORMAT, "forests": self.forests,
                        "valid_scores": np.ascontiguousarray(self.valid_scores)}, path)  # fmt: skip
         return path
 
     @classmethod
-    def load(cls, folder: Path | str, meta: dict[str, Any]) -> KeptForest | None:
+    def load(cls, folder: Path | str, meta: dict[str, Any], record: Any = None,
+             where: str = FINETUNE_NAME) -> KeptForest | None:  # fmt: skip
         """The forest of the fine-tuned folder whose ``finetune.json`` is ``meta``; None when
-        it has none. DataError naming the file for a damaged record or file, a sha256 that
-        differs, or a type in the file outside skops' defaults and :data:`TRUSTED_TYPES`."""
-        record = meta.get("forest")
+        it has none. ``record`` (named in messages as ``where``'s): a forest record of
+        another file of ``folder`` instead (an ensemble's, ``ensemble.json``). DataError
+        naming the file for a damaged record or file, a sha256 that differs, or a type in the
+        file outside skops' defaults and :data:`TRUSTED_TYPES`."""
+        record = meta.get("forest") if record is None else record
         if record is None:
             return None
-        path = Path(folder) / FOREST_NAME
-        scaler = _check_record(record, path.parent)
+        scaler = _check_record(record, Path(folder), where)
+        path = Path(folder) / record.get("file", FOREST_NAME)
         if not path.is_file():
-            raise DataError(f"{str(path)!r}: no such file, which {FINETUNE_NAME}'s 'forest' names")
+            raise DataError(f"{str(path)!r}: no such file, which {where}'s 'forest' names")
         from smiexlm.model.integrity import verify_checksum
 
         verify_checksum(path, required=True)
@@ -155,11 +161,12 @@ def _read(path: Path) -> dict:
     return doc
 
 
-def _check_record(record: Any, folder: Path) -> FeatureScaler | None:
-    """The scaler of a ``finetune.json["forest"]`` block, every key checked."""
+def _check_record(record: Any, folder: Path, name: str) -> FeatureScaler | None:
+    """The scaler of a ``finetune.json["forest"]`` block (of the file ``name``), every key
+    checked."""
     from smiexlm.fingerprints import FEATURE_KINDS
 
-    where = f"{str(folder / FINETUNE_NAME)!r}: key 'forest'"
+    where = f"{str(folder / name)!r}: key 'forest'"
     if not isinstance(record, dict):
         raise DataError(f"{where} is {record!r}: expected an object")
     checks = {
@@ -168,13 +175,16 @@ def _check_record(record: Any, folder: Path) -> FeatureScaler | None:
         "blend": record.get("blend") in BLENDS,
         "weight": type(record.get("weight")) in (int, float) and 0 <= record["weight"] <= 1,
         "scaler": (record.get("scaler") is None) == (record.get("features") == "ecfp4"),
+        "file": isinstance(record.get("file", FOREST_NAME), str)
+        and Path(record.get("file", FOREST_NAME)).name == record.get("file", FOREST_NAME),
     }
     for key, ok in checks.items():
         if not ok:
             raise DataError(
                 f"{where}: {key!r} is {record.get(key, 'missing')!r}: expected a forest record "
                 f"(features one of {FEATURE_KINDS}, n_trees > 0, blend one of {BLENDS}, "
-                "weight in [0, 1], a descriptor scaler exactly when descriptors are used)"
+                "weight in [0, 1], a descriptor scaler exactly when descriptors are used, "
+                "a file name inside the folder)"
             )
     if record["scaler"] is None:
         return None

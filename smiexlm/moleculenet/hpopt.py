@@ -26,7 +26,6 @@ itself) under :mod:`~smiexlm.moleculenet.hpopt_study` (the Optuna study) and
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 from pathlib import Path
 

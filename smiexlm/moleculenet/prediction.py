@@ -11,6 +11,11 @@ Columns of :func:`predict`, in order:
   (``finetune --forest``, :mod:`smiexlm.moleculenet.forest`) serve their blend as
   ``<label>`` (and its spread as ``<label>_std``), and the model's and the forest's scores
   alone in these two (the ensemble's means);
+- ``<label>_<member>`` and ``<label>_members_std``: a wide ensemble's folder (``finetune
+  --ensemble wide``, :mod:`smiexlm.moleculenet.ensemble`) serves its members' blend as
+  ``<label>``, each member's own score (``_model``, ``_model_rdkit2d``, ``_rf_rdkit2d``,
+  ``_rf_both``, ``_rf_ecfp4``) and the members' spread on the blend's scale (their
+  quantiles among their own validation scores, for classification);
 - ``truncated``: the molecule has more tokens than fine-tuning's ``max_length`` and was cut
   to it (its first tokens and EOS), as fine-tuning cut its own (any model of an ensemble);
 - ``untrained_tokens`` (folders fine-tuned from a backbone that records its corpus,
@@ -43,7 +48,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +75,17 @@ _NO_REFERENCE: set[Path] = set()  # folders already reported as lacking one
 
 
 @dataclass
+class _Member:
+    """One member of a served blend: its scores of the validation molecules (what places its
+    quantiles), of the molecules served, and its weight."""
+
+    name: str
+    valid: np.ndarray  # (n_valid, T)
+    scores: np.ndarray  # (N, T)
+    weight: float
+
+
+@dataclass
 class _Served:
     """One folder's output on the parsable molecules."""
 
@@ -80,24 +96,38 @@ class _Served:
     reference: Reference | None
     cut: np.ndarray | None = None  # (N,) bool: cut to the fine-tuning's max_length
     untrained: list[list[str]] | None = None  # per molecule, or None without a corpus record
-    forest: KeptForest | None = None
-    forest_scores: np.ndarray | None = None  # (N, T) the forest's scores of ``texts``
+    # a blend's members (a model and its forest, or an ensemble's), blended ``how``
+    members: list[_Member] = field(default_factory=list)
+    how: str = "quantile"
 
     def scores(self) -> np.ndarray:
-        """(N, T) what the folder serves: the model's (mean over the views), blended with its
-        forest's when it has one."""
-        model = self.views.mean(axis=0)
-        if self.forest is None:
-            return model
-        return self.forest.blended(self.meta["task_type"], self.reference.valid_scores, model,
-                                   self.forest_scores)  # fmt: skip
+        """(N, T) what the folder serves: the model's (mean over the views), or its members'
+        blend."""
+        if not self.members:
+            return self.views.mean(axis=0)
+        return self._blend([m.scores for m in self.members])
 
     def valid_scores(self) -> np.ndarray:
         """(n_valid, T) what the folder serves for its validation molecules."""
-        valid = self.reference.valid_scores
-        if self.forest is None:
-            return valid
-        return self.forest.blended(self.meta["task_type"], valid, valid, self.forest.valid_scores)
+        if not self.members:
+            return self.reference.valid_scores
+        return self._blend([m.valid for m in self.members])
+
+    def spread(self) -> np.ndarray:
+        """(N, T) the members' standard deviation on the blend's scale (ddof 0)."""
+        from smiexlm.moleculenet.blend import on_one_scale
+
+        task_type = self.meta["task_type"]
+        return np.std([on_one_scale(task_type, m.valid, m.scores, self.how) for m in self.members],
+                      axis=0)  # fmt: skip
+
+    def _blend(self, scores: list[np.ndarray]) -> np.ndarray:
+        from smiexlm.moleculenet.blend import blend_members
+
+        if len(scores[0]) == 0:  # no molecule to serve (every row of the input unparsable)
+            return np.zeros(scores[0].shape, dtype=np.float32)
+        return blend_members(self.meta["task_type"], [m.valid for m in self.members], scores,
+                             [m.weight for m in self.members], self.how).astype(np.float32)  # fmt: skip
 
 
 def _serve_one(
@@ -149,17 +179,60 @@ def _serve_one(
         reference.valid_scores = to_scores(reference.valid_logits / temperature, "classification",
                                            mean, std).astype(np.float32)  # fmt: skip
     served = _Served(texts, np.stack(views), pooled, meta, reference, cut, untrained)
-    served.forest = KeptForest.load(folder, meta)
-    if served.forest is not None:
+    forest = KeptForest.load(folder, meta)
+    if forest is not None:
         _require(folder, reference, "its forest")
-        if len(served.forest.valid_scores) != len(reference.valid_scores):
-            raise DataError(
-                f"--checkpoint {str(folder)!r}: its forest scored {len(served.forest.valid_scores)}"
-                f" validation molecules and its reference holds {len(reference.valid_scores)}: "
-                "expected the same molecules"
-            )
-        served.forest_scores = served.forest.scores(texts, meta["task_type"])
+        _check_scored(folder, "its forest", forest.valid_scores, reference)
+        served.how = forest.how
+        served.members = [_Member("model", reference.valid_scores, served.scores(), forest.weight),
+                          _Member("forest", forest.valid_scores,
+                                  forest.scores(texts, meta["task_type"]), 1.0 - forest.weight)]  # fmt: skip
     return served
+
+
+def _serve_ensemble(folder: Path | str, smiles: list[str], batch_size: int, backend: str,
+                    tta: int, calibrate: bool) -> _Served:  # fmt: skip
+    """An ensemble's folder served (:mod:`smiexlm.moleculenet.ensemble`): each network member
+    as a fine-tuned folder, each forest, and the members blended; the embedding, the domain
+    and the views are the first network's, the cut and untrained tokens any network's."""
+    from smiexlm.moleculenet.ensemble import EnsembleFolder
+
+    ensemble = EnsembleFolder.read(folder)
+    networks = {name: _serve_one(path, smiles, batch_size, backend, tta, calibrate)
+                for name, path in ensemble.networks.items()}  # fmt: skip
+    first = next(iter(networks.values()))
+    task_type = first.meta["task_type"]
+    for name, net in networks.items():
+        _require(ensemble.networks[name], net.reference, "an ensemble")
+        if (net.meta["label_cols"], net.meta["task_type"]) != (ensemble.meta.get("label_cols"),
+                                                               ensemble.meta.get("task_type")):  # fmt: skip
+            raise DataError(f"--checkpoint {str(folder)!r}: member {name!r} predicts "
+                            f"{net.meta['label_cols']} ({net.meta['task_type']}); expected the "
+                            "labels of its ensemble.json")  # fmt: skip
+        _check_scored(folder, f"member {name!r}", net.reference.valid_scores, first.reference)
+    members = {name: (net.reference.valid_scores, net.scores()) for name, net in networks.items()}
+    for name, forest in ensemble.forests.items():
+        _check_scored(folder, f"member {name!r}", forest.valid_scores, first.reference)
+        members[name] = (forest.valid_scores, forest.scores(first.texts, task_type))
+    order = [m["name"] for m in ensemble.meta["members"]]
+    served = _Served(first.texts, np.mean([n.views for n in networks.values()], axis=0),
+                     first.pooled, first.meta | {"ensemble": ensemble.meta}, first.reference,
+                     np.any([n.cut for n in networks.values()], axis=0),
+                     None if any(n.untrained is None for n in networks.values()) else
+                     [sorted({t for n in networks.values() for t in n.untrained[i]})
+                      for i in range(len(first.texts))],
+                     how=ensemble.meta.get("blend", "quantile"))  # fmt: skip
+    served.members = [_Member(name, *members[name], 1.0 / len(order)) for name in order]
+    return served
+
+
+def _check_scored(folder, who: str, valid: np.ndarray, reference: Reference) -> None:
+    """DataError unless ``who`` scored as many validation molecules as ``reference`` holds."""
+    if len(valid) != len(reference.valid_scores):
+        raise DataError(
+            f"--checkpoint {str(folder)!r}: {who} scored {len(valid)} validation molecules and "
+            f"its reference holds {len(reference.valid_scores)}: expected the same molecules"
+        )
 
 
 def _temperature(folder: Path | str, meta: dict, reference: Reference | None) -> np.ndarray:
@@ -239,8 +312,12 @@ def predict(
     folders = finetuned_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
-    served = [_serve_one(f, good, batch_size, backend, tta, calibrate) for f in folders]
-    _check_agree(folders, [s.meta for s in served])
+    from smiexlm.moleculenet.ensemble import is_ensemble
+
+    served = [(_serve_ensemble if is_ensemble(f) else _serve_one)(f, good, batch_size, backend,
+                                                                   tta, calibrate)
+              for f in folders]  # fmt: skip
+    _check_agree(folders, served)
     labels = served[0].meta["label_cols"]
     stack = np.stack([s.views for s in served]).reshape(
         len(folders), tta + 1, len(good), len(labels)
@@ -249,9 +326,10 @@ def predict(
     frame = pd.DataFrame(_rows_of(final.mean(axis=0), ok), columns=labels)
     columns = {"std": final.std(axis=0) if len(folders) > 1 else None,
                "tta_std": stack.std(axis=1).mean(axis=0) if tta else None}  # fmt: skip
-    if served[0].forest is not None:  # the two a blend is made of
-        columns["model"] = stack.mean(axis=(0, 1))
-        columns["forest"] = np.mean([s.forest_scores for s in served], axis=0)
+    for j, member in enumerate(served[0].members):  # what a blend is made of
+        columns[member.name] = np.mean([s.members[j].scores for s in served], axis=0)
+    if "ensemble" in served[0].meta:
+        columns["members_std"] = np.mean([s.spread() for s in served], axis=0)
     for suffix, values in columns.items():
         if values is not None:
             values = _rows_of(values.reshape(len(good), len(labels)), ok)
@@ -274,22 +352,27 @@ def predict(
     return frame
 
 
-def _check_agree(folders: list, metas: list[dict]) -> None:
-    """DataError unless every folder predicts the same labels of the same kind, each with a
-    forest beside its model or none."""
-    first = metas[0]
-    for folder, meta in zip(folders[1:], metas[1:], strict=True):
+def _check_agree(folders: list, served: list[_Served]) -> None:
+    """DataError unless every folder predicts the same labels of the same kind, blended of the
+    same members (a model and its forest, an ensemble's, or none)."""
+    first = served[0].meta
+    members = [m.name for m in served[0].members]
+    for folder, s in zip(folders[1:], served[1:], strict=True):
+        meta = s.meta
         if (meta["label_cols"], meta["task_type"]) != (first["label_cols"], first["task_type"]):
             raise DataError(
                 f"--checkpoint {str(folder)!r}: predicts {meta['label_cols']} "
                 f"({meta['task_type']}); expected {first['label_cols']} like {str(folders[0])!r}"
             )
-        if ("forest" in meta) != ("forest" in first):
-            has, other = ("has", "does not") if "forest" in meta else ("has no", "does")
+        if [m.name for m in s.members] != members:
+
+            def blended(names: list[str]) -> str:
+                return f"blends {', '.join(names)}" if names else "serves its model alone"
+
             raise DataError(
-                f"--checkpoint {str(folder)!r} {has} forest beside its model and "
-                f"{str(folders[0])!r} {other}: expected the folders of an ensemble to be "
-                "blended alike (all fine-tuned with --forest, or none)"
+                f"--checkpoint {str(folder)!r} {blended([m.name for m in s.members])} and "
+                f"{str(folders[0])!r} {blended(members)}: expected the folders of an ensemble "
+                "to be blended alike (all fine-tuned with the same --forest and --ensemble)"
             )
 
 

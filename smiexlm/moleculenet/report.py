@@ -14,7 +14,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from smiexlm.moleculenet.registry import PAPER_RESULTS, PAPER_TASKS
 
@@ -40,6 +40,9 @@ class RunResult:
     config: dict[str, Any] = field(default_factory=dict)
     #: measures beside the score (``metrics.more_scores``); empty in results older than them
     more: dict[str, float] = field(default_factory=dict)
+    #: True on a result read back from its run's folder (:func:`~smiexlm.moleculenet.runs.
+    #: finished`), whose times are those of the run that made it; never written
+    read_back: ClassVar[bool] = False
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)

@@ -105,9 +105,11 @@ def finished(folder: Path) -> RunResult | None:
         record = doc["result"]
         scores = {k: math.nan if record[k] is None else record[k] for k in ("test", "valid")}
         more = {k: math.nan if v is None else v for k, v in record.get("more", {}).items()}
-        return RunResult(**record | scores | {"sizes": tuple(record["sizes"]), "more": more})
+        result = RunResult(**record | scores | {"sizes": tuple(record["sizes"]), "more": more})
     except (KeyError, TypeError) as err:
         raise DataError(f"run result {str(path)!r} is damaged: {err}") from None
+    result.read_back = True  # its wall time stays the one it recorded
+    return result
 
 
 #: settings of how a run is carried out, not of what it computes: a finished run is read back

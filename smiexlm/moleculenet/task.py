@@ -203,7 +203,8 @@ def run_seeds(
     """``one_seed(split, seed)`` for each seed on its split (a deterministic split is made
     once); each result's wall time gets an equal share of ``shared_s``, the seconds spent on
     work common to all seeds (features, embeddings), and the seconds of earlier segments of a
-    resumed run (``config["resumed_seconds"]``). The seeds and every split are checked
+    resumed run (``config["resumed_seconds"]``); a result read back from a finished run keeps
+    its own. The seeds and every split are checked
     (:func:`check_seeds`, :meth:`MoleculeTask.check_split`) before the first run.
     ``on_result`` is called with each result as soon as it exists (to keep it before the next
     seed starts)."""
@@ -221,8 +222,9 @@ def run_seeds(
     for seed, split in zip(seeds, splits, strict=True):
         t0 = time.perf_counter()
         result = one_seed(split, seed)
-        earlier = float(result.config.get("resumed_seconds", 0.0))
-        result.wall_s = time.perf_counter() - t0 + shared_s / len(seeds) + earlier
+        if not result.read_back:  # a finished run read back keeps the time it recorded
+            earlier = float(result.config.get("resumed_seconds", 0.0))
+            result.wall_s = time.perf_counter() - t0 + shared_s / len(seeds) + earlier
         results.append(result)
         if on_result is not None:
             on_result(result)

@@ -15,8 +15,10 @@ from smiexlm.trust.domain import DEFAULT_K
 DOMAIN_COLUMNS = ("nearest_tanimoto", f"mean_tanimoto_k{DEFAULT_K}", "nearest_cosine",
                   f"mean_cosine_k{DEFAULT_K}", "in_domain")  # fmt: skip
 MOLECULE_COLUMNS = ("smiles", "valid", "truncated", "untrained_tokens", *DOMAIN_COLUMNS)
-# beside a label: ensemble and random-SMILES spreads, a blend's parts, conformal sets/intervals
-LABEL_SUFFIXES = ("_std", "_tta_std", "_model", "_forest", "_set", "_low", "_high")
+# beside a label: ensemble and random-SMILES spreads, a blend's parts (a model and its forest,
+# a wide ensemble's members and their spread), conformal sets/intervals
+LABEL_SUFFIXES = ("_std", "_tta_std", "_model", "_forest", "_model_rdkit2d", "_rf_rdkit2d",
+                  "_rf_both", "_rf_ecfp4", "_members_std", "_set", "_low", "_high")  # fmt: skip
 
 
 def label_columns(columns: Sequence[str]) -> list[str]:

@@ -100,6 +100,12 @@ SMOKE: dict[str, list[Step]] = {
         Step("seed_ensemble.py", ("{tmp}/run", "--tasks", "bace", "--seeds", "0", "--forest",
              "ecfp4", "--forest-root", "{tmp}/forests", "--n-trees", "5", "--out",
              "{tmp}/ensemble"), expect=("ensemble/ensemble.md",), prints="| mean of 1 |"),
+        # the wide ensemble's rows, every member row named (one fine-tuned and two forest rows)
+        Step("wide_ensemble.py", ("table", "--root", "{tmp}", "--default", "{tmp}/run",
+             "--default-rdkit2d", "{tmp}/run", "--rf-rdkit2d", "{tmp}/rf", "--rf-both", "{tmp}/rf",
+             "--rf-ecfp4", "{tmp}/forests/ecfp4_5trees", "--sets", "bace", "--seeds", "0",
+             "--draws", "20", "--out", "{tmp}/wide"), expect=("wide/table.md",),
+             prints="| mean of all 1 sets |"),
         # a fine-tuned row against a forest kept by forest_blend.py (<set>/seed<k>/ layout)
         Step(MN, ("compare", "{tmp}/run", "{tmp}/forests/ecfp4_5trees", "--tasks", "bace",
              "--seeds", "0", "--draws", "20", "--out", "{tmp}/compare.md"),
