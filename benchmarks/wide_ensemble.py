@@ -150,13 +150,18 @@ def table(args: argparse.Namespace) -> None:
         lines.append(f"| mean of {name} | {100 * d.a:.1f} | {100 * d.b:.1f} | {100 * d.diff:+.1f} | "
                      f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] | {100 * d.a_better:.0f} % |")  # fmt: skip
     lines += ["", "One-thread seconds of fine-tuning a seed, as the cells recorded them (mean over "
-              "seeds; a fine-tuning cell's `train_cpu_seconds`, a forest cell's wall seconds):", "",
+              "the seeds that kept a record; a fine-tuning cell's `train_cpu_seconds`, a forest "
+              "cell's wall seconds):", "",
               "| served | " + " | ".join(args.sets) + " | total | × the default's blend |",
               "|---|" + "---|" * (len(args.sets) + 2)]  # fmt: skip
-    base = sum(np.mean(seconds[SERVED][s]) for s in args.sets)
+    def secs(name: str, s: str) -> float:  # cells that kept no record are left out
+        kept = [v for v in seconds[name][s] if not np.isnan(v)]
+        return float(np.mean(kept)) if kept else float("nan")
+
+    base = sum(secs(SERVED, s) for s in args.sets)
     for name in ROWS:
-        total = sum(np.mean(seconds[name][s]) for s in args.sets)
-        lines.append(f"| {name} | " + " | ".join(f"{np.mean(seconds[name][s]):,.0f}" for s in args.sets)
+        total = sum(secs(name, s) for s in args.sets)
+        lines.append(f"| {name} | " + " | ".join(f"{secs(name, s):,.0f}" for s in args.sets)
                      + f" | {total:,.0f} | {total / base:.2f} |")  # fmt: skip
     lines += ["", f"`python benchmarks/wide_ensemble.py {' '.join(sys.argv[1:])}`"]
     _write(args.out, "table", lines, {"test": figures, "valid": valid_figures, "seconds": seconds})

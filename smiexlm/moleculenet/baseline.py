@@ -17,6 +17,7 @@ on the imbalanced sets (ClinTox, SIDER) unweighted forests score ~10 points lowe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -229,6 +230,8 @@ def run_baseline(
         keep_predictions(run_root, task.name, seed, split, pred[:n_valid], pred[n_valid:])
         if partial is not None:  # the kept predictions hold it all now
             partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the state folder, when nothing else is in it
+                partial.parent.rmdir()
         bar.update()
         config = asdict(cfg) | {"train_cpu_seconds": time.process_time() - cpu}
         return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, config,

@@ -660,7 +660,7 @@ def test_a_stopped_forest_seed_goes_on_to_the_uninterrupted_predictions(tmp_path
         kept = [np.load(tmp_path / run / "toy" / "seed1" / "predictions.npz")[part]
                 for run in ("whole", "cut")]  # fmt: skip
         np.testing.assert_array_equal(*kept)
-    assert not state.exists()
+    assert not state.exists() and not state.parent.exists()  # the state folder goes with it
 
     # a state of other forests (4 trees), or one that cannot be read, is not used: all four
     # tasks are fitted again
