@@ -58,7 +58,16 @@ ConformalAlpha = Annotated[
 Mondrian = Annotated[
     bool,
     typer.Option(help="With --conformal-alpha: class-conditional sets (the coverage "
-                 "holds within each class; larger sets for the rare class)."),
+                 "holds within each class; larger sets for the rare class): "
+                 "--conformal-method class."),
+]  # fmt: skip
+ConformalMethod = Annotated[
+    str | None,
+    typer.Option("--conformal-method", help="With --conformal-alpha: split (the default: one "
+                 "threshold a task) | class (one a class) | distance (one per bin of nearest "
+                 "similarity to the training molecules: far molecules get wider sets; "
+                 "conformal_bin) | weighted (validation molecules weighted like the molecules "
+                 "predicted together; depends on the batch)."),
 ]  # fmt: skip
 
 
@@ -84,6 +93,7 @@ def predict(
     calibrate: Calibrate = False,
     conformal_alpha: ConformalAlpha = None,
     mondrian: Mondrian = False,
+    conformal_method: ConformalMethod = None,
     domain_quantile: DomainQuantile = 0.05,
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
@@ -99,7 +109,7 @@ def predict(
     cols = columns(id_cols or None)  # an empty --id-cols keeps the default
     how = {"backend": backend, "tta": tta, "calibrate": calibrate,
            "conformal_alpha": conformal_alpha, "mondrian": mondrian,
-           "domain_quantile": domain_quantile}  # fmt: skip
+           "conformal_method": conformal_method, "domain_quantile": domain_quantile}  # fmt: skip
     if wants_parts(output, part_rows):  # refuses --part-rows 0 (None: the default)
         rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
         return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols, rows,

@@ -21,7 +21,6 @@ from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.adapt import check_adapt
 from smiexlm.moleculenet.blend import DEFAULT_BLEND, check_blend
-from smiexlm.moleculenet.ensemble import ENSEMBLES
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.paths import PACKAGE_DIR
 
@@ -41,6 +40,9 @@ _LOOP_KEYS = {
 
 
 CLASS_WEIGHTS = ("none", "balanced")
+#: ``ensemble``: "none" (one network, with its forest when ``forest`` says so) or "wide"
+#: (smiexlm.moleculenet.ensemble)
+ENSEMBLES = ("none", "wide")
 
 # ``forest = "auto"`` (the shipped default): the forest each task type is served with, the
 # blend that measured best beside the fine-tuned model (benchmarks/results/table1 for

@@ -39,8 +39,6 @@ from smiexlm.model.layout import FINETUNE_NAME
 
 ENSEMBLE_NAME = "ensemble.json"
 ENSEMBLE_FORMAT = "smiexlm-ensemble/1"
-#: ``ensemble``: "none" (one network, with its forest when ``forest`` says so) or "wide"
-ENSEMBLES = ("none", "wide")
 #: the network members: name -> the hybrid features beside the head (None: none)
 NETWORKS = {"model": None, "model_rdkit2d": "rdkit2d"}
 #: the forest members' features; each is the member ``rf_<kind>``
@@ -65,18 +63,19 @@ def network_config(cfg, features: str | None):
 
 
 def fit_seed(task, split, cfg, seed: int, backbone, save_dir: Path | None, inputs: list[str],
-             features_of, progress: bool, run_dir: Path):  # fmt: skip
+             features_of, progress: bool, run_dir: Path, fit_one, row_name: str):  # fmt: skip
     """One seed of ``cfg`` (``ensemble = "wide"``): each network member fine-tuned in
     ``run_dir/<member>/`` (read back when finished), the forests fitted, the blend scored and
     kept in ``run_dir`` (``predictions.npz``: the blend as ``valid``/``test``, each member as
     ``valid_<member>``/``test_<member>``), the folder written to ``save_dir`` when given. A
     :class:`~smiexlm.moleculenet.report.RunResult` of the blend, each member's scores and
-    CPU seconds in its config (``members``). ``features_of(kind)``: the unscaled hybrid
-    features of every row (``inputs`` are the model-side SMILES)."""
+    CPU seconds in its config (``members``), named ``row_name``. ``features_of(kind)``: the
+    unscaled hybrid features of every row (``inputs`` are the model-side SMILES);
+    ``fit_one``: :func:`~smiexlm.moleculenet.finetune.finetune_once`, which fine-tunes a
+    network member."""
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.blend import blend_members
     from smiexlm.moleculenet.configs import resolve_forest
-    from smiexlm.moleculenet.finetune import finetune_once, variant_name
     from smiexlm.moleculenet.forest import KeptForest
     from smiexlm.moleculenet.reference import Reference
 
@@ -89,8 +88,8 @@ def fit_seed(task, split, cfg, seed: int, backbone, save_dir: Path | None, input
         if done is not None and (folder / FINETUNE_NAME).is_file():
             result = runs.check_finished(done, where, runs.identity(task, split, member_cfg, backbone))  # fmt: skip
         else:
-            result = finetune_once(task, split, member_cfg, seed, backbone, folder, inputs,
-                                   features_of(features), progress, where)  # fmt: skip
+            result = fit_one(task, split, member_cfg, seed, backbone, folder, inputs,
+                             features_of(features), progress, where)  # fmt: skip
         reference = Reference.load(folder)
         valids[name], tests[name] = reference.valid_scores, runs.read_predictions(where, task)["test"]  # fmt: skip
         folders[name] = folder
@@ -121,7 +120,7 @@ def fit_seed(task, split, cfg, seed: int, backbone, save_dir: Path | None, input
     config = cfg.to_dict() | {"members": record, "processes": runs.processes(),
                               "train_cpu_seconds": sum(m["cpu_seconds"] or 0.0 for m in record.values()),
                               "ensemble_cpu_seconds": time.process_time() - cpu0}  # fmt: skip
-    result = task.result(variant_name(backbone, cfg), split, seed,
+    result = task.result(row_name, split, seed,
                          _scores(task, split.valid, valid).mean, _scores(task, split.test, test),
                          time.perf_counter() - t0, config, None, test)  # fmt: skip
     runs.finish(run_dir, result)

@@ -488,9 +488,11 @@ def _wide_seed(task, split, cfg, seed, backbone, target, inputs, features_of, pr
 
     from smiexlm.moleculenet.ensemble import fit_seed
 
+    def fit(root: Path) -> RunResult:
+        return fit_seed(task, split, cfg, seed, backbone, target, inputs, features_of, progress,
+                        root, finetune_once, variant_name(backbone, cfg))  # fmt: skip
+
     if run_dir is not None:
-        return fit_seed(task, split, cfg, seed, backbone, target, inputs, features_of, progress,
-                        run_dir)  # fmt: skip
+        return fit(run_dir)
     with tempfile.TemporaryDirectory(prefix="smiexlm-ensemble-") as tmp:
-        return fit_seed(task, split, cfg, seed, backbone, target, inputs, features_of, progress,
-                        Path(tmp))  # fmt: skip
+        return fit(Path(tmp))

@@ -28,10 +28,17 @@ Columns of :func:`predict`, in order:
   not with the ONNX backend, whose graph gives logits only), and ``in_domain`` (both nearest
   similarities at least the ``domain_quantile`` of the validation molecules', 5 % by
   default; an ensemble compares its mean similarity with its models' mean bound);
-- with ``conformal_alpha``: ``<label>_set`` (classification: the split-conformal set,
-  ``{0}``, ``{1}``, ``{0,1}`` or ``{}``; ``""`` in a bad row) or ``<label>_low`` and
-  ``<label>_high`` (regression: the interval), calibrated on the validation molecules
-  (:mod:`smiexlm.trust.conformal`).
+- with ``conformal_alpha``: ``<label>_set`` (classification: the conformal set, ``{0}``,
+  ``{1}``, ``{0,1}`` or ``{}``; ``""`` in a bad row) or ``<label>_low`` and ``<label>_high``
+  (regression: the interval), calibrated on the validation molecules
+  (:mod:`smiexlm.trust.conformal`) as ``conformal_method`` says: ``split`` (one threshold a
+  task), ``class`` (one a class), ``distance`` (Mondrian by the nearest Tanimoto similarity
+  to the training molecules: up to three bins of the validation molecules, each molecule
+  calibrated on its bin's, ``conformal_bin`` 0 the farthest) or ``weighted`` (the
+  validation molecules weighted by how much they look like the molecules predicted
+  together, a density ratio on their nearness to the training molecules: it depends on the
+  batch); ``outside_calibration``: the molecule is farther from the training molecules than
+  every validation molecule, where no calibration speaks for it.
 
 ``calibrate=True`` divides each classification model's logits by the temperature fitted on
 its validation molecules (:func:`smiexlm.trust.calibration.fit_temperature`) before the
@@ -281,6 +288,7 @@ def predict(
     conformal_alpha: float | None = None,
     mondrian: bool = False,
     domain_quantile: float = DEFAULT_QUANTILE,
+    conformal_method: str | None = None,
 ) -> pd.DataFrame:
     """Predictions per input SMILES, one row each (the module docstring lists the columns).
 
@@ -292,7 +300,9 @@ def predict(
     :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`) get NaN rows and ``valid = False``, never
     silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
     onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
-    ``conformal_alpha`` and ``mondrian`` (class-conditional sets): see the module docstring.
+    ``conformal_alpha``, ``conformal_method`` (one of
+    :data:`~smiexlm.trust.conformal.METHODS`, :data:`DEFAULT_CONFORMAL` when None) and
+    ``mondrian`` (the same as ``conformal_method="class"``): see the module docstring.
     ``domain_quantile`` q: ``in_domain`` is False below the q-quantile of the validation
     molecules' nearest similarities (0.05 by default; 0: below the least similar of them).
     """
@@ -303,11 +313,13 @@ def predict(
     if backend not in ("torch", "onnx"):
         raise ConfigError("backend", backend, "'torch' or 'onnx'")
     check_spellings("tta", tta)
+    method = _conformal_method(conformal_method, mondrian)
     if conformal_alpha is not None:
         check_alpha(conformal_alpha)
-    elif mondrian:
-        raise ConfigError("--mondrian", mondrian, "to come with --conformal-alpha (the sets it "
-                          "makes class-conditional)")  # fmt: skip
+    elif mondrian or conformal_method is not None:
+        option = "--mondrian" if mondrian else "--conformal-method"
+        raise ConfigError(option, mondrian or conformal_method, "to come with --conformal-alpha "
+                          "(it chooses how the sets are calibrated)")  # fmt: skip
     check_quantile(domain_quantile)
     folders = finetuned_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
@@ -345,7 +357,7 @@ def predict(
         frame[name] = _column_of(values, ok)
     if conformal_alpha is not None:
         mean = final.mean(axis=0)  # (N, T)
-        for name, values in _conformal(folders, served, mean, conformal_alpha, mondrian).items():
+        for name, values in _conformal(folders, served, mean, conformal_alpha, method, domain).items():  # fmt: skip
             frame[name] = _column_of(values, ok)
     frame.insert(0, "valid", ok)
     frame.insert(0, "smiles", list(smiles))
@@ -413,14 +425,40 @@ def _domain(folders: list, served: list[_Served], quantile: float) -> dict | Non
     return columns
 
 
+#: ``predict``'s calibration when ``conformal_method`` is not given
+#: (benchmarks/results/trust/shift.md)
+DEFAULT_CONFORMAL = "split"
+
+
+def _conformal_method(method: str | None, mondrian: bool) -> str:
+    from smiexlm.errors import check_choice
+    from smiexlm.trust.conformal import METHODS
+
+    if method is None:
+        return "class" if mondrian else DEFAULT_CONFORMAL
+    check_choice("conformal_method", method, METHODS)
+    if mondrian and method != "class":
+        raise ConfigError("--mondrian", True, f"left out with --conformal-method {method} "
+                          "(--mondrian is --conformal-method class)")  # fmt: skip
+    return method
+
+
 def _conformal(
-    folders: list, served: list[_Served], scores: np.ndarray, alpha: float, mondrian: bool
-) -> dict[str, np.ndarray]:
+    folders: list, served: list[_Served], scores: np.ndarray, alpha: float, method: str,
+    domain: dict | None,
+) -> dict[str, np.ndarray]:  # fmt: skip
     """``<label>_set`` or ``<label>_low``/``_high`` columns of the ensemble's scores (N, T),
     calibrated on the ensemble's mean validation scores (its models share the validation
-    molecules); a task with too few validation labels for ``alpha`` gets the trivial set or
-    an unbounded interval."""
-    from smiexlm.trust.conformal import ClassificationCalibrator, RegressionCalibrator
+    molecules) as ``method`` says, with ``outside_calibration`` (a molecule farther from the
+    training molecules than every calibration one) and, by distance, ``conformal_bin`` (0
+    the farthest); a task with too few validation labels for ``alpha`` (in a bin) gets the
+    trivial set or an unbounded interval."""
+    from smiexlm.trust.conformal import (
+        ClassificationCalibrator,
+        RegressionCalibrator,
+        method_shift,
+        outside_calibration,
+    )
 
     for folder, s in zip(folders, served, strict=True):
         _require(folder, s.reference, "--conformal-alpha")
@@ -433,14 +471,28 @@ def _conformal(
             )
     valid = np.mean([s.valid_scores() for s in served], axis=0)
     names = served[0].meta["label_cols"]
+    near_valid = np.mean([s.reference.valid_tanimoto for s in served], axis=0)
+    near_query = domain[DOMAIN_COLUMNS[0]]  # every folder has a reference: the domain is there
+    out = {"outside_calibration": outside_calibration(near_valid, near_query)}
+    cal_x, query_x = [near_valid], [near_query]
+    if DOMAIN_COLUMNS[2] in domain:  # the embeddings' nearness too (not with ONNX)
+        cal_x.append(np.mean([s.reference.valid_cosine for s in served], axis=0))
+        query_x.append(domain[DOMAIN_COLUMNS[2]])
+    shift, bins = method_shift(method, np.stack(cal_x, 1), np.stack(query_x, 1), alpha)
+    if bins is not None:
+        out["conformal_bin"] = bins
     if served[0].meta["task_type"] == "classification":
-        sets = ClassificationCalibrator(labels, valid).sets(scores, alpha, mondrian, "full")
-        return {f"{n}_set": sets.labels()[:, j] for j, n in enumerate(names)}
-    if mondrian:
-        raise ConfigError("mondrian", True, "classification models (sets per class)")
-    bounds = RegressionCalibrator(labels, valid).intervals(scores, alpha, too_small="full")
+        sets = ClassificationCalibrator(labels, valid).sets(scores, alpha, method == "class",
+                                                            "full", shift)  # fmt: skip
+        return {f"{n}_set": sets.labels()[:, j] for j, n in enumerate(names)} | out
+    if method == "class":
+        raise ConfigError(
+            "conformal_method", "class", "a classification model (sets per class, --mondrian)"
+        )
+    bounds = RegressionCalibrator(labels, valid).intervals(scores, alpha, too_small="full",
+                                                           shift=shift)  # fmt: skip
     low = {f"{n}_low": bounds.low[:, j] for j, n in enumerate(names)}
-    return low | {f"{n}_high": bounds.high[:, j] for j, n in enumerate(names)}
+    return low | {f"{n}_high": bounds.high[:, j] for j, n in enumerate(names)} | out
 
 
 def _say_no_reference(folder: Path) -> None:

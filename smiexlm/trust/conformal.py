@@ -122,6 +122,124 @@ class Intervals:
         return self.high - self.low
 
 
+#: ``predict --conformal-method``: today's split-conformal (``split``), class-conditional
+#: (``class``), Mondrian by distance to the training set (``distance``), weighted by the
+#: covariate shift between the calibration and the query molecules (``weighted``)
+METHODS = ("split", "class", "distance", "weighted")
+#: the most bins of the Mondrian calibration by distance
+DISTANCE_BINS = 3
+
+
+@dataclass(frozen=True)
+class Shift:
+    """How each query molecule's threshold departs from the one of split-conformal.
+
+    ``bins``: (calibration bins (n,), query bins (N,)) int: Mondrian calibration, each query
+    molecule's threshold from the calibration molecules of its bin alone. ``weights``:
+    (calibration weights (n,), query weights (N,)) > 0: weighted split-conformal under
+    covariate shift (Tibshirani et al., 2019), each query molecule's threshold the weighted
+    ``1 - alpha`` quantile of the calibration scores with its own weight at infinity; the
+    weights are the density ratio of query to calibration molecules. Indices given to
+    :meth:`thresholds` select the calibration molecules of one task (those labelled)."""
+
+    bins: tuple[np.ndarray, np.ndarray] | None = None
+    weights: tuple[np.ndarray, np.ndarray] | None = None
+
+    def thresholds(self, scores: np.ndarray, rows: np.ndarray, alpha: float, n_query: int,
+                   too_small: TooSmall) -> np.ndarray:  # fmt: skip
+        """(N,) each query molecule's threshold over calibration ``scores``, those of the
+        calibration molecules ``rows``."""
+        alpha = check_alpha(alpha)
+        if self.bins is not None:
+            cal, query = self.bins
+            out = np.full(n_query, np.inf)
+            for b in np.unique(query):
+                out[query == b] = _threshold(scores[cal[rows] == b], alpha, too_small,
+                                             f"distance bin {b}")  # fmt: skip
+            return out
+        cal_w, query_w = self.weights
+        return weighted_thresholds(scores, cal_w[rows], query_w, alpha)
+
+
+def weighted_thresholds(scores: np.ndarray, weights: np.ndarray, query_weights: np.ndarray,
+                        alpha: float) -> np.ndarray:  # fmt: skip
+    """(N,) for each query weight ``w``: the smallest calibration score whose weighted share,
+    its own and the smaller ones' weights over the calibration weights plus ``w``, reaches
+    ``1 - alpha``; ``inf`` when none does. Equal weights give :func:`conformal_quantile`."""
+    order = np.argsort(scores, kind="stable")
+    ranked, cum = (
+        np.asarray(scores, np.float64)[order],
+        np.cumsum(np.asarray(weights, np.float64)[order]),
+    )
+    need = (1.0 - alpha) * (cum[-1] + np.asarray(query_weights, np.float64)) if len(cum) else None
+    if need is None:
+        return np.full(len(query_weights), np.inf)
+    k = np.searchsorted(cum, need * (1.0 - _TOLERANCE), side="left")
+    return np.where(k < len(ranked), ranked[np.minimum(k, len(ranked) - 1)], np.inf)
+
+
+def distance_bins(calibration: np.ndarray, query: np.ndarray, alpha: float,
+                  n_bins: int = DISTANCE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Mondrian bins by each molecule's nearest similarity to the training molecules:
+    (calibration bins, query bins, inner edges). The edges are quantiles of the calibration
+    molecules' similarities, at most ``n_bins`` bins of equal counts and fewer when a bin would
+    hold fewer than twice :func:`min_calibration` molecules; bin 0 is the farthest. A query
+    molecule below every calibration molecule falls in bin 0 (:func:`outside_calibration`)."""
+    calibration = np.asarray(calibration, np.float64)
+    fewest = 2 * min_calibration(alpha)
+    n = max(1, min(n_bins, len(calibration) // max(fewest, 1)))
+    edges = np.quantile(calibration, np.arange(1, n) / n) if n > 1 else np.zeros(0)
+    return (np.searchsorted(edges, calibration, side="right"),
+            np.searchsorted(edges, np.asarray(query, np.float64), side="right"), edges)  # fmt: skip
+
+
+def outside_calibration(calibration: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """(N,) bool: the query molecule is farther from the training molecules (a lower nearest
+    similarity) than every calibration molecule, where no calibration speaks for it."""
+    return np.asarray(query, np.float64) < np.min(calibration)
+
+
+def covariate_weights(calibration: np.ndarray, query: np.ndarray,
+                      clip: tuple[float, float] = (0.05, 20.0)) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(calibration weights, query weights): the density ratio of query to calibration
+    molecules at each, from a logistic regression telling the two apart on their features
+    ((n, F) and (N, F): nearness to the training molecules), its odds times n / N, clipped to
+    ``clip``. It depends on the query molecules given together: a batch, not one molecule."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    cal, que = np.asarray(calibration, np.float64), np.asarray(query, np.float64)
+    x = np.concatenate([cal, que])
+    side = np.r_[np.zeros(len(cal)), np.ones(len(que))]
+    if len(que) < 2 or len(np.unique(side)) < 2:
+        return np.ones(len(cal)), np.ones(len(que))
+    scaler = StandardScaler().fit(x)
+    model = LogisticRegression(C=1.0).fit(scaler.transform(x), side)
+
+    def ratio(z: np.ndarray) -> np.ndarray:
+        p = np.clip(model.predict_proba(scaler.transform(z))[:, 1], 1e-6, 1 - 1e-6)
+        return np.clip(p / (1 - p) * len(cal) / len(que), *clip)
+
+    return ratio(cal), ratio(que)
+
+
+def method_shift(method: str, near_calibration: np.ndarray, near_query: np.ndarray,
+                 alpha: float) -> tuple[Shift | None, np.ndarray | None]:  # fmt: skip
+    """The :class:`Shift` of a ``method`` (:data:`METHODS`; None for ``split`` and ``class``)
+    and the query molecules' distance bins (None unless ``distance``), from the nearness of
+    the calibration and the query molecules to the training ones: (n,) or (n, F) arrays, the
+    nearest Tanimoto similarity first (the bins read it alone)."""
+    check_choice("conformal_method", method, METHODS)
+    cal = np.asarray(near_calibration, np.float64).reshape(len(near_calibration), -1)
+    query = np.asarray(near_query, np.float64).reshape(len(near_query), -1)
+    if method == "distance":
+        cal_bins, query_bins, _ = distance_bins(cal[:, 0], query[:, 0], alpha)
+        return Shift(bins=(cal_bins, query_bins)), query_bins
+    if method == "weighted":
+        return Shift(weights=covariate_weights(cal, query)), None
+    return None, None
+
+
 class ClassificationCalibrator:
     """Split-conformal sets for multi-label binary tasks, from the validation labels (N, T)
     (0/1, NaN = missing) and the validation probabilities of class 1 (N, T).
@@ -174,14 +292,26 @@ class ClassificationCalibrator:
         return out
 
     def sets(
-        self, scores: object, alpha: float, mondrian: bool = False, too_small: TooSmall = "raise"
-    ) -> PredictionSets:
-        """The set of each molecule and task for probabilities ``scores`` (N, T)."""
+        self, scores: object, alpha: float, mondrian: bool = False, too_small: TooSmall = "raise",
+        shift: Shift | None = None,
+    ) -> PredictionSets:  # fmt: skip
+        """The set of each molecule and task for probabilities ``scores`` (N, T); with
+        ``shift``, each molecule's threshold is its bin's or its weighted one (:class:`Shift`)."""
         p = self._test_scores(scores)
-        q = self.thresholds(alpha, mondrian, too_small)  # (T, 2)
         nonconformity = _class_scores(p)  # (N, T, 2)
         defined = ~np.isnan(p)
-        members = (nonconformity <= q[None]) & defined[..., None]
+        if shift is None:
+            q = self.thresholds(alpha, mondrian, too_small)[None]  # (1, T, 2)
+        else:
+            q = np.empty((len(p), self.n_tasks, 2))
+            for t in range(self.n_tasks):
+                known = ~np.isnan(self.labels[:, t])
+                cal, classes = self._calibration(t)
+                for c in (0, 1):
+                    keep = classes == c if mondrian else np.ones(len(cal), dtype=bool)
+                    q[:, t, c] = shift.thresholds(cal[keep], np.flatnonzero(known)[keep], alpha,
+                                                  len(p), too_small)  # fmt: skip
+        members = (nonconformity <= q) & defined[..., None]
         return PredictionSets(members, defined, float(alpha), mondrian)
 
     def p_values(self, scores: object, mondrian: bool = False) -> np.ndarray:
@@ -266,11 +396,23 @@ class RegressionCalibrator:
         alpha: float,
         spread: object | None = None,
         too_small: TooSmall = "raise",
+        shift: Shift | None = None,
     ) -> Intervals:
         """``scores`` (N, T) -/+ the task's half-width (times ``spread`` (N, T) when the
-        calibrator is normalised: then it is required, otherwise refused)."""
+        calibrator is normalised: then it is required, otherwise refused); with ``shift``,
+        each molecule's half-width is its bin's or its weighted one (:class:`Shift`)."""
         v = _check_tasks(as_2d("scores", scores), self.n_tasks)
-        half = self.quantiles(alpha, too_small)[None, :]  # (1, T)
+        if shift is None:
+            half = self.quantiles(alpha, too_small)[None, :]  # (1, T)
+        else:
+            half = np.empty(v.shape)
+            for t in range(self.n_tasks):
+                known = ~np.isnan(self.labels[:, t])
+                residual = np.abs(self.labels[known, t] - self.scores[known, t])
+                if self.spread is not None:
+                    residual = residual / self.spread[known, t]
+                half[:, t] = shift.thresholds(residual, np.flatnonzero(known), alpha, len(v),
+                                              too_small)  # fmt: skip
         if (spread is None) != (self.spread is None):
             need = "a spread (the calibration was normalised)" if spread is None else "None"
             raise ConfigError("spread", "None" if spread is None else "an array", need)

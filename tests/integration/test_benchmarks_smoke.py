@@ -100,6 +100,10 @@ SMOKE: dict[str, list[Step]] = {
         Step("seed_ensemble.py", ("{tmp}/run", "--tasks", "bace", "--seeds", "0", "--forest",
              "ecfp4", "--forest-root", "{tmp}/forests", "--n-trees", "5", "--out",
              "{tmp}/ensemble"), expect=("ensemble/ensemble.md",), prints="| mean of 1 |"),
+        # every calibration of predict --conformal-method on the served blend of the run
+        Step("conformal_shift.py", ("--classification", "{tmp}/run", "--forest", "{tmp}/rf",
+             "--sets", "bace", "--seeds", "0", "--resplits", "2", "--out", "{tmp}/shift"),
+             expect=("shift/shift.md", "shift/shift.csv"), prints="| bace | 0.1 | distance |"),
         # the wide ensemble's rows, every member row named (one fine-tuned and two forest rows)
         Step("wide_ensemble.py", ("table", "--root", "{tmp}", "--default", "{tmp}/run",
              "--default-rdkit2d", "{tmp}/run", "--rf-rdkit2d", "{tmp}/rf", "--rf-both", "{tmp}/rf",

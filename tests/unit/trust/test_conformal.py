@@ -250,3 +250,104 @@ def test_coverage_of_intervals_counts_the_bounds_and_skips_missing():
     result = coverage(labels, intervals)
     assert (result.pooled, result.count.tolist()) == (0.5, [2])
     assert mean_width(intervals).pooled == pytest.approx(2 * q)
+
+
+# --- shift-aware calibration: Mondrian by distance, weighted by covariate shift ---
+
+
+def test_weighted_thresholds_with_equal_weights_are_split_conformal():
+    from smiexlm.trust.conformal import conformal_quantile, weighted_thresholds
+
+    rng = np.random.default_rng(3)
+    for n in (1, 5, 9, 19, 40):
+        scores = rng.random(n)
+        for alpha in (0.05, 0.1, 0.2, 0.5):
+            got = weighted_thresholds(scores, np.ones(n), np.ones(4), alpha)
+            assert (got == conformal_quantile(scores, alpha)).all(), (n, alpha)
+
+
+def test_weighted_thresholds_by_brute_force():
+    """The smallest calibration score s whose weighted share of scores at most s, over the
+    calibration weights plus the query's own, reaches 1 - alpha."""
+    from smiexlm.trust.conformal import weighted_thresholds
+
+    rng = np.random.default_rng(4)
+    scores, weights = rng.random(12), rng.uniform(0.1, 3.0, 12)
+    query = rng.uniform(0.1, 3.0, 6)
+    for alpha in (0.1, 0.3):
+        got = weighted_thresholds(scores, weights, query, alpha)
+        for w, q in zip(query, got, strict=True):
+            ok = [s for s in sorted(scores)
+                  if weights[scores <= s].sum() / (weights.sum() + w) >= 1 - alpha - 1e-12]  # fmt: skip
+            assert q == (ok[0] if ok else np.inf)
+
+
+def test_distance_bins_give_far_molecules_their_own_threshold():
+    """Far calibration molecules are harder: Mondrian by distance widens the far query's set
+    and narrows the near one's, each bin's threshold being split-conformal on its molecules."""
+    from smiexlm.trust.conformal import (
+        ClassificationCalibrator,
+        Shift,
+        conformal_quantile,
+        distance_bins,
+        outside_calibration,
+    )
+
+    rng = np.random.default_rng(5)
+    n = 300
+    near = rng.uniform(0.2, 1.0, n)  # nearest similarity to the training molecules
+    y = rng.integers(0, 2, n).astype(float)
+    noise = (1.0 - near) * 0.9  # the farther, the worse the model
+    p = np.clip(np.where(y == 1, 1 - noise * rng.random(n), noise * rng.random(n)), 0, 1)
+    query_near = np.array([0.95, 0.5, 0.25, 0.1])
+    cal_bins, query_bins, edges = distance_bins(near, query_near, 0.1)
+    assert len(edges) == 2 and list(query_bins) == [2, 1, 0, 0]
+    assert list(outside_calibration(near, query_near)) == [False, False, False, True]
+    calibrator = ClassificationCalibrator(y[:, None], p[:, None])
+    shift = Shift(bins=(cal_bins, query_bins))
+    q = np.full(4, 0.5)[:, None]
+    sets = calibrator.sets(q, 0.1, shift=shift)
+    scores = np.where(y == 1, 1 - p, p)
+    for i, b in enumerate(query_bins):
+        threshold = conformal_quantile(scores[cal_bins == b], 0.1)
+        assert sets.members[i, 0, 1] == (threshold >= 0.5)
+    per_bin = [conformal_quantile(scores[cal_bins == b], 0.1) for b in range(3)]
+    assert per_bin[0] > per_bin[1] > per_bin[2]  # far molecules get wider sets
+    # few calibration molecules: fewer bins, never one below the minimum for alpha
+    assert len(distance_bins(near[:30], query_near, 0.1)[2]) == 0
+
+
+def test_shifted_intervals_follow_their_bin_and_weights_move_the_quantile():
+    from smiexlm.trust.conformal import RegressionCalibrator, Shift, conformal_quantile
+
+    rng = np.random.default_rng(6)
+    n = 200
+    far = rng.random(n) < 0.5
+    y = rng.normal(size=n)
+    pred = y + rng.normal(size=n) * np.where(far, 2.0, 0.2)
+    calibrator = RegressionCalibrator(y[:, None], pred[:, None])
+    bins = Shift(bins=(far.astype(int), np.array([0, 1])))
+    got = calibrator.intervals(np.zeros((2, 1)), 0.1, shift=bins)
+    residual = np.abs(y - pred)
+    assert got.high[0, 0] == conformal_quantile(residual[~far], 0.1)
+    assert got.high[1, 0] == conformal_quantile(residual[far], 0.1)
+    # weights that favour the far calibration molecules widen the interval towards theirs
+    weighted = Shift(weights=(np.where(far, 10.0, 0.1), np.array([1.0])))
+    wide = calibrator.intervals(np.zeros((1, 1)), 0.1, shift=weighted).high[0, 0]
+    assert got.high[0, 0] < wide <= got.high[1, 0] * 1.05
+
+
+def test_covariate_weights_find_the_query_side():
+    from smiexlm.trust.conformal import covariate_weights
+
+    rng = np.random.default_rng(7)
+    cal = rng.normal(0.0, 1.0, (300, 2))
+    query = rng.normal(1.0, 1.0, (300, 2))
+    w_cal, w_query = covariate_weights(cal, query)
+    # calibration molecules that look like the queries weigh more
+    from scipy.stats import spearmanr
+
+    assert spearmanr(cal.sum(axis=1), w_cal).statistic > 0.95
+    assert w_query.mean() > w_cal.mean()
+    one = covariate_weights(cal, query[:1])  # one query molecule: no shift to estimate
+    assert (one[0] == 1).all() and (one[1] == 1).all()

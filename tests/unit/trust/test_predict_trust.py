@@ -83,6 +83,51 @@ def test_regression_intervals_are_the_validation_residual_quantile(tmp_path):
         predict(folder, ["CCO"], conformal_alpha=1.5)
 
 
+def test_conformal_methods_calibrate_by_distance_or_weight_and_say_where(tmp_path):
+    """``distance``: each molecule's set is split-conformal on the validation molecules of its
+    bin of nearest similarity (by brute force); ``class`` is ``--mondrian``; a molecule
+    farther than every validation molecule is flagged; ``weighted`` keeps the columns."""
+    import math
+
+    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.trust.conformal import distance_bins
+
+    (folder,), frame = _models(tmp_path)
+    ref = Reference.load(folder)
+    far = "FC(F)(F)C(F)(F)C(F)(F)C(F)(F)C(F)(F)F"
+    queries = frame["smi"].tolist()[:40] + [far]
+    alpha = 0.25
+    got = predict(folder, queries, conformal_alpha=alpha, conformal_method="distance")
+    cal_bins, query_bins, _ = distance_bins(ref.valid_tanimoto, got["nearest_tanimoto"], alpha)
+    np.testing.assert_array_equal(got["conformal_bin"], query_bins)
+    y = ref.valid_labels[:, 0]
+    nonconformity = np.where(y == 1, 1 - ref.valid_scores[:, 0], ref.valid_scores[:, 0])
+    for i, b in enumerate(query_bins):
+        scores = np.sort(nonconformity[cal_bins == b].astype(float))
+        k = math.ceil((len(scores) + 1) * (1 - alpha))
+        q = scores[k - 1] if k <= len(scores) else np.inf
+        p = got["y"][i]
+        expected = "{" + ",".join(c for c, s in (("0", p), ("1", 1 - p)) if s <= q + 1e-6) + "}"
+        assert got["y_set"][i] == expected, (i, b, q, p)
+    assert got["outside_calibration"].tolist() == [
+        n < ref.valid_tanimoto.min() for n in got["nearest_tanimoto"]
+    ]
+    assert got["outside_calibration"].iloc[-1]  # a perfluoroalkane among small alcohols
+    mondrian = predict(folder, queries, conformal_alpha=alpha, mondrian=True)
+    by_class = predict(folder, queries, conformal_alpha=alpha, conformal_method="class")
+    assert mondrian["y_set"].equals(by_class["y_set"])
+    weighted = predict(folder, queries, conformal_alpha=alpha, conformal_method="weighted")
+    assert set(weighted["y_set"]) <= {"{0}", "{1}", "{0,1}", "{}"}
+    assert "conformal_bin" not in weighted
+    with pytest.raises(ConfigError, match="conformal-alpha"):
+        predict(folder, queries, conformal_method="distance")
+    with pytest.raises(ConfigError, match="mondrian"):
+        predict(folder, queries, conformal_alpha=alpha, mondrian=True, conformal_method="distance")
+    with pytest.raises(ConfigError, match="conformal_method"):
+        predict(folder, queries, conformal_alpha=alpha, conformal_method="nearest")
+
+
 def test_an_ensemble_must_share_its_validation_molecules(tmp_path):
     from smiexlm.moleculenet.prediction import predict
 
