@@ -37,8 +37,10 @@ Columns of :func:`predict`, in order:
   calibrated on its bin's, ``conformal_bin`` 0 the farthest) or ``weighted`` (the
   validation molecules weighted by how much they look like the molecules predicted
   together, a density ratio on their nearness to the training molecules: it depends on the
-  batch); ``outside_calibration``: the molecule is farther from the training molecules than
-  every validation molecule, where no calibration speaks for it.
+  batch; ``conformal_weight``, the molecule's density ratio: above 1, a molecule whose
+  nearness is rarer among the validation molecules than among those predicted);
+  ``outside_calibration``: the molecule is farther from the training molecules than every
+  validation molecule, where no calibration speaks for it.
 
 ``calibrate=True`` divides each classification model's logits by the temperature fitted on
 its validation molecules (:func:`smiexlm.trust.calibration.fit_temperature`) before the
@@ -481,6 +483,8 @@ def _conformal(
     shift, bins = method_shift(method, np.stack(cal_x, 1), np.stack(query_x, 1), alpha)
     if bins is not None:
         out["conformal_bin"] = bins
+    if shift is not None and shift.weights is not None:
+        out["conformal_weight"] = shift.weights[1]
     if served[0].meta["task_type"] == "classification":
         sets = ClassificationCalibrator(labels, valid).sets(scores, alpha, method == "class",
                                                             "full", shift)  # fmt: skip

@@ -15,7 +15,7 @@ from smiexlm.trust.domain import DEFAULT_K
 DOMAIN_COLUMNS = ("nearest_tanimoto", f"mean_tanimoto_k{DEFAULT_K}", "nearest_cosine",
                   f"mean_cosine_k{DEFAULT_K}", "in_domain")  # fmt: skip
 # the calibration a molecule's conformal set rests on (predict --conformal-alpha)
-CONFORMAL_COLUMNS = ("outside_calibration", "conformal_bin")
+CONFORMAL_COLUMNS = ("outside_calibration", "conformal_bin", "conformal_weight")
 MOLECULE_COLUMNS = ("smiles", "valid", "truncated", "untrained_tokens", *DOMAIN_COLUMNS,
                     *CONFORMAL_COLUMNS)  # fmt: skip
 # beside a label: ensemble and random-SMILES spreads, a blend's parts (a model and its forest,

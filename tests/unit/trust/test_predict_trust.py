@@ -119,7 +119,9 @@ def test_conformal_methods_calibrate_by_distance_or_weight_and_say_where(tmp_pat
     assert mondrian["y_set"].equals(by_class["y_set"])
     weighted = predict(folder, queries, conformal_alpha=alpha, conformal_method="weighted")
     assert set(weighted["y_set"]) <= {"{0}", "{1}", "{0,1}", "{}"}
-    assert "conformal_bin" not in weighted
+    assert "conformal_bin" not in weighted and (weighted["conformal_weight"] > 0).all()
+    alone = predict(folder, queries[:1], conformal_alpha=alpha, conformal_method="weighted")
+    assert alone["conformal_weight"][0] == 1  # one molecule: no shift to estimate, split
     with pytest.raises(ConfigError, match="conformal-alpha"):
         predict(folder, queries, conformal_method="distance")
     with pytest.raises(ConfigError, match="mondrian"):
