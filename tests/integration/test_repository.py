@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +65,13 @@ def test_the_benchmark_scales_each_sets_own_learning_rate():
         assert table._run_config(args, task).loop.lr == finetune_config(task).loop.lr
         args.lr_scale = 0.5
         assert table._run_config(args, task).loop.lr == 0.5 * finetune_config(task).loop.lr
+
+
+def test_no_run_artifact_is_tracked():
+    """What a run leaves to go on from (a run folder, a cell's state, optimizer state, a study
+    database) is regenerable and stays out of git; results keep their readable records."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.splitlines()  # fmt: skip
+    artifacts = [p for p in tracked if p.startswith("runs/") or "/state/" in p
+                 or p.endswith((".sqlite", "optimizer.safetensors", "rng.safetensors"))]  # fmt: skip
+    assert artifacts == [], artifacts[:10]
