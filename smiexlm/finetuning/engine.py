@@ -5,7 +5,7 @@ An adapter builds the model (an encoder + head whose forward takes ``input_ids``
 turns its data into :class:`~smiexlm.finetuning.batches.Examples` and gives a ``score``
 function of the validation logits. :func:`fit` then does the rest, the same way for all:
 
-- AdamW with pre-training's decay groups (``training.optim.adamw_with_decay_groups``), linear
+- AdamW with pre-training's decay groups (``smiexlm.pretraining.optim.adamw_with_decay_groups``), linear
   warmup then linear decay to 0 (``PolynomialDecaySchedule``, power 1);
 - ``layer_decay`` < 1: layer-wise learning rates, the head's ``lr`` and each block below it
   ``layer_decay`` times the one above (``adamw_with_decay_groups``);

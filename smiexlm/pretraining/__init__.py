@@ -1,7 +1,9 @@
 """Pre-training: ``config`` (TrainConfig), ``launch`` (a job, in one process or spread over
 the free cores), ``trainer`` (the loop, :func:`pretrain`) with its ``stream`` (who reads which
 micro-batch), ``reporting`` (metrics.jsonl, TensorBoard) and ``guards`` (stop requests, out
-of memory), ``optim``, ``checkpoint``, ``distributed``, and ``plot`` (loss curves)."""
+of memory), ``optim`` (AdamW's decay groups, the schedule), ``run_state``, ``resume`` and
+``warm_start`` (checkpoints written and read back), ``distributed``, and ``plot`` (loss
+curves)."""
 
 from smiexlm.pretraining.config import TrainConfig, load_config
 
