@@ -53,9 +53,9 @@ def run_hpopt(
     the study and its outputs in ``out`` (see the module docstring). ``on_trial`` gets one
     line per finished trial; ``pruner`` replaces the median pruner (Optuna's interface)."""
     out = check_output(out, "--out", "folder")
-    # trials score the network alone: a forest beside it would cost each trial its fit and
-    # hide what the search moves; best.toml leaves the forest to the final fit's default
-    base = dataclasses.replace(base, forest=None)
+    # trials score the network alone: a forest (or a wide ensemble) beside it would cost each
+    # trial its fit and hide what the search moves; best.toml leaves both to the final fit
+    base = dataclasses.replace(base, forest=None, ensemble="none")
     search = Search.build(task, base, backbone or Backbone(), hp.seed)
     with RunLock(out):
         study = hpopt_study.open_study(out, search, hp, pruner)
