@@ -36,6 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forest_blend import write_table  # noqa: E402
+
 SETS = ["bace", "bbbp", "clintox", "sider", "tox21", "toxcast", "muv"]
 SMALL = SETS[:4]
 SEEDS = (0, 1, 2)
@@ -154,6 +157,7 @@ def table(args: argparse.Namespace) -> None:
               "cell's wall seconds):", "",
               "| served | " + " | ".join(args.sets) + " | total | × the default's blend |",
               "|---|" + "---|" * (len(args.sets) + 2)]  # fmt: skip
+
     def secs(name: str, s: str) -> float:  # cells that kept no record are left out
         kept = [v for v in seconds[name][s] if not np.isnan(v)]
         return float(np.mean(kept)) if kept else float("nan")
@@ -164,7 +168,9 @@ def table(args: argparse.Namespace) -> None:
         lines.append(f"| {name} | " + " | ".join(f"{secs(name, s):,.0f}" for s in args.sets)
                      + f" | {total:,.0f} | {total / base:.2f} |")  # fmt: skip
     lines += ["", f"`python benchmarks/wide_ensemble.py {' '.join(sys.argv[1:])}`"]
-    _write(args.out, "table", lines, {"test": figures, "valid": valid_figures, "seconds": seconds})
+    write_table(
+        args.out, "table", lines, {"test": figures, "valid": valid_figures, "seconds": seconds}
+    )
 
 
 def cost(args: argparse.Namespace) -> None:
@@ -203,15 +209,8 @@ def cost(args: argparse.Namespace) -> None:
              f"{len(smiles):,} molecules, the folders fine-tuned {args.max_train_steps} steps "
              f"(the cost of serving does not depend on it), forests of {args.forest_trees} trees "
              "(the default's on a set of up to 200 labels).", "", f"`python benchmarks/wide_ensemble.py {' '.join(sys.argv[1:])}`"]  # fmt: skip
-    _write(args.out, "cost", lines, {"per_1000": per, "molecules": len(smiles),
-                                     "fit_cpu_seconds": fit_seconds})  # fmt: skip
-
-
-def _write(out: Path, stem: str, lines: list[str], record: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    write_table(args.out, "cost", lines, {"per_1000": per, "molecules": len(smiles),
+                                          "fit_cpu_seconds": fit_seconds})  # fmt: skip
 
 
 def main() -> None:

@@ -49,11 +49,9 @@ class KeptForest:
 
     @classmethod
     def fit(cls, texts: list[str], labels: np.ndarray, train: list[int], valid: list[int],
-            task_type: str, seed: int, cfg, features: str | None = None,
-            ) -> tuple[KeptForest, np.ndarray]:  # fmt: skip
-        """The forest of ``cfg`` (a FinetuneConfig with ``forest`` set; ``features``, when
-        given, instead of ``cfg.forest``) fitted on the ``train`` rows of ``texts`` and
-        ``labels``, and its scores (N, T) of every row."""
+            task_type: str, seed: int, cfg) -> tuple[KeptForest, np.ndarray]:  # fmt: skip
+        """The forest of ``cfg`` (a FinetuneConfig with ``forest`` set) fitted on the ``train``
+        rows of ``texts`` and ``labels``, and its scores (N, T) of every row."""
         from smiexlm.moleculenet.baseline import (
             BaselineConfig,
             ForestFeatures,
@@ -61,14 +59,13 @@ class KeptForest:
             forest_scores,
         )
 
-        kind = features or cfg.forest
-        matrix = ForestFeatures(texts, kind, cache=True)
-        scaler = matrix.scaler(train)
-        x = matrix.matrix(scaler)
-        baseline = BaselineConfig(features=kind, n_trees=cfg.forest_trees)
+        features = ForestFeatures(texts, cfg.forest, cache=True)
+        scaler = features.scaler(train)
+        x = features.matrix(scaler)
+        baseline = BaselineConfig(features=cfg.forest, n_trees=cfg.forest_trees)
         forests = fit_forests(x[train], labels[train], task_type, seed, baseline)
         scores = forest_scores(forests, x, task_type).astype(np.float32)
-        kept = cls(kind, cfg.forest_trees, cfg.forest_blend, cfg.forest_weight, scaler,
+        kept = cls(cfg.forest, cfg.forest_trees, cfg.forest_blend, cfg.forest_weight, scaler,
                    forests, scores[valid])  # fmt: skip
         return kept, scores
 

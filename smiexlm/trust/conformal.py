@@ -383,12 +383,17 @@ class RegressionCalibrator:
         check_choice("too_small", too_small, ("raise", "full"))
         out = np.empty(self.n_tasks)
         for t in range(self.n_tasks):
-            known = ~np.isnan(self.labels[:, t])
-            residual = np.abs(self.labels[known, t] - self.scores[known, t])
-            if self.spread is not None:
-                residual = residual / self.spread[known, t]
-            out[t] = _threshold(residual, alpha, too_small, f"task {t}")
+            out[t] = _threshold(self._calibration(t)[0], alpha, too_small, f"task {t}")
         return out
+
+    def _calibration(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Task ``t``'s calibration scores, the absolute residuals of its labelled validation
+        molecules (over their spread when normalised), and those molecules' rows."""
+        known = ~np.isnan(self.labels[:, t])
+        residual = np.abs(self.labels[known, t] - self.scores[known, t])
+        if self.spread is not None:
+            residual = residual / self.spread[known, t]
+        return residual, np.flatnonzero(known)
 
     def intervals(
         self,
@@ -407,12 +412,7 @@ class RegressionCalibrator:
         else:
             half = np.empty(v.shape)
             for t in range(self.n_tasks):
-                known = ~np.isnan(self.labels[:, t])
-                residual = np.abs(self.labels[known, t] - self.scores[known, t])
-                if self.spread is not None:
-                    residual = residual / self.spread[known, t]
-                half[:, t] = shift.thresholds(residual, np.flatnonzero(known), alpha, len(v),
-                                              too_small)  # fmt: skip
+                half[:, t] = shift.thresholds(*self._calibration(t), alpha, len(v), too_small)
         if (spread is None) != (self.spread is None):
             need = "a spread (the calibration was normalised)" if spread is None else "None"
             raise ConfigError("spread", "None" if spread is None else "an array", need)
