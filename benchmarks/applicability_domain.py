@@ -35,22 +35,24 @@ N_BINS = 5
 
 
 def _runs(roots: list[Path]) -> dict[str, list[Path]]:
-    """set -> run folders whose predictions keep the test molecules' similarities."""
-    found: dict[str, list[Path]] = {}
+    """set -> the kept arrays of the runs whose predictions keep the test molecules'
+    similarities (in a cell's own file or its row's store)."""
+    from smiexlm.moleculenet import runs
+
+    found: dict[str, list[dict]] = {}
     for root in roots:
-        for npz in sorted(Path(root).glob("runs/*/seed*/predictions.npz")):
-            with np.load(npz) as kept:
-                if "test_tanimoto" in kept.files:
-                    found.setdefault(npz.parent.parent.name, []).append(npz)
+        for folder in sorted(Path(root).glob("runs/*/seed*/")):
+            kept = runs.kept_arrays(folder)
+            if kept is not None and "test_tanimoto" in kept:
+                found.setdefault(folder.parent.name, []).append(kept)
     return found
 
 
-def _molecule_errors(npz: Path, labels: np.ndarray, quantiles: list[float]) -> pd.DataFrame:
+def _molecule_errors(kept: dict, labels: np.ndarray, quantiles: list[float]) -> pd.DataFrame:
     """One row per test molecule: error, nearest similarities, and ``in_domain <q>`` per
     quantile, decided as ``predict`` decides it (:class:`~smiexlm.trust.domain.DomainBounds`)."""
     from smiexlm.trust.domain import DomainBounds
 
-    kept = np.load(npz)
     y, p = labels[kept["test_rows"]], kept["test"].astype(np.float64)
     known = ~np.isnan(y)
     diff = np.where(known, np.abs(np.nan_to_num(y) - p), 0.0)

@@ -1,7 +1,7 @@
 """Conformal coverage and calibration of fine-tuned MoleculeNet runs, from their run folders.
 
     export SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1
-    python benchmarks/conformal_coverage.py benchmarks/results/screens/augment10_tta10 \
+    python benchmarks/conformal_coverage.py runs/screens/augment10_tta10 \
         --out runs/conformal
 
 Each ROOT holds runs as ``moleculenet_table.py run`` (or ``smiexlm benchmark``) leaves them:
@@ -67,7 +67,7 @@ def _root_names(roots: list[Path]) -> list[str]:
 def find_runs(roots: list[Path]) -> tuple[list[Run], list[str]]:
     """Every finished run with predictions under the roots, and notes on what was skipped."""
     from smiexlm.errors import DataError
-    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, RESULT_NAME
+    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, RESULT_NAME, has_predictions
 
     found, skipped, tasks = [], [], {}
     for root, name in zip(roots, _root_names(roots), strict=True):
@@ -76,7 +76,7 @@ def find_runs(roots: list[Path]) -> tuple[list[Run], list[str]]:
             raise DataError(f"ROOT {str(root)!r}: no runs/<set>/seed<k>/{RESULT_NAME} under it")
         for result in folders:
             folder = result.parent
-            if not (folder / PREDICTIONS_NAME).is_file():
+            if not has_predictions(folder):
                 skipped.append(f"{name}/{folder.parent.name}/{folder.name}: no {PREDICTIONS_NAME}")
                 continue
             found.append(read_run(folder, name, tasks))

@@ -39,8 +39,7 @@ def _cells(args, task, seed: int):
     model_root = args.regression if regression else args.classification
     folder = run_dir(model_root / "runs", task.name, seed)
     model = read_predictions(folder, task)
-    with np.load(folder / "predictions.npz") as kept:
-        near = {p: np.stack([kept[f"{p}_tanimoto"], kept[f"{p}_cosine"]], 1) for p in ("valid", "test")}  # fmt: skip
+    near = {p: np.stack([model[f"{p}_tanimoto"], model[f"{p}_cosine"]], 1) for p in ("valid", "test")}  # fmt: skip
     if regression:
         forest = read_predictions(run_dir(args.regression_forests, task.name, seed), task)
     else:

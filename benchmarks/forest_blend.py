@@ -52,11 +52,11 @@ def forest_predictions(
 ) -> dict[str, np.ndarray]:
     """The forest's kept predictions for (``task``, ``seed``), trained first when missing."""
     from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
-    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, read_predictions, run_dir
+    from smiexlm.moleculenet.runs import has_predictions, read_predictions, run_dir
 
     kept = root / f"{kind}_{n_trees}trees"
     folder = run_dir(kept, task.name, seed)
-    if not (folder / PREDICTIONS_NAME).is_file():
+    if not has_predictions(folder):
         cfg = BaselineConfig(features=kind, n_trees=n_trees)
         run_baseline(task, seeds=[seed], cfg=cfg, run_root=kept)
     return read_predictions(folder, task)
@@ -165,7 +165,7 @@ def main() -> None:
 
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, finished, read_predictions, run_dir
+    from smiexlm.moleculenet.runs import finished, has_predictions, read_predictions, run_dir
 
     def row_predictions(option: str, row: Path, task, seed: int) -> dict:
         folder = run_dir(row / "runs", task.name, seed)
@@ -183,22 +183,22 @@ def main() -> None:
 
     cells, tasks = [], {}
     for root in args.model_roots:
-        folders = sorted((root / "runs").glob(f"*/seed*/{PREDICTIONS_NAME}"))
+        folders = [f for f in sorted((root / "runs").glob("*/seed*/")) if has_predictions(f)]
         if not folders:
-            raise DataError(f"MODEL_ROOT {str(root)!r}: no runs/<set>/seed<k>/{PREDICTIONS_NAME}")
-        for path in folders:
-            result = finished(path.parent)
+            raise DataError(f"MODEL_ROOT {str(root)!r}: no runs/<set>/seed<k>/ kept its scores")
+        for folder in folders:
+            result = finished(folder)
             if result is None or (args.tasks and result.dataset not in args.tasks):
                 continue
             task = tasks.setdefault(result.dataset, load_task(result.dataset))
-            model = read_predictions(path.parent, task)
+            model = read_predictions(folder, task)
             third = (None if args.third is None
                      else row_predictions("--third", args.third, task, result.seed))  # fmt: skip
             for kind, forest in partners(task, result.seed):
                 for other in [forest] + ([] if third is None else [third]):
                     for part in ("valid_rows", "test_rows"):
                         if not np.array_equal(model[part], other[part]):
-                            raise DataError(f"{str(path)!r}: the partner's {part} differ from the model's")  # fmt: skip
+                            raise DataError(f"{str(folder)!r}: the partner's {part} differ from the model's")  # fmt: skip
                 chosen = chosen_blend(task, model, forest)  # scored, and kept with --keep
                 cells.append({"root": root.name, "name": result.model, "dataset": result.dataset,
                               "seed": result.seed, "features": kind,

@@ -23,8 +23,13 @@ the test split is never used for a choice.
 a paired bootstrap over each set's test molecules (:mod:`smiexlm.moleculenet.compare`), e.g.
 ``python benchmarks/moleculenet_table.py compare benchmarks/results/table1/exlm
 benchmarks/results/table1/mlm --tasks tox21 toxcast``. A row is a folder holding
-``runs/<set>/seed<k>/predictions.npz``, or ``<set>/seed<k>/predictions.npz`` (the forests
+``runs/<set>/seed<k>/`` with its predictions, or ``<set>/seed<k>/`` (the forests
 ``forest_blend.py`` keeps). ``--measure pr_auc`` compares PR-AUC instead of the score.
+
+``compact ROW`` writes beside each finished cell's ``predictions.npz`` (float32, not committed)
+its float16 copy ``predictions.parquet`` (:mod:`smiexlm.moleculenet.score_store`), which is what
+``benchmarks/results/`` commits; ``--skip toxcast`` leaves a set out (ToxCast's 617 labels
+take 1.7 MB a cell: its scores are made again by the cell's command).
 
 Every cell records, beside its ROC-AUC, the test PR-AUC (average precision) and the share of
 positives it should be read against (MAE, R² and Spearman's rho for a regression set);
@@ -184,7 +189,9 @@ def _run_config(args: argparse.Namespace, task: str):
     if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
         extra["precision"] = args.precision
     # a row is the network fine-tuned alone: forest_blend.py measures it beside forests
-    return finetune_config(task, device="cpu", **{"forest": "none"} | VARIANTS[args.variant] | extra)
+    return finetune_config(
+        task, device="cpu", **{"forest": "none"} | VARIANTS[args.variant] | extra
+    )
 
 
 def probe(args: argparse.Namespace) -> None:
@@ -430,12 +437,12 @@ def compare(args: argparse.Namespace) -> None:
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.compare import mean_over_sets, paired_bootstrap
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.runs import PREDICTIONS_NAME, read_predictions, run_dir
+    from smiexlm.moleculenet.runs import has_predictions, read_predictions, run_dir
 
     def kept(row: Path, task) -> list[dict] | None:
         root = row / "runs" if (row / "runs").is_dir() else row
         folders = [run_dir(root, task.name, seed) for seed in args.seeds]
-        if not all((f / PREDICTIONS_NAME).is_file() for f in folders):
+        if not all(has_predictions(f) for f in folders):
             return None
         return [read_predictions(f, task) for f in folders]
 
@@ -473,6 +480,15 @@ def compare(args: argparse.Namespace) -> None:
         args.out.write_text("\n".join(lines) + "\n")
 
 
+def compact(args: argparse.Namespace) -> None:
+    """The float16 copy of every finished cell's scores in each row of ``args.folders``."""
+    from smiexlm.moleculenet.score_store import compact as compact_row
+
+    for row in args.folders:
+        root = row / "runs" if (row / "runs").is_dir() else row
+        print(f"{row}: {compact_row(root, args.skip)} cells")
+
+
 def measures(args: argparse.Namespace) -> None:
     """Fill in the measures beside the score (PR-AUC; MAE, R², Spearman) of every finished
     cell under ``--root`` whose result predates them, from the predictions it kept; then
@@ -492,7 +508,7 @@ def measures(args: argparse.Namespace) -> None:
             done = runs.finished(folder)
             if done is None or done.more:
                 continue
-            if not (folder / runs.PREDICTIONS_NAME).is_file():
+            if not runs.has_predictions(folder):
                 without += 1
                 continue
             if done.dataset not in tasks:
@@ -601,6 +617,9 @@ def main() -> None:
     p_status.add_argument("--root", type=Path, required=True)
     p_status.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
     p_status.add_argument("--tasks", nargs="+", choices=TASKS, default=None)
+    p_compact = sub.add_parser("compact", help="float16 copies of the rows' kept scores, to commit")
+    p_compact.add_argument("folders", nargs="+", type=Path, metavar="ROW")
+    p_compact.add_argument("--skip", nargs="*", choices=TASKS, default=[], help="sets left out")
     p_compare = sub.add_parser("compare", help="how sure a difference between two rows is")
     p_compare.add_argument("rows", nargs=2, type=Path, metavar="ROW", help="row A, then row B")
     p_compare.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
@@ -624,7 +643,7 @@ def main() -> None:
         return
     commands = {"run": run, "probe": probe, "baseline": baseline, "merge": merge}
     commands |= {"campaign": campaign, "status": status, "compare": compare}
-    commands |= {"measures": measures, "curves": curves}
+    commands |= {"measures": measures, "curves": curves, "compact": compact}
     commands[args.command](args)
 
 

@@ -4,7 +4,7 @@ finished runs, alone and blended with a forest.
     export SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1
     python benchmarks/seed_ensemble.py benchmarks/results/table1/default \
         --tasks bace bbbp clintox sider --forest rdkit2d --forest-root runs/forests \
-        --out benchmarks/results/screens/seed_ensemble
+        --out runs/screens/seed_ensemble
 
 MODEL_ROOT holds runs as ``moleculenet_table.py run`` leaves them (``runs/<set>/seed<k>/``
 with ``predictions.npz``). For each set, test ROC-AUC x 100 of:

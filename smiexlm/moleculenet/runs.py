@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from smiexlm.errors import DataError
+from smiexlm.moleculenet import score_store
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
 from smiexlm.paths import atomic_paths, read_json_file, write_json
@@ -220,14 +221,17 @@ def write_predictions(
 
 
 def read_predictions(folder: Path, task) -> dict[str, np.ndarray]:
-    """The validation and test scores and rows kept in ``folder`` (:func:`write_predictions`),
-    checked against ``task``: rows inside its table, one column per label. DataError naming
-    the file otherwise."""
+    """The validation and test scores and rows kept in ``folder`` (:func:`write_predictions`;
+    or its compact copy, :mod:`~smiexlm.moleculenet.score_store`), with the similarities and
+    parts kept beside them, checked against ``task``: rows inside its table, one column per label.
+    DataError naming the file otherwise."""
     path = Path(folder) / PREDICTIONS_NAME
-    if not path.is_file():
-        raise DataError(f"{str(path)!r}: no such file; expected a finished run's predictions")
-    with np.load(path) as saved:
-        arrays = {key: saved[key] for key in ("valid_rows", "valid", "test_rows", "test")}
+    arrays = kept_arrays(folder)
+    if arrays is None:
+        raise DataError(
+            f"{str(path)!r}: no such file, nor its compact copy "
+            f"{score_store.STORE_NAME}; expected a finished run's predictions"
+        )
     for part in ("valid", "test"):
         rows = arrays[f"{part}_rows"]
         if rows.max(initial=-1) >= len(task) or arrays[part].shape != (
@@ -241,6 +245,23 @@ def read_predictions(folder: Path, task) -> dict[str, np.ndarray]:
     return arrays
 
 
+def has_predictions(folder: Path) -> bool:
+    """Whether the cell ``folder`` kept its scores, in its own file or its compact copy."""
+    return any(
+        (Path(folder) / name).is_file() for name in (PREDICTIONS_NAME, score_store.STORE_NAME)
+    )
+
+
+def kept_arrays(folder: Path) -> dict[str, np.ndarray] | None:
+    """Every array the cell ``folder`` kept, unchecked (its own file first, else its compact
+    copy); None when it kept none."""
+    path = Path(folder) / PREDICTIONS_NAME
+    if path.is_file():
+        with np.load(path) as saved:
+            return {key: saved[key] for key in saved.files}
+    return score_store.read(folder)
+
+
 def add_measures(folder: Path, task) -> bool:
     """Give the finished run in ``folder`` the measures beside its score
     (:func:`~smiexlm.moleculenet.metrics.more_scores`) from the test predictions it kept,
@@ -249,7 +270,7 @@ def add_measures(folder: Path, task) -> bool:
     from smiexlm.moleculenet.metrics import more_scores
 
     done = finished(folder)
-    if done is None or done.more or not (Path(folder) / PREDICTIONS_NAME).is_file():
+    if done is None or done.more or not has_predictions(folder):
         return False
     kept = read_predictions(folder, task)
     done.more = more_scores(task.task_type, task.labels[kept["test_rows"]], kept["test"])

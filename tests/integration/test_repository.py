@@ -1,4 +1,5 @@
-"""The README's two commands are the ones CI runs."""
+"""The repository as a newcomer meets it: the README's two commands are the ones CI runs, the
+committed campaign reads back, and the tracked tree stays light."""
 
 from __future__ import annotations
 
@@ -70,8 +71,52 @@ def test_the_benchmark_scales_each_sets_own_learning_rate():
 def test_no_run_artifact_is_tracked():
     """What a run leaves to go on from (a run folder, a cell's state, optimizer state, a study
     database) is regenerable and stays out of git; results keep their readable records."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.splitlines()  # fmt: skip
+    tracked = _tracked()
     artifacts = [p for p in tracked if p.startswith("runs/") or "/state/" in p
-                 or p.endswith((".sqlite", "optimizer.safetensors", "rng.safetensors"))]  # fmt: skip
+                 or p.endswith((".sqlite", "optimizer.safetensors", "rng.safetensors"))
+                 or p.endswith("predictions.npz")]  # fmt: skip
     assert artifacts == [], artifacts[:10]
+
+
+def _tracked() -> list[str]:
+    return subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.splitlines()  # fmt: skip
+
+
+def test_the_tracked_tree_stays_light():
+    """No tracked file over 1 MB outside the shipped models and the test fixtures, and all of
+    ``benchmarks/results/`` within 15 MB: per-molecule scores are kept compactly or
+    regenerated, never carried as they were written."""
+    sizes = {p: (ROOT / p).stat().st_size for p in _tracked() if (ROOT / p).is_file()}
+    heavy = {p: n for p, n in sizes.items() if n > 1_000_000
+             and not p.startswith(("smiexlm/assets/", "tests/fixtures/"))}  # fmt: skip
+    assert heavy == {}, heavy
+    results = sum(n for p, n in sizes.items() if p.startswith("benchmarks/results/"))
+    assert results <= 15_000_000, f"benchmarks/results/ holds {results:,} bytes"
+
+
+def test_the_compact_scores_give_back_each_cells_figure():
+    """Each committed cell's compact scores (float16) score within 0.05 of the figure its
+    ``result.json`` recorded from the float32 scores: the bootstraps and blends read the
+    campaign's own predictions."""
+    import json
+
+    import numpy as np
+
+    from smiexlm.moleculenet import score_store
+    from smiexlm.moleculenet.loaders import load_task
+    from smiexlm.moleculenet.metrics import score
+
+    cells = [ROOT / p for p in _tracked() if p.endswith(score_store.STORE_NAME)]
+    assert len(cells) >= 100, len(cells)
+    tasks, off = {}, {}
+    for path in cells:
+        record = json.loads((path.parent / "result.json").read_text())["result"]
+        name = record["dataset"]
+        task = tasks[name] = tasks.get(name) or load_task(name, allow_download=False)
+        kept = score_store.read(path.parent)
+        got = score(task.task_type, task.labels[kept["test_rows"]], kept["test"]).mean
+        got *= 100.0 if task.task_type == "classification" else 1.0
+        if not np.isclose(got, record["test"], rtol=1e-3, atol=0.05):
+            off[str(path.parent.relative_to(ROOT))] = (got, record["test"])
+    assert off == {}, off
