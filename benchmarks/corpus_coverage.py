@@ -35,7 +35,7 @@ from smiexlm.data.widen.chem import vocabulary_tokens
 from smiexlm.data.widen.exclusion import exclusion_keys
 from smiexlm.data.widen.run import widen
 from smiexlm.data.widen.steps import STEPS, WidenConfig
-from smiexlm.moleculenet.loaders import load_task
+from smiexlm.moleculenet.loaders import evaluation_sets, load_task
 from smiexlm.paths import data_dir, write_text_atomic
 
 TABLE1 = ("bace", "bbbp", "clintox", "sider", "tox21", "toxcast", "muv")
@@ -74,7 +74,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     sample = _sample(args.sample, args.seed, work / "moses_sample.smi.gz")
     started = time.time()
-    excluded = exclusion_keys(progress=True)
+    excluded = exclusion_keys(evaluation_sets(), progress=True)
     key_seconds = time.time() - started
     config = WidenConfig(steps=steps, per_molecule=args.per_molecule, seed=args.seed,
                          fraction=args.fraction)  # fmt: skip

@@ -40,10 +40,11 @@ def widen(
     from smiexlm.data.widen.exclusion import exclusion_keys
     from smiexlm.data.widen.run import widen as run
     from smiexlm.data.widen.steps import WidenConfig
+    from smiexlm.moleculenet.loaders import evaluation_sets
 
     config = WidenConfig(steps=tuple(s.strip() for s in steps.split(",") if s.strip()),
                          per_molecule=per_molecule, seed=seed, fraction=fraction)  # fmt: skip
-    report = run(input, out, config, exclusion_keys(progress), vocabulary_tokens(),
+    report = run(input, out, config, exclusion_keys(evaluation_sets(), progress), vocabulary_tokens(),
                  smiles_col, max_molecules, part_size, progress)  # fmt: skip
     typer.echo(f"{report['inputs']:,} rows in, {report['rejected_inputs']:,} rejected, "
                f"{report['originals_written']:,} originals + {report['products_written']:,} "

@@ -23,6 +23,7 @@ import pandas as pd
 
 from smiexlm.data.normalize import smiles_problem
 from smiexlm.data.readers import detect_format, read_table
+from smiexlm.data.widen.exclusion import EvaluationSet
 from smiexlm.errors import DataError, check_distinct
 from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
 from smiexlm.moleculenet.splits import VALID_FROM_TRAIN, carve_valid, read_parts, row_name
@@ -93,7 +94,11 @@ def dataset_path(spec: DatasetSpec, allow_download: bool = True) -> Path:
             return path
     if not allow_download or os.environ.get("SMIEXLM_OFFLINE"):
         searched = ", ".join(dict.fromkeys(str(p.parent) for p in candidates))
-        why = "SMIEXLM_OFFLINE is set, so nothing is downloaded" if allow_download else "no download asked for"
+        why = (
+            "SMIEXLM_OFFLINE is set, so nothing is downloaded"
+            if allow_download
+            else "no download asked for"
+        )
         raise DataError(
             f"dataset {spec.name!r}: file {spec.filename!r} not found in {searched} ({why}); "
             "expected SMIEXLM_DATA to point at a folder with moleculenet/"
@@ -110,6 +115,29 @@ def load_task(name: str, allow_download: bool = True) -> MoleculeTask:
     task = clean_task(raw, spec.smiles_col, labels, spec.task_type, name=spec.name, strict=False)
     task.source, task.sha256 = str(path), _verify(spec, path)
     return task
+
+
+def evaluation_sets() -> list[EvaluationSet]:
+    """Every MoleculeNet file under ``SMIEXLM_DATA/moleculenet/`` as an
+    :class:`~smiexlm.data.widen.exclusion.EvaluationSet` (what ``smiexlm widen`` never lets
+    into a corpus); DataError for a file there that no registry entry names, so that no
+    evaluation molecule is missed."""
+    from smiexlm.moleculenet.registry import DATASETS
+
+    folder = data_dir() / "moleculenet"
+    if not folder.is_dir():
+        raise DataError(f"{str(folder)!r} does not exist: expected the MoleculeNet folder")
+    known = {spec.filename: name for name, spec in DATASETS.items()}
+    found = sorted(p for p in folder.iterdir() if p.is_file() and ".csv" in p.name)
+    unknown = [p.name for p in found if p.name not in known]
+    if unknown:
+        raise DataError(
+            f"MoleculeNet folder {str(folder)!r} holds {unknown!r}: expected only files the "
+            "registry names, so that every evaluation molecule is excluded"
+        )
+    return [EvaluationSet(known[p.name], file_sha256(p),
+                          lambda n=known[p.name]: load_task(n, allow_download=False).smiles)
+            for p in found]  # fmt: skip
 
 
 def load_dataset(name: str, allow_download: bool = True) -> pd.DataFrame:
@@ -237,9 +265,7 @@ def _label_values(
     return values
 
 
-def _check_binary(
-    labels: pd.DataFrame, name: str, strict: bool, first_line: int | None
-) -> None:
+def _check_binary(labels: pd.DataFrame, name: str, strict: bool, first_line: int | None) -> None:
     for col in labels.columns:
         values = labels[col].dropna()
         odd = values[~values.isin([0.0, 1.0])]

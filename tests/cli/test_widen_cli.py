@@ -20,6 +20,7 @@ from smiexlm.cli.main import app
 from smiexlm.data.readers import iter_smiles
 from smiexlm.data.widen.exclusion import evaluation_key, exclusion_keys
 from smiexlm.data.widen.steps import Widener
+from smiexlm.moleculenet.loaders import evaluation_sets
 from tests.conftest import some_data
 
 BAD = ["C1CC", "not_a_smiles", ""]
@@ -96,7 +97,7 @@ def test_no_product_of_an_evaluation_molecule_survives(tmp_path, monkeypatch):
     src = tmp_path / "eval.smi"
     molecules = list(iter_smiles(_data() / "moleculenet" / "bace.csv", "mol"))[:12]
     src.write_text("\n".join(molecules) + "\n")
-    excluded = exclusion_keys()
+    excluded = exclusion_keys(evaluation_sets())
     original = Widener._original
 
     def let_through(self, smiles):  # the input check off: the product check must hold

@@ -10,20 +10,20 @@ those tautomers, and a tautomer of a test molecule is as much a leak as the mole
 Its cost is about 1 ms a molecule; the price of a 14-letter hash is a rare false match,
 which only drops a product.
 
-:func:`exclusion_keys` builds the set from every MoleculeNet file under
-``SMIEXLM_DATA/moleculenet/`` (read by the project's loaders; a file the registry does not
-know is an error, not skipped) and caches it by the files' sha256.
+:func:`exclusion_keys` builds the set from the evaluation sets it is given
+(:class:`EvaluationSet`: a name, its file's sha256 and how to read its SMILES; the MoleculeNet
+ones come from :func:`smiexlm.moleculenet.loaders.evaluation_sets`, so that this corpus layer
+does not reach up to the evaluation layer) and caches it by the files' sha256.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
-
-from smiexlm.errors import DataError
 
 KEY_VERSION = "inchikey14-neutral-parent/1"
 
@@ -74,61 +74,44 @@ def evaluation_key(mol: Any) -> str | None:
     return key[:14] if key else None
 
 
-def moleculenet_files() -> list[tuple[str, Path]]:
-    """``(dataset name, file)`` of every MoleculeNet file under SMIEXLM_DATA; DataError for
-    a file there that no registry entry names."""
-    from smiexlm.moleculenet.registry import DATASETS
-    from smiexlm.paths import data_dir
+@dataclass(frozen=True)
+class EvaluationSet:
+    """One evaluation table whose molecules pretraining never holds."""
 
-    folder = data_dir() / "moleculenet"
-    if not folder.is_dir():
-        raise DataError(f"{str(folder)!r} does not exist: expected the MoleculeNet folder")
-    known = {spec.filename: name for name, spec in DATASETS.items()}
-    found = sorted(p for p in folder.iterdir() if p.is_file() and ".csv" in p.name)
-    unknown = [p.name for p in found if p.name not in known]
-    if unknown:
-        raise DataError(
-            f"MoleculeNet folder {str(folder)!r} holds {unknown!r}: expected only files the "
-            "registry names, so that every evaluation molecule is excluded"
-        )
-    return [(known[p.name], p) for p in found]
+    name: str
+    sha256: str  # of its file: the cached keys are named by every set's
+    smiles: Callable[[], Sequence[str]]  # read only when the keys are not cached
 
 
-def exclusion_keys(progress: bool = False) -> frozenset[str]:
-    """The keys of every molecule of every MoleculeNet file (cached by the files' sha256)."""
+def exclusion_keys(sets: Sequence[EvaluationSet], progress: bool = False) -> frozenset[str]:
+    """The keys of every molecule of ``sets`` (cached by their names and sha256)."""
     from smiexlm.paths import cache_dir, keep_in_cache
 
-    files = moleculenet_files()
-    cached = cache_dir() / "widen" / f"exclusion-{_files_key(files)}.txt.gz"
+    cached = cache_dir() / "widen" / f"exclusion-{_sets_key(sets)}.txt.gz"
     if cached.is_file():
         return frozenset(gzip.decompress(cached.read_bytes()).decode().split())
-    keys = _compute_keys([name for name, _ in files], progress)
+    keys = _compute_keys(sets, progress)
     text = "\n".join(sorted(keys)) + "\n"
     keep_in_cache(cached, lambda tmp: tmp.write_bytes(gzip.compress(text.encode(), mtime=0)))
     return frozenset(keys)
 
 
-def _files_key(files: list[tuple[str, Path]]) -> str:
-    """16 hex digits naming the key version and every file's name and sha256."""
-    from smiexlm.paths import file_sha256
-
+def _sets_key(sets: Sequence[EvaluationSet]) -> str:
+    """16 hex digits naming the key version and every set's name and sha256."""
     digest = hashlib.sha256(KEY_VERSION.encode())
-    for name, path in files:
-        digest.update(f"{name}:{file_sha256(path)}\n".encode())
+    for s in sets:
+        digest.update(f"{s.name}:{s.sha256}\n".encode())
     return digest.hexdigest()[:16]
 
 
-def _compute_keys(names: list[str], progress: bool) -> set[str]:
+def _compute_keys(sets: Sequence[EvaluationSet], progress: bool) -> set[str]:
     from rdkit import Chem, RDLogger
     from tqdm import tqdm
 
-    from smiexlm.moleculenet.loaders import load_task
-
     RDLogger.DisableLog("rdApp.*")
     keys: set[str] = set()
-    for name in names:
-        task = load_task(name, allow_download=False)
-        for smiles in tqdm(task.smiles, desc=f"exclusion keys: {name}", disable=not progress):
+    for one in sets:
+        for smiles in tqdm(one.smiles(), desc=f"exclusion keys: {one.name}", disable=not progress):
             mol = Chem.MolFromSmiles(smiles)
             key = evaluation_key(mol) if mol is not None else None
             if key is not None:
