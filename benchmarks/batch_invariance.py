@@ -11,8 +11,8 @@ the variants alternating, best of ``--repeats`` by process CPU time:
 - plain fp32;
 - float64 attention over the padded batch and no padding of small products (the served path
   before);
-- served: :func:`smiexlm.model.encoder.batch_invariant` (float64 attention per group of one
-  length, without padding; small matrix products padded to 16 rows).
+- served: :func:`smiexlm.model.encoder.batch_invariant` (attention per group of one length,
+  without padding or mask, in SDPA's fp32 kernel; small matrix products padded to 16 rows).
 
 For each it reports the largest change of any embedding coordinate between a molecule's batch
 and a batch of its own, and how many molecules changed at all. Then the corpus whitening of the

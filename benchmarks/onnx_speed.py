@@ -8,9 +8,9 @@ On the first ``--n`` BBBP molecules, with the shipped default model (or ``--chec
 and for cls and mean pooling:
 
 - encoder: token rows prepared beforehand (canonical SMILES, tokenised), then
-  ``Featurizer.encode_ids`` over the featurizer's token-budget batches. "torch served" is the
-  featurizer's torch path (fp32 under ``batch_invariant``: float64 CPU attention, the last
-  block over every position); onnxruntime runs ``encoder.onnx`` (float32; for cls the last
+  ``Featurizer.encode_ids`` over the featurizer's batches (one length each). "torch served" is
+  the featurizer's torch path (fp32 under ``batch_invariant``: attention per length without
+  padding, the last block over every position); onnxruntime runs ``encoder.onnx`` (float32; for cls the last
   block over the first two positions). For reference, torch in plain fp32 (not
   batch-invariant) and, for cls, torch served with ``encode(pooled_only=True)`` (the last
   block over the first position: like for like with the graph);
@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 from smiexlm import Featurizer
-from smiexlm.data.sampler import token_budget_batches
+from smiexlm.data.sampler import length_batches
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.layout import DEFAULT_MODEL_DIR
 from smiexlm.model.records import read_onnx_manifest
@@ -54,11 +54,11 @@ def cpu_name() -> str:
 
 
 def batches(feat: Featurizer, rows: list[list[int]]) -> list[range]:
-    return token_budget_batches(feat.inputs.encoder_lengths(rows), 16384, None)
+    return length_batches(feat.inputs.encoder_lengths(rows), 16384, None)
 
 
 def encode_all(feat: Featurizer, rows: list[list[int]], pooling: str) -> np.ndarray:
-    """Pooled rows over the featurizer's token-budget batches, as ``featurize`` serves them."""
+    """Pooled rows over the featurizer's batches (one length each), as ``featurize`` serves them."""
     out = np.empty((len(rows), feat.width(pooling)), dtype=np.float32)
     for batch in batches(feat, rows):
         out[batch] = feat.encode_ids([rows[j] for j in batch], pooling)

@@ -34,7 +34,7 @@ import numpy as np
 
 from smiexlm.data.collate import collate
 from smiexlm.data.normalize import NormalizeConfig
-from smiexlm.data.sampler import token_budget_batches
+from smiexlm.data.sampler import length_batches
 from smiexlm.device import resolve_device
 from smiexlm.errors import (
     ConfigError,
@@ -404,7 +404,7 @@ class Featurizer:
         if (unseen := self.inputs.unseen(seqs)) is not None:
             report.unseen = (report.unseen or UnseenTokens()).add(unseen)
         lengths = self.inputs.encoder_lengths(seqs)
-        for batch in token_budget_batches(lengths, batch_tokens, batch_size):
+        for batch in length_batches(lengths, batch_tokens, batch_size):
             pooled = self.encode_ids([seqs[j] for j in batch], pooling, layer)
             out[[good[j] for j in batch]] = pooled
             if bar is not None:

@@ -40,6 +40,24 @@ def token_budget_batches(
     return batches
 
 
+def length_batches(
+    lengths: Sequence[int] | np.ndarray, max_tokens: int, batch_size: int | None = None
+) -> list[range]:
+    """Cut positions 0..n-1 (already sorted by ``lengths``, ascending) into consecutive
+    batches of one length each, none over ``max_tokens`` tokens (a single longer sequence
+    gets a batch of its own) or ``batch_size`` sequences: batches without padding, which
+    served inference computes for no position that is not a real one."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    starts = np.flatnonzero(np.diff(lens, prepend=-1)).tolist()
+    batches = []
+    for start, end in zip(starts, [*starts[1:], len(lens)][: len(starts)], strict=True):
+        step = max(1, max_tokens // max(int(lens[start]), 1))
+        if batch_size is not None:
+            step = min(step, batch_size)
+        batches.extend(range(i, min(i + step, end)) for i in range(start, end, step))
+    return batches
+
+
 class TokenBudgetSampler:
     def __init__(
         self,

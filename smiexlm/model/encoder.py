@@ -12,11 +12,12 @@ of 1 to 3 molecules) takes another kernel than a larger one. Under :func:`batch_
 (what served inference runs in) a CPU forward in fp32 is the same for a molecule whatever
 batch it sits in, bit for bit:
 
-- attention runs per group of molecules of one length, without padding, in float64
-  (:func:`attention_by_length`): each molecule's attention is then the computation it gets
-  alone. Float64 over the padded batch was not enough: its last bits still followed the
-  padding, and the cast back to float32 hides them only where a value is not on the edge of
-  a rounding step;
+- attention runs per group of molecules of one length, without padding or mask, through
+  SDPA's fp32 CPU kernel (:func:`attention_by_length`), which splits each molecule's queries
+  and keys by its own length only: its attention is then the computation it gets alone,
+  whatever the group's size and the thread count. (A plain fp32 matmul-softmax-matmul is not:
+  its batched product takes another kernel for another number of molecules.) Served
+  ``featurize`` cuts its batches by length, so they hold no padding at all;
 - linear layers (and the fine-tuning heads) pad a product of fewer than
   :data:`MIN_GEMM_ROWS` rows or outputs with zeros (:func:`linear`), so that every product
   takes the same kernel.
@@ -79,15 +80,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def attention_by_length(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> Tensor:
-    """Float64 attention of each molecule over its own keys, without padding: ``q`` (B, H, n,
-    hd), ``k``/``v`` (B, H, L, hd), ``key_mask`` (B, 1, 1, L) with each row's real positions
-    first (as every smiexlm batch lays them out) -> (B, H, n, hd) float32, zero at padded
-    queries.
+    """Attention of each molecule over its own keys, without padding: ``q`` (B, H, n, hd),
+    ``k``/``v`` (B, H, L, hd), ``key_mask`` (B, 1, 1, L) with each row's real positions first
+    (as every smiexlm batch lays them out) -> (B, H, n, hd), zero at padded queries.
 
-    Molecules of one length go together through matmul -> softmax -> matmul, a batch without
-    padding whose rows are computed independently, so a molecule's output is the one it gets
-    alone, with 1 or 2 threads. SDPA's float64 kernel is not used here: with 2 threads its
-    last bits changed with the number of molecules in the call."""
+    Molecules of one length go together through SDPA without a mask, whose fp32 CPU kernel
+    computes each molecule's rows from its own length alone, so a molecule's output is the
+    one it gets alone, with 1 or 2 threads. With fewer queries than keys (``last_queries``)
+    the queries are padded with zeros to the keys' length, so that the first ones take the
+    full pass's kernel and give its values. (Float64 matmul-softmax-matmul, served before,
+    was invariant too, at 1.4x the cost of a served call: ``benchmarks/featurize_served.py``.)"""
     lengths = key_mask.flatten(1).sum(1)  # (B,)
     positions = torch.arange(key_mask.shape[-1], device=key_mask.device)
     if not torch.equal(key_mask.flatten(1), positions < lengths[:, None]):
@@ -99,9 +101,10 @@ def attention_by_length(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> Te
         if last - first == len(rows):  # a run of rows (a batch sorted by length): no gather
             rows = slice(first, last)
         nq = min(q.shape[2], n)
-        qs, ks, vs = (t[rows, :, :m].double() for t, m in ((q, nq), (k, n), (v, n)))
-        scores = (qs @ ks.transpose(-2, -1)).mul_(qs.shape[-1] ** -0.5)  # (G, H, nq, n)
-        y[rows, :, :nq] = (torch.softmax(scores, dim=-1) @ vs).float()
+        qs, ks, vs = (t[rows, :, :n] for t in (q, k, v))
+        if nq < n:  # the first queries only: as many as the full pass, so the same kernel
+            qs = torch.cat([qs, qs.new_zeros(*qs.shape[:2], n - nq, qs.shape[3])], dim=2)
+        y[rows, :, :nq] = F.scaled_dot_product_attention(qs, ks, vs)[:, :, :nq]  # no padding
     return y
 
 

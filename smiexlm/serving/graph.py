@@ -11,9 +11,10 @@ from the same weights with plain tensor ops:
   batch goes in), so the widest row of a batch gets exactly torch's width.
 - MAE-LM without [MASK] tokens and MLM: positions 0 … T − 1, 1D RoPE.
 - RoPE rotates interleaved pairs as real numbers: (a, b) -> (a cos − b sin, a sin + b cos).
-- attention is matmul → masked softmax → matmul in float32. The torch path computes CPU
-  attention in float64 under :func:`smiexlm.model.encoder.batch_invariant` because SDPA's fp32
-  kernels change their summation order with the padded length. onnxruntime's float32 MatMul
+- attention is matmul → masked softmax → matmul in float32. The torch path runs CPU
+  attention per group of one length, without a mask, under
+  :func:`smiexlm.model.encoder.batch_invariant` because SDPA's fp32 kernels change their
+  summation order with the padded length. onnxruntime's float32 MatMul
   and Softmax gave each molecule bitwise the same output in any batch, padded or alone, with
   1 and 2 threads (tests/unit/serving/test_onnx.py checks it wherever it runs), so the graph keeps float32.
 - mean pooling is the last entry of a running sum over positions (CumSum adds them one by

@@ -9,8 +9,8 @@ onnxruntime's CPU provider as bytes (what was checked is what runs). onnxruntime
 
 Outputs match the torch path to about 2e-6 (max abs; tested at 1e-5) and, like it, do not
 depend on the batch a molecule sits in: onnxruntime's float32 softmax and matmul give a row
-the same result whatever the padding and the batch size (tested bitwise), which is why the
-graph needs none of the float64 attention the torch path runs under ``batch_invariant``.
+the same result whatever the padding and the batch size (tested bitwise), so the graph needs
+no grouping by length, which the torch path does under ``batch_invariant``.
 """
 
 from __future__ import annotations

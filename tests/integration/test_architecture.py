@@ -228,6 +228,16 @@ def test_imports_form_no_circle_across_packages():
     assert inside == [], inside
 
 
+def test_the_corpus_layer_never_reaches_up_to_the_evaluation_layer():
+    """``smiexlm.data`` (reading, preprocessing and widening corpora) imports nothing of
+    ``smiexlm.moleculenet``: widening's exclusion is handed the evaluation molecules
+    (``moleculenet.loaders.evaluation_sets``) by its caller."""
+    graph = _import_graph()
+    up = {m: sorted(t for t in edges if t.startswith("smiexlm.moleculenet"))
+          for m, edges in graph.items() if m.startswith("smiexlm.data")}  # fmt: skip
+    assert {m: t for m, t in up.items() if t} == {}
+
+
 def _reaches(graph: dict[str, dict[str, bool]], start: str, around: set[str]) -> set[str]:
     """The modules ``start`` imports, directly or through others, not going through ``around``."""
     seen, todo = set(), [start]
@@ -371,6 +381,7 @@ def test_one_home_reads_tables():
     The others below read files of their own making or no molecules at all:
     ``parts/`` its own Parquet parts (and their schema); ``search.py`` its index's own
     ``library.parquet``; ``cli/embed.py`` the ``rejects.csv`` of a parts folder it wrote;
+    ``moleculenet/score_store.py`` the compact scores it wrote beside a finished cell;
     ``text/blocks.py`` the text adapter's plain-text corpus (documents, not molecules).
     The list is exact, so a reader that goes away must leave it too."""
     homes = {p: _table_readers(tree) for p, tree in _modules().items()}
@@ -381,6 +392,7 @@ def test_one_home_reads_tables():
         "smiexlm/parts/writing.py": {"pyarrow.parquet.read_schema"},
         "smiexlm/parts/reading.py": {"pyarrow.parquet.read_table", "pyarrow.dataset.dataset"},
         "smiexlm/search.py": {"pyarrow.parquet.read_table"},
+        "smiexlm/moleculenet/score_store.py": {"pyarrow.parquet.read_table"},
         "smiexlm/cli/embed.py": {"csv.DictReader"},
         "smiexlm/text/blocks.py": {"gzip.open"},
     }, homes  # fmt: skip

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smiexlm import ExLMConfig, ExLMModel, Featurizer
-from smiexlm.data.sampler import token_budget_batches
+from smiexlm.data.sampler import length_batches, token_budget_batches
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from smiexlm.paths import ASSETS_DIR
 from smiexlm.tokenizer import SmilesTokenizer
@@ -317,6 +317,26 @@ def test_token_budget_batches(lengths, budget, cap):
         grown = [*prev, nxt[0]]
         width = max(lengths[i] for i in grown)
         assert width * len(grown) > budget or (cap is not None and len(prev) >= cap)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=0, max_size=80).map(sorted),
+    budget=st.integers(1, 500),
+    cap=st.one_of(st.none(), st.integers(1, 10)),
+)
+def test_length_batches_hold_one_length_each_within_the_budget(lengths, budget, cap):
+    batches = length_batches(lengths, budget, cap)
+    assert [i for b in batches for i in b] == list(range(len(lengths)))
+    for b in batches:
+        assert b and len({lengths[i] for i in b}) == 1  # no padding
+        assert len(b) == 1 or len(b) * lengths[b[0]] <= budget
+        assert cap is None or len(b) <= cap
+    # as few as the budget allows: two batches of one length cannot be merged
+    for prev, nxt in zip(batches, batches[1:], strict=False):
+        if lengths[prev[0]] == lengths[nxt[0]]:
+            grown = len(prev) + 1
+            assert grown * lengths[prev[0]] > budget or (cap is not None and len(prev) >= cap)
 
 
 # The shipped pure ExLM's embeddings (twins/exlm, the default until the descriptor model

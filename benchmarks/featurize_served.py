@@ -1,0 +1,193 @@
+"""Where the served ``featurize`` spends its time, and its rate beside ECFP4's, in one run.
+
+    SMIEXLM_DATA=../shared/data python benchmarks/featurize_served.py [--n 2000] [--repeats 3] \
+        [--threads 1 2]
+
+On the first ``--n`` BBBP molecules with the shipped default model (cls+mean+max of its last
+three blocks, whitened jointly, 1,152 wide), for each thread count, alternating within each
+repeat, best of ``--repeats`` by process CPU time (molecules per CPU second):
+
+- ``served``: ``Featurizer.featurize`` as a user calls it (RDKit canonicalisation,
+  tokenisation, batches of one length each, the encoder under ``batch_invariant`` with
+  float32 attention per length, poolings, whitening);
+- ``served before``: the same call with the previous serving, rebuilt here: batches cut by a
+  token budget across lengths (padded) and float64 attention per length;
+- ``raw encoder``: ``model.encode`` in plain fp32 (not batch-invariant) over the same
+  batches, tokens prepared beforehand, no whitening;
+- ``onnx``: ``Featurizer(backend="onnx")``'s ``featurize`` (``encoder.onnx``, exported into a
+  temporary copy of the model);
+- ``ecfp4``: RDKit Morgan fingerprints, radius 2, 2,048 bits, parsing included.
+
+With one thread, the served call is also cut into its stages (canonicalise and tokenise; the
+encoder with its poolings; whitening; the rest), each timed alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from onnx_speed import cpu_name  # noqa: E402
+
+from smiexlm import Featurizer  # noqa: E402
+from smiexlm.model.layout import DEFAULT_MODEL_DIR  # noqa: E402
+from smiexlm.paths import data_dir  # noqa: E402
+
+
+def float64_attention(q, k, v, key_mask):
+    """The previous served attention: per length, float64 matmul, softmax, matmul."""
+    lengths = key_mask.flatten(1).sum(1)
+    y = q.new_zeros(q.shape)
+    for n in lengths.unique().tolist():
+        rows = (lengths == n).nonzero().squeeze(1)
+        nq = min(q.shape[2], n)
+        qs, ks, vs = (t[rows, :, :m].double() for t, m in ((q, nq), (k, n), (v, n)))
+        scores = (qs @ ks.transpose(-2, -1)).mul_(qs.shape[-1] ** -0.5)
+        y[rows, :, :nq] = (torch.softmax(scores, dim=-1) @ vs).float()
+    return y
+
+
+@contextlib.contextmanager
+def served_before():
+    """The previous serving: token-budget batches across lengths, float64 attention."""
+    import smiexlm.featurizer as featurizer
+    import smiexlm.model.encoder as encoder
+    from smiexlm.data.sampler import token_budget_batches
+
+    saved = featurizer.length_batches, encoder.attention_by_length
+    featurizer.length_batches, encoder.attention_by_length = token_budget_batches, float64_attention
+    try:
+        yield
+    finally:
+        featurizer.length_batches, encoder.attention_by_length = saved
+
+
+def ecfp4(smiles: list[str]) -> np.ndarray:
+    from rdkit import Chem, rdBase
+    from rdkit.Chem import rdFingerprintGenerator
+
+    gen = rdFingerprintGenerator.GetMorganGenerator(radius=2, fpSize=2048)
+    out = np.zeros((len(smiles), 2048), dtype=np.uint8)
+    with rdBase.BlockLogs():
+        for i, s in enumerate(smiles):
+            if (mol := Chem.MolFromSmiles(s)) is not None:
+                out[i] = gen.GetFingerprintAsNumPy(mol)
+    return out
+
+
+def raw_encoder(feat: Featurizer, batches: list[list[list[int]]]) -> None:
+    from smiexlm.data.collate import collate
+
+    for rows in batches:
+        ids, mask = collate(rows, feat.tokenizer.pad_id)
+        with torch.inference_mode():
+            feat.model.encode(ids, mask, pooling=feat.pooling, layer=feat.blocks).pooled.numpy()
+
+
+def cpu_seconds(run) -> float:
+    start = time.process_time()
+    run()
+    return time.process_time() - start
+
+
+def stages(feat: Featurizer, smiles: list[str], repeats: int) -> dict[str, float]:
+    """Best CPU seconds of each stage of one served call, each timed alone."""
+    from smiexlm.data.sampler import length_batches
+
+    ids, _, _ = feat.prepare(smiles)
+    rows = sorted((r for r in ids if r is not None), key=len)
+    cuts = length_batches(feat.inputs.encoder_lengths(rows), 16384)
+    pooled = np.concatenate([feat.encode_ids([rows[j] for j in b], feat.pooling) for b in cuts])
+    whitening = feat._whitening(feat.pooling, feat.blocks, None)
+    parts = {
+        "canonicalise and tokenise": lambda: feat.prepare(smiles),
+        "encoder and poolings": lambda: [
+            feat.encode_ids([rows[j] for j in b], feat.pooling) for b in cuts
+        ],
+        "whitening": lambda: whitening(pooled),
+        "whole call": lambda: feat.featurize(smiles, errors="nan"),
+    }
+    best = {name: min(cpu_seconds(run) for _ in range(repeats)) for name, run in parts.items()}
+    best["the rest"] = best["whole call"] - sum(v for k, v in best.items() if k != "whole call")
+    return best
+
+
+def measure(folder: Path, smiles: list[str], threads: int, repeats: int) -> tuple[str, dict]:
+    """The table's row for ``threads``, and with one thread the served call's stages."""
+    from smiexlm.data.sampler import length_batches
+
+    torch.set_num_threads(threads)  # onnxruntime takes the same count
+    feat = Featurizer.from_pretrained(folder, device="cpu")
+    fast = Featurizer.from_pretrained(folder, backend="onnx")
+    ids, _, _ = feat.prepare(smiles)
+    rows = sorted((r for r in ids if r is not None), key=len)
+    cuts = length_batches(feat.inputs.encoder_lengths(rows), 16384)
+    batches = [[rows[j] for j in b] for b in cuts]
+    with served_before():
+        before = feat.featurize(smiles, errors="nan", log_failures=False)
+    now = feat.featurize(smiles, errors="nan", log_failures=False)
+    runs = {
+        "served": lambda: feat.featurize(smiles, errors="nan", log_failures=False),
+        "served before": lambda: _before(feat, smiles),
+        "raw encoder": lambda: raw_encoder(feat, batches),
+        "onnx": lambda: fast.featurize(smiles, errors="nan", log_failures=False),
+        "ecfp4": lambda: ecfp4(smiles),
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            cpu[name].append(cpu_seconds(run))
+    rate = {name: len(smiles) / min(v) for name, v in cpu.items()}
+    cells = " | ".join(f"{rate[name]:,.0f}" for name in runs)
+    line = (f"| {threads} | {cells} | **{rate['served'] / rate['ecfp4']:.3f}x** | "
+            f"{rate['served before'] / rate['ecfp4']:.3f}x | "
+            f"{rate['served'] / rate['served before']:.2f}x | "
+            f"{rate['onnx'] / rate['served']:.2f}x | {np.nanmax(np.abs(now - before)):.1e} |")  # fmt: skip
+    return line, (stages(feat, smiles, repeats) if threads == 1 else {})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args()
+    from smiexlm.serving.onnx_export import export_onnx
+
+    smiles = pd.read_csv(data_dir() / "moleculenet" / "bbbp.csv")["smiles"].tolist()[: args.n]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "model"
+        shutil.copytree(DEFAULT_MODEL_DIR, folder)
+        export_onnx(folder, "encoder")
+        measured = [measure(folder, smiles, t, args.repeats) for t in args.threads]
+    print(f"{cpu_name()}, torch {torch.__version__}, {args.n} BBBP molecules, best of "
+          f"{args.repeats} by process CPU time, molecules per CPU second\n")  # fmt: skip
+    print("| threads | served | served before | raw encoder | onnx | ecfp4 | served / ecfp4 "
+          "| before / ecfp4 | served / before | onnx / served | max change |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(line for line, _ in measured))
+    for _, parts in measured:
+        if parts:
+            whole = parts["whole call"]
+            print("\n| stage, one thread | CPU s | share |\n|---|---:|---:|")
+            for name, seconds in parts.items():
+                print(f"| {name} | {seconds:.2f} | {seconds / whole:.0%} |")
+
+
+def _before(feat: Featurizer, smiles: list[str]) -> None:
+    with served_before():
+        feat.featurize(smiles, errors="nan", log_failures=False)
+
+
+if __name__ == "__main__":
+    main()
