@@ -189,7 +189,7 @@ def whiten(
     """Fit the whitening of MODEL's embeddings (each pooling) on a corpus and store it in the
     folder, or in a copy of it with --out (whitening.safetensors): cosine neighbours in the
     corpus's own units."""
-    from smiexlm.whiten import whiten_model
+    from smiexlm.whitening.corpus import whiten_model
 
     record = whiten_model(model, corpus, rows, default, device=device, pooling=pooling, out=out,
                           layers=layers)  # fmt: skip

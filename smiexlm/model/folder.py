@@ -124,7 +124,7 @@ class ModelFolder:
     def whitening(self) -> dict[str, Whitening] | None:
         """The corpus whitening of each pooling it stores (None without
         ``whitening.safetensors``), checked against its sha256 and the model's width."""
-        from smiexlm.model.whitening_file import load_whitening
+        from smiexlm.whitening.file import load_whitening
 
         return load_whitening(self.path, self.config.d_model)
 

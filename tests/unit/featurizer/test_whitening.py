@@ -15,9 +15,9 @@ from smiexlm.cli.main import app
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.layout import DEFAULT_MODEL_DIR, WHITENING_NAME
 from smiexlm.model.records import EmbeddingSettings, read_embedding, write_embedding
-from smiexlm.model.whitening_file import load_whitening, save_whitening, whitening_source
-from smiexlm.whiten import whiten_model
 from smiexlm.whitening import Whitening, fit_whitening
+from smiexlm.whitening.corpus import whiten_model
+from smiexlm.whitening.file import load_whitening, save_whitening, whitening_source
 
 # 225 small molecules the shipped vocabulary covers: ethers and amines of two alkyl chains
 CORPUS = [f"{'C' * i}{x}{'C' * j}" for i in range(1, 16) for j in range(1, 16) for x in "O"]

@@ -4,7 +4,7 @@ Embeds a corpus with every pooling in one pass, fits the whitening of each pooli
 combined one, jointly) with :func:`smiexlm.whitening.fit_whitening`, and writes
 ``whitening.safetensors`` and ``embedding.json`` into the folder, or into a full copy of it
 (``--out``). The maths is :mod:`smiexlm.whitening`; the file is
-:mod:`smiexlm.model.whitening_file`.
+:mod:`smiexlm.whitening.file`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from smiexlm.model.folder import ModelFolder
 from smiexlm.model.layout import is_shipped
 from smiexlm.model.pooling import POOLINGS, last_blocks, pooling_parts
 from smiexlm.model.records import write_embedding
-from smiexlm.model.whitening_file import save_whitening
 from smiexlm.paths import atomic_dir, check_output, file_sha256
 from smiexlm.whitening import DEFAULT_REL_TOL, fit_whitening, whitening_key
+from smiexlm.whitening.file import save_whitening
 
 DEFAULT_CORPUS_ROWS = 20_000
 
