@@ -163,6 +163,10 @@ SMOKE: dict[str, list[Step]] = {
         Step("onnx_speed.py", ("--n", "20", "--repeats", "1", "--threads", "1"),
              prints="| 1 | mean |"),
     ],
+    "featurize_served": [
+        Step("featurize_served.py", ("--n", "30", "--repeats", "1", "--threads", "1"),
+             prints="| encoder and poolings |"),
+    ],
     "neighbours": [
         Step("neighbours.py", ("--tasks", "bace", "--poolings", "cls", "-k", "5"),
              prints="| ECFP4 Tanimoto |"),
