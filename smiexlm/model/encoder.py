@@ -89,7 +89,8 @@ def attention_by_length(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> Te
     one it gets alone, with 1 or 2 threads. With fewer queries than keys (``last_queries``)
     the queries are padded with zeros to the keys' length, so that the first ones take the
     full pass's kernel and give its values. (Float64 matmul-softmax-matmul, served before,
-    was invariant too, at 1.4x the cost of a served call: ``benchmarks/featurize_served.py``.)"""
+    was invariant too; the served call now takes 1/1.67 of its CPU time on BBBP, one thread:
+    ``benchmarks/featurize_served.py``.)"""
     lengths = key_mask.flatten(1).sum(1)  # (B,)
     positions = torch.arange(key_mask.shape[-1], device=key_mask.device)
     if not torch.equal(key_mask.flatten(1), positions < lengths[:, None]):
