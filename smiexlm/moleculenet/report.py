@@ -224,8 +224,9 @@ def details_markdown(results: list[RunResult]) -> str:
 def write_report(
     results: list[RunResult], out_dir: Path, title: str, command: str = ""
 ) -> dict[str, Path]:
-    """Write ``results.csv``, ``report.md``, ``results.json`` and ``report.png`` into out_dir,
-    each under a temporary name renamed into place (an interrupt keeps the previous report)."""
+    """Write ``results.csv``, ``report.md`` (the summary), ``runs.md`` (every run),
+    ``results.json`` (every run's record with its config) and ``report.png`` into out_dir, each under a temporary name
+    renamed into place (an interrupt keeps the previous report)."""
     import pandas as pd
 
     from smiexlm.paths import atomic_path, write_text_atomic
@@ -235,17 +236,31 @@ def write_report(
     paths = {
         "csv": out_dir / "results.csv",
         "md": out_dir / "report.md",
+        "runs": out_dir / RUNS_PAGE,
         "json": out_dir / "results.json",
         "png": out_dir / "report.png",
     }
     with atomic_path(paths["csv"]) as tmp:
         pd.DataFrame([r.row() for r in results]).to_csv(tmp, index=False)
     write_text_atomic(paths["json"], json.dumps([asdict(r) for r in results], indent=1))
-    configs = {f"{r.model} / {r.dataset}": r.config for r in results}
-    shas = {r.dataset: r.data_sha256 for r in results}
+    write_text_atomic(paths["md"], _summary_page(results, title, command))
+    write_text_atomic(paths["runs"], _runs_page(results, title))
+    with atomic_path(paths["png"]) as tmp:
+        bar_chart(results, tmp, title)
+    return paths
+
+
+RUNS_PAGE = "runs.md"
+
+
+def _summary_page(results: list[RunResult], title: str, command: str) -> str:
+    """``report.md``: the summary table, the measures beside the score and the data's
+    checksums; every run is on :data:`RUNS_PAGE`."""
     metric = results[0].metric if results else "roc_auc"
     unit = "test ROC-AUC x 100" if metric == "roc_auc" else "test RMSE"
     total = sum(r.wall_s for r in results)
+    paper = ["Paper rows: ExLM paper Table 1 (scaffold split, 3 seeds).", ""]
+    more = more_markdown(results)
     text = [
         f"# {title}",
         "",
@@ -258,33 +273,30 @@ def write_report(
         "",
         markdown_table(results),
         "",
-        *(
-            ["Paper rows: ExLM paper Table 1 (scaffold split, 3 seeds).", ""]
-            if _paper_datasets(results)
-            else []
-        ),
-        *(
-            ["## Beside the score (test, mean ± sample std over seeds)", "", more]
-            if (more := more_markdown(results))
-            else []
-        ),
-        "## Runs",
-        "",
-        details_markdown(results),
+        *(paper if _paper_datasets(results) else []),
+        *(["## Beside the score (test, mean ± sample std over seeds)", "", more] if more else []),
+        f"Every run, with its sizes, epochs, precision and seconds: [{RUNS_PAGE}]({RUNS_PAGE}).",
         "",
         "## Data checksums (sha256)",
         "",
-        *[f"- {ds}: `{sha}`" for ds, sha in shas.items()],
-        "",
-        "## Configs",
-        "",
-        *[f"- {key}: `{json.dumps(cfg, sort_keys=True)}`" for key, cfg in configs.items()],
+        *[f"- {ds}: `{sha}`" for ds, sha in {r.dataset: r.data_sha256 for r in results}.items()],
         "",
     ]
-    write_text_atomic(paths["md"], "\n".join(text))
-    with atomic_path(paths["png"]) as tmp:
-        bar_chart(results, tmp, title)
-    return paths
+    return "\n".join(text)
+
+
+def _runs_page(results: list[RunResult], title: str) -> str:
+    """:data:`RUNS_PAGE`: one row per run; each run's full config is in ``results.json``."""
+    text = [
+        f"# {title}: every run",
+        "",
+        "Each run's full config (schedule, head, software versions, CPU seconds) is its record "
+        "in [results.json](results.json).",
+        "",
+        details_markdown(results),
+        "",
+    ]
+    return "\n".join(text)
 
 
 def bar_chart(results: list[RunResult], path: Path, title: str) -> Path:

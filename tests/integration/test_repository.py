@@ -95,6 +95,14 @@ def test_the_tracked_tree_stays_light():
     assert results <= 15_000_000, f"benchmarks/results/ holds {results:,} bytes"
 
 
+def test_every_results_page_is_short_enough_to_read():
+    """Each page under ``benchmarks/results/`` stays within 25,000 characters: the current
+    table first, the history in ``benchmarks/notes/``, each run's record in its JSON."""
+    pages = [p for p in _tracked() if p.startswith("benchmarks/results/") and p.endswith(".md")]
+    long = {p: n for p in pages if (n := len((ROOT / p).read_text())) > 25_000}
+    assert pages and long == {}, long
+
+
 def test_the_compact_scores_give_back_each_cells_figure():
     """Each committed cell's compact scores (float16) score within 0.05 of the figure its
     ``result.json`` recorded from the float32 scores: the bootstraps and blends read the

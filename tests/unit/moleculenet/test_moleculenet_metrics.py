@@ -121,6 +121,8 @@ def test_reports_show_the_measures_beside_the_score(tmp_path):
     paths = write_report(results, tmp_path, "test")
     assert read_results(paths["json"]) == results
     assert "PR-AUC x 100" in paths["md"].read_text()
+    runs = paths["runs"].read_text()  # every run on a page of its own, linked from the summary
+    assert "(runs.md)" in paths["md"].read_text() and runs.count("| m | bace |") == len(results)
 
 
 def test_single_class_test_split_is_an_error():
