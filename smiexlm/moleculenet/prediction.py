@@ -280,6 +280,50 @@ def _tensor(x: np.ndarray) -> Any:
     return torch.from_numpy(x)
 
 
+def _checked_options(backend: str, tta: int, conformal_alpha: float | None, mondrian: bool,
+                     conformal_method: str | None, domain_quantile: float) -> str:  # fmt: skip
+    """The conformal method :func:`predict`'s options ask for; ConfigError naming the first
+    bad one."""
+    from smiexlm.trust.arrays import check_alpha
+    from smiexlm.trust.domain import check_quantile
+
+    if backend not in ("torch", "onnx"):
+        raise ConfigError("backend", backend, "'torch' or 'onnx'")
+    check_spellings("tta", tta)
+    method = _conformal_method(conformal_method, mondrian)
+    if conformal_alpha is not None:
+        check_alpha(conformal_alpha)
+    elif mondrian or conformal_method is not None:
+        option = "--mondrian" if mondrian else "--conformal-method"
+        raise ConfigError(option, mondrian or conformal_method, "to come with --conformal-alpha "
+                          "(it chooses how the sets are calibrated)")  # fmt: skip
+    check_quantile(domain_quantile)
+    return method
+
+
+def _label_frame(served: list, final: np.ndarray, tta: int, ok: list[bool]) -> pd.DataFrame:
+    """One column per label (the mean of ``final`` (M, N, T) over the models), then beside
+    each its spreads and members: ``<label>_std`` over the models, ``<label>_tta_std`` over
+    the spellings, ``<label>_<member>`` of a blend and ``<label>_members_std`` of an
+    ensemble; NaN rows where ``ok`` is False."""
+    labels = served[0].meta["label_cols"]
+    n_models, n_good = final.shape[:2]
+    views = np.stack([s.views for s in served]).reshape(n_models, tta + 1, n_good, len(labels))
+    frame = pd.DataFrame(_rows_of(final.mean(axis=0), ok), columns=labels)
+    columns = {"std": final.std(axis=0) if n_models > 1 else None,
+               "tta_std": views.std(axis=1).mean(axis=0) if tta else None}  # fmt: skip
+    for j, member in enumerate(served[0].members):  # what a blend is made of
+        columns[member.name] = np.mean([s.members[j].scores for s in served], axis=0)
+    if "ensemble" in served[0].meta:
+        columns["members_std"] = np.mean([s.spread() for s in served], axis=0)
+    for suffix, values in columns.items():
+        if values is not None:
+            values = _rows_of(values.reshape(n_good, len(labels)), ok)
+            for j, label in enumerate(labels):
+                frame[f"{label}_{suffix}"] = values[:, j]
+    return frame
+
+
 def predict(
     checkpoint: Path | str | Sequence[Path | str],
     smiles: Sequence[str],
@@ -309,46 +353,20 @@ def predict(
     molecules' nearest similarities (0.05 by default; 0: below the least similar of them).
     """
     from smiexlm.data.normalize import smiles_problem
-    from smiexlm.trust.arrays import check_alpha
-    from smiexlm.trust.domain import check_quantile
+    from smiexlm.moleculenet.ensemble import is_ensemble
 
-    if backend not in ("torch", "onnx"):
-        raise ConfigError("backend", backend, "'torch' or 'onnx'")
-    check_spellings("tta", tta)
-    method = _conformal_method(conformal_method, mondrian)
-    if conformal_alpha is not None:
-        check_alpha(conformal_alpha)
-    elif mondrian or conformal_method is not None:
-        option = "--mondrian" if mondrian else "--conformal-method"
-        raise ConfigError(option, mondrian or conformal_method, "to come with --conformal-alpha "
-                          "(it chooses how the sets are calibrated)")  # fmt: skip
-    check_quantile(domain_quantile)
+    method = _checked_options(backend, tta, conformal_alpha, mondrian, conformal_method,
+                              domain_quantile)  # fmt: skip
     folders = finetuned_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
-    from smiexlm.moleculenet.ensemble import is_ensemble
-
     served = [(_serve_ensemble if is_ensemble(f) else _serve_one)(f, good, batch_size, backend,
                                                                    tta, calibrate)
               for f in folders]  # fmt: skip
     _check_agree(folders, served)
-    labels = served[0].meta["label_cols"]
-    stack = np.stack([s.views for s in served]).reshape(
-        len(folders), tta + 1, len(good), len(labels)
-    )  # (M, V, N, T); N may be 0
-    final = np.stack([s.scores() for s in served]).reshape(len(folders), len(good), len(labels))
-    frame = pd.DataFrame(_rows_of(final.mean(axis=0), ok), columns=labels)
-    columns = {"std": final.std(axis=0) if len(folders) > 1 else None,
-               "tta_std": stack.std(axis=1).mean(axis=0) if tta else None}  # fmt: skip
-    for j, member in enumerate(served[0].members):  # what a blend is made of
-        columns[member.name] = np.mean([s.members[j].scores for s in served], axis=0)
-    if "ensemble" in served[0].meta:
-        columns["members_std"] = np.mean([s.spread() for s in served], axis=0)
-    for suffix, values in columns.items():
-        if values is not None:
-            values = _rows_of(values.reshape(len(good), len(labels)), ok)
-            for j, label in enumerate(labels):
-                frame[f"{label}_{suffix}"] = values[:, j]
+    n_labels = len(served[0].meta["label_cols"])
+    final = np.stack([s.scores() for s in served]).reshape(len(folders), len(good), n_labels)
+    frame = _label_frame(served, final, tta, ok)
     frame["truncated"] = _column_of(np.any([s.cut for s in served], axis=0), ok)
     if all(s.untrained is not None for s in served):
         tokens = [" ".join(dict.fromkeys(t for s in served for t in s.untrained[i]))
