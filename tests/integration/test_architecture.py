@@ -528,3 +528,33 @@ def test_a_module_exports_only_its_own_names():
             if isinstance(element, ast.Constant)
         ]
         assert not set(exported) & imported, (path, sorted(set(exported) & imported))
+
+
+# What is still over the limits, named so the lists only shrink: a module or function that
+# grows past them fails, one that comes back under must leave its list.
+LONG_MODULES = {
+    "smiexlm/cli/moleculenet.py", "smiexlm/featurizer.py", "smiexlm/finetuning/engine.py",
+    "smiexlm/moleculenet/finetune.py", "smiexlm/moleculenet/prediction.py", "smiexlm/paths.py",
+    "smiexlm/trust/conformal.py",
+}  # fmt: skip
+LONG_FUNCTIONS = {
+    "smiexlm/cli/moleculenet.py:finetune", "smiexlm/cli/moleculenet.py:probe",
+    "smiexlm/moleculenet/finetune.py:run_finetune", "smiexlm/moleculenet/finetune.py:finetune_once",
+    "smiexlm/whitening/corpus.py:whiten_model", "smiexlm/moleculenet/ensemble.py:fit_seed",
+}  # fmt: skip
+
+
+def test_modules_stay_within_400_lines_and_functions_within_60():
+    """No module over 400 lines and no function over 60 (the Triton kernels aside), but for
+    the ones :data:`LONG_MODULES` and :data:`LONG_FUNCTIONS` still name."""
+    long_modules, long_functions = set(), set()
+    for path, tree in _modules().items():
+        if len((PACKAGE.parent / path).read_text().splitlines()) > 400:
+            long_modules.add(path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
+                node.end_lineno - node.lineno + 1 > 60 and not path.endswith("triton_kernels.py")
+            ):
+                long_functions.add(f"{path}:{node.name}")
+    assert long_modules == LONG_MODULES
+    assert long_functions == LONG_FUNCTIONS
