@@ -62,6 +62,30 @@ def network_config(cfg, features: str | None):
     return dataclasses.replace(cfg, features=features, forest=None, ensemble="none")
 
 
+def _fit_forests(task, split, cfg, seed: int, inputs: list[str], valids: dict, tests: dict,
+                 record: dict) -> dict:  # fmt: skip
+    """Each forest of :data:`FORESTS` fitted on the seed's split: kind -> forest; its
+    validation and test scores go into ``valids`` and ``tests``, its scores and CPU seconds
+    into ``record``, under ``rf_<kind>``."""
+    from smiexlm.moleculenet.configs import resolve_forest
+    from smiexlm.moleculenet.forest import KeptForest
+
+    forests = {}
+    for kind in FORESTS:
+        forest_cfg = resolve_forest(dataclasses.replace(cfg, forest=kind, ensemble="none"),
+                                    task.task_type, len(task.label_cols))  # fmt: skip
+        c0 = time.process_time()
+        forest, scores = KeptForest.fit(inputs, task.labels, split.train, split.valid,
+                                        task.task_type, seed, forest_cfg)  # fmt: skip
+        name = f"rf_{kind}"
+        forests[kind] = forest
+        valids[name], tests[name] = forest.valid_scores, scores[split.test]
+        record[name] = {"valid": _score(task, split.valid, forest.valid_scores),
+                        "test": _score(task, split.test, tests[name]),
+                        "n_trees": forest.n_trees, "cpu_seconds": time.process_time() - c0}  # fmt: skip
+    return forests
+
+
 def fit_seed(task, split, cfg, seed: int, backbone, save_dir: Path | None, inputs: list[str],
              features_of, progress: bool, run_dir: Path, fit_one, row_name: str):  # fmt: skip
     """One seed of ``cfg`` (``ensemble = "wide"``): each network member fine-tuned in
@@ -75,8 +99,6 @@ def fit_seed(task, split, cfg, seed: int, backbone, save_dir: Path | None, input
     network member."""
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.blend import blend_members
-    from smiexlm.moleculenet.configs import resolve_forest
-    from smiexlm.moleculenet.forest import KeptForest
     from smiexlm.moleculenet.reference import Reference
 
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -95,19 +117,7 @@ def fit_seed(task, split, cfg, seed: int, backbone, save_dir: Path | None, input
         folders[name] = folder
         record[name] = {"valid": result.valid, "test": result.test,
                         "cpu_seconds": result.config.get("train_cpu_seconds")}  # fmt: skip
-    forests = {}
-    for kind in FORESTS:
-        forest_cfg = resolve_forest(dataclasses.replace(cfg, forest=kind, ensemble="none"),
-                                    task.task_type, len(task.label_cols))  # fmt: skip
-        c0 = time.process_time()
-        forest, scores = KeptForest.fit(inputs, task.labels, split.train, split.valid,
-                                        task.task_type, seed, forest_cfg)  # fmt: skip
-        name = f"rf_{kind}"
-        forests[kind] = forest
-        valids[name], tests[name] = forest.valid_scores, scores[split.test]
-        record[name] = {"valid": _score(task, split.valid, forest.valid_scores),
-                        "test": _score(task, split.test, tests[name]),
-                        "n_trees": forest.n_trees, "cpu_seconds": time.process_time() - c0}  # fmt: skip
+    forests = _fit_forests(task, split, cfg, seed, inputs, valids, tests, record)
     names = member_names()
     valid = blend_members(task.task_type, [valids[n] for n in names], [valids[n] for n in names],
                           how=HOW)  # fmt: skip

@@ -304,34 +304,20 @@ def finetune_once(
     there goes on from it) and, at the end, its scores (``predictions.npz``) and result
     (``result.json``); see :mod:`smiexlm.moleculenet.runs`.
     """
-    from smiexlm.finetuning import fit, predict_views
+    from smiexlm.finetuning import fit
 
     t0 = time.perf_counter()
     task = check_task(task)
     cfg = with_backbone_blocks(resolve_forest(cfg, task.task_type, len(task.label_cols)), backbone)
     run = _setup(task, split, cfg, seed, backbone, inputs, raw_features)
-    (train, valid, test), targets = run.parts, run.targets
+    (train, valid, _), targets = run.parts, run.targets
     loop = loop_config(cfg, higher_is_better=task.is_classification)
     state = None if run_dir is None else runs.state_dir(run_dir)
     identity = runs.identity(task, split, cfg, backbone)
     fitted = fit(run.model, train, valid, loop,
                  lambda logits: targets.score(split.valid, logits).mean, seed, progress,
                  f"{task.name} seed {seed}", state, identity, on_epoch)  # fmt: skip
-    # the test split is scored as `predict` serves (fp32, batch-invariant), so the reported
-    # score is the one a user gets back from the saved model
-    test_views = predict_views(run.model, test, cfg.loop.eval_batch_size)  # (V, N, T)
-    test_logits = test_views.mean(axis=0)
-    valid_views = predict_views(run.model, valid, cfg.loop.eval_batch_size)
-    scores = _Scores(targets.to_scores(valid_views.mean(axis=0)),
-                     targets.to_scores(valid_views[0]), targets.to_scores(test_logits))  # fmt: skip
-    backbone_record = {"backbone": backbone.name, "backbone_sha256": backbone.weights_sha256}
-    counts = {"n_truncated": run.n_cut, "n_unk_tokens": run.unknown[0],
-              "n_unk_molecules": run.unknown[1]}  # fmt: skip
-    config = cfg.to_dict() | backbone_record | counts | fitted.summary()
-    config |= run.adapted
-    config["processes"] = runs.processes()
-    if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
-        config["test_canonical"] = targets.score(split.test, test_views[0]).mean * task.scale
+    scores, config = _served_scores(run, task, split, cfg, backbone, fitted)
     valid_score, test_score = fitted.best_valid, targets.score_values(split.test, scores.test)
     if cfg.forest:
         scores.add_forest(run, task, split, seed, cfg)
@@ -346,6 +332,30 @@ def finetune_once(
     if run_dir is not None:
         runs.finish(run_dir, result)
     return result
+
+
+def _served_scores(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig,
+                   backbone: Backbone, fitted) -> tuple[_Scores, dict]:  # fmt: skip
+    """The fitted model's validation and test scores, as ``predict`` serves them (fp32,
+    batch-invariant, so the reported score is the one a user gets back from the saved
+    model), and the run's config record."""
+    from smiexlm.finetuning import predict_views
+
+    _, valid, test = run.parts
+    targets = run.targets
+    test_views = predict_views(run.model, test, cfg.loop.eval_batch_size)  # (V, N, T)
+    valid_views = predict_views(run.model, valid, cfg.loop.eval_batch_size)
+    scores = _Scores(targets.to_scores(valid_views.mean(axis=0)),
+                     targets.to_scores(valid_views[0]), targets.to_scores(test_views.mean(axis=0)))  # fmt: skip
+    backbone_record = {"backbone": backbone.name, "backbone_sha256": backbone.weights_sha256}
+    counts = {"n_truncated": run.n_cut, "n_unk_tokens": run.unknown[0],
+              "n_unk_molecules": run.unknown[1]}  # fmt: skip
+    config = cfg.to_dict() | backbone_record | counts | fitted.summary()
+    config |= run.adapted
+    config["processes"] = runs.processes()
+    if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
+        config["test_canonical"] = targets.score(split.test, test_views[0]).mean * task.scale
+    return scores, config
 
 
 def _write_outputs(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int,
@@ -411,6 +421,28 @@ def _reference(model, parts, inputs: list[str], split: Split, targets: _Targets,
     )  # fmt: skip
 
 
+def _refuse_early(task: MoleculeTask, cfg: FinetuneConfig, seeds: Sequence[int],
+                  save_dir: Path | None, run_root: Path | None, resume: bool,
+                  overwrite: bool) -> None:  # fmt: skip
+    """What :func:`run_finetune` refuses before anything trains: class weights the task
+    cannot take, a run folder already there without ``resume``, a wide ensemble over several
+    processes, and a ``save_dir`` whose seed folders are taken."""
+    check_class_weight(task, cfg)
+    warn_rare_positives(task, cfg)
+    if run_root is not None and not resume:
+        runs.check_fresh(run_root, task.name, seeds)
+    if cfg.ensemble != "none" and runs.processes() > 1:
+        raise ConfigError("ensemble", cfg.ensemble, "'none' in a run of several processes (a "
+                          "wide ensemble fine-tunes its members one after the other)")  # fmt: skip
+    if save_dir is not None:
+        check_output(save_dir, "--save-dir", "folder")
+        check_seeds(seeds)
+        fresh = [
+            s for s in seeds if run_root is None or not runs.is_finished(run_root, task.name, s)
+        ]
+        check_free_seed_folders(Path(save_dir), fresh, overwrite)  # a finished run's are its own
+
+
 def run_finetune(
     task: MoleculeTask,
     cfg: FinetuneConfig,
@@ -431,22 +463,9 @@ def run_finetune(
     of trained again, and a stopped run goes on from its last epoch; without it, a run folder
     that is already there is refused (:func:`smiexlm.moleculenet.runs.check_fresh`)."""
     task = check_task(task)
-    check_class_weight(task, cfg)
-    warn_rare_positives(task, cfg)
-    if run_root is not None and not resume:
-        runs.check_fresh(run_root, task.name, seeds)
-    if cfg.ensemble != "none" and runs.processes() > 1:
-        raise ConfigError("ensemble", cfg.ensemble, "'none' in a run of several processes (a "
-                          "wide ensemble fine-tunes its members one after the other)")  # fmt: skip
+    _refuse_early(task, cfg, seeds, save_dir, run_root, resume, overwrite)
     backbone = backbone or Backbone()
     cfg = with_backbone_blocks(resolve_forest(cfg, task.task_type, len(task.label_cols)), backbone)
-    if save_dir is not None:  # before training, not after it
-        check_output(save_dir, "--save-dir", "folder")
-        check_seeds(seeds)
-        fresh = [
-            s for s in seeds if run_root is None or not runs.is_finished(run_root, task.name, s)
-        ]
-        check_free_seed_folders(Path(save_dir), fresh, overwrite)  # a finished run's are its own
 
     @functools.cache
     def texts() -> list[str]:

@@ -29,6 +29,27 @@ from smiexlm.whitening.file import save_whitening
 DEFAULT_CORPUS_ROWS = 20_000
 
 
+def _fit_each(feat: Featurizer, smiles: list[str], corpus: Path, specs: list[tuple[str, int]],
+              rel_tol: float, progress: bool) -> dict[str, Any]:  # fmt: skip
+    """The whitening of each (pooling, last n blocks) of ``specs``, from one pass of the
+    corpus through every pooling of the last blocks any of them needs."""
+    n_blocks = max(n for _, n in specs)
+    every = feat.featurize(smiles, pooling="+".join(POOLINGS), layer=last_blocks(n_blocks),
+                           whiten=False, errors="nan", progress=progress)  # fmt: skip
+    d = feat.model.config.d_model
+    raw = {(p, b): every[:, (b * len(POOLINGS) + i) * d : (b * len(POOLINGS) + i + 1) * d]
+           for b in range(n_blocks) for i, p in enumerate(POOLINGS)}  # block 0: the last  # fmt: skip
+    whitenings = {}
+    for spec, n in specs:
+        columns = [raw[(p, b)] for b in range(n) for p in pooling_parts(spec)]
+        try:
+            whitenings[whitening_key(spec, n)] = fit_whitening(np.hstack(columns), rel_tol)
+        except DataError as err:
+            raise DataError(f"--corpus {str(corpus)!r}, pooling {whitening_key(spec, n)!r}: "
+                            f"{str(err).removeprefix('fit_whitening: ')}") from None  # fmt: skip
+    return whitenings
+
+
 def whiten_model(
     model: str | Path,
     corpus: str | Path,
@@ -66,21 +87,9 @@ def whiten_model(
                           "blocks")  # fmt: skip
     smiles = read_smiles(Path(corpus), rows)
     feat = Featurizer.from_pretrained(folder.path, device=device)
-    n_blocks = max(own_layers, chosen_layers)
-    every = feat.featurize(smiles, pooling="+".join(POOLINGS), layer=last_blocks(n_blocks),
-                           whiten=False, errors="nan", progress=progress)  # fmt: skip
-    d = feat.model.config.d_model
-    raw = {(p, b): every[:, (b * len(POOLINGS) + i) * d : (b * len(POOLINGS) + i + 1) * d]
-           for b in range(n_blocks) for i, p in enumerate(POOLINGS)}  # one pass; block 0: the last  # fmt: skip
     specs = [(p, 1) for p in POOLINGS] + [(own, own_layers), (chosen, chosen_layers), (own, 1)]
-    whitenings = {}
-    for spec, n in dict.fromkeys(specs):
-        columns = [raw[(p, b)] for b in range(n) for p in pooling_parts(spec)]
-        try:
-            whitenings[whitening_key(spec, n)] = fit_whitening(np.hstack(columns), rel_tol)
-        except DataError as err:
-            raise DataError(f"--corpus {str(corpus)!r}, pooling {whitening_key(spec, n)!r}: "
-                            f"{str(err).removeprefix('fit_whitening: ')}") from None  # fmt: skip
+    whitenings = _fit_each(feat, smiles, Path(corpus), list(dict.fromkeys(specs)), rel_tol,
+                           progress)  # fmt: skip
     n_used = len(smiles) - feat.last_report.n_failed
     source = {"corpus": Path(corpus).name, "corpus_sha256": file_sha256(Path(corpus)),
               "rows": n_used, "rel_tol": rel_tol,
