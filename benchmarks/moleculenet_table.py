@@ -437,11 +437,10 @@ def compare(args: argparse.Namespace) -> None:
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.compare import mean_over_sets, paired_bootstrap
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.runs import has_predictions, read_predictions, run_dir
+    from smiexlm.moleculenet.runs import cells_root, has_predictions, read_predictions, run_dir
 
     def kept(row: Path, task) -> list[dict] | None:
-        root = row / "runs" if (row / "runs").is_dir() else row
-        folders = [run_dir(root, task.name, seed) for seed in args.seeds]
+        folders = [run_dir(cells_root(row), task.name, seed) for seed in args.seeds]
         if not all(has_predictions(f) for f in folders):
             return None
         return [read_predictions(f, task) for f in folders]
@@ -482,11 +481,11 @@ def compare(args: argparse.Namespace) -> None:
 
 def compact(args: argparse.Namespace) -> None:
     """The float16 copy of every finished cell's scores in each row of ``args.folders``."""
+    from smiexlm.moleculenet.runs import cells_root
     from smiexlm.moleculenet.score_store import compact as compact_row
 
     for row in args.folders:
-        root = row / "runs" if (row / "runs").is_dir() else row
-        print(f"{row}: {compact_row(root, args.skip)} cells")
+        print(f"{row}: {compact_row(cells_root(row), args.skip)} cells")
 
 
 def measures(args: argparse.Namespace) -> None:

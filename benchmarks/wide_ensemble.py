@@ -58,9 +58,9 @@ SERVED, WIDE_ROW = list(ROWS)[1], list(ROWS)[3]
 def _cell(row: Path, task, seed: int) -> tuple[dict, dict]:
     """(kept predictions, result record) of one cell of the row folder ``row``
     (``row/runs/<set>/seed<k>/``, or ``row/<set>/seed<k>/`` as forest_blend.py keeps forests)."""
-    from smiexlm.moleculenet.runs import RESULT_NAME, read_predictions, run_dir
+    from smiexlm.moleculenet.runs import RESULT_NAME, cells_root, read_predictions, run_dir
 
-    folder = run_dir(row / "runs" if (row / "runs").is_dir() else row, task.name, seed)
+    folder = run_dir(cells_root(row), task.name, seed)
     path = folder / RESULT_NAME  # forest_blend.py keeps a forest's scores alone
     record = json.loads(path.read_text(encoding="utf-8"))["result"] if path.is_file() else None
     return read_predictions(folder, task), record

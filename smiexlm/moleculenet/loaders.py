@@ -25,7 +25,7 @@ from smiexlm.data.normalize import smiles_problem
 from smiexlm.data.readers import detect_format, read_table
 from smiexlm.data.widen.exclusion import EvaluationSet
 from smiexlm.errors import DataError, check_distinct
-from smiexlm.moleculenet.registry import DatasetSpec, TaskType, get_spec
+from smiexlm.moleculenet.registry import DATASETS, DatasetSpec, TaskType, get_spec
 from smiexlm.moleculenet.splits import VALID_FROM_TRAIN, carve_valid, read_parts, row_name
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import cache_dir, check_input_file, data_dir, file_sha256
@@ -122,8 +122,6 @@ def evaluation_sets() -> list[EvaluationSet]:
     :class:`~smiexlm.data.widen.exclusion.EvaluationSet` (what ``smiexlm widen`` never lets
     into a corpus); DataError for a file there that no registry entry names, so that no
     evaluation molecule is missed."""
-    from smiexlm.moleculenet.registry import DATASETS
-
     folder = data_dir() / "moleculenet"
     if not folder.is_dir():
         raise DataError(f"{str(folder)!r} does not exist: expected the MoleculeNet folder")

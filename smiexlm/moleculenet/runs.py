@@ -43,6 +43,12 @@ def run_dir(root: Path, dataset: str, seed: int) -> Path:
     return Path(root) / dataset / f"seed{seed}"
 
 
+def cells_root(row: Path) -> Path:
+    """Where a row's cells ``<set>/seed<k>/`` are: ``row/runs/`` (fine-tuning and benchmark
+    rows) when it is there, else ``row`` itself (the forests a blend script keeps)."""
+    return Path(row) / "runs" if (Path(row) / "runs").is_dir() else Path(row)
+
+
 def state_dir(folder: Path) -> Path:
     return Path(folder) / STATE_NAME
 

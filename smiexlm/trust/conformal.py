@@ -166,14 +166,12 @@ def weighted_thresholds(scores: np.ndarray, weights: np.ndarray, query_weights: 
     """(N,) for each query weight ``w``: the smallest calibration score whose weighted share,
     its own and the smaller ones' weights over the calibration weights plus ``w``, reaches
     ``1 - alpha``; ``inf`` when none does. Equal weights give :func:`conformal_quantile`."""
-    order = np.argsort(scores, kind="stable")
-    ranked, cum = (
-        np.asarray(scores, np.float64)[order],
-        np.cumsum(np.asarray(weights, np.float64)[order]),
-    )
-    need = (1.0 - alpha) * (cum[-1] + np.asarray(query_weights, np.float64)) if len(cum) else None
-    if need is None:
+    if len(scores) == 0:
         return np.full(len(query_weights), np.inf)
+    order = np.argsort(scores, kind="stable")
+    ranked = np.asarray(scores, np.float64)[order]
+    cum = np.cumsum(np.asarray(weights, np.float64)[order])
+    need = (1.0 - alpha) * (cum[-1] + np.asarray(query_weights, np.float64))
     k = np.searchsorted(cum, need * (1.0 - _TOLERANCE), side="left")
     return np.where(k < len(ranked), ranked[np.minimum(k, len(ranked) - 1)], np.inf)
 

@@ -297,12 +297,16 @@ def test_other_objectives_and_fp16_weights(tmp_path, objective):
     np.testing.assert_allclose(feat.featurize(PANEL[::-1])[::-1], x, atol=2e-5)
 
 
-@settings(max_examples=200, deadline=None)
-@given(
+# sorted molecule lengths, a token budget and a batch cap, as the samplers take them
+BATCHING_CASES = given(
     lengths=st.lists(st.integers(1, 60), max_size=80).map(sorted),
     budget=st.integers(1, 500),
     cap=st.one_of(st.none(), st.integers(1, 10)),
 )
+
+
+@settings(max_examples=200, deadline=None)
+@BATCHING_CASES
 def test_token_budget_batches(lengths, budget, cap):
     batches = token_budget_batches(lengths, budget, cap)
     assert [i for b in batches for i in b] == list(range(len(lengths)))
@@ -320,11 +324,7 @@ def test_token_budget_batches(lengths, budget, cap):
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 60), min_size=0, max_size=80).map(sorted),
-    budget=st.integers(1, 500),
-    cap=st.one_of(st.none(), st.integers(1, 10)),
-)
+@BATCHING_CASES
 def test_length_batches_hold_one_length_each_within_the_budget(lengths, budget, cap):
     batches = length_batches(lengths, budget, cap)
     assert [i for b in batches for i in b] == list(range(len(lengths)))
