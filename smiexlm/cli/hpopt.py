@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -12,10 +12,7 @@ from smiexlm.cli.moleculenet import (
     Checkpoint,
     DataCsv,
     LabelCols,
-    MaxSteps,
-    Precision,
     SmilesCol,
-    Split,
     TaskArg,
     TaskTypeOpt,
     ValidFromTrain,
@@ -23,32 +20,20 @@ from smiexlm.cli.moleculenet import (
     _load_tasks,
 )
 from smiexlm.cli.options import multi_value
-from smiexlm.cli.params import Device
 
-Trials = Annotated[
-    int | None,
-    typer.Option("--trials", help="Trials to count in all (completed or pruned; a failed one "
-                 "does not count), this run's and the earlier runs' of --out together."),
-]  # fmt: skip
-CpuMinutes = Annotated[
-    float | None,
-    typer.Option("--cpu-minutes", help="Process CPU minutes of the finished trials, earlier "
-                 "runs' included; no trial starts once spent. Give it, --trials, or both."),
-]  # fmt: skip
 SearchOut = Annotated[
     Path | None,
     typer.Option("--out", help="Folder of the study (study.sqlite) and of best.toml, "
                  "trials.csv, history.png, report.md (default: runs/hpopt/TASK); the same "
                  "command resumes it."),
 ]  # fmt: skip
-Seed = Annotated[
-    int, typer.Option("--seed", help="Seed of the sampler, of every trial's training and of a "
-                      "seeded --split.")
-]  # fmt: skip
+
+#: the settings ``hpopt`` lists in its help: the search's budget and seed, and the base
+#: config's (the rest of both: ``--set``)
+SHOWN = ("trials", "cpu_minutes", "seed", "split", "max_train_steps", "precision", "device")
 
 
 def hpopt(
-    ctx: typer.Context,
     task: TaskArg,
     checkpoint: Checkpoint = None,
     data: DataCsv = None,
@@ -57,13 +42,7 @@ def hpopt(
     task_type: TaskTypeOpt = None,
     valid_from_train: ValidFromTrain = 0.1,
     out: SearchOut = None,
-    trials: Trials = None,
-    cpu_minutes: CpuMinutes = None,
-    seed: Seed = 0,
-    split: Split = "scaffold",
-    max_train_steps: MaxSteps = None,
-    precision: Precision = "auto",
-    device: Device = "auto",
+    settings: dict[str, Any] | None = None,
 ) -> None:
     """Search the fine-tuning config around the task's Table 8 row (learning rate, epochs,
     dropouts, pooling, hybrid features, frozen blocks) on the validation split, with pruning;
@@ -75,12 +54,15 @@ def hpopt(
 
     from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.hpopt import run_hpopt
-    from smiexlm.moleculenet.hpopt_search import HpoptConfig
+    from smiexlm.moleculenet.hpopt_config import HpoptConfig
+    from smiexlm.settings import settings_of
 
-    hp = HpoptConfig(trials, cpu_minutes, seed)  # the budget checked before any data is read
-    base = _config(None if data else task, ctx=ctx, split=split, max_train_steps=max_train_steps,
-                   precision=precision, device=device)  # fmt: skip
-    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, split,
+    search = {s.key for s in settings_of(HpoptConfig)}
+    given = settings or {}
+    hp = HpoptConfig(**{k: v for k, v in given.items() if k in search})  # checked first
+    base = _config(None if data else task, None,
+                   {k: v for k, v in given.items() if k not in search})  # fmt: skip
+    (loaded,) = _load_tasks([task], data, smiles_col, label_cols, task_type, base.split,
                             valid_from_train)  # fmt: skip
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
     out = out if out is not None else Path("runs/hpopt") / task
@@ -105,4 +87,11 @@ def _echo_result(result, task: str, own_data: bool) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command(cls=multi_value("--label-cols"))(hpopt)
+    from smiexlm.cli.settings import with_settings
+    from smiexlm.moleculenet import configs
+    from smiexlm.moleculenet.hpopt_config import HpoptConfig
+    from smiexlm.settings import settings_of
+
+    specs = [*settings_of(HpoptConfig), *configs.FinetuneConfig.settings()]
+    command = with_settings(hpopt, specs, SHOWN, "hpopt")
+    app.command("hpopt", cls=multi_value("--label-cols"))(command)

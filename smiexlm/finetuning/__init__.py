@@ -1,8 +1,25 @@
-"""Fine-tuning: one training loop (``engine``) and its batches; task adapters live with their
-tasks (``smiexlm.moleculenet.finetune``, ``smiexlm.glue.finetune``)."""
+"""Fine-tuning: one training loop (``engine``) with its settings (``loop_config``) and its
+batches; task adapters live with their tasks (``smiexlm.moleculenet.finetune``,
+``smiexlm.glue.finetune``). Names load lazily, so reading the settings needs no torch."""
 
-from smiexlm.finetuning.batches import Examples
-from smiexlm.finetuning.engine import FitResult, LoopConfig, fit
-from smiexlm.finetuning.inference import predict, predict_views
+from __future__ import annotations
 
-__all__ = ["Examples", "FitResult", "LoopConfig", "fit", "predict", "predict_views"]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Examples": "smiexlm.finetuning.batches",
+    "FitResult": "smiexlm.finetuning.engine",
+    "LoopConfig": "smiexlm.finetuning.loop_config",
+    "fit": "smiexlm.finetuning.engine",
+    "predict": "smiexlm.finetuning.inference",
+    "predict_views": "smiexlm.finetuning.inference",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'smiexlm.finetuning' has no attribute {name!r}")

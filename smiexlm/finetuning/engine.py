@@ -62,114 +62,29 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from smiexlm.device import (
-    Precision,
     autocast,
-    parse_precision,
     resolve_device,
     resolved_precision,
 )
-from smiexlm.errors import ConfigError, check_field_types, check_positive_int
+from smiexlm.errors import ConfigError
 from smiexlm.finetuning.batches import (
     Examples,
     bucketed_batches,
     to_batch,
 )
 from smiexlm.finetuning.inference import predict
+from smiexlm.finetuning.loop_config import LoopConfig
 from smiexlm.finetuning.parallel import Replicas, present_labels
+from smiexlm.settings import recorded
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LoopConfig:
-    """How one fine-tuning run trains; the task adapters fill it from their own configs."""
-
-    epochs: int
-    batch_size: int
-    lr: float
-    warmup_ratio: float = 0.06
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-6
-    clip_norm: float = 1.0  # 0 = no clipping (RoBERTa's GLUE recipe)
-    max_steps: int | None = None  # cap on updates (quick checks); recorded in the results
-    patience: int | None = None  # epochs without a better valid score; None = full schedule
-    select: Literal["best", "last"] = "best"
-    higher_is_better: bool = True
-    precision: Precision = "auto"  # auto = bf16 on CUDA and on bf16-native CPUs
-    bucket_window: int = 50  # batches per length-sorted window; 1 = no bucketing
-    eval_batch_size: int = 256
-    freeze: bool = False  # head only, on cached encoder features
-    freeze_layers: int = 0  # embeddings + the first N blocks frozen
-    ema_half_life: float = 0.0  # epochs; 0 = the raw weights are validated and kept
-    head_epochs: int = 0  # epochs of the head alone on the frozen encoder's features first
-    head_lr: float = 1e-3  # their learning rate, decaying linearly to 0
-    layer_decay: float = 1.0  # each encoder block's lr this times the one above it; 1 = one lr
-    device: str = "auto"
-    pad_id: int = 0
-
-    def __post_init__(self) -> None:
-        check_field_types(self)
-        for name in ("epochs", "batch_size", "eval_batch_size", "bucket_window"):
-            check_positive_int(name, getattr(self, name))
-        if not self.lr > 0:
-            raise ConfigError("lr", self.lr, "a positive number")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError("warmup_ratio", self.warmup_ratio, "a fraction in [0, 1)")
-        if self.clip_norm < 0:
-            raise ConfigError("clip_norm", self.clip_norm, "0 (no clipping) or a positive number")
-        for name in ("max_steps", "patience"):
-            check_positive_int(name, getattr(self, name), optional=True)
-        if self.select not in ("best", "last"):
-            raise ConfigError("select", self.select, "'best' or 'last'")
-        self.precision = parse_precision(self.precision)
-        if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
-            raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
-        if not (isinstance(self.ema_half_life, int | float) and self.ema_half_life >= 0):
-            raise ConfigError(
-                "ema_half_life", self.ema_half_life, "0 (off) or a positive number of epochs"
-            )
-        if self.head_epochs != 0:  # 0 = off
-            check_positive_int("head_epochs", self.head_epochs)
-        if self.head_epochs and self.freeze:
-            raise ConfigError(
-                "head_epochs", self.head_epochs, "0 with freeze (which trains the head alone)"
-            )
-        if not (isinstance(self.head_lr, int | float) and self.head_lr > 0):
-            raise ConfigError("head_lr", self.head_lr, "a positive number")
-        if not (isinstance(self.layer_decay, int | float) and 0 < self.layer_decay <= 1):
-            raise ConfigError("layer_decay", self.layer_decay, "a factor in (0, 1] (1 = off)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# Loop settings added after fine-tuning states were first kept, with their value when off and
-# the keys that go with them: a state's identity records them only when on, so that a state
-# saved before they existed still matches a run that leaves them off.
-_ADDED_SINCE = {
-    "ema_half_life": (0.0, ("ema_half_life",)),
-    "head_epochs": (0, ("head_epochs", "head_lr")),
-    "layer_decay": (1.0, ("layer_decay",)),
-}
-
-
-def without_settings_off(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` (a loop's settings, or a fine-tuning config's flat ones) without the loop
-    settings added since states were first kept where they are off (:data:`_ADDED_SINCE`)."""
-    out = dict(values)
-    for key, (off, names) in _ADDED_SINCE.items():
-        if key in out and out[key] == off:
-            for name in names:
-                del out[name]
-    return out
 
 
 @dataclass
@@ -332,7 +247,7 @@ class _Fit:
         from smiexlm.pretraining.run_state import optimizer_from_tensors
 
         self.state_dir = folder
-        loop = without_settings_off(self.config.to_dict())
+        loop = recorded(self.config.to_dict(), LoopConfig)
         self.identity = {
             "loop": loop, "seed": self.seed, "n_train": len(self.train),
             "n_valid": 0 if self.valid is None else len(self.valid),

@@ -10,29 +10,32 @@ scores), ``report``, ``hpopt*`` (the search), and serving: ``prediction``/``pred
 
 ``from smiexlm.moleculenet import load_task, scaffold_split`` is the stable entry point:
 ``load_task``/``read_task`` give a typed :class:`MoleculeTask` (what fine-tuning, the probe
-and the baseline take), ``load_dataset`` a MoleculeNet set's table as a DataFrame for display.
+and the baseline take), ``load_dataset`` a MoleculeNet set's table as a DataFrame for display. Names load lazily.
 """
 
-from smiexlm.moleculenet.loaders import load_dataset, load_task, read_task
-from smiexlm.moleculenet.registry import DATASETS, PAPER_TASKS, get_spec
-from smiexlm.moleculenet.splits import (
-    balanced_scaffold_split,
-    make_split,
-    random_split,
-    scaffold_split,
-)
-from smiexlm.moleculenet.task import MoleculeTask
+from __future__ import annotations
 
-__all__ = [
-    "DATASETS",
-    "MoleculeTask",
-    "PAPER_TASKS",
-    "balanced_scaffold_split",
-    "get_spec",
-    "load_dataset",
-    "load_task",
-    "make_split",
-    "random_split",
-    "read_task",
-    "scaffold_split",
-]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "load_dataset": "smiexlm.moleculenet.loaders",
+    "load_task": "smiexlm.moleculenet.loaders",
+    "read_task": "smiexlm.moleculenet.loaders",
+    "DATASETS": "smiexlm.moleculenet.registry",
+    "PAPER_TASKS": "smiexlm.moleculenet.registry",
+    "get_spec": "smiexlm.moleculenet.registry",
+    "balanced_scaffold_split": "smiexlm.moleculenet.splits",
+    "make_split": "smiexlm.moleculenet.splits",
+    "random_split": "smiexlm.moleculenet.splits",
+    "scaffold_split": "smiexlm.moleculenet.splits",
+    "MoleculeTask": "smiexlm.moleculenet.task",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'smiexlm.moleculenet' has no attribute {name!r}")

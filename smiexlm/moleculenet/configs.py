@@ -16,27 +16,14 @@ from smiexlm.errors import (
     check_positive_int,
     check_spellings,
 )
-from smiexlm.finetuning.engine import LoopConfig
+from smiexlm.finetuning.loop_config import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.model.pooling import pooling_parts
-from smiexlm.moleculenet.adapt import check_adapt
 from smiexlm.moleculenet.blend import DEFAULT_BLEND, check_blend
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.paths import PACKAGE_DIR
+from smiexlm.settings import Setting, recorded, setting, settings_of
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "moleculenet.toml"
-
-
-# The flat keys of the TOML and of the CLI that are the loop's (max_train_steps is the loop's
-# max_steps); the others are FinetuneConfig's own fields.
-_LOOP_KEYS = {
-    "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "warmup_ratio": "warmup_ratio",
-    "weight_decay": "weight_decay", "adam_betas": "adam_betas", "adam_eps": "adam_eps",
-    "clip_norm": "clip_norm", "max_train_steps": "max_steps", "patience": "patience",
-    "precision": "precision", "eval_batch_size": "eval_batch_size", "device": "device", "freeze": "freeze",
-    "freeze_layers": "freeze_layers", "ema_half_life": "ema_half_life",
-    "head_epochs": "head_epochs", "head_lr": "head_lr", "layer_decay": "layer_decay",
-}  # fmt: skip
 
 
 CLASS_WEIGHTS = ("none", "balanced")
@@ -99,34 +86,73 @@ class FinetuneConfig:
     """
 
     loop: LoopConfig = field(default_factory=_default_loop)
-    dropout: float = 0.1
-    pooler_dropout: float = 0.1
-    pooling: str = "cls"
-    # the head reads the pooled outputs of the last this many blocks; None: as many as the
-    # backbone serves in its embedding (embedding.json; the default model's last three)
-    layers: int | None = None
-    canonicalize: bool = True  # as the pretraining corpus; False keeps the SMILES as written
-    split: str = "scaffold"
-    max_length: int = 256
-    features: str | None = None
-    augment: int = 0  # random SMILES per training molecule, one drawn per epoch (0 = none)
-    tta: int = 0  # random SMILES averaged with the canonical one for the scores kept (0 = none)
-    adapt_steps: int = 0  # descriptor-regression updates on the training molecules first
-    adapt_lr: float = 1e-4
-    forest: str | None = (
-        None  # features of a random forest blended with the model (None: no forest)
+    dropout: float = setting(0.1, "Dropout of the encoder while it fine-tunes.")
+    pooler_dropout: float = setting(0.1, "Dropout of the head's input.")
+    pooling: str = setting(
+        "cls", "How the head pools each block: cls (Table 8's), mean, max, or several joined "
+        "by + (cls+mean+max), side by side.",
+    )  # fmt: skip
+    layers: int | None = setting(
+        None, "The head reads the pooled outputs of the last N blocks side by side, from one "
+        "pass (default: the blocks the model serves as its embedding, the default model's "
+        "last three; 1 for a folder without embedding.json).", since=1,
+    )  # fmt: skip
+    canonicalize: bool = setting(
+        True, "RDKit canonical SMILES, as the pretraining corpus (--no-canonicalize: as written)."
     )
-    forest_trees: int = 500
-    forest_blend: str = DEFAULT_BLEND  # how the two are blended (smiexlm.moleculenet.blend)
-    forest_weight: float = 0.5  # the model's weight in the blend
-    # "balanced": each classification task's classes weighted n / (2 n_class) in the loss
-    class_weight: str = "none"
-    # "wide": networks and forests fine-tuned side by side and served blended
-    # (smiexlm.moleculenet.ensemble); "none": one network (and its forest)
-    ensemble: str = "none"
-    extra: dict[str, Any] = field(default_factory=dict)
+    split: str = setting(
+        "scaffold", "scaffold (DeepChem-equal, no seed) | scaffold_chiral | balanced_scaffold "
+        "(seeded) | random (seeded) | column:NAME (your table's own split: its column NAME "
+        "says train, valid or test in each row).",
+    )  # fmt: skip
+    max_length: int = setting(256, "Tokens a SMILES is cut to.")
+    features: str | None = setting(
+        None, "ecfp4 | rdkit2d | both: concatenate to the pooled embedding (normalised on the "
+        "train split)."
+    )  # fmt: skip
+    augment: int = setting(
+        0, "K random SMILES per training molecule; each epoch trains on one of its K + 1 "
+        "spellings (0: the canonical one only).",
+    )  # fmt: skip
+    tta: int = setting(
+        0, "Test-time augmentation: score each test molecule as the mean over its canonical and "
+        "K random SMILES; epochs are still chosen on the canonical ones.",
+    )  # fmt: skip
+    adapt_steps: int = setting(
+        0, "Before fine-tuning, N updates of the backbone's descriptor regression (MTR) on the "
+        "task's training molecules.", since=0, with_=("adapt_lr",),
+    )  # fmt: skip
+    adapt_lr: float = setting(1e-4, "Learning rate of adapt_steps.")
+    forest: str | None = setting(
+        None, "auto (the shipped default: rdkit2d, whose blend measured best for "
+        "classification and regression) | none | ecfp4 | rdkit2d | both: after training, fit "
+        "a random forest on these features of the same training molecules, keep it beside the "
+        "model and serve the two blended (each alone reported beside).",
+        since=None, with_=("forest_trees", "forest_blend", "forest_weight"),
+    )  # fmt: skip
+    forest_trees: int = setting(500, "Trees of the forest (capped for sets of many labels).")
+    forest_blend: str = setting(
+        DEFAULT_BLEND, "quantile (each score's quantile among the validation molecules' "
+        "scores, then averaged) | mean (the scores averaged).",
+    )  # fmt: skip
+    forest_weight: float = setting(0.5, "The model's weight in the blend, 0 to 1.")
+    class_weight: str = setting(
+        "none", "none | balanced: weigh each task's two classes in the loss inversely to their "
+        "frequency on the training molecules (classification only; Table 8's rows: balanced "
+        "for MUV and ToxCast).", since="none",
+    )  # fmt: skip
+    ensemble: str = setting(
+        "none", "none | wide: fine-tune the model alone and with RDKit 2D beside its head, fit "
+        "forests on RDKit 2D, on both and on ECFP4, keep the five in one folder a seed and "
+        "serve them blended by validation quantiles (about twice the fine-tuning's cost; "
+        "forest does not apply).",
+    )  # fmt: skip
+    extra: dict[str, Any] = setting(help="Free-form keys kept with the run.", factory=dict)
 
     def __post_init__(self) -> None:
+        from smiexlm.model.pooling import pooling_parts  # torch: loaded when a run is made
+        from smiexlm.moleculenet.adapt import check_adapt
+
         check_field_types(self)
         check_positive_int("max_length", self.max_length)
         check_positive_int("layers", self.layers, optional=True)
@@ -159,10 +185,11 @@ class FinetuneConfig:
 
     @classmethod
     def from_flat(cls, **values: Any) -> FinetuneConfig:
-        """A config from flat keys (those of :data:`FLAT_KEYS`)."""
+        """A config from flat keys (those of :meth:`flat_keys`)."""
         if "amp" in values:  # the former name of precision ("off" = fp32)
             values["precision"] = values.pop("amp")
-        loop = {_LOOP_KEYS[k]: values.pop(k) for k in list(values) if k in _LOOP_KEYS}
+        names = {s.key: s.name for s in settings_of(LoopConfig)}
+        loop = {names[k]: values.pop(k) for k in list(values) if k in names}
         check_positive_int("max_train_steps", loop.get("max_steps"), optional=True)
         if "adam_betas" in loop:
             loop["adam_betas"] = tuple(loop["adam_betas"])
@@ -170,11 +197,28 @@ class FinetuneConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The flat record (reports, ``finetune.json``)."""
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "loop"}
-        return {key: getattr(self.loop, name) for key, name in _LOOP_KEYS.items()} | own
+        loop = {s.key: getattr(self.loop, s.name) for s in settings_of(LoopConfig)}
+        return loop | {s.key: getattr(self, s.name) for s in settings_of(type(self))}
 
+    @classmethod
+    def settings(cls) -> list[Setting]:
+        """Every flat setting: the loop's, then this config's own."""
+        return settings_of(LoopConfig) + settings_of(cls)
 
-FLAT_KEYS = tuple(_LOOP_KEYS) + tuple(f.name for f in dataclasses.fields(FinetuneConfig) if f.name != "loop")  # fmt: skip
+    @classmethod
+    def flat_keys(cls) -> tuple[str, ...]:
+        return tuple(s.key for s in cls.settings())
+
+    @classmethod
+    def recorded_of(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Flat ``values`` (those that are settings) as a run's identity holds them: a setting
+        added later left out where it does what runs before it did
+        (:func:`smiexlm.settings.recorded`)."""
+        keys = set(cls.flat_keys())
+        return recorded({k: v for k, v in values.items() if k in keys}, LoopConfig, cls)
+
+    def recorded(self) -> dict[str, Any]:
+        return self.recorded_of(self.to_dict())
 
 
 def load_table(path: Path = CONFIG_PATH) -> dict[str, dict[str, Any]]:
@@ -196,10 +240,11 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
             values = tomllib.load(handle)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"--config {str(path)!r} is not a TOML file: {err}") from None
+    keys = FinetuneConfig.flat_keys()
     for key, value in values.items():
-        if key not in {*FLAT_KEYS, "amp"} or (isinstance(value, dict) and key != "extra"):
+        if key not in {*keys, "amp"} or (isinstance(value, dict) and key != "extra"):
             raise ConfigError(key, value, f"a flat FinetuneConfig key in --config {str(path)!r}"
-                              f" (one of {', '.join(sorted(FLAT_KEYS))})")  # fmt: skip
+                              f" (one of {', '.join(sorted(keys))})")  # fmt: skip
     return values
 
 
@@ -218,7 +263,7 @@ def finetune_config(
         values.update(table.get(task.lower(), {}))
     if config_file is not None:
         values.update(read_config_file(config_file))
-    known = {*FLAT_KEYS, "amp"}
+    known = {*FinetuneConfig.flat_keys(), "amp"}
     for key, value in overrides.items():
         if key not in known:
             raise ConfigError(key, value, f"a FinetuneConfig field ({', '.join(sorted(known))})")

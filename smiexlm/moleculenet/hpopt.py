@@ -32,7 +32,8 @@ from pathlib import Path
 from smiexlm.moleculenet import hpopt_report, hpopt_study
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
-from smiexlm.moleculenet.hpopt_search import HpoptConfig, HpoptResult, Search
+from smiexlm.moleculenet.hpopt_config import HpoptConfig
+from smiexlm.moleculenet.hpopt_search import HpoptResult, Search
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
 from smiexlm.pretraining.runlock import RunLock

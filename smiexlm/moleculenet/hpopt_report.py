@@ -18,7 +18,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from smiexlm.moleculenet.hpopt_search import HpoptConfig, HpoptResult, Search
+from smiexlm.moleculenet.hpopt_config import HpoptConfig
+from smiexlm.moleculenet.hpopt_search import HpoptResult, Search
 from smiexlm.moleculenet.hpopt_study import COUNTED_STATES, spending
 from smiexlm.paths import atomic_path, write_text_atomic
 
@@ -143,7 +144,7 @@ class Outputs:
         return improved
 
     def _write_best(self, trial) -> None:
-        from smiexlm.pretraining.config import to_toml
+        from smiexlm.settings import to_toml
 
         name = self.search.task.name
         head = (f"# The best trial of `smiexlm hpopt` in this folder: trial {trial.number}, "

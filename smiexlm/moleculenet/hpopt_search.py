@@ -28,7 +28,6 @@ ROC-AUC x 100 maximised or RMSE minimised (a pruned trial's: its last one).
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,11 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from smiexlm.errors import ConfigError, DataError, check_positive_int
+from smiexlm.errors import DataError
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.model.pooling import POOLINGS
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
+from smiexlm.moleculenet.hpopt_config import HpoptConfig
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, check_task
 from smiexlm.paths import json_safe
@@ -49,49 +49,6 @@ STUDY_NAME = "hpopt"
 STUDY_FILE = "study.sqlite"
 IDENTITY_FORMAT = "smiexlm-hpopt/1"
 FEATURE_CHOICES: tuple[str, ...] = ("none", *FEATURE_KINDS)
-
-
-def _is_int(value: object, low: int, high: float = math.inf) -> bool:
-    """Whether ``value`` is an integer (not a bool) in [low, high)."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
-
-
-@dataclass
-class HpoptConfig:
-    """The budget, and the sampler's and pruner's settings. ``trials``: trials that complete
-    or are pruned; ``cpu_minutes``: the process CPU time of the finished trials, across
-    resumes. No trial starts once either is spent; at least one is needed."""
-
-    trials: int | None = None
-    cpu_minutes: float | None = None
-    seed: int = 0  # the split's (seeded kinds), every trial's training and the sampler's
-    startup_trials: int = 8  # TPE draws at random until this many trials count
-    prune_after: int = 4  # completed trials before the pruner prunes
-    warmup_epochs: int = 3  # epochs of a trial that are never pruned
-
-    def __post_init__(self) -> None:
-        if self.trials is None and self.cpu_minutes is None:
-            raise ConfigError("--trials", None, "a budget: --trials N, --cpu-minutes M or both")
-        if self.trials is not None and not _is_int(self.trials, 1):
-            raise ConfigError("--trials", self.trials, "a positive number of trials")
-        minutes = self.cpu_minutes
-        number = isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
-        if minutes is not None and not (number and 0 < minutes < math.inf):
-            raise ConfigError("--cpu-minutes", minutes, "a positive number of minutes")
-        if not _is_int(self.seed, 0, 2**32):
-            raise ConfigError("--seed", self.seed, "an integer in [0, 2**32)")
-        check_positive_int("startup_trials", self.startup_trials)
-        check_positive_int("prune_after", self.prune_after)
-        if not _is_int(self.warmup_epochs, 0):
-            raise ConfigError("warmup_epochs", self.warmup_epochs, "0 or a positive integer")
-
-    def spent(self, counted: int, cpu_seconds: float) -> str | None:
-        """What stops the search now: ``"trials"``, ``"cpu-minutes"``, or None (go on)."""
-        if self.trials is not None and counted >= self.trials:
-            return "trials"
-        if self.cpu_minutes is not None and cpu_seconds >= 60 * self.cpu_minutes:
-            return "cpu-minutes"
-        return None
 
 
 @dataclass(frozen=True)
@@ -203,9 +160,8 @@ class Search:
 
     def identity(self, hp: HpoptConfig) -> dict[str, Any]:
         """What a resumed study must share with the one in the folder (JSON values)."""
-        base = {k: v for k, v in self.base.to_dict().items() if k != "device"}
-        sampler = {k: getattr(hp, k) for k in ("seed", "startup_trials", "prune_after",
-                                                "warmup_epochs")}  # fmt: skip
+        base = {k: v for k, v in self.base.recorded().items() if k != "device"}
+        sampler = hp.identity()
         doc = {"format": IDENTITY_FORMAT, **self.source, "backbone": self.backbone.name,
                "backbone_sha256": self.backbone.weights_sha256, "base": base,
                "space": asdict(self.space), "sampler": sampler}  # fmt: skip

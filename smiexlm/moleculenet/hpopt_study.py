@@ -16,7 +16,8 @@ import numpy as np
 
 from smiexlm.errors import DataError
 from smiexlm.finetuning.state import as_kept
-from smiexlm.moleculenet.hpopt_search import STUDY_FILE, STUDY_NAME, HpoptConfig, Search
+from smiexlm.moleculenet.hpopt_config import HpoptConfig
+from smiexlm.moleculenet.hpopt_search import STUDY_FILE, STUDY_NAME, Search
 
 COUNTED_STATES = ("COMPLETE", "PRUNED")  # the trials that spend the --trials budget
 
@@ -37,7 +38,7 @@ def open_study(out: Path, search: Search, hp: HpoptConfig, pruner=None):
     saved = study.user_attrs.get("identity")
     if saved is None:
         study.set_user_attr("identity", identity)
-    elif saved != (identity := as_kept(identity, saved)):  # older studies resume as they did
+    elif (saved := as_recorded(saved)) != (identity := as_kept(identity, saved)):
         key, then, now = first_difference(saved, identity)
         raise DataError(
             f"--out {str(out)!r} holds a search with {key} = {then!r}, not {now!r}: run the "
@@ -46,6 +47,15 @@ def open_study(out: Path, search: Search, hp: HpoptConfig, pruner=None):
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(trial.number, state=TrialState.FAIL)  # its process stopped mid-trial
     return study
+
+
+def as_recorded(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved study's identity as this version records it: its base config's settings at
+    the value that does what runs before them did left out (older studies resume as they
+    did, :meth:`FinetuneConfig.recorded_of`)."""
+    from smiexlm.moleculenet.configs import FinetuneConfig
+
+    return saved | {"base": FinetuneConfig.recorded_of(saved.get("base", {}))}
 
 
 def first_difference(a: Any, b: Any, key: str = "") -> tuple[str, Any, Any]:

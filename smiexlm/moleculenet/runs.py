@@ -56,24 +56,7 @@ def state_dir(folder: Path) -> Path:
 def settings(cfg) -> dict[str, Any]:
     """The fine-tuning settings a run's :func:`identity` holds: ``cfg``'s flat ones, those
     of later options left out where they are off, as runs older than the options hold them."""
-    return _without_settings_off(cfg.to_dict())
-
-
-def _without_settings_off(values: dict[str, Any]) -> dict[str, Any]:
-    from smiexlm.finetuning.engine import without_settings_off
-
-    out = without_settings_off(values)  # the loop's later settings
-    if not out.get("adapt_steps"):
-        for key in ("adapt_steps", "adapt_lr"):
-            out.pop(key, None)
-    if out.get("layers") == 1:
-        del out["layers"]
-    if out.get("class_weight") == "none":
-        del out["class_weight"]
-    if out.get("forest") is None:
-        for key in ("forest", "forest_trees", "forest_blend", "forest_weight"):
-            out.pop(key, None)
-    return out
+    return cfg.recorded()
 
 
 def identity(task, split: Split, cfg, backbone: Backbone) -> dict[str, Any]:
@@ -154,7 +137,7 @@ def setting_differences(done: RunResult, cfg, backbone: Backbone) -> list[tuple[
 def _setting_pairs(done: RunResult, expected: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(setting, as the finished run recorded it, as ``expected`` asks) for the backbone and
     every fine-tuning setting but how the run was carried out (:data:`HOW_RUN`)."""
-    from smiexlm.moleculenet.configs import FLAT_KEYS, FinetuneConfig
+    from smiexlm.moleculenet.configs import FinetuneConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)
                 if f.default is not dataclasses.MISSING}  # fmt: skip
@@ -169,7 +152,7 @@ def _setting_pairs(done: RunResult, expected: dict[str, Any]) -> list[tuple[str,
             pairs.append((key, recorded.get(key, defaults.get(key)), want))
     # a setting the run had on and this one has off (left out of ``expected``)
     off = json.loads(json.dumps(FinetuneConfig().to_dict()))
-    was_on = _without_settings_off({k: v for k, v in recorded.items() if k in FLAT_KEYS})
+    was_on = FinetuneConfig.recorded_of(recorded)
     pairs += [(key, recorded[key], off[key])
               for key in sorted(was_on.keys() - wanted.keys() - HOW_RUN)]  # fmt: skip
     return pairs

@@ -32,6 +32,7 @@ from smiexlm.device import Precision, check_device_name, parse_precision
 from smiexlm.errors import ConfigError, check_choice, check_field_types
 from smiexlm.model.config import PRESETS, ExLMConfig, PresetName
 from smiexlm.paths import PACKAGE_DIR
+from smiexlm.settings import parse_assignment, setting, to_toml
 
 SHIPPED_CONFIG_DIR = PACKAGE_DIR / "configs" / "pretrain"
 SPELLINGS = ("canonical", "random")  # how a training molecule is written (``spelling``)
@@ -86,43 +87,54 @@ class TrainConfig:
     # the [model] table: an ExLMConfig preset plus the fields it overrides (objective, k, ...)
     model: ModelSpec = field(default_factory=ModelSpec)
     # --- batching
-    max_tokens: int = 8192  # token budget of one micro-batch on one process (padded B * T)
-    update_freq: int = 1  # gradient accumulation: micro-batches per optimiser step per process
+    max_tokens: int = setting(
+        8192, "Token budget of one micro-batch on one process (padded B * T)."
+    )
+    update_freq: int = setting(1, "Gradient accumulation: micro-batches per update per process.")
     # --- schedule (fairseq's polynomial_decay: linear warmup, then (1 - t)^power decay)
-    max_steps: int = 1000  # where the run stops; --max-steps overrides it
-    total_steps: int | None = None  # decay horizon; None = max_steps (stopping early keeps it)
-    warmup_steps: int = 100
-    lr: float = 5e-4
-    end_lr: float = 0.0
-    lr_power: float = 1.0
+    max_steps: int = setting(1000, "Updates where the run stops (--max-steps overrides it).")
+    total_steps: int | None = setting(
+        None, "Decay horizon in updates (default: max_steps; stopping early keeps it)."
+    )
+    warmup_steps: int = setting(100, "Updates of linear warmup.")
+    lr: float = setting(5e-4, "Peak learning rate.")
+    end_lr: float = setting(0.0, "Learning rate at the decay horizon.")
+    lr_power: float = setting(1.0, "Power of the polynomial decay (1: linear).")
     # --- optimiser (Adam with decoupled weight decay, as fairseq's "adam")
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-6
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0  # 0 disables clipping
+    adam_betas: tuple[float, float] = setting((0.9, 0.98), "Adam's betas, [b1, b2].")
+    adam_eps: float = setting(1e-6, "Adam's epsilon.")
+    weight_decay: float = setting(0.0, "Decoupled weight decay.")
+    clip_norm: float = setting(1.0, "Gradient-norm clipping; 0 disables it.")
     # --- what the run starts from and reads
-    # a model folder or shipped model name whose weights the run starts from (continued
-    # pre-training; its architecture must be the [model] table's); None = random weights
-    init: str | None = None
-    # "random": each training molecule in a fresh random SMILES every time it comes round
-    # (smiexlm.pretraining.spelling); "canonical": as the dataset stores it
-    spelling: str = "canonical"
+    init: str | None = setting(
+        None, "A model folder or shipped model's name whose weights the run starts from "
+        "(continued pre-training; its architecture must be the [model] table's); none: random.",
+    )  # fmt: skip
+    spelling: str = setting(
+        "canonical", "canonical (as the dataset stores each molecule) | random (a fresh random "
+        "SMILES every time it comes round).",
+    )  # fmt: skip
     # --- runtime
-    seed: int = 1
-    # auto (CUDA when available; a GPU per process under torchrun), cpu, cuda, cuda:N
-    device: str = "auto"
-    # auto = bf16 autocast on GPU and on CPUs with native bf16 (AVX512-BF16/AMX), fp32 elsewhere
-    precision: Precision = "auto"
-    num_threads: int = 0  # torch intra-op threads per process; 0 = torch's default
-    num_workers: int = 0  # DataLoader workers that collate and mask batches
+    seed: int = setting(1, "Seed of the weights, the batches and the masks.")
+    device: str = setting(
+        "auto", "auto (CUDA when available; a GPU per process under torchrun) | cpu | cuda[:N]."
+    )
+    precision: Precision = setting(
+        "auto", "auto (bf16 autocast on GPU and on CPUs with native bf16, AVX512-BF16 or AMX; "
+        "fp32 elsewhere) | fp32 | bf16.",
+    )  # fmt: skip
+    num_threads: int = setting(0, "Torch intra-op threads per process; 0: torch's default.")
+    num_workers: int = setting(0, "DataLoader workers that collate and mask batches.")
     # --- reporting and checkpoints
-    log_every: int = 10
-    valid_every: int = 500
-    valid_batches: int = 50  # micro-batches of the validation split per evaluation; 0 = all
-    save_every: int = 1000
-    keep_last: int = 3
-    tensorboard: bool = False
-    progress: bool = True
+    log_every: int = setting(10, "Updates between training-loss lines.")
+    valid_every: int = setting(500, "Updates between validations.")
+    valid_batches: int = setting(
+        50, "Micro-batches of the validation split per evaluation; 0: all."
+    )
+    save_every: int = setting(1000, "Updates between checkpoints.")
+    keep_last: int = setting(3, "Newest step checkpoints kept (best/ and last/ besides).")
+    tensorboard: bool = setting(False, "Also write TensorBoard events.")
+    progress: bool = setting(True, "Show a progress bar.")
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -263,14 +275,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def parse_override(item: str) -> tuple[str, Any]:
     """``"lr=3e-4"`` -> ("lr", 0.0003); ``"model.objective=mlm"`` -> ("model.objective", "mlm")."""
-    if "=" not in item:
-        raise ConfigError("override", item, "key=value, e.g. lr=3e-4 or model.k=4")
-    key, raw = (part.strip() for part in item.split("=", 1))
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key, value
+    return parse_assignment(item, "override")
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -288,31 +293,3 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
     """Read a config file (or a shipped config by name) and apply ``key=value`` overrides."""
     data = read_config_file(resolve_config_path(name_or_path))
     return TrainConfig.from_dict(apply_overrides(data, list(overrides or [])))
-
-
-# ---------------------------------------------------------------------- TOML writer
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise ConfigError("value", value, "a string, number, boolean or list")
-
-
-def to_toml(data: dict[str, Any]) -> str:
-    """Flat keys first, then one table per nested dict; ``None`` values are left out."""
-    flat = [
-        f"{k} = {_toml_value(v)}"
-        for k, v in data.items()
-        if v is not None and not isinstance(v, dict)
-    ]
-    tables = []
-    for name, table in data.items():
-        if isinstance(table, dict):
-            body = [f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None]
-            tables.append(f"\n[{name}]\n" + "\n".join(body))
-    return "\n".join(flat) + "\n" + "\n".join(tables) + "\n"

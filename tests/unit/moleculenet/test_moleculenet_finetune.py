@@ -88,7 +88,7 @@ def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(
     from smiexlm.errors import DataError
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.configs import FLAT_KEYS, FinetuneConfig
+    from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.moleculenet.loaders import read_task
     from smiexlm.moleculenet.splits import make_split
 
@@ -118,7 +118,7 @@ def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(
     # the same check without reading the set (the table script's, before it skips a cell)
     weighted_run = tmp_path / "out1" / "runs" / "mini" / "seed0"
     done, backbone = runs.finished(weighted_run), Backbone()
-    made = {key: value for key, value in done.config.items() if key in FLAT_KEYS}
+    made = {key: value for key, value in done.config.items() if key in FinetuneConfig.flat_keys()}
     assert runs.check_settings(done, weighted_run, FinetuneConfig.from_flat(**made), backbone)
     unweighted = FinetuneConfig.from_flat(**made | {"class_weight": "none"})
     with pytest.raises(DataError, match="class_weight = 'balanced', but this run asks for"):
