@@ -111,7 +111,8 @@ def _sd(alpha: float, n: int) -> float:
 
 def resplit_coverage(run: Run, alpha: float, mondrian: bool, draws: int) -> float:
     """The mean test coverage over ``draws`` random splits of validation + test (same sizes)."""
-    from smiexlm.trust.conformal import ClassificationCalibrator, RegressionCalibrator, coverage
+    from smiexlm.trust.conformal import ClassificationCalibrator, RegressionCalibrator
+    from smiexlm.trust.sets import coverage
 
     if draws < 1:
         return math.nan
@@ -142,7 +143,8 @@ def classification_rows(run: Run, alphas: list[float], draws: int) -> tuple[list
         fit_temperature,
         probs_to_logits,
     )
-    from smiexlm.trust.conformal import ClassificationCalibrator, coverage, mean_set_size
+    from smiexlm.trust.conformal import ClassificationCalibrator
+    from smiexlm.trust.sets import coverage, mean_set_size
 
     temps = fit_temperature(run.y_valid, probs_to_logits(run.valid))
     scaled = apply_temperature(probs_to_logits(run.test), temps)
@@ -172,7 +174,8 @@ def classification_rows(run: Run, alphas: list[float], draws: int) -> tuple[list
 
 def regression_rows(run: Run, alphas: list[float], draws: int) -> list[dict]:
     """One row per alpha of a regression run."""
-    from smiexlm.trust.conformal import RegressionCalibrator, coverage, mean_width
+    from smiexlm.trust.conformal import RegressionCalibrator
+    from smiexlm.trust.sets import coverage, mean_width
 
     calibrator = RegressionCalibrator(run.y_valid, run.valid)
     rows = []

@@ -9,11 +9,16 @@ For each (set, seed) of ``--classification`` (default: the campaign's fine-tuned
 serves it) and ``--regression`` (``regression/default`` with the RDKit 2D forests
 ``forest_blend.py`` keeps in ``--regression-forests``), the validation split calibrates and
 the test split is measured, exactly as ``predict`` does it
-(:func:`smiexlm.trust.conformal.method_shift`; the nearness of each molecule to the training
+(:func:`smiexlm.trust.shift.method_shift`; the nearness of each molecule to the training
 molecules, nearest Tanimoto and cosine, as the model cell kept it): marginal coverage, the
 coverage of the positives (classification, labels pooled over tasks), the mean set size or
 interval width, and the coverage over ``--resplits`` random re-splits of the same validation
-and test molecules (where exchangeability holds). Writes ``shift.md`` and ``shift.csv``.
+and test molecules (where exchangeability holds). ``difficulty`` normalises by the
+disagreement of the model and its forest (:func:`smiexlm.trust.conformal.difficulty`).
+``--cells SET=ROOT`` reads a set's runs from a root of ``smiexlm benchmark`` runs that keep
+their forest beside the model (the seeds it has finished), for a set whose campaign cells
+kept no predictions (ToxCast: ``smiexlm benchmark --tasks toxcast --out runs/shift/toxcast``).
+Writes ``shift.md`` and ``shift.csv``.
 """
 
 from __future__ import annotations
@@ -25,55 +30,59 @@ from pathlib import Path
 
 import numpy as np
 
+from smiexlm.trust.shift import METHODS
+
 CLASSIFICATION = ["bace", "bbbp", "clintox", "sider", "tox21", "toxcast", "muv"]
 REGRESSION = ["esol", "freesolv", "lipophilicity"]
 RESULTS = Path("benchmarks/results")
 
 
 def _cells(args, task, seed: int):
-    """(valid rows, test rows, served valid, served test, near valid (n, 2), near test)."""
+    """(valid rows, test rows, served valid, served test, near valid (n, 2), near test, the
+    members' difficulty of valid and of test)."""
     from smiexlm.moleculenet.blend import blend_members
     from smiexlm.moleculenet.runs import read_predictions, run_dir
+    from smiexlm.trust.conformal import difficulty
 
     regression = not task.is_classification
-    model_root = args.regression if regression else args.classification
-    folder = run_dir(model_root / "runs", task.name, seed)
-    model = read_predictions(folder, task)
+    model_root = args.cells.get(task.name, args.regression if regression else args.classification)
+    model = read_predictions(run_dir(model_root / "runs", task.name, seed), task)
     near = {p: np.stack([model[f"{p}_tanimoto"], model[f"{p}_cosine"]], 1) for p in ("valid", "test")}  # fmt: skip
-    if regression:
-        forest = read_predictions(run_dir(args.regression_forests, task.name, seed), task)
+    if "valid_forest" in model:  # a run with its forest beside it, as finetune serves it
+        members = {p: [model[f"{p}_model"], model[f"{p}_forest"]] for p in ("valid", "test")}
+        served = [model["valid"], model["test"]]
     else:
-        forest = read_predictions(run_dir(args.forest / "runs", task.name, seed), task)
-    for part in ("valid_rows", "test_rows"):
-        if not np.array_equal(model[part], forest[part]):
-            raise SystemExit(f"{task.name} seed {seed}: the model's and the forest's {part} differ")
-    valids = [model["valid"], forest["valid"]]
-    served = [blend_members(task.task_type, valids, [m[p] for m in (model, forest)])
-              for p in ("valid", "test")]  # fmt: skip
-    return model["valid_rows"], model["test_rows"], *served, near["valid"], near["test"]
+        forest_root = args.regression_forests if regression else args.forest / "runs"
+        forest = read_predictions(run_dir(forest_root, task.name, seed), task)
+        for part in ("valid_rows", "test_rows"):
+            if not np.array_equal(model[part], forest[part]):
+                raise SystemExit(f"{task.name} seed {seed}: the model's and the forest's {part} differ")  # fmt: skip
+        members = {p: [model[p], forest[p]] for p in ("valid", "test")}
+        served = [blend_members(task.task_type, members["valid"], members[p]) for p in ("valid", "test")]  # fmt: skip
+    hard = [difficulty(members[p]) for p in ("valid", "test")]
+    return model["valid_rows"], model["test_rows"], *served, near["valid"], near["test"], *hard
 
 
-def _measure(task, y_cal, s_cal, n_cal, y_test, s_test, n_test, alpha: float, method: str):
-    """(coverage, coverage of positives or NaN, mean size or width) of one calibration."""
-    from smiexlm.trust.conformal import (
-        ClassificationCalibrator,
-        RegressionCalibrator,
-        coverage,
-        method_shift,
-    )
+def _measure(task, cal, test, alpha: float, method: str):
+    """(coverage, coverage of positives or NaN, mean size or width) of one calibration on
+    ``cal`` and ``test``, each (labels, served scores, nearness, difficulty)."""
+    from smiexlm.trust.conformal import ClassificationCalibrator, RegressionCalibrator
+    from smiexlm.trust.sets import coverage
+    from smiexlm.trust.shift import method_shift
 
+    (y_cal, s_cal, n_cal, d_cal), (y_test, s_test, n_test, d_test) = cal, test
     shift, _ = method_shift(method, n_cal, n_test, alpha)
+    if method != "difficulty":
+        d_cal = d_test = None
+    known = ~np.isnan(y_test)
     if task.is_classification:
-        sets = ClassificationCalibrator(y_cal, s_cal).sets(s_test, alpha, method == "class",
-                                                           "full", shift)  # fmt: skip
-        known = ~np.isnan(y_test)
+        sets = ClassificationCalibrator(y_cal, s_cal, d_cal).sets(s_test, alpha, method == "class",
+                                                                  "full", shift, d_test)  # fmt: skip
         hit = np.take_along_axis(sets.members, np.nan_to_num(y_test).astype(int)[..., None], -1)[..., 0]  # fmt: skip
         positives = known & (y_test == 1)
-        size = sets.size[known]
-        return float(hit[known].mean()), float(hit[positives].mean()), float(np.mean(size))
-    bounds = RegressionCalibrator(y_cal, s_cal).intervals(s_test, alpha, too_small="full",
-                                                          shift=shift)  # fmt: skip
-    known = ~np.isnan(y_test)
+        return float(hit[known].mean()), float(hit[positives].mean()), float(np.mean(sets.size[known]))  # fmt: skip
+    bounds = RegressionCalibrator(y_cal, s_cal, d_cal).intervals(s_test, alpha, d_test,
+                                                                 too_small="full", shift=shift)  # fmt: skip
     return coverage(y_test, bounds).pooled, float("nan"), float(np.mean(bounds.width[known]))
 
 
@@ -87,10 +96,14 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=CLASSIFICATION + REGRESSION)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--alphas", nargs="+", type=float, default=[0.1, 0.2])
-    parser.add_argument("--methods", nargs="+", default=["split", "class", "distance", "weighted"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--cells", nargs="+", default=[], metavar="SET=ROOT",
+                        help="a set's runs from another root, whose runs keep their forest "
+                             "beside the model (smiexlm benchmark's)")  # fmt: skip
     parser.add_argument("--resplits", type=int, default=20)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    args.cells = dict(_assignment(c) for c in args.cells)
 
     from smiexlm.moleculenet.loaders import load_task
 
@@ -98,22 +111,21 @@ def main() -> None:
     for name in args.sets:
         task = load_task(name)
         methods = [m for m in args.methods if task.is_classification or m != "class"]
-        for seed in args.seeds:
-            v_rows, t_rows, s_valid, s_test, n_valid, n_test = _cells(args, task, seed)
-            y_valid, y_test = task.labels[v_rows], task.labels[t_rows]
+        for seed in _seeds(args, task):
+            v_rows, t_rows, s_valid, s_test, n_valid, n_test, d_valid, d_test = _cells(args, task, seed)  # fmt: skip
+            valid = (task.labels[v_rows], s_valid, n_valid, d_valid)
+            test = (task.labels[t_rows], s_test, n_test, d_test)
             rng = np.random.default_rng(seed)
-            y_all, s_all, n_all = (np.concatenate(p) for p in ((y_valid, y_test), (s_valid, s_test), (n_valid, n_test)))  # fmt: skip
-            draws = [rng.permutation(len(y_all)) for _ in range(args.resplits)]
+            pooled = [np.concatenate(p) for p in zip(valid, test, strict=True)]
+            draws = [rng.permutation(len(pooled[0])) for _ in range(args.resplits)]
             for alpha in args.alphas:
                 for method in methods:
-                    cov, pos, size = _measure(task, y_valid, s_valid, n_valid, y_test, s_test,
-                                              n_test, alpha, method)  # fmt: skip
+                    cov, pos, size = _measure(task, valid, test, alpha, method)
                     resplit = []
                     for order in draws:
-                        cal, test = order[: len(y_valid)], order[len(y_valid) :]
-                        resplit.append(_measure(task, y_all[cal], s_all[cal], n_all[cal],
-                                                y_all[test], s_all[test], n_all[test], alpha,
-                                                method)[0])  # fmt: skip
+                        cal, rest = order[: len(v_rows)], order[len(v_rows) :]
+                        resplit.append(_measure(task, [p[cal] for p in pooled],
+                                                [p[rest] for p in pooled], alpha, method)[0])  # fmt: skip
                     rows.append({"set": task.name, "seed": seed, "alpha": alpha, "method": method,
                                  "coverage": cov, "positives": pos, "size": size,
                                  "resplit": float(np.mean(resplit))})  # fmt: skip
@@ -129,8 +141,9 @@ def main() -> None:
              "Mean over seeds; `positives`: the coverage of the positive labels (classification); "
              "`size`: the mean set size (classification) or interval width (regression, in the "
              "label's units); `resplit`: the coverage over random re-splits of the same "
-             "validation and test molecules.", "",
-             "| set | α | method | coverage | positives | size | resplit |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "validation and test molecules; `seeds`: how many the mean is over.", "",
+             "| set | α | method | coverage | positives | size | resplit | seeds |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["set"], r["alpha"], r["method"]), []).append(r)
@@ -140,9 +153,25 @@ def main() -> None:
         }
         pos = "–" if np.isnan(mean["positives"]) else f"{mean['positives']:.3f}"
         lines.append(f"| {name} | {alpha:g} | {method} | {mean['coverage']:.3f} | {pos} | "
-                     f"{mean['size']:.2f} | {mean['resplit']:.3f} |")  # fmt: skip
+                     f"{mean['size']:.2f} | {mean['resplit']:.3f} | {len(group)} |")  # fmt: skip
     (args.out / "shift.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
+
+
+def _assignment(text: str) -> tuple[str, Path]:
+    name, sep, root = text.partition("=")
+    if not sep or not name or not root:
+        raise SystemExit(f"--cells {text!r}: expected SET=ROOT")
+    return name, Path(root)
+
+
+def _seeds(args, task) -> list[int]:
+    """``--seeds``; of a set read from ``--cells``, those its root has finished."""
+    from smiexlm.moleculenet.runs import has_predictions, run_dir
+
+    if task.name not in args.cells:
+        return args.seeds
+    return [s for s in args.seeds if has_predictions(run_dir(args.cells[task.name] / "runs", task.name, s))]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ Calibrate = Annotated[
 ]  # fmt: skip
 ConformalAlpha = Annotated[
     float | None,
-    typer.Option("--conformal-alpha", help="Add split-conformal sets (<label>_set, "
+    typer.Option("--conformal-alpha", help="Add conformal sets (<label>_set, "
                  "classification) or intervals (<label>_low, <label>_high, regression) "
                  "that hold the true label with probability 1 - ALPHA, calibrated on the "
                  "validation molecules (e.g. 0.1)."),
@@ -63,11 +63,12 @@ Mondrian = Annotated[
 ]  # fmt: skip
 ConformalMethod = Annotated[
     str | None,
-    typer.Option("--conformal-method", help="With --conformal-alpha: split (the default: one "
-                 "threshold a task) | class (one a class) | distance (one per bin of nearest "
-                 "similarity to the training molecules: far molecules get wider sets; "
-                 "conformal_bin) | weighted (validation molecules weighted like the molecules "
-                 "predicted together; depends on the batch)."),
+    typer.Option("--conformal-method", help="With --conformal-alpha: difficulty (the "
+                 "default of a blend: wider sets where the model and its forest disagree; "
+                 "<label>_difficulty) | split (the default of a model alone: one threshold a "
+                 "task) | class (one a class) | distance (one per bin of nearest similarity to "
+                 "the training molecules; conformal_bin) | weighted (validation molecules "
+                 "weighted like the molecules predicted together; depends on the batch)."),
 ]  # fmt: skip
 
 

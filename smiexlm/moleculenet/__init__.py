@@ -5,8 +5,9 @@ evaluation molecules widening excludes), ``splits``, ``metrics``/``compare`` (sc
 paired bootstraps), ``configs`` (the paper's per-task settings and the default), ``finetune``
 with ``backbone``/``adapt``/``features``/``ensemble``/``blend``/``forest``/``baseline``/``probe``,
 ``runs`` (a resumable cell per set and seed) with ``score_store`` (its compact committed
-scores), ``report``, ``hpopt*`` (the search), and serving: ``prediction``/``predict_parts``/
-``folder``/``reference``.
+scores), ``report``, ``hpopt*`` (the search), and serving: ``prediction`` (``predict``) with
+``served`` (one folder's scores and blend members), ``predict_trust`` (the domain and
+conformal columns), ``predict_parts``, ``folder`` and ``reference``.
 
 ``from smiexlm.moleculenet import load_task, scaffold_split`` is the stable entry point:
 ``load_task``/``read_task`` give a typed :class:`MoleculeTask` (what fine-tuning, the probe

@@ -123,3 +123,12 @@ class Reference:
                     f"{str(path)!r}: {name} has shape {getattr(self, name).shape}: expected "
                     f"{shape} (train {n}, validation {m} molecules)"
                 )
+
+
+def require_reference(folder: Path | str, reference: Reference | None, option: str) -> None:
+    """DataError unless the folder kept its reference, which ``option`` needs."""
+    if reference is None:
+        raise DataError(
+            f"--checkpoint {str(folder)!r}: no reference.safetensors (fine-tuned before "
+            f"it was kept), which {option} needs: expected a folder fine-tuned by this version"
+        )

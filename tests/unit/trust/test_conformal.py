@@ -16,11 +16,10 @@ from smiexlm.trust.conformal import (
     ClassificationCalibrator,
     RegressionCalibrator,
     conformal_quantile,
-    coverage,
-    mean_set_size,
-    mean_width,
+    difficulty,
     min_calibration,
 )
+from smiexlm.trust.sets import coverage, mean_set_size, mean_width
 
 ALPHA = 0.1
 
@@ -169,6 +168,81 @@ def test_normalised_intervals_follow_the_spread_and_cover_the_noisy_molecules():
     assert mean_width(intervals).count.tolist() == [15000]
 
 
+def test_normalised_sets_by_brute_force_and_crepes():
+    """Class c is in the set when (1 - P(c)) / sigma is at most the k-th smallest calibration
+    score (1 - P(y)) / sigma, k = ceil((n + 1)(1 - alpha)), counted by hand on a tiny case;
+    the same classes as crepes' p-values above alpha."""
+    y = np.array([1, 0, 1, 1, 0, 0, 1, 0, 1, 0, 1, 1, 0, 0, 1, 0, 1, 0, 0], float)
+    rng = np.random.default_rng(11)
+    p, sigma = rng.uniform(size=y.size), rng.uniform(0.05, 0.5, y.size)
+    p_query, sigma_query = rng.uniform(size=30), rng.uniform(0.05, 0.5, 30)
+    for alpha in (0.1, 0.2, 0.35):
+        calibration = sorted((1 - p[i] if y[i] == 1 else p[i]) / sigma[i] for i in range(y.size))
+        k = math.ceil((y.size + 1) * (1 - alpha))
+        q = calibration[k - 1]
+        expected = [[p_query[i] / sigma_query[i] <= q, (1 - p_query[i]) / sigma_query[i] <= q]
+                    for i in range(30)]  # fmt: skip
+        calibrator = ClassificationCalibrator(y, p, sigma)
+        sets = calibrator.sets(p_query, alpha, difficulty=sigma_query)
+        assert sets.members[:, 0].tolist() == expected
+        assert np.array_equal(sets.members, calibrator.p_values(p_query, difficulty=sigma_query) > alpha)  # fmt: skip
+
+
+def _hard_and_easy(rng: np.random.Generator, n: int, hard_share: float):
+    """Labels, a blend of two members, its difficulty and which molecules are hard: the
+    members err and disagree in proportion to a molecule's hardness."""
+    h = np.where(rng.uniform(size=n) < hard_share, rng.uniform(0.6, 1, n), rng.uniform(0, 0.2, n))
+    truth = rng.choice([0.05, 0.95], n)
+    y = (rng.uniform(size=n) < truth).astype(float)
+    error = rng.normal(size=n) * 0.45 * h
+    members = [np.clip(truth + error + rng.normal(size=n) * 0.25 * h, 0.001, 0.999)[:, None]
+               for _ in range(2)]  # fmt: skip
+    return y, (members[0] + members[1]) / 2, difficulty(members), h > 0.5
+
+
+def test_difficulty_widens_the_hard_molecules_sets_and_holds_under_a_harder_test_set():
+    """Normalised sets keep 1 - alpha over exchangeable draws and cover the hard molecules
+    better than one threshold for all; when the test molecules are harder than the
+    calibration ones (60 % hard against 10 %), they still cover about 1 - alpha where one
+    threshold falls far below (measured 0.88 against 0.73)."""
+    rng = np.random.default_rng(12)
+    got = {"exchangeable": [], "shifted": []}
+    for case, shares in (("exchangeable", (0.3, 0.3)), ("shifted", (0.1, 0.6))):
+        for _ in range(150):
+            y, p, sigma, _ = _hard_and_easy(rng, 400, shares[0])
+            y_test, p_test, sigma_test, hard = _hard_and_easy(rng, 300, shares[1])
+            plain = ClassificationCalibrator(y, p).sets(p_test, ALPHA)
+            normalised = ClassificationCalibrator(y, p, sigma).sets(p_test, ALPHA,
+                                                                    difficulty=sigma_test)  # fmt: skip
+            hard_y = np.where(hard[:, None], y_test[:, None], np.nan)
+            got[case].append([coverage(y_test, plain).pooled, coverage(y_test, normalised).pooled,
+                              coverage(hard_y, plain).pooled, coverage(hard_y, normalised).pooled])  # fmt: skip
+    exchangeable, shifted = (np.mean(got[c], axis=0) for c in ("exchangeable", "shifted"))
+    assert abs(exchangeable[0] - (1 - ALPHA)) < 0.01 and abs(exchangeable[1] - (1 - ALPHA)) < 0.01
+    assert exchangeable[3] > exchangeable[2] + 0.05  # measured 0.87 against 0.78
+    assert shifted[1] > 0.86 and shifted[0] < 0.78
+
+
+def test_difficulty_is_the_members_spread_plus_its_floor():
+    a, b = np.array([[0.2, 0.9]]), np.array([[0.6, 0.9]])
+    assert np.allclose(difficulty([a, b]), [[0.2 + 0.01, 0.01]])
+    assert np.allclose(difficulty([a, b], floor=0.5), [[0.7, 0.5]])
+    with pytest.raises(ConfigError, match="'members'.*at least two"):
+        difficulty([a])
+    with pytest.raises(ConfigError, match="'floor'"):
+        difficulty([a, b], floor=0)
+    calibrator = ClassificationCalibrator([0.0, 1.0] * 20, [0.2, 0.8] * 20, [0.1] * 40)
+    with pytest.raises(ConfigError, match="'difficulty'.*calibration was normalised"):
+        calibrator.sets([0.5], ALPHA)
+    with pytest.raises(ConfigError, match="'difficulty'.*> 0"):
+        calibrator.sets([0.5], ALPHA, difficulty=[0.0])
+    with pytest.raises(ConfigError, match="'difficulty'"):
+        ClassificationCalibrator([0.0, 1.0] * 20, [0.2, 0.8] * 20).sets([0.5], ALPHA,
+                                                                      difficulty=[0.1])  # fmt: skip
+    with pytest.raises(ConfigError, match="'difficulty'.*shape"):
+        ClassificationCalibrator([0.0, 1.0] * 20, [0.2, 0.8] * 20, [0.1] * 39)
+
+
 def test_calibrators_are_rebuilt_from_their_arrays_in_safetensors(tmp_path):
     from safetensors.numpy import load_file, save_file
 
@@ -183,6 +257,13 @@ def test_calibrators_are_rebuilt_from_their_arrays_in_safetensors(tmp_path):
     for mondrian in (False, True):
         assert np.array_equal(built.sets(p[200:], 0.2, mondrian).members,
                               rebuilt.sets(p[200:], 0.2, mondrian).members)  # fmt: skip
+    hard = rng.uniform(0.05, 0.5, (300, 1))
+    normalised = ClassificationCalibrator(y[:200, None], p[:200, None], hard[:200])
+    save_file(normalised.to_arrays(), tmp_path / "normalised.safetensors")
+    again = ClassificationCalibrator.from_arrays(load_file(tmp_path / "normalised.safetensors"))
+    assert again.normalised
+    assert np.array_equal(normalised.sets(p[200:], 0.2, difficulty=hard[200:]).members,
+                          again.sets(p[200:], 0.2, difficulty=hard[200:]).members)  # fmt: skip
     spread = rng.uniform(0.5, 1.5, 300)
     reg = RegressionCalibrator(p[:200] + spread[:200], p[:200], spread[:200])
     save_file(reg.to_arrays(), tmp_path / "regression.safetensors")
@@ -256,7 +337,7 @@ def test_coverage_of_intervals_counts_the_bounds_and_skips_missing():
 
 
 def test_weighted_thresholds_with_equal_weights_are_split_conformal():
-    from smiexlm.trust.conformal import conformal_quantile, weighted_thresholds
+    from smiexlm.trust.shift import weighted_thresholds
 
     rng = np.random.default_rng(3)
     for n in (1, 5, 9, 19, 40):
@@ -269,7 +350,7 @@ def test_weighted_thresholds_with_equal_weights_are_split_conformal():
 def test_weighted_thresholds_by_brute_force():
     """The smallest calibration score s whose weighted share of scores at most s, over the
     calibration weights plus the query's own, reaches 1 - alpha."""
-    from smiexlm.trust.conformal import weighted_thresholds
+    from smiexlm.trust.shift import weighted_thresholds
 
     rng = np.random.default_rng(4)
     scores, weights = rng.random(12), rng.uniform(0.1, 3.0, 12)
@@ -285,13 +366,7 @@ def test_weighted_thresholds_by_brute_force():
 def test_distance_bins_give_far_molecules_their_own_threshold():
     """Far calibration molecules are harder: Mondrian by distance widens the far query's set
     and narrows the near one's, each bin's threshold being split-conformal on its molecules."""
-    from smiexlm.trust.conformal import (
-        ClassificationCalibrator,
-        Shift,
-        conformal_quantile,
-        distance_bins,
-        outside_calibration,
-    )
+    from smiexlm.trust.shift import Shift, distance_bins, outside_calibration
 
     rng = np.random.default_rng(5)
     n = 300
@@ -318,7 +393,7 @@ def test_distance_bins_give_far_molecules_their_own_threshold():
 
 
 def test_shifted_intervals_follow_their_bin_and_weights_move_the_quantile():
-    from smiexlm.trust.conformal import RegressionCalibrator, Shift, conformal_quantile
+    from smiexlm.trust.shift import Shift
 
     rng = np.random.default_rng(6)
     n = 200
@@ -338,7 +413,7 @@ def test_shifted_intervals_follow_their_bin_and_weights_move_the_quantile():
 
 
 def test_covariate_weights_find_the_query_side():
-    from smiexlm.trust.conformal import covariate_weights
+    from smiexlm.trust.shift import covariate_weights
 
     rng = np.random.default_rng(7)
     cal = rng.normal(0.0, 1.0, (300, 2))

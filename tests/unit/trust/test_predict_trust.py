@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from smiexlm.errors import ConfigError, DataError
 
 
-def _models(tmp_path, task_type="classification", seeds=("0",), split="random"):
+def _models(tmp_path, task_type="classification", seeds=("0",), split="random", forest="none"):
     from smiexlm.cli.main import app
     from tests.unit.moleculenet.test_moleculenet_finetune import _small_csv
 
@@ -18,13 +18,14 @@ def _models(tmp_path, task_type="classification", seeds=("0",), split="random"):
     if task_type == "regression":
         frame["y"] = frame["smi"].str.len() / 10.0
         frame.to_csv(path, index=False)
-    models = tmp_path / f"models_{task_type}_{split}"
+    models = tmp_path / f"models_{task_type}_{split}_{forest}"
     result = CliRunner().invoke(app, [
         "finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
         "--task-type", task_type, "--split", split, "--max-train-steps", "3", "--batch-size",
         "8", "--epochs", "1", "--device", "cpu", "--random-init", "--seeds", *seeds,
-        "--save-dir", str(models), "--out", str(tmp_path / f"ft_{task_type}_{split}"),
-        "--forest", "none",  # the network's own probabilities are what is calibrated here
+        "--save-dir", str(models), "--out", str(tmp_path / f"ft_{task_type}_{split}_{forest}"),
+        # the network's own probabilities are what is calibrated here, unless a forest is asked
+        "--forest", forest, "--set", "forest_trees=20",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     return [models / f"seed{s}" for s in seeds], frame
@@ -91,7 +92,7 @@ def test_conformal_methods_calibrate_by_distance_or_weight_and_say_where(tmp_pat
 
     from smiexlm.moleculenet.prediction import predict
     from smiexlm.moleculenet.reference import Reference
-    from smiexlm.trust.conformal import distance_bins
+    from smiexlm.trust.shift import distance_bins
 
     (folder,), frame = _models(tmp_path)
     ref = Reference.load(folder)
@@ -128,6 +129,58 @@ def test_conformal_methods_calibrate_by_distance_or_weight_and_say_where(tmp_pat
         predict(folder, queries, conformal_alpha=alpha, mondrian=True, conformal_method="distance")
     with pytest.raises(ConfigError, match="conformal_method"):
         predict(folder, queries, conformal_alpha=alpha, conformal_method="nearest")
+
+
+@pytest.mark.parametrize("task_type", ["classification", "regression"])
+def test_a_blend_is_calibrated_by_its_members_disagreement_by_default(tmp_path, task_type):
+    """A folder with a forest beside its model gets ``difficulty`` sets by default: each
+    molecule's nonconformity over its members' spread plus the floor, the threshold the
+    k-th smallest of the validation molecules' (by brute force); a model alone gets
+    ``split`` by default and refuses ``difficulty``."""
+    import math
+
+    from smiexlm.model.pretrained import load_finetuned
+    from smiexlm.moleculenet.forest import KeptForest
+    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.trust.conformal import DIFFICULTY_FLOOR
+
+    (folder,), frame = _models(tmp_path, task_type, forest="rdkit2d")
+    ref, meta = Reference.load(folder), load_finetuned(folder)[2]
+    forest = KeptForest.load(folder, meta)
+    queries, alpha = frame["smi"].tolist()[:40], 0.3
+    got = predict(folder, queries, conformal_alpha=alpha)
+    asked = predict(folder, queries, conformal_alpha=alpha, conformal_method="difficulty")
+    pd.testing.assert_frame_equal(got, asked)
+    hard = np.std([got["y_model"], got["y_forest"]], axis=0) + DIFFICULTY_FLOOR
+    np.testing.assert_allclose(got["y_difficulty"], hard, rtol=1e-5)
+    members = (ref.valid_scores[:, 0], forest.valid_scores[:, 0])
+    hard_valid = np.std(members, axis=0) + DIFFICULTY_FLOOR
+    y = ref.valid_labels[:, 0]
+    if task_type == "classification":
+        from smiexlm.moleculenet.blend import blend
+
+        model, rf = (m[:, None] for m in members)
+        blended = blend(task_type, model, model, rf, rf)[:, 0]  # on the validation molecules
+        residual = np.where(y == 1, 1 - blended, blended)
+    else:
+        residual = np.abs(y - (members[0] + members[1]) / 2)
+    scores = np.sort(residual / hard_valid)
+    q = scores[math.ceil((len(scores) + 1) * (1 - alpha)) - 1]
+    for i, p in enumerate(got["y"]):
+        if task_type == "classification":
+            expected = "{" + ",".join(c for c, s in (("0", p), ("1", 1 - p))
+                                      if s / got["y_difficulty"][i] <= q * (1 + 1e-6)) + "}"  # fmt: skip
+            assert got["y_set"][i] == expected, (i, p, q)
+        else:
+            assert got["y_high"][i] - p == pytest.approx(q * got["y_difficulty"][i], rel=1e-4)
+    (alone,), _ = _models(tmp_path, task_type)
+    plain = predict(alone, queries, conformal_alpha=alpha)
+    assert "y_difficulty" not in plain
+    pd.testing.assert_frame_equal(plain, predict(alone, queries, conformal_alpha=alpha,
+                                                 conformal_method="split"))  # fmt: skip
+    with pytest.raises(ConfigError, match="'conformal_method'.*serve a blend"):
+        predict(alone, queries, conformal_alpha=alpha, conformal_method="difficulty")
 
 
 def test_an_ensemble_must_share_its_validation_molecules(tmp_path):
