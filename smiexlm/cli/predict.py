@@ -64,8 +64,8 @@ Mondrian = Annotated[
 ConformalMethod = Annotated[
     str | None,
     typer.Option("--conformal-method", help="With --conformal-alpha: difficulty (the "
-                 "default of a blend: wider sets where the model and its forest disagree; "
-                 "<label>_difficulty) | split (the default of a model alone: one threshold a "
+                 "default of a classification blend: wider sets where the model and its forest "
+                 "disagree; <label>_difficulty) | split (the default otherwise: one threshold a "
                  "task) | class (one a class) | distance (one per bin of nearest similarity to "
                  "the training molecules; conformal_bin) | weighted (validation molecules "
                  "weighted like the molecules predicted together; depends on the batch)."),

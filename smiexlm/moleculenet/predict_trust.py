@@ -60,13 +60,17 @@ def domain_columns(folders: list, served: list[Served], quantile: float) -> dict
     return columns
 
 
-#: ``predict``'s calibration when ``conformal_method`` is not given: of folders that serve a
-#: blend, and of a model alone (benchmarks/results/trust/shift.md)
-DEFAULT_CONFORMAL = {"blend": "difficulty", "alone": "split"}
+def default_method(task_type: str, blended: bool) -> str:
+    """``predict``'s calibration when ``conformal_method`` is not given: ``difficulty`` for a
+    classification folder that serves a blend (it keeps the promise on new scaffolds where
+    split-conformal breaks it), ``split`` for a model alone and for regression, whose
+    intervals normalised by the members' disagreement grow two to three times as wide for no
+    coverage (``benchmarks/results/trust/shift.md``)."""
+    return "difficulty" if task_type == "classification" and blended else "split"
 
 
 def asked_conformal_method(method: str | None, mondrian: bool) -> str | None:
-    """The method asked for; None for :data:`DEFAULT_CONFORMAL`, which the folders decide."""
+    """The method asked for; None for :func:`default_method`'s, which the folders decide."""
     from smiexlm.trust.shift import METHODS
 
     if method is None:
@@ -84,7 +88,7 @@ def conformal_columns(
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """``<label>_set`` or ``<label>_low``/``_high`` columns of the ensemble's scores (N, T),
     calibrated on the ensemble's mean validation scores (its models share the validation
-    molecules) as ``method`` says (None: :data:`DEFAULT_CONFORMAL`), with
+    molecules) as ``method`` says (None: :func:`default_method`'s), with
     ``outside_calibration`` (a molecule farther from the training molecules than every
     calibration one), by distance ``conformal_bin`` (0 the farthest) and by difficulty
     ``<label>_difficulty``; a task with too few validation labels for ``alpha`` (in a bin)
@@ -93,7 +97,7 @@ def conformal_columns(
     from smiexlm.trust.shift import method_shift, outside_calibration
 
     if method is None:
-        method = DEFAULT_CONFORMAL["blend" if served[0].members else "alone"]
+        method = default_method(served[0].meta["task_type"], bool(served[0].members))
 
     for folder, s in zip(folders, served, strict=True):
         require_reference(folder, s.reference, "--conformal-alpha")

@@ -42,8 +42,9 @@ Columns of :func:`predict`, in order:
   ``difficulty`` (normalised by the disagreement of a blend's members, their standard
   deviation on their own scale plus :data:`~smiexlm.trust.conformal.DIFFICULTY_FLOOR`:
   where the model and its forest disagree the set widens; ``<label>_difficulty``, the
-  molecule's); by default ``difficulty`` for folders that serve a blend (``finetune``'s
-  default) and ``split`` for a model alone (``benchmarks/results/trust/shift.md``);
+  molecule's); by default ``difficulty`` for classification folders that serve a blend
+  (``finetune``'s default) and ``split`` for a model alone and for regression
+  (``benchmarks/results/trust/shift.md``);
   ``outside_calibration``: the molecule is farther from the training molecules than every
   validation molecule, where no calibration speaks for it.
 
@@ -150,7 +151,7 @@ def predict(
     silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
     onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
     ``conformal_alpha``, ``conformal_method`` (one of
-    :data:`~smiexlm.trust.shift.METHODS`, :data:`~smiexlm.moleculenet.predict_trust.DEFAULT_CONFORMAL` when None) and
+    :data:`~smiexlm.trust.shift.METHODS`, :func:`~smiexlm.moleculenet.predict_trust.default_method`'s when None) and
     ``mondrian`` (the same as ``conformal_method="class"``): see the module docstring.
     ``domain_quantile`` q: ``in_domain`` is False below the q-quantile of the validation
     molecules' nearest similarities (0.05 by default; 0: below the least similar of them).
