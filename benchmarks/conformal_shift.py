@@ -136,26 +136,57 @@ def main() -> None:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["# Conformal coverage on the scaffold test split, by calibration", "",
-             f"`python benchmarks/conformal_shift.py {' '.join(sys.argv[1:])}`", "",
-             "Mean over seeds; `positives`: the coverage of the positive labels (classification); "
-             "`size`: the mean set size (classification) or interval width (regression, in the "
-             "label's units); `resplit`: the coverage over random re-splits of the same "
-             "validation and test molecules; `seeds`: how many the mean is over.", "",
-             "| set | α | method | coverage | positives | size | resplit | seeds |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    text = _report(rows, " ".join(sys.argv[1:]))
+    (args.out / "shift.md").write_text(text, encoding="utf-8")
+    print(text)
+
+
+def _report(rows: list[dict], argv: str) -> str:
+    """shift.md: at each α, the coverage of every method on every set beside ``predict``'s
+    default (:func:`~smiexlm.moleculenet.predict_trust.default_method` of a blend) and how
+    many sets each keeps in [1 - α - 0.05, 1 - α + 0.05]; then every figure."""
+    from smiexlm.moleculenet.predict_trust import default_method
+
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["set"], r["alpha"], r["method"]), []).append(r)
-    for (name, alpha, method), group in groups.items():
-        mean = {
-            k: np.mean([g[k] for g in group]) for k in ("coverage", "positives", "size", "resplit")
-        }
-        pos = "–" if np.isnan(mean["positives"]) else f"{mean['positives']:.3f}"
-        lines.append(f"| {name} | {alpha:g} | {method} | {mean['coverage']:.3f} | {pos} | "
-                     f"{mean['size']:.2f} | {mean['resplit']:.3f} | {len(group)} |")  # fmt: skip
-    (args.out / "shift.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    mean = {key: {k: float(np.mean([g[k] for g in group])) for k in ("coverage", "positives", "size", "resplit")} | {"seeds": len(group)}
+            for key, group in groups.items()}  # fmt: skip
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lines = ["# Conformal coverage on the scaffold test split, by calibration", "",
+             f"`python benchmarks/conformal_shift.py {argv}`", ""]  # fmt: skip
+    for alpha in dict.fromkeys(r["alpha"] for r in rows):
+        low, high = 1 - alpha - 0.05, 1 - alpha + 0.05
+        lines += [f"At α = {alpha:g}, coverage (mean set size or interval width); the target is "
+                  f"[{low:.2f}, {high:.2f}]; **bold**: `predict`'s default for what `finetune` "
+                  "serves (a model with its forest).", "",
+                  "| set | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]  # fmt: skip
+        inside = dict.fromkeys(methods, 0)
+        for name in sets:
+            task_type = "regression" if np.isnan(mean[(name, alpha, methods[0])]["positives"]) else "classification"  # fmt: skip
+            cells = []
+            for method in methods:
+                m = mean.get((name, alpha, method))
+                if m is None:
+                    cells.append("")
+                    continue
+                inside[method] += low <= m["coverage"] <= high
+                cell = f"{m['coverage']:.3f} ({m['size']:.2f})"
+                cells.append(f"**{cell}**" if method == default_method(task_type, True) else cell)
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += ["| sets in range | " + " | ".join(str(inside[m]) for m in methods) + " |", ""]
+    lines += ["Every figure, mean over seeds; `positives`: the coverage of the positive labels "
+              "(classification); `size`: the mean set size (classification) or interval width "
+              "(regression, in the label's units); `resplit`: the coverage over random re-splits "
+              "of the same validation and test molecules; `seeds`: how many the mean is over.", "",
+              "| set | α | method | coverage | positives | size | resplit | seeds |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (name, alpha, method), m in mean.items():
+        pos = "–" if np.isnan(m["positives"]) else f"{m['positives']:.3f}"
+        lines.append(f"| {name} | {alpha:g} | {method} | {m['coverage']:.3f} | {pos} | "
+                     f"{m['size']:.2f} | {m['resplit']:.3f} | {m['seeds']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _assignment(text: str) -> tuple[str, Path]:
