@@ -124,14 +124,17 @@ def test_predict_serves_the_blend_fine_tuning_reported_with_each_member(wide):
     smiles = [SMILES[i] for i in kept["test_rows"]] + ["not a smiles"]
     frame = predict(root / "models", smiles, conformal_alpha=0.2)  # the save-dir: its seed
     columns = [c for c in frame.columns if c.startswith("y")]
-    assert columns == ["y", *(f"y_{m}" for m in MEMBERS), "y_members_std", "y_set"]
+    assert columns == ["y", *(f"y_{m}" for m in MEMBERS), "y_members_std", "y_set", "y_difficulty"]
     np.testing.assert_allclose(frame["y"][:-1], kept["test"][:, 0], rtol=1e-5, atol=1e-6)
     for m in MEMBERS:
         np.testing.assert_allclose(frame[f"y_{m}"][:-1], kept[f"test_{m}"][:, 0], rtol=1e-5, atol=1e-6)  # fmt: skip
     spread = np.std([quantiles(kept[f"valid_{m}"], kept[f"test_{m}"]) for m in MEMBERS], axis=0)
     np.testing.assert_allclose(frame["y_members_std"][:-1], spread[:, 0], rtol=1e-5, atol=1e-6)
-    assert not frame["valid"].iloc[-1] and frame.iloc[-1][columns[:-1]].isna().all()
+    numbers = [c for c in columns if c != "y_set"]
+    assert not frame["valid"].iloc[-1] and frame.iloc[-1][numbers].isna().all()
     assert set(frame["y_set"][:-1]) <= {"{0}", "{1}", "{0,1}", "{}"}
+    hard = np.std([kept[f"test_{m}"][:, 0] for m in MEMBERS], axis=0) + 0.01  # raw scores
+    np.testing.assert_allclose(frame["y_difficulty"][:-1], hard, rtol=1e-5, atol=1e-6)
     assert {"nearest_tanimoto", "in_domain"} <= set(frame.columns)
     from smiexlm.trust.columns import label_columns
 
