@@ -529,7 +529,7 @@ def _difference_line(name: str, n: int | None, d, scale: float) -> str:
 
 def _spread(processes: int) -> bool:
     """True when ``processes`` copies of this script ran it (see ``distributed.relaunch``)."""
-    from smiexlm.pretraining.distributed import relaunch
+    from smiexlm.training.distributed import relaunch
 
     code = relaunch(processes, [sys.executable, *sys.argv])
     if code:

@@ -50,8 +50,8 @@ def time_objectives(dataset: Path, preset: str, steps: int, max_tokens: int) -> 
     from smiexlm.model.masking import mask_tokens
     from smiexlm.model.model import ExLMModel
     from smiexlm.pretraining.config import TrainConfig
-    from smiexlm.pretraining.optim import build_optimizer, clip_gradients
     from smiexlm.tokenizer import SmilesTokenizer
+    from smiexlm.training.optim import build_optimizer, clip_gradients
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     train = TokenDataset(dataset, "train")

@@ -215,12 +215,12 @@ def embed_parts(
     Each part holds the id columns, the SMILES and ``e0 … e{d-1}`` of its input rows (NaN
     rows for bad SMILES, listed with their reasons in ``out/rejects.csv``). Run again after
     an interruption, the same call resumes: finished parts are kept, the others written.
-    Under ``torchrun`` each process writes its share of the parts (:mod:`smiexlm.workers`;
+    Under ``torchrun`` each process writes its share of the parts (:mod:`smiexlm.training.workers`;
     ``threads`` per process, default: the cores over the processes of the node).
     """
     from smiexlm.parts.job import PartsJob, input_record, model_record
     from smiexlm.parts.writing import run_parts
-    from smiexlm.workers import job_workers
+    from smiexlm.training.workers import job_workers
 
     how = EmbedOptions(**options)
     out, input_path = Path(out), Path(input_path)

@@ -25,7 +25,7 @@ MAX_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    from smiexlm.workers import usable_cores
+    from smiexlm.training.workers import usable_cores
 
     return min(MAX_WORKERS, usable_cores())
 

@@ -176,8 +176,8 @@ def measure_step(preset, objective, k, dataset, max_tokens, device, dry_run, bud
     from smiexlm.model.masking import mask_tokens
     from smiexlm.model.model import ExLMModel
     from smiexlm.pretraining.config import TrainConfig
-    from smiexlm.pretraining.optim import build_optimizer, clip_gradients
     from smiexlm.tokenizer import load_tokenizer
+    from smiexlm.training.optim import build_optimizer, clip_gradients
 
     vocab = load_tokenizer(dataset / "vocab.json")
     table = {"preset": preset, "objective": objective, "k": k} | (MICRO if dry_run else {})

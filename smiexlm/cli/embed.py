@@ -77,7 +77,7 @@ def embed(
     --nproc_per_node N` to share the parts among N processes."""
     from smiexlm.embed import embed_file, embed_parts
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
-    from smiexlm.workers import detect
+    from smiexlm.training.workers import detect
 
     cols = columns(id_cols)
     how = dict(checkpoint=checkpoint, pooling=pooling, errors=errors, canonicalize=canonicalize,
@@ -113,7 +113,7 @@ def echo_parts(result, shown: int = 10) -> None:
 
     from smiexlm.errors import shorten
     from smiexlm.parts.job import REJECTS
-    from smiexlm.ranks import detect
+    from smiexlm.training.ranks import detect
 
     if not detect().is_main:
         return

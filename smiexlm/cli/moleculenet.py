@@ -122,7 +122,7 @@ def _spread(processes: int, ensemble: str | None = None) -> bool:
     A wide ``ensemble`` runs in one process."""
     import sys
 
-    from smiexlm.pretraining.distributed import relaunch
+    from smiexlm.training.distributed import relaunch
 
     if ensemble not in (None, "none") and processes > 1:
         from smiexlm.errors import ConfigError
@@ -145,7 +145,7 @@ def _print_report(results, out: Path, title: str) -> None:
         more_markdown,
         write_report,
     )
-    from smiexlm.ranks import detect
+    from smiexlm.training.ranks import detect
 
     if not detect().is_main:
         return

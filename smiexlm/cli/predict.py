@@ -104,7 +104,7 @@ def predict(
     --nproc_per_node N` N processes share the parts."""
     from smiexlm.moleculenet.predict_parts import predict_file, predict_parts
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
-    from smiexlm.workers import detect
+    from smiexlm.training.workers import detect
 
     output = output if output is not None else out
     cols = columns(id_cols or None)  # an empty --id-cols keeps the default

@@ -5,7 +5,7 @@ An adapter builds the model (an encoder + head whose forward takes ``input_ids``
 turns its data into :class:`~smiexlm.finetuning.batches.Examples` and gives a ``score``
 function of the validation logits. :func:`fit` then does the rest, the same way for all:
 
-- AdamW with pre-training's decay groups (``smiexlm.pretraining.optim.adamw_with_decay_groups``), linear
+- AdamW with pre-training's decay groups (``smiexlm.training.optim.adamw_with_decay_groups``), linear
   warmup then linear decay to 0 (``PolynomialDecaySchedule``, power 1);
 - ``layer_decay`` < 1: layer-wise learning rates, the head's ``lr`` and each block below it
   ``layer_decay`` times the one above (``adamw_with_decay_groups``);
@@ -169,7 +169,7 @@ class _Fit:
     (the weights kept)."""
 
     def __init__(self, model, train, valid, config: LoopConfig, score, seed: int):
-        from smiexlm.pretraining.optim import PolynomialDecaySchedule, adamw_with_decay_groups
+        from smiexlm.training.optim import PolynomialDecaySchedule, adamw_with_decay_groups
 
         self.start, self.cpu_start = time.perf_counter(), time.process_time()
         self.before_s = self.before_cpu_s = 0.0  # spent by earlier segments of a resumed run
@@ -244,7 +244,7 @@ class _Fit:
     def keep_state(self, folder: Path, identity: dict[str, Any]) -> None:
         """Save the state in ``folder`` after every epoch; go on from the one there now."""
         from smiexlm.finetuning.state import load_state
-        from smiexlm.pretraining.run_state import optimizer_from_tensors
+        from smiexlm.training.run_state import optimizer_from_tensors
 
         self.state_dir = folder
         loop = recorded(self.config.to_dict(), LoopConfig)
@@ -309,7 +309,7 @@ class _Fit:
         """``head_epochs``: the head alone on the frozen encoder's cached features, with its
         own optimiser, batches and dropout stream (the same on every process), then validated
         as epoch 0."""
-        from smiexlm.pretraining.optim import (
+        from smiexlm.training.optim import (
             PolynomialDecaySchedule,
             adamw_with_decay_groups,
             set_lr,
@@ -380,7 +380,7 @@ class _Fit:
     def _update(self, train: Examples, index: np.ndarray) -> torch.Tensor:
         """One optimiser step on the batch ``index`` (this process's share of it); the share's
         (detached) loss, weighted so that the shares' losses sum to the batch's."""
-        from smiexlm.pretraining.optim import set_lr
+        from smiexlm.training.optim import set_lr
 
         set_lr(self.optimizer, self.schedule.lr_at(self.result.steps))
         self.optimizer.zero_grad(set_to_none=True)

@@ -10,7 +10,7 @@ weights stay equal everywhere (checked after each epoch). Validation rows are sp
 way and gathered. Only rank 0 writes.
 
 Started by ``smiexlm finetune --processes N`` (which starts N copies of itself, see
-:func:`smiexlm.pretraining.distributed.launch_local`) or by ``torchrun``.
+:func:`smiexlm.training.distributed.launch_local`) or by ``torchrun``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from smiexlm.errors import SmiexlmError
-from smiexlm.pretraining.distributed import init, shutdown
-from smiexlm.ranks import DistInfo, detect
 from smiexlm.tokenizer.special import IGNORE_INDEX
+from smiexlm.training.distributed import init, shutdown
+from smiexlm.training.ranks import DistInfo, detect
 
 #: the dropout generator of rank r > 0 is seeded with seed + r * RANK_SEED_STRIDE
 RANK_SEED_STRIDE = 1_000_003

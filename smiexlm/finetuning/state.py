@@ -72,7 +72,7 @@ def save_state(
     average: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``folder`` whole or not at all; returns it."""
-    from smiexlm.pretraining.run_state import optimizer_to_tensors
+    from smiexlm.training.run_state import optimizer_to_tensors
 
     optim_tensors, groups = optimizer_to_tensors(optimizer)
     state.optimizer_groups = groups

@@ -36,7 +36,7 @@ from smiexlm.moleculenet.hpopt_config import HpoptConfig
 from smiexlm.moleculenet.hpopt_search import HpoptResult, Search
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
-from smiexlm.pretraining.runlock import RunLock
+from smiexlm.training.runlock import RunLock
 
 
 def run_hpopt(

@@ -1,7 +1,7 @@
 """The study of :mod:`smiexlm.moleculenet.hpopt` in its SQLite file: opened or resumed, one
 trial asked, run and told, the budget spent so far.
 
-Only the process holding the run folder's lock (:class:`~smiexlm.pretraining.runlock.RunLock`)
+Only the process holding the run folder's lock (:class:`~smiexlm.training.runlock.RunLock`)
 opens the study, so a trial found RUNNING when it opens was left by a process that stopped
 (Ctrl-C, kill -9, a reboot): it is marked failed.
 """

@@ -99,7 +99,7 @@ def predict_parts(
     from smiexlm.parts.job import PartsJob, input_record, model_record
     from smiexlm.parts.writing import run_parts
     from smiexlm.paths import check_output
-    from smiexlm.workers import job_workers
+    from smiexlm.training.workers import job_workers
 
     folders = finetuned_folders(checkpoint)
     out, input_path = Path(out), Path(input_path)

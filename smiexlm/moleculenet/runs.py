@@ -70,13 +70,13 @@ def identity(task, split: Split, cfg, backbone: Backbone) -> dict[str, Any]:
 
 def is_main() -> bool:
     """Whether this process writes (rank 0, or the only process)."""
-    from smiexlm.ranks import detect
+    from smiexlm.training.ranks import detect
 
     return detect().is_main
 
 
 def processes() -> int:
-    from smiexlm.ranks import detect
+    from smiexlm.training.ranks import detect
 
     return detect().world_size
 

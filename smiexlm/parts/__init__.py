@@ -23,7 +23,7 @@ of whose rows succeeded (the wrong ``--smiles-col``) keeps nothing: its parts ar
 it fails with the first rows' reasons.
 
 Under ``torchrun`` every rank reads the input and writes the parts ``i`` with
-``i % world_size == rank`` (:mod:`smiexlm.workers`); after a barrier rank 0 checks that
+``i % world_size == rank`` (:mod:`smiexlm.training.workers`); after a barrier rank 0 checks that
 every part is there and writes the final manifest.
 
 The modules: :mod:`~smiexlm.parts.job` (names, the job and its records, what a chunk and a

@@ -13,7 +13,7 @@ from typing import Any
 from smiexlm.errors import DataError
 from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
 from smiexlm.paths import file_sha256
-from smiexlm.ranks import detect
+from smiexlm.training.ranks import detect
 
 PART_FORMAT = "smiexlm-part/1"
 REJECTS = "rejects.csv"

@@ -11,7 +11,7 @@ from smiexlm.errors import DataError
 from smiexlm.parts.job import PART_FORMAT, PartsJob, part_name
 from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
 from smiexlm.paths import check_output, file_problem, is_temporary_name, read_json_file, write_json
-from smiexlm.workers import Workers
+from smiexlm.training.workers import Workers
 
 
 def _mismatch(out: Path, field_name: str, there: Any, here: Any) -> DataError:

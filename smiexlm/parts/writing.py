@@ -34,7 +34,7 @@ from smiexlm.paths import (
     write_json,
     write_text_atomic,
 )
-from smiexlm.workers import Workers, peak_rss_mib
+from smiexlm.training.workers import Workers, peak_rss_mib
 
 
 class _Slicer:

@@ -1,9 +1,10 @@
 """Pre-training: ``config`` (TrainConfig), ``launch`` (a job, in one process or spread over
 the free cores), ``trainer`` (the loop, :func:`pretrain`) with its ``stream`` (who reads which
-micro-batch), ``reporting`` (metrics.jsonl, TensorBoard) and ``guards`` (stop requests, out
-of memory), ``optim`` (AdamW's decay groups, the schedule), ``run_state``, ``resume`` and
-``warm_start`` (checkpoints written and read back), ``distributed``, and ``plot`` (loss
-curves)."""
+micro-batch), ``batches`` and ``spelling`` (what each micro-batch holds), ``reporting``
+(metrics.jsonl, TensorBoard) and ``guards`` (stop requests, out of memory), ``resume``,
+``sharded`` and ``warm_start`` (checkpoints read back), ``export`` (a run's model folder) and
+``plot`` (loss curves). The optimiser, the run's state on disk, its lock and the process group
+are :mod:`smiexlm.training`'s, shared with fine-tuning."""
 
 from smiexlm.pretraining.config import TrainConfig, load_config
 

@@ -167,7 +167,7 @@ def _check_trained_on(checkpoint: Path, dataset: Path) -> None:
     checkpoint records (``trainer_state.json``), as ``pretrain --resume`` checks it. A moved
     or copied dataset passes; a checkpoint written before the id was recorded is not checked."""
     from smiexlm.pretraining.resume import dataset_id
-    from smiexlm.pretraining.run_state import STATE_FILE
+    from smiexlm.training.run_state import STATE_FILE
 
     _, payload = read_json_file(checkpoint / STATE_FILE, f"checkpoint {STATE_FILE}")
     state = payload.get("state") if isinstance(payload.get("state"), dict) else {}

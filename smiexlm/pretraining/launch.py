@@ -4,7 +4,7 @@ runs, as a library call.
 >>> job = PretrainJob("mol_tiny_exlm", Path("datasets/moses"), Path("runs/tiny"), ["lr=3e-4"])
 >>> outcome = job.run()          # outcome.code: 0, or 130/143 when stopped by a signal
 
-On a CPU a job takes the cores it finds free (:func:`~smiexlm.pretraining.distributed.
+On a CPU a job takes the cores it finds free (:func:`~smiexlm.training.distributed.
 local_processes`): it starts N worker processes of this module (``python -m
 smiexlm.pretraining.launch JOB_JSON``), each with ``update_freq / N`` micro-batches per update,
 so the global batch stays the config's. Under ``torchrun`` (several GPUs or machines) every
@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smiexlm.pretraining import distributed
-from smiexlm.ranks import detect
+from smiexlm.training import distributed
+from smiexlm.training.ranks import detect
 
 
 @dataclass

@@ -29,7 +29,7 @@ from smiexlm.data.shards import read_manifest
 from smiexlm.device import resolved_precision
 from smiexlm.errors import VocabularyMismatchError
 from smiexlm.paths import read_json_file, write_json, write_text_atomic
-from smiexlm.pretraining import run_state as ckpt
+from smiexlm.training import run_state as ckpt
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from smiexlm.model.integrity import load_tensors
 from smiexlm.model.layout import CONFIG_NAME, WEIGHTS_NAME
 from smiexlm.model.shards import MIB, index_name, is_sharded, load_sharded, save_sharded
 from smiexlm.paths import VOCAB_NAME, read_json_file, write_text_atomic
-from smiexlm.pretraining import run_state as ckpt
+from smiexlm.training import run_state as ckpt
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +136,8 @@ def restore_sharded(
     its first ``rewarm_batches`` micro-batches of the checkpoint's epoch re-warm Adam."""
     from smiexlm.model.model import ExLMModel
     from smiexlm.pretraining.config import TrainConfig
-    from smiexlm.pretraining.optim import build_optimizer
     from smiexlm.tokenizer import load_tokenizer
+    from smiexlm.training.optim import build_optimizer
 
     sharded, run_dir = Path(sharded), Path(run_dir)
     for name in (ckpt.STATE_FILE, ckpt.CONFIG_FILE, CONFIG_NAME, VOCAB_NAME):
@@ -203,7 +203,7 @@ def rewarm_optimizer(
         make_loader,
         open_dataset,
     )
-    from smiexlm.pretraining.optim import clip_gradients, set_lr
+    from smiexlm.training.optim import clip_gradients, set_lr
 
     if not isinstance(n_batches, int) or n_batches < 1:
         raise ConfigError("rewarm_batches", n_batches, "a positive integer")

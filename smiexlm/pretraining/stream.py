@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from smiexlm.errors import DataError
-from smiexlm.pretraining import distributed as dist_utils
 from smiexlm.pretraining.batches import MaskingCollator, TrainingData, epoch_batches, make_loader
 from smiexlm.pretraining.config import TrainConfig
 from smiexlm.pretraining.spelling import training_items
+from smiexlm.training import distributed as dist_utils
 
 
 class TrainStream:

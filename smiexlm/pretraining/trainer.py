@@ -33,12 +33,9 @@ import torch
 from smiexlm.device import autocast
 from smiexlm.errors import ConfigError
 from smiexlm.model.model import ExLMModel
-from smiexlm.pretraining import distributed as dist_utils
-from smiexlm.pretraining import run_state as ckpt
 from smiexlm.pretraining.batches import check_vocabulary, forward_kwargs, mix_seed, open_dataset
 from smiexlm.pretraining.config import TrainConfig
 from smiexlm.pretraining.guards import StopRequest, is_oom, oom_error
-from smiexlm.pretraining.optim import build_optimizer, build_schedule, clip_gradients, set_lr
 from smiexlm.pretraining.reporting import METRICS_FILE, MetricsLog, Window, progress_bar, say
 from smiexlm.pretraining.resume import (
     config_changes,
@@ -48,10 +45,13 @@ from smiexlm.pretraining.resume import (
     resolved_precision_change,
     start_state,
 )
-from smiexlm.pretraining.runlock import RunLock
 from smiexlm.pretraining.stream import TrainStream, validation_loader
 from smiexlm.pretraining.warm_start import load_initial_weights
-from smiexlm.ranks import detect
+from smiexlm.training import distributed as dist_utils
+from smiexlm.training import run_state as ckpt
+from smiexlm.training.optim import build_optimizer, build_schedule, clip_gradients, set_lr
+from smiexlm.training.ranks import detect
+from smiexlm.training.runlock import RunLock
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def pretrain(
     one is an error naming it, unless ``skip_bad_checkpoints`` (then the newest good one is
     restored). A checkpoint already at ``max_steps`` is reported (``already_finished``), not
     trained further. The main process holds ``out_dir/.lock`` throughout (see
-    :mod:`~smiexlm.pretraining.runlock`): a second run in the same folder is refused.
+    :mod:`~smiexlm.training.runlock`): a second run in the same folder is refused.
     """
     if max_steps is not None:  # a copy: the caller's config stays as it was
         config = dataclasses.replace(config, max_steps=max_steps, total_steps=config.decay_steps)

@@ -427,7 +427,7 @@ TORCHRUN_PLACE = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
 
 
 def test_one_home_reads_the_torchrun_place():
-    """A process learns its rank and world size from ``smiexlm.ranks.detect`` alone, whether
+    """A process learns its rank and world size from ``smiexlm.training.ranks.detect`` alone, whether
     it pretrains, fine-tunes or serves a batch job: no other module names one of the
     variables (``os.environ.get("RANK")``, ``os.getenv("WORLD_SIZE")``, a helper given the
     name) nor asks torch.distributed (``get_rank``, ``get_world_size``), which only knows once
@@ -442,7 +442,7 @@ def test_one_home_reads_the_torchrun_place():
             getattr(node, "attr", None) or getattr(node, "name", None)
         ) in {"get_rank", "get_world_size", "get_local_rank", "get_node_local_rank"}
 
-    assert set(_where(names_a_variable)) == {"smiexlm/ranks.py"}, _where(names_a_variable)
+    assert set(_where(names_a_variable)) == {"smiexlm/training/ranks.py"}, _where(names_a_variable)
     assert _where(asks_torch) == {}, _where(asks_torch)
 
 

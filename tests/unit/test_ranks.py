@@ -1,4 +1,4 @@
-"""A process's place in a job, read from the torchrun environment by ``smiexlm.ranks``."""
+"""A process's place in a job, read from the torchrun environment by ``smiexlm.training.ranks``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from smiexlm.errors import ConfigError
-from smiexlm.ranks import DistInfo, detect
+from smiexlm.training.ranks import DistInfo, detect
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -52,8 +52,8 @@ def test_bad_variables_name_the_field(environ, values, field):
 
 
 def test_batch_workers_share_the_place(environ):
-    from smiexlm.workers import Workers
-    from smiexlm.workers import detect as detect_workers
+    from smiexlm.training.workers import Workers
+    from smiexlm.training.workers import detect as detect_workers
 
     environ(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
     threads = torch.get_num_threads()

@@ -16,7 +16,7 @@ import torch
 from smiexlm.errors import ConfigError
 from smiexlm.finetuning import LoopConfig
 from smiexlm.finetuning.state import STATE_JSON, StateMismatchError
-from smiexlm.pretraining.optim import adamw_with_decay_groups
+from smiexlm.training.optim import adamw_with_decay_groups
 from tests.unit.finetuning.test_resume_parallel import _run, _weights, assert_resumes_exactly
 
 

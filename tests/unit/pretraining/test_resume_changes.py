@@ -10,7 +10,7 @@ import pytest
 
 from smiexlm.pretraining.config import load_config
 from smiexlm.pretraining.resume import CHANGES_FILE, config_changes, record_config_changes
-from smiexlm.pretraining.run_state import CONFIG_FILE, ResumeMismatchError, TrainerState
+from smiexlm.training.run_state import CONFIG_FILE, ResumeMismatchError, TrainerState
 
 
 def _checkpoint(tmp_path, world_size, *overrides):

@@ -10,7 +10,6 @@ import torch
 
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
 from smiexlm.paths import atomic_dir
-from smiexlm.pretraining import run_state as ckpt
 from smiexlm.pretraining.config import (
     TrainConfig,
     load_config,
@@ -18,7 +17,8 @@ from smiexlm.pretraining.config import (
     shipped_configs,
     valid_keys,
 )
-from smiexlm.pretraining.optim import PolynomialDecaySchedule, build_optimizer
+from smiexlm.training import run_state as ckpt
+from smiexlm.training.optim import PolynomialDecaySchedule, build_optimizer
 from tests.conftest import require_file
 from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL, build_dataset
 

@@ -140,8 +140,8 @@ def _every_parameter_reached(rank: int, store: str) -> None:
 
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.model import ExLMModel
-    from smiexlm.pretraining.distributed import wrap
-    from smiexlm.ranks import DistInfo
+    from smiexlm.training.distributed import wrap
+    from smiexlm.training.ranks import DistInfo
 
     torch.set_num_threads(1)
     micro = dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, n_transition_heads=2, vocab_size=40)

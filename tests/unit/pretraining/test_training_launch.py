@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from smiexlm.errors import ConfigError
-from smiexlm.pretraining.distributed import MAX_LOCAL_PROCESSES, free_cores, local_processes
+from smiexlm.training.distributed import MAX_LOCAL_PROCESSES, free_cores, local_processes
 from tests.unit.pretraining.test_training_support import (
     FAST,
     MICRO_MODEL,

@@ -3,7 +3,7 @@ itself on the cores of one machine (:func:`launch_local`, :mod:`smiexlm.pretrain
 
 ``torchrun`` (or :func:`launch_local`) sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT``; without them the run is a single process
-(:func:`smiexlm.ranks.detect` reads them). The process group uses NCCL on
+(:func:`smiexlm.training.ranks.detect` reads them). The process group uses NCCL on
 GPUs and gloo on CPUs. Batches are sharded by global micro-batch index (see
 :func:`shard_batches`) so that N processes with ``update_freq = u`` consume exactly the
 micro-batches one process with ``update_freq = N·u`` would, in the same optimiser steps.
@@ -28,8 +28,8 @@ from torch import nn
 
 from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError
-from smiexlm.ranks import DistInfo, detect
-from smiexlm.workers import usable_cores
+from smiexlm.training.ranks import DistInfo, detect
+from smiexlm.training.workers import usable_cores
 
 
 def select_device(requested: str, info: DistInfo) -> torch.device:
@@ -128,7 +128,7 @@ def run_on_free_cores(
     holding ``run_dir``'s lock, and return their exit code; None when this process should
     train alone (a GPU run, or one process). ``worker(update_freq)`` is a worker's command."""
     from smiexlm.device import resolve_device
-    from smiexlm.pretraining.runlock import RunLock
+    from smiexlm.training.runlock import RunLock
 
     if resolve_device(config.device).type != "cpu":
         return None

@@ -3,7 +3,7 @@
 ``torchrun --nproc_per_node N smiexlm embed ...`` (or ``python -m torch.distributed.run``)
 sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` in each process. :func:`job_workers` learns this process's place from
-:func:`smiexlm.ranks.detect` and joins a gloo process group, which carries nothing but a few
+:func:`smiexlm.training.ranks.detect` and joins a gloo process group, which carries nothing but a few
 barriers and the per-rank counts at the end (never a tensor on a GPU), so gloo serves CPU and
 GPU jobs alike and needs no coordinator of our own. Each rank takes the parts ``i`` with
 ``i % world_size == rank`` (:meth:`Workers.owns`); a GPU job puts rank ``LOCAL_RANK`` on GPU
@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from smiexlm import ranks
 from smiexlm.errors import ConfigError
+from smiexlm.training import ranks
 
 # The final barrier waits for the slowest rank's last part: with few large parts on CPUs that
 # is tens of minutes, past torch's 30-minute default. A rank that dies makes torchrun stop the

@@ -1,7 +1,7 @@
 """This process's place in a job of several processes: rank, world size, local rank.
 
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` in each
-process it starts, and so does :func:`smiexlm.pretraining.distributed.launch_local`; without them
+process it starts, and so does :func:`smiexlm.training.distributed.launch_local`; without them
 the process is alone. :func:`detect` is the one reader of these variables: pretraining,
 fine-tuning and the batch jobs (``embed``, ``predict``) all ask it. Importing this module
 costs nothing (no torch), so a command can ask before it loads anything heavy.
