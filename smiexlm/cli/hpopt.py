@@ -1,5 +1,5 @@
 """``smiexlm hpopt``: hyper-parameter search for fine-tuning, on Optuna
-(:mod:`smiexlm.moleculenet.hpopt`)."""
+(:mod:`smiexlm.hpopt.run`)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,9 @@ def hpopt(
 
     import optuna
 
+    from smiexlm.hpopt.config import HpoptConfig
+    from smiexlm.hpopt.run import run_hpopt
     from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.hpopt import run_hpopt
-    from smiexlm.moleculenet.hpopt_config import HpoptConfig
     from smiexlm.settings import settings_of
 
     search = {s.key for s in settings_of(HpoptConfig)}
@@ -72,7 +72,7 @@ def hpopt(
 
 
 def _echo_result(result, task: str, own_data: bool) -> None:
-    from smiexlm.moleculenet.hpopt_report import BEST_NAME, PARAMS
+    from smiexlm.hpopt.report import BEST_NAME, PARAMS
 
     typer.echo(f"stopped by --{result.stopped_by}: {result.counted} trials counted, "
                f"{result.failed} failed, {result.cpu_seconds / 60:.1f} CPU minutes")  # fmt: skip
@@ -88,8 +88,8 @@ def _echo_result(result, task: str, own_data: bool) -> None:
 
 def register(app: typer.Typer) -> None:
     from smiexlm.cli.settings import with_settings
+    from smiexlm.hpopt.config import HpoptConfig
     from smiexlm.moleculenet import configs
-    from smiexlm.moleculenet.hpopt_config import HpoptConfig
     from smiexlm.settings import settings_of
 
     specs = [*settings_of(HpoptConfig), *configs.FinetuneConfig.settings()]

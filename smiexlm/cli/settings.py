@@ -137,7 +137,7 @@ def _finetune_lines(task: str | None) -> list[str]:
 
 
 def _hpopt_lines(task: str | None) -> list[str]:
-    from smiexlm.moleculenet.hpopt_config import HpoptConfig
+    from smiexlm.hpopt.config import HpoptConfig
     from smiexlm.settings import settings_of
 
     search = settings_of(HpoptConfig)

@@ -5,7 +5,7 @@ evaluation molecules widening excludes), ``splits``, ``metrics``/``compare`` (sc
 paired bootstraps), ``configs`` (the paper's per-task settings and the default), ``finetune``
 with ``backbone``/``adapt``/``features``/``ensemble``/``blend``/``forest``/``baseline``/``probe``,
 ``runs`` (a resumable cell per set and seed) with ``score_store`` (its compact committed
-scores), ``report``, ``hpopt*`` (the search), and serving: ``prediction`` (``predict``) with
+scores), ``report``, and serving: ``prediction`` (``predict``) with
 ``served`` (one folder's scores and blend members), ``predict_trust`` (the domain and
 conformal columns), ``predict_parts``, ``folder`` and ``reference``.
 

@@ -145,7 +145,7 @@ def test_a_new_field_of_a_pretraining_config_needs_no_other_edit(monkeypatch, tm
 
 
 def test_a_new_field_of_the_search_config_keeps_old_studies(monkeypatch):
-    from smiexlm.moleculenet.hpopt_config import HpoptConfig
+    from smiexlm.hpopt.config import HpoptConfig
 
     @dataclasses.dataclass
     class WithKnob(HpoptConfig):

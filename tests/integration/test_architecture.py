@@ -207,12 +207,6 @@ def _package(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-# A circle inside moleculenet's hyper-parameter search (its report and study modules read the
-# search's types; the search imports them inside its run function). Known, kept apart.
-KNOWN_CIRCLES = [{"smiexlm.moleculenet.hpopt", "smiexlm.moleculenet.hpopt_report",
-                  "smiexlm.moleculenet.hpopt_study"}]  # fmt: skip
-
-
 def test_imports_form_no_circle_across_packages():
     """The packages stack up: no import circle spans two packages (every import counted, in
     functions and under ``if TYPE_CHECKING:`` too). Inside one package a circle may stay only
@@ -224,8 +218,7 @@ def test_imports_form_no_circle_across_packages():
     across = [c for c in _circles(every) if len({_package(m) for m in c}) > 1]
     assert across == [], across
     real = {m: {t for t, typing in graph[m].items() if not typing} & set(every) for m in every}
-    inside = [c for c in _circles(real) if c not in KNOWN_CIRCLES]
-    assert inside == [], inside
+    assert _circles(real) == [], _circles(real)
 
 
 def test_the_corpus_layer_never_reaches_up_to_the_evaluation_layer():

@@ -45,8 +45,8 @@ def toy_base(**overrides):
 
 
 def search(out, trials: int, task=None, base=None, **hp):
-    from smiexlm.moleculenet.hpopt import run_hpopt
-    from smiexlm.moleculenet.hpopt_search import HpoptConfig
+    from smiexlm.hpopt.config import HpoptConfig
+    from smiexlm.hpopt.run import run_hpopt
 
     torch.set_num_threads(1)
     settings = dict(trials=trials, startup_trials=2, prune_after=2, warmup_epochs=1) | hp
@@ -60,8 +60,8 @@ def trials_of(out):
 
 
 def test_space_is_around_the_table_8_row_and_holds_it():
+    from smiexlm.hpopt.search import SearchSpace
     from smiexlm.moleculenet.configs import finetune_config
-    from smiexlm.moleculenet.hpopt_search import SearchSpace
 
     base = finetune_config("clintox", layers=3)  # lr 5e-5, 100 epochs, pooler dropout 0.5
     space = SearchSpace.around(base, n_layers=4)
@@ -80,7 +80,7 @@ def test_space_is_around_the_table_8_row_and_holds_it():
 def test_the_search_never_reads_the_test_rows(tmp_path):
     """Test labels flipped and test SMILES replaced by other molecules: every trial's params
     and value are the same. A poisoned validation label (the control) changes them."""
-    from smiexlm.moleculenet.hpopt_search import Search
+    from smiexlm.hpopt.search import Search
     from smiexlm.moleculenet.splits import make_split
 
     frame = toy_frame()
@@ -131,8 +131,8 @@ def test_a_pruning_hook_ends_a_trial_after_the_epoch_it_prunes(tmp_path):
             calls.append((trial.number, trial.last_step))
             return trial.number >= 1
 
-    from smiexlm.moleculenet.hpopt import run_hpopt
-    from smiexlm.moleculenet.hpopt_search import HpoptConfig
+    from smiexlm.hpopt.config import HpoptConfig
+    from smiexlm.hpopt.run import run_hpopt
 
     torch.set_num_threads(1)
     hp = HpoptConfig(trials=3, startup_trials=2)
@@ -152,8 +152,9 @@ def test_a_pruning_hook_ends_a_trial_after_the_epoch_it_prunes(tmp_path):
 def test_the_default_pruner_is_the_median_one_after_warm_up(tmp_path):
     import optuna
 
-    from smiexlm.moleculenet.hpopt_search import HpoptConfig, Search
-    from smiexlm.moleculenet.hpopt_study import open_study
+    from smiexlm.hpopt.config import HpoptConfig
+    from smiexlm.hpopt.search import Search
+    from smiexlm.hpopt.study import open_study
 
     hp = HpoptConfig(trials=1, prune_after=5, warmup_epochs=2)
     study = open_study(tmp_path, Search.build(toy_task(), toy_base(), _backbone(), 0), hp)
@@ -188,8 +189,9 @@ def test_a_trial_left_running_is_marked_failed_and_not_counted(tmp_path):
     fails, the next one draws the same point, and the budget counts the others only."""
     import optuna
 
-    from smiexlm.moleculenet.hpopt_search import HpoptConfig, Search
-    from smiexlm.moleculenet.hpopt_study import open_study, sampler_for
+    from smiexlm.hpopt.config import HpoptConfig
+    from smiexlm.hpopt.search import Search
+    from smiexlm.hpopt.study import open_study, sampler_for
 
     search(tmp_path, 1)
     hp = HpoptConfig(trials=2, startup_trials=2, prune_after=2, warmup_epochs=1)
@@ -219,7 +221,7 @@ def test_cpu_budget_counts_finished_trials_across_resumes(tmp_path):
 
 
 def test_bad_budgets_and_another_search_in_the_folder_are_refused(tmp_path):
-    from smiexlm.moleculenet.hpopt_search import HpoptConfig
+    from smiexlm.hpopt.config import HpoptConfig
 
     for bad, field in (({}, "--trials"), ({"trials": 0}, "--trials"),
                        ({"trials": 2.5}, "--trials"), ({"cpu_minutes": 0}, "--cpu-minutes"),

@@ -1,4 +1,4 @@
-"""What a search (:mod:`smiexlm.moleculenet.hpopt`) leaves in its folder, rewritten after every
+"""What a search (:mod:`smiexlm.hpopt.run`) leaves in its folder, rewritten after every
 trial, each file atomically:
 
 - ``best.toml``: the best completed trial's config, flat FinetuneConfig keys (the task's
@@ -18,9 +18,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from smiexlm.moleculenet.hpopt_config import HpoptConfig
-from smiexlm.moleculenet.hpopt_search import HpoptResult, Search
-from smiexlm.moleculenet.hpopt_study import COUNTED_STATES, spending
+from smiexlm.hpopt.config import HpoptConfig
+from smiexlm.hpopt.search import HpoptResult, Search
+from smiexlm.hpopt.study import COUNTED_STATES, spending
 from smiexlm.paths import atomic_path, write_text_atomic
 
 BEST_NAME = "best.toml"

@@ -1,4 +1,4 @@
-"""The study of :mod:`smiexlm.moleculenet.hpopt` in its SQLite file: opened or resumed, one
+"""The study of :mod:`smiexlm.hpopt.run` in its SQLite file: opened or resumed, one
 trial asked, run and told, the budget spent so far.
 
 Only the process holding the run folder's lock (:class:`~smiexlm.training.runlock.RunLock`)
@@ -16,8 +16,8 @@ import numpy as np
 
 from smiexlm.errors import DataError
 from smiexlm.finetuning.state import as_kept
-from smiexlm.moleculenet.hpopt_config import HpoptConfig
-from smiexlm.moleculenet.hpopt_search import STUDY_FILE, STUDY_NAME, Search
+from smiexlm.hpopt.config import HpoptConfig
+from smiexlm.hpopt.search import STUDY_FILE, STUDY_NAME, Search
 
 COUNTED_STATES = ("COMPLETE", "PRUNED")  # the trials that spend the --trials budget
 

@@ -1,8 +1,8 @@
-"""Hyper-parameter search for MoleculeNet fine-tuning on Optuna: pruned, resumable, budgeted,
-and blind to the test split.
+"""A hyper-parameter search from start to end (:func:`run_hpopt`): pruned, resumable,
+budgeted, and blind to the test split.
 
 What is searched, and how a trial runs blind to the test split:
-:mod:`~smiexlm.moleculenet.hpopt_search`. A trial is one fine-tuning run on the train rows,
+:mod:`~smiexlm.hpopt.search`. A trial is one fine-tuning run on the train rows,
 its validation score reported to the trial after every epoch; the median pruner stops a trial
 whose score at an epoch is worse than the median of the completed trials' at that epoch (once
 ``prune_after`` trials have completed, and never in a trial's first ``warmup_epochs``
@@ -18,9 +18,9 @@ trial a straight run would have drawn, and the two end with the same trials. A s
 refused when the command's settings (data, split, seed, backbone and its weights' sha256, base
 config) differ from those it was started with.
 
-The modules run one way: :mod:`~smiexlm.moleculenet.hpopt_search` (budget, space, the trial
-itself) under :mod:`~smiexlm.moleculenet.hpopt_study` (the Optuna study) and
-:mod:`~smiexlm.moleculenet.hpopt_report` (the outputs), all three under this one.
+The modules run one way: :mod:`~smiexlm.hpopt.search` (budget, space, the trial
+itself) under :mod:`~smiexlm.hpopt.study` (the Optuna study) and
+:mod:`~smiexlm.hpopt.report` (the outputs), all three under this one.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from smiexlm.moleculenet import hpopt_report, hpopt_study
+from smiexlm.hpopt.config import HpoptConfig
+from smiexlm.hpopt.report import Outputs
+from smiexlm.hpopt.search import HpoptResult, Search
+from smiexlm.hpopt.study import one_trial, open_study, spending
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
-from smiexlm.moleculenet.hpopt_config import HpoptConfig
-from smiexlm.moleculenet.hpopt_search import HpoptResult, Search
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
 from smiexlm.training.runlock import RunLock
@@ -59,11 +60,11 @@ def run_hpopt(
     base = dataclasses.replace(base, forest=None, ensemble="none")
     search = Search.build(task, base, backbone or Backbone(), hp.seed)
     with RunLock(out):
-        study = hpopt_study.open_study(out, search, hp, pruner)
-        outputs = hpopt_report.Outputs(out, search, hp, command)
+        study = open_study(out, search, hp, pruner)
+        outputs = Outputs(out, search, hp, command)
         outputs.write(study)  # a resumed study's files brought up to date
-        while (stop := hp.spent(*hpopt_study.spending(study))) is None:
-            number = hpopt_study.one_trial(study, search, hp, progress)
+        while (stop := hp.spent(*spending(study))) is None:
+            number = one_trial(study, search, hp, progress)
             improved = outputs.write(study, number)
             if on_trial is not None:
                 on_trial(outputs.line(study, number, improved))

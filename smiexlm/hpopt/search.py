@@ -1,4 +1,4 @@
-"""What a hyper-parameter search (:mod:`smiexlm.moleculenet.hpopt`) searches, and how one
+"""What a hyper-parameter search (:mod:`smiexlm.hpopt.run`) searches, and how one
 trial runs: the budget (:class:`HpoptConfig`), the space (:class:`SearchSpace`), the data every
 trial shares (:class:`Search`) and what a search leaves (:class:`HpoptResult`).
 
@@ -37,10 +37,10 @@ import numpy as np
 
 from smiexlm.errors import DataError
 from smiexlm.fingerprints import FEATURE_KINDS
+from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.model.pooling import POOLINGS
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
-from smiexlm.moleculenet.hpopt_config import HpoptConfig
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, check_task
 from smiexlm.paths import json_safe
