@@ -299,7 +299,8 @@ def main() -> None:
                         help="random re-splits of valid + test per row (0: none)")  # fmt: skip
     args = parser.parse_args()
 
-    from smiexlm.paths import check_output, write_text_atomic
+    from smiexlm.atomic import write_text_atomic
+    from smiexlm.paths import check_output
     from smiexlm.trust.arrays import check_alpha
 
     out = check_output(args.out, "--out", "folder")

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.chemistry_coverage import (
     collect_facts,
     comparison_table,
@@ -36,7 +37,7 @@ from smiexlm.data.widen.exclusion import exclusion_keys
 from smiexlm.data.widen.run import widen
 from smiexlm.data.widen.steps import STEPS, WidenConfig
 from smiexlm.moleculenet.loaders import evaluation_sets, load_task
-from smiexlm.paths import data_dir, write_text_atomic
+from smiexlm.paths import data_dir
 
 TABLE1 = ("bace", "bbbp", "clintox", "sider", "tox21", "toxcast", "muv")
 RESULT = Path(__file__).resolve().parent / "results" / "corpus_coverage.md"

@@ -103,12 +103,14 @@ def cpu_seconds(run) -> float:
 def stages(feat: Featurizer, smiles: list[str], repeats: int) -> dict[str, float]:
     """Best CPU seconds of each stage of one served call, each timed alone."""
     from smiexlm.data.sampler import length_batches
+    from smiexlm.whitening import served_whitening
 
     ids, _, _ = feat.prepare(smiles)
     rows = sorted((r for r in ids if r is not None), key=len)
     cuts = length_batches(feat.inputs.encoder_lengths(rows), 16384)
     pooled = np.concatenate([feat.encode_ids([rows[j] for j in b], feat.pooling) for b in cuts])
-    whitening = feat._whitening(feat.pooling, feat.blocks, None)
+    whitening = served_whitening(feat.whitening, feat.pooling, feat.blocks,
+                                 feat.model.config.n_layers, None, feat.whiten)  # fmt: skip
     parts = {
         "canonicalise and tokenise": lambda: feat.prepare(smiles),
         "encoder and poolings": lambda: [

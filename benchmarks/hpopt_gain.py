@@ -107,7 +107,7 @@ def mean_rows(means: dict[str, dict]) -> list[str]:
 
 
 def write_table(out: Path, rows: list[str], args: argparse.Namespace) -> str:
-    from smiexlm.paths import write_text_atomic
+    from smiexlm.atomic import write_text_atomic
 
     budget = " and ".join(f"{k} {v}" for k, v in (("--trials", args.trials),
                           ("--cpu-minutes", args.cpu_minutes)) if v is not None)  # fmt: skip

@@ -344,9 +344,9 @@ def curves(args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from smiexlm.atomic import atomic_path
     from smiexlm.errors import DataError
     from smiexlm.moleculenet import runs
-    from smiexlm.paths import atomic_path
 
     found = {}  # (set, row, seed) -> [(epoch, valid)]
     for folder in args.folders:

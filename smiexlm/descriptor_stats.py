@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import read_json_file, write_text_atomic
+from smiexlm.paths import read_json_file
 
 STATS_NAME = "descriptors.json"
 STATS_FORMAT = "smiexlm-descriptor-stats/1"

@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from smiexlm.atomic import atomic_paths
 from smiexlm.data.readers import iter_table
 from smiexlm.errors import DataError, every_row_failed
-from smiexlm.featurizer import Featurizer, FeaturizeReport
+from smiexlm.featurize_report import FeaturizeReport
+from smiexlm.featurizer import Featurizer
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.model.pooling import last_blocks
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
-from smiexlm.paths import REJECTS_HEADER, atomic_paths, check_output, rejects_beside
+from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.folder import ModelFolder

@@ -23,9 +23,8 @@ records them in :attr:`Featurizer.last_report`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
@@ -41,17 +40,16 @@ from smiexlm.errors import (
     DataError,
     InvalidSmilesError,
     VocabularyMismatchError,
-    shorten,
+    check_positive_int,
 )
+from smiexlm.featurize_report import FeaturizeReport, log_report, release_free_memory
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.model.model import ExLMModel
 from smiexlm.model.pooling import block_indices, last_blocks, pooling_parts
 from smiexlm.model.pretrained import Pretrained, load_pretrained
 from smiexlm.tokenizer import Tokenizer
-from smiexlm.whitening import Whitening, pooling_whitening
-
-logger = logging.getLogger(__name__)
+from smiexlm.whitening import Whitening, pooling_whitening, served_whitening
 
 Pooling = str  # "cls", "mean", "max", or several joined by "+" ("cls+max")
 Errors = Literal["raise", "nan"]
@@ -60,31 +58,24 @@ Backend = Literal["torch", "onnx"]
 
 _BACKENDS = ("torch", "onnx")
 _ERRORS = ("raise", "nan")
-__all__ = ["FeaturizeReport", "Featurizer"]
+__all__ = ["FeaturizeOptions", "Featurizer"]
 
 
-@dataclass
-class FeaturizeReport:
-    """What the last ``featurize`` call did. ``failed`` lists (index, input, reason)."""
+@dataclass(frozen=True)
+class FeaturizeOptions:
+    """One call's options, checked and resolved (:meth:`Featurizer.featurize` says what each
+    does): the pooling and blocks served (the model's own where the call named none) and the
+    whitening applied (None: none)."""
 
-    n_inputs: int = 0
-    n_failed: int = 0
-    n_unk_tokens: int = 0
-    n_changed_by_normalization: int = 0
-    failed: list[tuple[int, str, str]] = field(default_factory=list)
-    # the embedded molecules holding tokens the model never trained; None when its folder
-    # keeps no record of its corpus (corpus_tokens.json)
-    unseen: UnseenTokens | None = None
-
-    def summary(self) -> str:
-        line = (
-            f"{self.n_inputs:,} SMILES, {self.n_failed:,} failed, "
-            f"{self.n_unk_tokens:,} [UNK] tokens, "
-            f"{self.n_changed_by_normalization:,} rewritten by normalisation"
-        )
-        if self.unseen is not None:
-            line += f", {self.unseen.holding:,} with tokens the model never trained"
-        return line
+    pooling: Pooling
+    layer: int | Sequence[int]
+    whitening: Whitening | None
+    errors: Errors = "raise"
+    batch_tokens: int = 16384
+    batch_size: int | None = None
+    canonicalize: bool = True
+    chunk_size: int = 8192
+    index_offset: int = 0
 
 
 class Featurizer:
@@ -248,14 +239,12 @@ class Featurizer:
         listing of bad inputs to the caller.
         """
         items = _as_list(smiles)
-        pooling, layer, whitening = self._plan(pooling, layer, errors, batch_tokens, batch_size,
-                                               chunk_size, whiten)  # fmt: skip
-        out = np.empty((len(items), self.width(pooling, layer)), dtype=np.float32)
+        options = self._plan(pooling, layer, whiten, errors, batch_tokens, batch_size,
+                             canonicalize, chunk_size, index_offset)  # fmt: skip
+        out = np.empty((len(items), self.width(options.pooling, options.layer)), dtype=np.float32)
         bar = _progress_bar(len(items)) if progress else None
-        chunks = self._chunks(iter(items), pooling, layer, errors, batch_tokens, batch_size,
-                              canonicalize, chunk_size, whitening, index_offset, bar)  # fmt: skip
         start = 0
-        for emb in chunks:
+        for emb in self._chunks(iter(items), options, bar):
             out[start : start + len(emb)] = emb
             start += len(emb)
         if log_failures:
@@ -291,11 +280,9 @@ class Featurizer:
         complete, and its warnings logged, once the iterator is exhausted."""
         if isinstance(smiles, str):
             _as_list(smiles)  # the one-str error
-        pooling, layer, whitening = self._plan(pooling, layer, errors, batch_tokens, batch_size,
-                                               chunk_size, whiten)  # fmt: skip
-        chunks = self._chunks(iter(smiles), pooling, layer, errors, batch_tokens, batch_size,
-                              canonicalize, chunk_size, whitening, index_offset,
-                              _progress_bar(None) if progress else None)  # fmt: skip
+        options = self._plan(pooling, layer, whiten, errors, batch_tokens, batch_size,
+                             canonicalize, chunk_size, index_offset)  # fmt: skip
+        chunks = self._chunks(iter(smiles), options, _progress_bar(None) if progress else None)
         return self._streamed(chunks, log_failures)
 
     def _streamed(self, chunks: Iterator[np.ndarray], log_failures: bool) -> Iterator[np.ndarray]:
@@ -303,66 +290,42 @@ class Featurizer:
         if log_failures:
             log_report(self.last_report)
 
-    def _chunks(self, items: Iterator[Any], pooling: str, layer, errors: str, batch_tokens: int,
-                batch_size: int | None, canonicalize: bool, chunk_size: int,
-                whitening: Whitening | None, index_offset: int,
+    def _chunks(self, items: Iterator[Any], options: FeaturizeOptions,
                 bar: Any) -> Iterator[np.ndarray]:  # fmt: skip
         """Each chunk's embeddings, whitened where asked; :attr:`last_report` is the run's
         report from the first chunk on; the progress bar, when given, is closed at the end."""
         self.model.eval()  # dropout off, whatever the caller did to the model since loading
         report = self.last_report = FeaturizeReport(n_inputs=0)
         start = 0
-        while chunk := list(islice(items, chunk_size)):
+        while chunk := list(islice(items, options.chunk_size)):
             report.n_inputs += len(chunk)
-            emb = self._featurize_chunk(chunk, index_offset + start, pooling, layer, errors,
-                                        batch_tokens, batch_size, canonicalize, report, bar)  # fmt: skip
-            if whitening is not None:
-                emb = whitening(emb)
+            emb = self._featurize_chunk(chunk, options.index_offset + start, options, report, bar)
+            if options.whitening is not None:
+                emb = options.whitening(emb)
             release_free_memory()
             start += len(chunk)
             yield emb
         if bar is not None:
             bar.close()
 
-    def _plan(
-        self, pooling, layer, errors, batch_tokens, batch_size, chunk_size, whiten
-    ) -> tuple[str, Any, Whitening | None]:
-        """The call's pooling and blocks (the model's own where None) and the whitening it
-        applies; ConfigError naming the first bad option."""
+    def _plan(self, pooling: Pooling | None, layer, whiten: bool | None, errors: Errors,
+              batch_tokens: int, batch_size: int | None, canonicalize: bool, chunk_size: int,
+              index_offset: int) -> FeaturizeOptions:  # fmt: skip
+        """The call's options, the model's own pooling and blocks where None, with the
+        whitening it applies; ConfigError naming the first bad option."""
         pooling = pooling or self.pooling
         layer = self.blocks if layer is None else layer
         pooling_parts(pooling)
         if errors not in _ERRORS:
             raise ConfigError("errors", errors, f"one of {_ERRORS}")
         block_indices(layer, self.model.config.n_layers)
-        if not isinstance(batch_tokens, int) or batch_tokens < 1:
-            raise ConfigError("batch_tokens", batch_tokens, "a positive integer")
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ConfigError("batch_size", batch_size, "a positive integer or None")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ConfigError("chunk_size", chunk_size, "a positive integer")
-        return pooling, layer, self._whitening(pooling, layer, whiten)
-
-    def _whitening(self, pooling: str, layer, whiten: bool | None) -> Whitening | None:
-        """The whitening a call applies, or None."""
-        n_layers = self.model.config.n_layers
-        blocks = block_indices(layer, n_layers)
-        last = blocks == tuple(range(n_layers - 1, n_layers - 1 - len(blocks), -1))
-        whitening = pooling_whitening(self.whitening, pooling, len(blocks)) if last else None
-        if whiten is None:
-            whiten = self.whiten and whitening is not None
-        if not whiten:
-            return None
-        if whiten is not True:
-            raise ConfigError("whiten", whiten, "True, False or None")
-        if not last:
-            raise ConfigError("layer", layer, "the last block or the last few in order, such as "
-                              "(-1, -2), with whiten=True (the whitenings are fitted on those)")  # fmt: skip
-        if whitening is None:
-            raise ConfigError("whiten", whiten, f"False: the model stores no whitening for {pooling} "
-                              f"pooling of the last {len(blocks)} block(s) (`smiexlm whiten` fits "
-                              "one)")  # fmt: skip
-        return whitening
+        check_positive_int("batch_tokens", batch_tokens)
+        check_positive_int("batch_size", batch_size, optional=True)
+        check_positive_int("chunk_size", chunk_size)
+        whitening = served_whitening(self.whitening, pooling, layer, self.model.config.n_layers,
+                                     whiten, self.whiten)  # fmt: skip
+        return FeaturizeOptions(pooling, layer, whitening, errors, batch_tokens, batch_size,
+                                canonicalize, chunk_size, index_offset)  # fmt: skip
 
     # ------------------------------------------------------------------ internals
     def prepare(
@@ -373,25 +336,15 @@ class Featurizer:
         prepared = self.inputs.prepare(smiles, canonicalize)
         return prepared.rows, prepared.reasons, prepared.n_changed
 
-    def _featurize_chunk(
-        self,
-        chunk: list[Any],
-        offset: int,
-        pooling: str,
-        layer: int | Sequence[int],
-        errors: str,
-        batch_tokens: int,
-        batch_size: int | None,
-        canonicalize: bool,
-        report: FeaturizeReport,
-        bar: Any = None,
-    ) -> np.ndarray:
-        ids, reasons, changed = self.prepare(chunk, canonicalize)
+    def _featurize_chunk(self, chunk: list[Any], offset: int, options: FeaturizeOptions,
+                         report: FeaturizeReport, bar: Any = None) -> np.ndarray:  # fmt: skip
+        ids, reasons, changed = self.prepare(chunk, options.canonicalize)
         report.n_changed_by_normalization += changed
-        out = np.full((len(chunk), self.width(pooling, layer)), np.nan, dtype=np.float32)
+        out = np.full((len(chunk), self.width(options.pooling, options.layer)), np.nan,
+                      dtype=np.float32)  # fmt: skip
         for i, reason in enumerate(reasons):
             if reason is not None:
-                if errors == "raise":
+                if options.errors == "raise":
                     raise InvalidSmilesError(
                         str(chunk[i]), None, f"input index {offset + i}: {reason}"
                     )
@@ -404,8 +357,8 @@ class Featurizer:
         if (unseen := self.inputs.unseen(seqs)) is not None:
             report.unseen = (report.unseen or UnseenTokens()).add(unseen)
         lengths = self.inputs.encoder_lengths(seqs)
-        for batch in length_batches(lengths, batch_tokens, batch_size):
-            pooled = self.encode_ids([seqs[j] for j in batch], pooling, layer)
+        for batch in length_batches(lengths, options.batch_tokens, options.batch_size):
+            pooled = self.encode_ids([seqs[j] for j in batch], options.pooling, options.layer)
             out[[good[j] for j in batch]] = pooled
             if bar is not None:
                 bar.update(len(batch))
@@ -430,45 +383,10 @@ class Featurizer:
         return pooled.float().cpu().numpy()
 
 
-_MALLOC_TRIM: Any = None
-
-
-def release_free_memory() -> None:
-    """Hand freed heap memory back to the operating system (glibc's ``malloc_trim``).
-
-    Each token-budget batch allocates large transient buffers of a different shape; glibc
-    keeps the freed ones in a fragmented heap, so without this the peak memory of a long
-    ``featurize`` or ``smiexlm embed`` run creeps up chunk after chunk. A no-op elsewhere."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        try:
-            import ctypes
-
-            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
-
-
 def _progress_bar(total: int | None) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="mol", desc="featurize")
-
-
-def log_report(report: FeaturizeReport) -> None:
-    """Warn of what a chunk of embeddings should not be trusted for: the inputs that failed
-    (NaN rows) and the molecules holding tokens the model never trained."""
-    if report.n_failed:
-        shown = ", ".join(f"#{i} {shorten(s)!r} ({why})" for i, s, why in report.failed[:10])
-        more = f" and {report.n_failed - 10} more" if report.n_failed > 10 else ""
-        logger.warning(
-            "featurize: %d of %d SMILES could not be embedded (rows are NaN): %s%s",
-            report.n_failed, report.n_inputs, shown, more,
-        )  # fmt: skip
-    if report.unseen is not None and report.unseen.holding:
-        logger.warning("featurize: %s", report.unseen.describe())
 
 
 def _as_list(smiles: Any) -> list[Any]:

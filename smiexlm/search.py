@@ -48,9 +48,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from smiexlm.atomic import atomic_dir
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError, check_positive_int
 from smiexlm.model.pooling import last_blocks
-from smiexlm.paths import atomic_dir, check_output, file_problem, file_record, read_json_file
+from smiexlm.paths import check_output, file_problem, file_record, read_json_file
 
 INDEX_FORMAT = "smiexlm-search-index/1"
 INDEX_JSON = "index.json"

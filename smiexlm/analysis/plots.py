@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from smiexlm.paths import atomic_path
+from smiexlm.atomic import atomic_path
 
 
 def _pyplot():

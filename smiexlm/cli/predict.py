@@ -170,9 +170,10 @@ def select(
 ) -> None:
     """Pick the molecules to test next from predict's output: the highest acquisition score
     first, none too similar to one picked before it."""
+    from smiexlm.atomic import atomic_path
     from smiexlm.data.readers import read_table
     from smiexlm.parts.reading import read_parts
-    from smiexlm.paths import atomic_path, check_output
+    from smiexlm.paths import check_output
     from smiexlm.trust.acquisition import select as choose
 
     check_output(out, "--out")

@@ -74,8 +74,9 @@ def search(
     device: Device = "auto",
 ) -> None:
     """The k nearest library molecules of each query, by embedding cosine and ECFP4 Tanimoto."""
+    from smiexlm.atomic import atomic_path
     from smiexlm.data.readers import read_table
-    from smiexlm.paths import atomic_path, check_output
+    from smiexlm.paths import check_output
     from smiexlm.search import SearchIndex, format_hits
 
     if out is not None:

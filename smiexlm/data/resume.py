@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 from typing import Any, get_args
 
+from smiexlm.atomic import is_temporary_name, remove_path
 from smiexlm.data.shards import SHARD_SUFFIXES, Split
 from smiexlm.descriptor_stats import STATS_NAME
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
-from smiexlm.paths import VOCAB_NAME, is_temporary_name, remove_path
+from smiexlm.paths import VOCAB_NAME
 
 SPLITS: tuple[str, ...] = get_args(Split)
 # The pipeline's own files besides the shards (a run that committed nothing removes them).

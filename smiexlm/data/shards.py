@@ -26,8 +26,9 @@ from typing import Literal
 
 import numpy as np
 
+from smiexlm.atomic import write_bytes_atomic
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import file_sha256, read_json_file, write_bytes_atomic
+from smiexlm.paths import file_sha256, read_json_file
 
 Split = Literal["train", "valid"]
 SHARD_SUFFIXES = (".bin", ".idx", ".hash", ".desc")

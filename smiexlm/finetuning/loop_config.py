@@ -1,10 +1,13 @@
 """``LoopConfig``: how one fine-tuning run trains, each setting declared once
-(:func:`smiexlm.settings.setting`). The task adapters fill it from their own configs."""
+(:func:`smiexlm.settings.setting`); the task adapters fill it from their own configs.
+``FitRun``: how the run is driven beside it (seed, progress, its state, a callback)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from smiexlm.device import Precision, parse_precision
@@ -92,3 +95,20 @@ class LoopConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class FitRun:
+    """How one :func:`~smiexlm.finetuning.engine.fit` run is driven, beside what it trains:
+    its ``seed``; a progress bar (``progress``) and the name of its bar and log lines
+    (``desc``); ``state_dir``, where the state is kept after every epoch and resumed from when
+    present; ``identity``, what else (data, backbone, features) a resumed run must share with
+    the one that saved the state, beside the loop settings, the seed and the split sizes;
+    ``on_epoch(epoch, valid score)``, called after each validation (epochs count from 1)."""
+
+    seed: int = 0
+    progress: bool = False
+    desc: str = "fine-tune"
+    state_dir: Path | None = None
+    identity: Mapping[str, Any] | None = None
+    on_epoch: Callable[[int, float], None] | None = None

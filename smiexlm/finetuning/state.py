@@ -28,9 +28,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from smiexlm.atomic import atomic_dir
 from smiexlm.errors import DataError, SmiexlmError
 from smiexlm.model.layout import WEIGHTS_NAME
-from smiexlm.paths import atomic_dir, read_json_file
+from smiexlm.paths import read_json_file
 
 FORMAT = "smiexlm-finetune-state/1"
 STATE_JSON = "state.json"

@@ -18,10 +18,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from smiexlm.atomic import atomic_path, write_text_atomic
 from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.hpopt.search import HpoptResult, Search
 from smiexlm.hpopt.study import COUNTED_STATES, spending
-from smiexlm.paths import atomic_path, write_text_atomic
 
 BEST_NAME = "best.toml"
 TRIALS_NAME = "trials.csv"

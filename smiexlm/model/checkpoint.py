@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.descriptor_stats import STATS_NAME, load_model_descriptor_stats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.config import ExLMConfig
@@ -33,7 +34,7 @@ from smiexlm.model.integrity import (
 )
 from smiexlm.model.layout import CHECKSUMS_NAME, CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from smiexlm.model.shards import load_sharded, read_index, save_sharded
-from smiexlm.paths import VOCAB_NAME, check_not_a_file, read_json_file, write_text_atomic
+from smiexlm.paths import VOCAB_NAME, check_not_a_file, read_json_file
 from smiexlm.tokenizer import SmilesTokenizer, vocabulary_file_hash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -136,7 +137,7 @@ def save_pretrained_sharded(
     """A model folder (``config.json``, ``vocab.json``) with its weights sharded
     (:mod:`smiexlm.model.shards`); the folder appears complete or not at all. ``dtype`` (e.g.
     ``torch.float16``) casts floating weights."""
-    from smiexlm.paths import atomic_dir
+    from smiexlm.atomic import atomic_dir
 
     with atomic_dir(directory) as tmp:
         save_model_folder(model, tmp, tokenizer=tokenizer, dtype=dtype)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import ConfigError, DataError, check_field_types
-from smiexlm.paths import read_json_file, write_text_atomic
+from smiexlm.paths import read_json_file
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, N_SPECIAL_TOKENS, PAD_ID
 
 Objective = Literal["mlm", "exlm", "maelm", "mtr"]

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import DataError
 from smiexlm.model.layout import CHECKSUMS_NAME
-from smiexlm.paths import file_sha256, read_json_file, write_text_atomic
+from smiexlm.paths import file_sha256, read_json_file
 
 CHECKSUMS_FORMAT = "smiexlm-checksums/1"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.data.normalize import REWRITES, NormalizeConfig
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.layout import (
@@ -29,7 +30,7 @@ from smiexlm.model.layout import (
     WHITENING_NAME,
 )
 from smiexlm.model.pooling import pooling_parts
-from smiexlm.paths import read_json_file, write_text_atomic
+from smiexlm.paths import read_json_file
 
 # The preprocessing defaults without the corpus' size limits (serving rejects nothing for
 # size here; the model's max_positions is checked on its own).

@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.integrity import load_tensors
-from smiexlm.paths import file_sha256, read_json_file, write_text_atomic
+from smiexlm.paths import file_sha256, read_json_file
 
 FORMAT = "smiexlm-shards/1"
 MODEL_STEM = "model"

@@ -30,6 +30,7 @@ import numpy as np
 from scipy import sparse
 from tqdm.auto import tqdm
 
+from smiexlm.atomic import atomic_paths
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS, morgan_fingerprints, rdkit2d_descriptors
 from smiexlm.moleculenet.features import FeatureScaler
@@ -38,7 +39,6 @@ from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.runs import keep_predictions, run_dir, state_dir
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
-from smiexlm.paths import atomic_paths
 
 log = logging.getLogger(__name__)
 

@@ -154,8 +154,8 @@ def _score(task, rows, values: np.ndarray) -> float:
 
 def _save(folder: Path, task, split, seed: int, networks: dict[str, Path], forests: dict) -> None:
     """Write the ensemble's folder (see the module docstring) atomically."""
+    from smiexlm.atomic import atomic_dir
     from smiexlm.model.integrity import record_checksums
-    from smiexlm.paths import atomic_dir
 
     with atomic_dir(folder) as tmp:
         members: list[dict[str, Any]] = []

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from smiexlm.atomic import atomic_dir
 from smiexlm.errors import DataError
 from smiexlm.model.layout import FINETUNE_NAME, HEAD_NAME
-from smiexlm.paths import atomic_dir
 
 
 def check_free_seed_folders(save_dir: Path, seeds: Sequence[int], overwrite: bool) -> None:

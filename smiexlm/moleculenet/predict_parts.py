@@ -52,10 +52,11 @@ def predict_file(
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
     import pandas as pd
 
+    from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError, every_row_failed
     from smiexlm.moleculenet.folder import finetuned_folders
-    from smiexlm.paths import REJECTS_HEADER, atomic_paths, check_output, rejects_beside
+    from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
 
     folders = finetuned_folders(checkpoint)
     out = check_output(out, "--out")

@@ -229,7 +229,7 @@ def write_report(
     renamed into place (an interrupt keeps the previous report)."""
     import pandas as pd
 
-    from smiexlm.paths import atomic_path, write_text_atomic
+    from smiexlm.atomic import atomic_path, write_text_atomic
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from smiexlm.atomic import atomic_paths
 from smiexlm.errors import DataError
 from smiexlm.moleculenet import score_store
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
-from smiexlm.paths import atomic_paths, read_json_file, write_json
+from smiexlm.paths import read_json_file, write_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.moleculenet.backbone import Backbone

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from smiexlm.atomic import atomic_paths
 from smiexlm.errors import DataError
-from smiexlm.paths import atomic_paths
 
 STORE_NAME = "predictions.parquet"
 PARTS = ("valid", "test")

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from smiexlm.atomic import is_temporary_name
 from smiexlm.errors import DataError
 from smiexlm.parts.job import PART_FORMAT, PartsJob, part_name
 from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
-from smiexlm.paths import check_output, file_problem, is_temporary_name, read_json_file, write_json
+from smiexlm.paths import check_output, file_problem, read_json_file, write_json
 from smiexlm.training.workers import Workers
 
 

@@ -13,6 +13,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
+from smiexlm.atomic import atomic_paths, remove_stale_temporaries, write_text_atomic
 from smiexlm.errors import DataError, every_row_failed
 from smiexlm.parts.job import (
     PART_FORMAT,
@@ -25,15 +26,7 @@ from smiexlm.parts.job import (
 )
 from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
 from smiexlm.parts.resume import finished_parts, prepare_folder
-from smiexlm.paths import (
-    REJECTS_HEADER,
-    atomic_paths,
-    file_record,
-    read_json_file,
-    remove_stale_temporaries,
-    write_json,
-    write_text_atomic,
-)
+from smiexlm.paths import REJECTS_HEADER, file_record, read_json_file, write_json
 from smiexlm.training.workers import Workers, peak_rss_mib
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from smiexlm.atomic import atomic_dir
 from smiexlm.data.normalize import REWRITES
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
@@ -35,7 +36,7 @@ from smiexlm.model.records import (
     write_embedding,
     write_normalization,
 )
-from smiexlm.paths import atomic_dir, read_json_file
+from smiexlm.paths import read_json_file
 from smiexlm.tokenizer.special import N_SPECIAL_TOKENS
 
 

@@ -6,8 +6,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from smiexlm.atomic import atomic_path
 from smiexlm.errors import DataError
-from smiexlm.paths import atomic_path
 
 
 def metrics_path(run: Path) -> Path:

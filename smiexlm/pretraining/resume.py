@@ -25,10 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.data.shards import read_manifest
 from smiexlm.device import resolved_precision
 from smiexlm.errors import VocabularyMismatchError
-from smiexlm.paths import read_json_file, write_json, write_text_atomic
+from smiexlm.paths import read_json_file, write_json
 from smiexlm.training import run_state as ckpt
 
 logger = logging.getLogger(__name__)

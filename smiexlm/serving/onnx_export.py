@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from smiexlm.atomic import write_bytes_atomic, write_text_atomic
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.layout import (
     CONFIG_NAME,
@@ -36,7 +37,7 @@ from smiexlm.model.layout import (
     ONNX_MANIFEST_NAME,
 )
 from smiexlm.model.records import ONNX_MANIFEST_FORMAT, read_onnx_manifest
-from smiexlm.paths import check_not_a_file, file_sha256, write_bytes_atomic, write_text_atomic
+from smiexlm.paths import check_not_a_file, file_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import DataError, InvalidSmilesError
-from smiexlm.paths import ASSETS_DIR, VOCAB_NAME, read_json_file, write_text_atomic
+from smiexlm.paths import ASSETS_DIR, VOCAB_NAME, read_json_file
 from smiexlm.tokenizer.fast import ChunkEncoder, EncodedChunk
 from smiexlm.tokenizer.padding import pad_flat
 from smiexlm.tokenizer.special import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID

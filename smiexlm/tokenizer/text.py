@@ -31,8 +31,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.paths import VOCAB_NAME, read_json_file, write_text_atomic
+from smiexlm.paths import VOCAB_NAME, read_json_file
 from smiexlm.tokenizer.padding import pad_rows
 from smiexlm.tokenizer.smiles import BatchEncoding, Truncation
 from smiexlm.tokenizer.special import (

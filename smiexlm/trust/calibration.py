@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from smiexlm.atomic import atomic_path
 from smiexlm.errors import ConfigError
-from smiexlm.paths import atomic_path
 from smiexlm.trust.arrays import (
     PerTask,
     as_2d,

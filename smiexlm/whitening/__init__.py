@@ -181,3 +181,29 @@ def pooling_whitening(
     if key in whitenings:
         return whitenings[key]
     return Whitening.side_by_side([whitenings[part] for part in pooling_parts(pooling)])
+
+
+def served_whitening(whitenings: Mapping[str, Whitening], pooling: str, layer: int | Sequence[int],
+                     n_layers: int, whiten: bool | None, default: bool) -> Whitening | None:  # fmt: skip
+    """The whitening a featurize call applies to ``pooling`` of the blocks ``layer`` of a model
+    of ``n_layers``, or None: ``whiten`` True (ConfigError unless the blocks are the last few in
+    order and a whitening of them is stored), False, or None for the model's ``default`` where
+    such a whitening is stored."""
+    from smiexlm.model.pooling import block_indices
+
+    blocks = block_indices(layer, n_layers)
+    last = blocks == tuple(range(n_layers - 1, n_layers - 1 - len(blocks), -1))
+    whitening = pooling_whitening(whitenings, pooling, len(blocks)) if last else None
+    if whiten is None:
+        whiten = default and whitening is not None
+    if not whiten:
+        return None
+    if whiten is not True:
+        raise ConfigError("whiten", whiten, "True, False or None")
+    if not last:
+        raise ConfigError("layer", layer, "the last block or the last few in order, such as "
+                          "(-1, -2), with whiten=True (the whitenings are fitted on those)")  # fmt: skip
+    if whitening is None:
+        raise ConfigError("whiten", whiten, f"False: the model stores no whitening for {pooling} "
+                          f"pooling of the last {len(blocks)} block(s) (`smiexlm whiten` fits one)")  # fmt: skip
+    return whitening

@@ -46,7 +46,7 @@ def test_tokenization_is_one_folder():
 
 
 def test_tokenizer_package_sits_below_the_rest():
-    allowed = ("smiexlm.tokenizer", "smiexlm.errors", "smiexlm.paths")
+    allowed = ("smiexlm.tokenizer", "smiexlm.errors", "smiexlm.paths", "smiexlm.atomic")
     for path, tree in _modules().items():
         if path.startswith("smiexlm/tokenizer/"):
             project = {m for m in _imports(tree) if m.startswith("smiexlm")}
@@ -525,10 +525,7 @@ def test_a_module_exports_only_its_own_names():
 
 # What is still over the limits, named so the lists only shrink: a module or function that
 # grows past them fails, one that comes back under must leave its list.
-LONG_MODULES = {
-    "smiexlm/featurizer.py", "smiexlm/finetuning/engine.py", "smiexlm/moleculenet/finetune.py",
-    "smiexlm/paths.py",
-}  # fmt: skip
+LONG_MODULES = {"smiexlm/finetuning/engine.py", "smiexlm/moleculenet/finetune.py"}
 LONG_FUNCTIONS: set[str] = set()
 
 

@@ -72,7 +72,7 @@ def test_dag_backward_when_every_target_has_length_one(monkeypatch, impl):
 
 # ---------------------------------------------------------------------- atomic writes
 def test_atomic_paths_keep_the_old_result_on_error(tmp_path):
-    from smiexlm.paths import atomic_paths
+    from smiexlm.atomic import atomic_paths
 
     a, b = tmp_path / "emb.npy", tmp_path / "emb.ids.csv"
     a.write_text("old a")

@@ -321,7 +321,7 @@ def test_a_temporary_is_never_opened_through_a_planted_link(tmp_path, table, fin
 
 
 def test_stale_temporaries_are_removed_without_following_links(tmp_path):
-    from smiexlm.paths import atomic_path
+    from smiexlm.atomic import atomic_path
 
     victim = tmp_path / "victim"
     victim.mkdir()

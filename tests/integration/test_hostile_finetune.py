@@ -88,7 +88,7 @@ def test_saved_weights_follow_the_umask_like_every_other_output(saved):
 
 
 def test_atomic_outputs_follow_the_umask_whatever_mode_the_writer_gave(tmp_path):
-    from smiexlm.paths import atomic_dir, atomic_path
+    from smiexlm.atomic import atomic_dir, atomic_path
 
     expected = 0o666 & ~_umask()
     with atomic_path(tmp_path / "a.bin") as tmp:

@@ -27,17 +27,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from smiexlm.atomic import atomic_paths
 from smiexlm.data.readers import iter_smiles
 from smiexlm.data.widen.steps import BlockResult, StepCounts, WidenConfig, Widener
 from smiexlm.errors import DataError
-from smiexlm.paths import (
-    atomic_paths,
-    check_output,
-    file_problem,
-    file_record,
-    read_json_file,
-    write_json,
-)
+from smiexlm.paths import check_output, file_problem, file_record, read_json_file, write_json
 
 REPORT_FORMAT = "smiexlm-widen-report/1"
 

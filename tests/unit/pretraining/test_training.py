@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from smiexlm.atomic import atomic_dir
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
-from smiexlm.paths import atomic_dir
 from smiexlm.pretraining.config import (
     TrainConfig,
     load_config,
