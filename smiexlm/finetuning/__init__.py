@@ -1,5 +1,6 @@
-"""Fine-tuning: one training loop (``engine``) with its settings (``loop_config``) and its
-batches; task adapters live with their tasks (``smiexlm.moleculenet.finetune``,
+"""Fine-tuning: one training loop (``engine``) with its settings (``loop_config``), its
+batches, its weight average (``averaging``), its frozen-encoder modes (``frozen``), its state
+(``state``), data parallel processes (``parallel``) and inference (``inference``); task adapters live with their tasks (``smiexlm.moleculenet.finetune``,
 ``smiexlm.glue.finetune``). Names load lazily, so reading the settings needs no torch."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 _LAZY = {
     "Examples": "smiexlm.finetuning.batches",
     "FitResult": "smiexlm.finetuning.engine",
+    "FitRun": "smiexlm.finetuning.loop_config",
     "LoopConfig": "smiexlm.finetuning.loop_config",
     "fit": "smiexlm.finetuning.engine",
     "predict": "smiexlm.finetuning.inference",

@@ -23,27 +23,14 @@ function of the validation logits. :func:`fit` then does the rest, the same way 
   score)`` is called after each validation, and an exception it raises (a search's
   ``optuna.TrialPruned``) ends the run there and propagates.
 
-``ema_half_life=H`` (epochs; 0 = off) keeps an exponential moving average of the trainable
-weights, updated after every step with the weight of an update halving every H epochs (and
-a short warm-up, ``min(decay, (1 + t) / (10 + t))``, so the random head's start fades fast).
-Validation, selection and the weights kept are the average's, not the raw ones': one run's
-weights smoothed over its last epochs, at the cost of one copy of the trainable weights.
-
-``head_epochs=E`` first trains the head alone for E epochs on the frozen encoder's features
-(cached, as with ``freeze``), at ``head_lr`` decaying linearly to 0, then the whole model
-trains on the schedule as usual (LP-FT, Kumar et al., 2022: a random head's first gradients
-pull the pretrained features towards itself; a fitted head leaves them less to undo). The
-head-only stage draws its own batches and dropout, so the schedule that follows sees the
-batches and masks it would have seen without it. It is validated as epoch 0, which selection
-may keep.
+``ema_half_life``: validation, selection and the weights kept are those of a moving average
+of the weights (:mod:`~smiexlm.finetuning.averaging`). ``freeze``, ``freeze_layers`` and
+``head_epochs`` train with the encoder frozen, for the run or first
+(:mod:`~smiexlm.finetuning.frozen`).
 
 Each epoch logs one line at INFO (``smiexlm.finetuning.engine``): the step, the training loss,
 the validation score and the best so far, and the time left at the run's pace; a log file's
 progress, beside the optional progress bar.
-
-``freeze=True`` trains the head only: the encoder runs once, in eval mode, over every example,
-and the head trains on those cached features (seconds instead of minutes).
-``freeze_layers=N`` freezes the embeddings and the first N encoder blocks.
 
 With ``state_dir``, the run's state is written there after every epoch
 (:mod:`~smiexlm.finetuning.state`) and a run that finds one there goes on from it, to the
@@ -59,7 +46,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,14 +59,15 @@ from smiexlm.device import (
     resolve_device,
     resolved_precision,
 )
-from smiexlm.errors import ConfigError
+from smiexlm.finetuning.averaging import WeightAverage, trainable
 from smiexlm.finetuning.batches import (
     Examples,
     bucketed_batches,
     to_batch,
 )
+from smiexlm.finetuning.frozen import cached_features, freeze_encoder, train_head_first
 from smiexlm.finetuning.inference import predict
-from smiexlm.finetuning.loop_config import LoopConfig
+from smiexlm.finetuning.loop_config import FitRun, LoopConfig
 from smiexlm.finetuning.parallel import Replicas, present_labels
 from smiexlm.settings import recorded
 
@@ -121,45 +108,16 @@ class FitResult:
         } | ({"resumed_seconds": round(self.resumed_seconds, 2)} if self.resumed_seconds else {})
 
 
-def freeze_encoder(model: nn.Module, n_layers: int | None) -> None:
-    """Freeze ``model.model`` (an ExLMModel): all of it (``None``), or the embeddings and the
-    first ``n_layers`` blocks."""
-    encoder = model.model
-    if n_layers is None:
-        encoder.requires_grad_(False)
-        return
-    total = len(encoder.encoder.layers)
-    if n_layers > total:
-        raise ConfigError("freeze_layers", n_layers, f"at most the encoder's {total} layers")
-    if n_layers:
-        encoder.embed.requires_grad_(False)
-        for block in encoder.encoder.layers[:n_layers]:
-            block.requires_grad_(False)
-
-
-def fit(
-    model: nn.Module,
-    train: Examples,
-    valid: Examples | None,
-    config: LoopConfig,
-    score: Callable[[np.ndarray], float] | None,
-    seed: int = 0,
-    progress: bool = False,
-    desc: str = "fine-tune",
-    state_dir: Path | None = None,
-    identity: dict[str, Any] | None = None,
-    on_epoch: Callable[[int, float], None] | None = None,
-) -> FitResult:
-    """Train ``model`` in place on ``train``; select on ``score(valid logits)`` per epoch.
-
-    ``state_dir``: where the state is kept after every epoch, and resumed from when present;
-    ``identity``: what else (data, backbone, features) a resumed run must share with the one
-    that saved the state, beside the loop settings, the seed and the split sizes;
-    ``on_epoch(epoch, valid score)``: called after each validation (epochs count from 1)."""
-    run = _Fit(model, train, valid, config, score, seed)
-    if state_dir is not None:
-        run.keep_state(Path(state_dir), identity or {})
-    return run.run(progress, desc, on_epoch)
+def fit(model: nn.Module, train: Examples, valid: Examples | None, config: LoopConfig,
+        score: Callable[[np.ndarray], float] | None, run: FitRun | None = None) -> FitResult:  # fmt: skip
+    """Train ``model`` in place on ``train``; select on ``score(valid logits)`` per epoch,
+    driven as ``run`` says (:class:`~smiexlm.finetuning.loop_config.FitRun`: seed, progress,
+    the state kept and resumed, a callback after each validation)."""
+    run = run or FitRun()
+    loop = _Fit(model, train, valid, config, score, run.seed)
+    if run.state_dir is not None:
+        loop.keep_state(Path(run.state_dir), dict(run.identity or {}))
+    return loop.run(run.progress, run.desc, run.on_epoch)
 
 
 class _Fit:
@@ -197,7 +155,7 @@ class _Fit:
         self.rng = np.random.default_rng(seed)
         self.result = FitResult(0, float("nan"), 0, 0, False, 0.0)
         self.result.precision = resolved_precision(self.device, config.precision)
-        self.average = _Average.start(model, config, len(train))
+        self.average = WeightAverage.start(model, config, len(train))
         self.best_state: dict[str, torch.Tensor] | None = None
         self.since_best = 0  # epochs since the best validation score
         self.seed = seed
@@ -209,9 +167,9 @@ class _Fit:
 
         if self.config.freeze:  # the frozen encoder runs once, in eval mode and in the run's
             # precision (a resumed one's, see keep_state); the head trains on its features
-            self.train = _cached(self.model, self.train, self.config)
+            self.train = cached_features(self.model, self.train, self.config)
             if self.valid is not None:
-                self.valid = _cached(self.model, self.valid, self.config)
+                self.valid = cached_features(self.model, self.valid, self.config)
         self.lengths = self.train.lengths()
         result = self.result
         show = progress and self.replicas.is_main
@@ -306,49 +264,13 @@ class _Fit:
                    average)  # fmt: skip
 
     def _head_first(self, bar) -> None:
-        """``head_epochs``: the head alone on the frozen encoder's cached features, with its
-        own optimiser, batches and dropout stream (the same on every process), then validated
-        as epoch 0."""
-        from smiexlm.training.optim import (
-            PolynomialDecaySchedule,
-            adamw_with_decay_groups,
-            set_lr,
-        )
-
-        config, model = self.config, self.model
-        encoder_grads = [p.requires_grad for p in model.model.parameters()]
-        model.model.requires_grad_(False)
-        head = [p for p in model.parameters() if p.requires_grad]
-        train = _cached(model, self.train, config)
-        optimizer = adamw_with_decay_groups(  # over the head: the encoder is frozen here
-            model, config.head_lr, config.weight_decay, config.adam_betas, config.adam_eps
-        )
-        steps = math.ceil(len(train) / config.batch_size)
-        schedule = PolynomialDecaySchedule(config.head_lr, 0, config.head_epochs * steps)
-        rng = np.random.default_rng((self.seed, 1))
-        model.train()
-        model.model.eval()
-        losses, step = [], 0
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed + 1)
-            for _ in range(config.head_epochs):
-                for index in np.array_split(rng.permutation(len(train)), steps):
-                    set_lr(optimizer, schedule.lr_at(step))
-                    optimizer.zero_grad(set_to_none=True)
-                    loss = model(**to_batch(train, index, self.device, config.pad_id)).loss
-                    loss.backward()
-                    if config.clip_norm > 0:
-                        nn.utils.clip_grad_norm_(head, config.clip_norm)
-                    optimizer.step()
-                    losses.append(loss.detach())
-                    step += 1
-        for param, grad in zip(model.model.parameters(), encoder_grads, strict=True):
-            param.requires_grad_(grad)
-        self.replicas.broadcast(model)
+        """``head_epochs`` (:func:`~smiexlm.finetuning.frozen.train_head_first`), then the
+        model validated as epoch 0; the weight average starts from the fitted head."""
+        loss = train_head_first(self.model, self.train, self.config, self.seed, self.device)
+        self.replicas.broadcast(self.model)
         if self.average is not None:  # it averages from the fitted head, not the random one
-            self.average = _Average(model, self.average.decay)
-        last = losses[-steps:]
-        record = {"epoch": 0, "step": 0, "train_loss": float(torch.stack(last).mean())}
+            self.average = WeightAverage(self.model, self.average.decay)
+        record = {"epoch": 0, "step": 0, "train_loss": loss}
         if self.valid is not None and self.score is not None:
             self._validate(record, bar)
         self.result.history.append(record)
@@ -412,7 +334,7 @@ class _Fit:
         mine = (
             self.valid if replicas.world == 1 else self.valid.subset(replicas.share(np.arange(n)))
         )
-        with _Average.swapped_in(self.average):
+        with WeightAverage.swapped_in(self.average):
             logits = predict(self.model, mine, config.eval_batch_size, config.precision,
                              config.pad_id)  # fmt: skip
         logits = replicas.gather_rows(logits, n)
@@ -424,7 +346,7 @@ class _Fit:
             result.best_valid, result.best_epoch, self.since_best = value, result.epochs_run, 0
             if config.select == "best":
                 self.best_state = (
-                    {n: p.detach().clone() for n, p in _trainable(self.model)}
+                    {n: p.detach().clone() for n, p in trainable(self.model)}
                     if self.average is None
                     else {n: w.clone() for n, w in self.average.weights.items()}
                 )
@@ -467,70 +389,5 @@ class _Fit:
                 self.average.copy_into_model()
         else:
             with torch.no_grad():
-                for name, param in _trainable(self.model):
+                for name, param in trainable(self.model):
                     param.copy_(self.best_state[name])
-
-
-def _trainable(model: nn.Module):
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-class _Average:
-    """The exponential moving average of a model's trainable weights (``ema_half_life``)."""
-
-    def __init__(self, model: nn.Module, decay: float):
-        self.params = _trainable(model)
-        self.weights = {n: p.detach().float().clone() for n, p in self.params}
-        self.decay = decay
-
-    @classmethod
-    def start(cls, model: nn.Module, config: LoopConfig, n_train: int) -> _Average | None:
-        if not config.ema_half_life:
-            return None
-        steps_per_epoch = math.ceil(n_train / config.batch_size)
-        return cls(model, 0.5 ** (1.0 / (config.ema_half_life * steps_per_epoch)))
-
-    @torch.no_grad()
-    def update(self, step: int) -> None:
-        """Fold in the weights after update ``step`` (0-based)."""
-        keep = min(self.decay, (1 + step) / (10 + step))
-        for name, param in self.params:
-            self.weights[name].lerp_(param.detach().float(), 1.0 - keep)
-
-    def restore(self, saved: dict[str, torch.Tensor] | None, device: torch.device) -> None:
-        from smiexlm.finetuning.state import StateMismatchError
-
-        if saved is None or saved.keys() != self.weights.keys():
-            raise StateMismatchError("the saved state has no weight average for this run")
-        self.weights = {n: w.to(device) for n, w in saved.items()}
-
-    @torch.no_grad()
-    def copy_into_model(self) -> None:
-        for name, param in self.params:
-            param.copy_(self.weights[name])
-
-    @staticmethod
-    @contextmanager
-    def swapped_in(average: _Average | None):
-        """The average's weights in the model for the block; the raw ones back after it."""
-        if average is None:
-            yield
-            return
-        raw = {n: p.detach().clone() for n, p in average.params}
-        average.copy_into_model()
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for name, param in average.params:
-                    param.copy_(raw[name])
-
-
-def _cached(model: nn.Module, examples: Examples, config: LoopConfig) -> Examples:
-    """``examples`` with the frozen encoder's pooled features in place of token ids."""
-    if examples.rows is None:
-        return examples
-    pooled = predict(
-        model, examples, config.eval_batch_size, config.precision, config.pad_id, "pooled"
-    )
-    return Examples(None, examples.targets, examples.features, torch.from_numpy(pooled))

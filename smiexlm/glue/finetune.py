@@ -196,7 +196,7 @@ def finetune_seed(
     progress: bool = True,
 ) -> GlueRun:
     """Fine-tune a fresh copy of the encoder for one seed and score it on the eval rows."""
-    from smiexlm.finetuning import Examples, LoopConfig, fit
+    from smiexlm.finetuning import Examples, FitRun, LoopConfig, fit
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
 
@@ -223,8 +223,8 @@ def finetune_seed(
         scores.append(compute_metrics(task, logits, eval_labels))
         return scores[-1][task.primary_metric]
 
-    fitted = fit(model, Examples(train_rows, labels), Examples(eval_rows), loop, primary, seed,
-                 progress, f"{task.name} seed {seed}")  # fmt: skip
+    fitted = fit(model, Examples(train_rows, labels), Examples(eval_rows), loop, primary,
+                 FitRun(seed, progress, f"{task.name} seed {seed}"))  # fmt: skip
     history = [record | scores[i] for i, record in enumerate(fitted.history)]
     return GlueRun(seed, dict(scores[-1]), history, fitted.steps, fitted.seconds)
 

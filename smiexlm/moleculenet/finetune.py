@@ -304,7 +304,7 @@ def finetune_once(
     there goes on from it) and, at the end, its scores (``predictions.npz``) and result
     (``result.json``); see :mod:`smiexlm.moleculenet.runs`.
     """
-    from smiexlm.finetuning import fit
+    from smiexlm.finetuning import FitRun, fit
 
     t0 = time.perf_counter()
     task = check_task(task)
@@ -314,9 +314,9 @@ def finetune_once(
     loop = loop_config(cfg, higher_is_better=task.is_classification)
     state = None if run_dir is None else runs.state_dir(run_dir)
     identity = runs.identity(task, split, cfg, backbone)
+    driven = FitRun(seed, progress, f"{task.name} seed {seed}", state, identity, on_epoch)
     fitted = fit(run.model, train, valid, loop,
-                 lambda logits: targets.score(split.valid, logits).mean, seed, progress,
-                 f"{task.name} seed {seed}", state, identity, on_epoch)  # fmt: skip
+                 lambda logits: targets.score(split.valid, logits).mean, driven)  # fmt: skip
     scores, config = _served_scores(run, task, split, cfg, backbone, fitted)
     valid_score, test_score = fitted.best_valid, targets.score_values(split.test, scores.test)
     if cfg.forest:

@@ -8,7 +8,7 @@ import torch
 from rdkit import Chem
 
 from smiexlm.data.augment import random_smiles
-from smiexlm.finetuning import Examples, LoopConfig, fit, predict, predict_views
+from smiexlm.finetuning import Examples, FitRun, LoopConfig, fit, predict, predict_views
 from tests.unit.finetuning.test_finetuning import SMILES, _model_and_rows
 
 DRUGS = ["CC(=O)Oc1ccccc1C(=O)O", "C[C@H](N)C(=O)O", "CN1CCC[C@H]1c1cccnc1", "[NH3+]CC([O-])=O",
@@ -48,5 +48,5 @@ def test_views_and_training_with_variants():
     np.testing.assert_array_equal(views[0], predict(model, Examples(rows)))
     config = LoopConfig(epochs=2, batch_size=4, lr=1e-3, device="cpu")
     result = fit(model, examples.subset(np.arange(16)), examples.subset(np.arange(16, 24)),
-                 config, lambda logits: float(logits.mean()), 0)  # fmt: skip
+                 config, lambda logits: float(logits.mean()), FitRun(0))  # fmt: skip
     assert result.epochs_run == 2 and all(np.isfinite(h["valid"]) for h in result.history)

@@ -8,7 +8,7 @@ import torch
 
 from smiexlm.data.collate import collate
 from smiexlm.errors import ConfigError
-from smiexlm.finetuning import Examples, LoopConfig, fit, predict
+from smiexlm.finetuning import Examples, FitRun, LoopConfig, fit, predict
 from smiexlm.finetuning.batches import bucketed_batches, sorted_batches
 
 SMILES = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O", "CCN", "CCCCCCCCCC", "O=C=O", "CCCl",
@@ -104,7 +104,7 @@ def test_patience_stops_early_and_is_recorded_and_best_epoch_is_restored(caplog)
 
     cfg = LoopConfig(epochs=6, batch_size=8, lr=1e-2, patience=2, device="cpu")
     with caplog.at_level("INFO", logger="smiexlm.finetuning.engine"):
-        result = fit(model, data, data, cfg, score, desc="toy")
+        result = fit(model, data, data, cfg, score, FitRun(desc="toy"))
     assert result.stopped_early and result.epochs_run == 3 and result.best_epoch == 1
     lines = [r.getMessage() for r in caplog.records]  # one per epoch, with its scores
     assert len(lines) == 3 and lines[2].startswith("toy: epoch 3 (step ")
@@ -122,7 +122,9 @@ def test_on_epoch_sees_each_validation_and_its_exception_ends_the_run():
     scores = iter([0.6, 0.7, 0.65, 0.8, 0.9])
     seen: list[tuple[int, float]] = []
     cfg = LoopConfig(epochs=5, batch_size=8, lr=1e-3, device="cpu")
-    result = fit(model, data, data, cfg, lambda z: next(scores), on_epoch=lambda *a: seen.append(a))
+    result = fit(
+        model, data, data, cfg, lambda z: next(scores), FitRun(on_epoch=lambda *a: seen.append(a))
+    )
     assert seen == [(1, 0.6), (2, 0.7), (3, 0.65), (4, 0.8), (5, 0.9)] and result.steps == 15
 
     class Stop(Exception):
@@ -138,7 +140,7 @@ def test_on_epoch_sees_each_validation_and_its_exception_ends_the_run():
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     scores = iter([0.6, 0.7, 0.65])
     with pytest.raises(Stop):
-        fit(model, data, data, cfg, lambda z: next(scores), on_epoch=stop_at_two)
+        fit(model, data, data, cfg, lambda z: next(scores), FitRun(on_epoch=stop_at_two))
     assert seen == [(1, 0.6), (2, 0.7)]
     assert next(scores) == 0.65  # no third validation: the run ended at epoch 2
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())

@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 from smiexlm.errors import DataError
-from smiexlm.finetuning import Examples, LoopConfig, engine, fit
+from smiexlm.finetuning import Examples, FitRun, LoopConfig, engine, fit, frozen
 from smiexlm.finetuning.state import STATE_JSON, StateMismatchError
 from tests.conftest import free_port
 from tests.unit.finetuning.test_finetuning import SMILES
@@ -45,7 +45,7 @@ def _run(tmp, stop_after: int | None = None, dropout: float = 0.1, score=None, *
     if score is None:
         score = lambda logits: float(-np.abs(logits).mean())  # noqa: E731 - any score will do
     if stop_after is None:
-        return model, fit(model, train, valid, config, score, 0, state_dir=tmp)
+        return model, fit(model, train, valid, config, score, FitRun(0, state_dir=tmp))
     saves = engine._Fit._save
 
     def stopping(self):
@@ -55,7 +55,7 @@ def _run(tmp, stop_after: int | None = None, dropout: float = 0.1, score=None, *
 
     engine._Fit._save = stopping
     try:
-        fit(model, train, valid, config, score, 0, state_dir=tmp)
+        fit(model, train, valid, config, score, FitRun(0, state_dir=tmp))
     except KeyboardInterrupt:
         return model, None
     finally:
@@ -109,7 +109,10 @@ def test_a_resumed_run_keeps_the_precision_it_began_in(tmp_path, monkeypatch, fr
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)  # another machine
     used, autocast, predict = [], engine.autocast, engine.predict
     monkeypatch.setattr(engine, "autocast", lambda dev, p: used.append(p) or autocast(dev, p))
-    monkeypatch.setattr(engine, "predict", lambda *a, **k: used.append(a[3]) or predict(*a, **k))
+    for module in (engine, frozen):  # validation, and the frozen encoder's features
+        monkeypatch.setattr(
+            module, "predict", lambda *a, **k: used.append(a[3]) or predict(*a, **k)
+        )
     _, resumed = _run(tmp_path / "cut", freeze=freeze)
     assert resumed.precision == "fp32" and used and set(used) == {"fp32"}
     used.clear()
