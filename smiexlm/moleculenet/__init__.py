@@ -3,7 +3,8 @@
 Its modules: ``registry``/``loaders``/``task`` (the sets, their files, a typed task, the
 evaluation molecules widening excludes), ``splits``, ``metrics``/``compare`` (scores and
 paired bootstraps), ``configs`` (the paper's per-task settings and the default), ``finetune``
-with ``backbone``/``adapt``/``features``/``ensemble``/``blend``/``forest``/``baseline``/``probe``,
+with ``targets`` (labels and scores of a run), ``finetune_outputs`` (what a seed keeps),
+``backbone``/``adapt``/``features``/``ensemble``/``blend``/``forest``/``baseline``/``probe``,
 ``runs`` (a resumable cell per set and seed) with ``score_store`` (its compact committed
 scores), ``report``, and serving: ``prediction`` (``predict``) with
 ``served`` (one folder's scores and blend members), ``predict_trust`` (the domain and

@@ -37,11 +37,11 @@ from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.adapt import adapt_descriptors
 from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig, resolve_forest
-from smiexlm.moleculenet.folder import check_free_seed_folders, save_finetuned
-from smiexlm.moleculenet.metrics import TaskScores, score, to_scores
-from smiexlm.moleculenet.reference import Reference
+from smiexlm.moleculenet.finetune_outputs import write_outputs
+from smiexlm.moleculenet.folder import check_free_seed_folders
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
+from smiexlm.moleculenet.targets import RunScores, Targets
 from smiexlm.moleculenet.task import MoleculeTask, check_seeds, check_task, run_seeds
 from smiexlm.paths import check_output
 
@@ -82,79 +82,6 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
     if cfg.ensemble != "none":
         name += f", {cfg.ensemble} ensemble"
     return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
-
-
-@dataclass
-class _Targets:
-    """Labels as the head is trained on them: standardised on train for regression."""
-
-    y: np.ndarray  # (N, T) float32, NaN = missing
-    mean: np.ndarray
-    std: np.ndarray
-    task_type: str
-
-    @classmethod
-    def fit(cls, task: MoleculeTask, split: Split) -> _Targets:
-        y = task.labels.astype(np.float32)
-        mean = np.zeros(y.shape[1], dtype=np.float32)
-        std = np.ones(y.shape[1], dtype=np.float32)
-        if not task.is_classification:
-            mean = np.nanmean(y[split.train], axis=0)
-            std = np.nanstd(y[split.train], axis=0) + 1e-6
-        return cls(y, mean, std, task.task_type)
-
-    def scaled(self) -> torch.Tensor:
-        return torch.from_numpy((self.y - self.mean) / self.std)
-
-    def to_scores(self, logits: np.ndarray) -> np.ndarray:
-        """Probabilities, or values in the labels' units."""
-        return to_scores(logits, self.task_type, self.mean, self.std)
-
-    def score(self, rows: Sequence[int], logits: np.ndarray):
-        return self.score_values(rows, self.to_scores(logits))
-
-    def score_values(self, rows: Sequence[int], values: np.ndarray):
-        """The metric of ``values`` (probabilities, or values in the labels' units)."""
-        if not len(rows):  # a split without test rows (hpopt's): nothing to score
-            n = self.y.shape[1]
-            return TaskScores(float("nan"), [float("nan")] * n, 0, list(range(n)))
-        return score(self.task_type, self.y[rows], values)
-
-
-@dataclass
-class _Scores:
-    """A finished run's validation and test scores (probabilities, or values in the labels'
-    units): the model's, then, with a forest beside it, the blend's, the model's and the
-    forest's kept apart."""
-
-    valid: np.ndarray  # the served scores (the mean over the TTA views)
-    valid_canonical: np.ndarray  # the canonical SMILES' alone: the blend's reference, as served
-    test: np.ndarray
-    forest: Any = None  # KeptForest
-    parts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-
-    def add_forest(self, run: _Setup, task: MoleculeTask, split: Split, seed: int,
-                   cfg: FinetuneConfig) -> None:  # fmt: skip
-        """Fit the forest of ``cfg.forest`` on the training molecules and blend."""
-        from smiexlm.moleculenet.forest import KeptForest
-
-        self.forest, forest = KeptForest.fit(run.inputs, task.labels, split.train, split.valid,
-                                             task.task_type, seed, cfg)  # fmt: skip
-        self.parts = {"valid_model": self.valid, "test_model": self.test,
-                      "valid_forest": forest[split.valid], "test_forest": forest[split.test]}  # fmt: skip
-        self.valid, self.test = (
-            self.forest.blended(task.task_type, self.valid_canonical, self.parts[f"{p}_model"],
-                                self.parts[f"{p}_forest"])
-            for p in ("valid", "test")
-        )  # fmt: skip
-
-    def forest_summary(self, targets: _Targets, split: Split, scale: float) -> dict[str, float]:
-        """The model's and the forest's scores alone, beside the blend's in the result."""
-        return {
-            f"{p}_{who}": targets.score_values(rows, self.parts[f"{p}_{who}"]).mean * scale
-            for p, rows in (("valid", split.valid), ("test", split.test))
-            for who in ("model", "forest")
-        }  # fmt: skip
 
 
 def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | None, split: Split):
@@ -224,7 +151,7 @@ def check_class_weight(task: MoleculeTask, cfg: FinetuneConfig) -> None:
 
 
 @dataclass
-class _Setup:
+class Setup:
     """A seed's run before training: the model-side SMILES and their tokenizer, the model, its
     (train, valid, test) examples, the targets and the hybrid features' scaler."""
 
@@ -232,7 +159,7 @@ class _Setup:
     tokenizer: Any
     n_cut: int  # inputs cut to cfg.max_length tokens
     unknown: tuple[int, int]  # ([UNK] tokens, molecules holding one)
-    targets: _Targets
+    targets: Targets
     scaler: Any  # FeatureScaler, or None without hybrid features
     model: Any  # ExLMForSequencePrediction
     parts: tuple[Any, Any, Any]  # (train, valid, test) Examples
@@ -240,7 +167,7 @@ class _Setup:
 
 
 def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, backbone: Backbone,
-           inputs: list[str] | None, raw_features: np.ndarray | None) -> _Setup:  # fmt: skip
+           inputs: list[str] | None, raw_features: np.ndarray | None) -> Setup:  # fmt: skip
     """Tokenize, scale the targets and features on train, build the seeded model (after the
     descriptor adaptation, when asked for) and its examples, in the order that fixes the
     random state of the run."""
@@ -258,7 +185,7 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
     if (unseen := model_inputs.unseen(rows)) and any(unseen):
         log.warning("%s: %s; fine-tuning trains those its training molecules hold",
                     task.name, UnseenTokens().add(unseen).describe())  # fmt: skip
-    targets = _Targets.fit(task, split)
+    targets = Targets.fit(task, split)
     class_weights = _class_weights(task, split, cfg)
     features, scaler = _hybrid_features(cfg, inputs, raw_features, split)
     torch.manual_seed(seed)
@@ -278,7 +205,7 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
     train.variants = _variants(backbone, tokenizer, inputs, split.train, cfg.augment, cfg, seed)
     valid.variants = _variants(backbone, tokenizer, inputs, split.valid, cfg.tta, cfg, seed)
     test.variants = _variants(backbone, tokenizer, inputs, split.test, cfg.tta, cfg, seed)
-    return _Setup(inputs, tokenizer, len(cut), unknown, targets, scaler, model, (train, valid, test),
+    return Setup(inputs, tokenizer, len(cut), unknown, targets, scaler, model, (train, valid, test),
                   adapted)  # fmt: skip
 
 
@@ -320,13 +247,13 @@ def finetune_once(
     scores, config = _served_scores(run, task, split, cfg, backbone, fitted)
     valid_score, test_score = fitted.best_valid, targets.score_values(split.test, scores.test)
     if cfg.forest:
-        scores.add_forest(run, task, split, seed, cfg)
+        scores.add_forest(run.inputs, task, split, seed, cfg)
         config |= scores.forest_summary(targets, split, task.scale)
         valid_score = targets.score_values(split.valid, scores.valid).mean
         test_score = targets.score_values(split.test, scores.test)
     if not runs.is_main():
         save_dir = run_dir = None  # one process writes
-    _write_outputs(run, task, split, cfg, seed, backbone, fitted, scores, save_dir, run_dir)
+    write_outputs(run, task, split, cfg, seed, backbone, fitted, scores, save_dir, run_dir)
     result = task.result(variant_name(backbone, cfg), split, seed, valid_score, test_score,
                          time.perf_counter() - t0, config, fitted.best_epoch, scores.test)  # fmt: skip
     if run_dir is not None:
@@ -334,8 +261,8 @@ def finetune_once(
     return result
 
 
-def _served_scores(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig,
-                   backbone: Backbone, fitted) -> tuple[_Scores, dict]:  # fmt: skip
+def _served_scores(run: Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig,
+                   backbone: Backbone, fitted) -> tuple[RunScores, dict]:  # fmt: skip
     """The fitted model's validation and test scores, as ``predict`` serves them (fp32,
     batch-invariant, so the reported score is the one a user gets back from the saved
     model), and the run's config record."""
@@ -345,7 +272,7 @@ def _served_scores(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneC
     targets = run.targets
     test_views = predict_views(run.model, test, cfg.loop.eval_batch_size)  # (V, N, T)
     valid_views = predict_views(run.model, valid, cfg.loop.eval_batch_size)
-    scores = _Scores(targets.to_scores(valid_views.mean(axis=0)),
+    scores = RunScores(targets.to_scores(valid_views.mean(axis=0)),
                      targets.to_scores(valid_views[0]), targets.to_scores(test_views.mean(axis=0)))  # fmt: skip
     backbone_record = {"backbone": backbone.name, "backbone_sha256": backbone.weights_sha256}
     counts = {"n_truncated": run.n_cut, "n_unk_tokens": run.unknown[0],
@@ -356,69 +283,6 @@ def _served_scores(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneC
     if len(test_views) > 1:  # what the canonical SMILES alone scores, beside the mean
         config["test_canonical"] = targets.score(split.test, test_views[0]).mean * task.scale
     return scores, config
-
-
-def _write_outputs(run: _Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int,
-                   backbone: Backbone, fitted, scores: _Scores, save_dir: Path | None,
-                   run_dir: Path | None) -> None:  # fmt: skip
-    """Write what a finished seed keeps: its scores and nearness in ``run_dir``
-    (``predictions.npz``), the fine-tuned folder in ``save_dir``; nothing when both are None."""
-    from smiexlm.finetuning import predict as engine_predict
-
-    if save_dir is None and run_dir is None:
-        return
-    (train, valid, test), targets = run.parts, run.targets
-    reference = _reference(run.model, (train, valid), run.inputs, split, targets, cfg)
-    if run_dir is not None:
-        test_pooled = engine_predict(run.model, test, cfg.loop.eval_batch_size, output="pooled")
-        nearness = reference.nearness([run.inputs[i] for i in split.test], test_pooled)
-        runs.write_predictions(run_dir, split, scores.valid, scores.test, reference, nearness,
-                               scores.parts)  # fmt: skip
-        runs.write_history(run_dir, fitted.history)
-    if save_dir is not None:
-        scaler = None if run.scaler is None else run.scaler.to_dict()
-        meta = dict(
-            dataset=task.name, task_type=task.task_type, label_cols=task.label_cols,
-            config=cfg.to_dict(), seed=seed, split=split.label, target_mean=targets.mean.tolist(),
-            target_std=targets.std.tolist(), backbone=backbone.name, best_epoch=fitted.best_epoch,
-            feature_scaler=scaler,
-        )  # fmt: skip
-        save_finetuned(run.model, run.tokenizer, save_dir, normalization=backbone.normalization,
-                       meta=meta, reference=reference, forest=scores.forest,
-                       corpus_tokens=_trained_tokens(backbone, train))  # fmt: skip
-
-
-def _trained_tokens(backbone: Backbone, train) -> tuple[np.ndarray, str] | None:
-    """(V,) token counts of what a fine-tuned model's weights were trained on (the backbone's
-    corpus, then every spelling of the training molecules) and what that was; None when the
-    backbone keeps no record of its corpus."""
-    counts = None if backbone.folder is None else backbone.folder.corpus_tokens
-    if counts is None:
-        return None
-    source = f"the pretraining corpus of {backbone.name}"
-    if train.rows is None:  # a frozen encoder: fine-tuning trained the head alone
-        return counts, source
-    rows = [*train.rows, *(row for spellings in train.variants or [] for row in spellings)]
-    tuned = np.bincount(np.concatenate(rows), minlength=len(counts)) if rows else 0
-    return counts + tuned, f"{source}, then {len(train.rows):,} fine-tuning training molecules"
-
-
-def _reference(model, parts, inputs: list[str], split: Split, targets: _Targets,
-               cfg: FinetuneConfig) -> Reference:  # fmt: skip
-    """What the saved folder keeps for the applicability domain and calibration: the train
-    and validation molecules' embeddings, the validation labels and served outputs
-    (canonical SMILES, fp32)."""
-    from smiexlm.finetuning import predict as engine_predict
-
-    (train, valid), batch = parts, cfg.loop.eval_batch_size
-    both = engine_predict(model, valid, batch, output="pooled+logits")  # one pass for both
-    width = both.shape[1] - targets.y.shape[1]
-    valid_pooled, valid_logits = both[:, :width], both[:, width:]
-    return Reference.build(
-        [inputs[i] for i in split.train], engine_predict(model, train, batch, output="pooled"),
-        [inputs[i] for i in split.valid], valid_pooled,
-        targets.y[split.valid], valid_logits, targets.to_scores(valid_logits),
-    )  # fmt: skip
 
 
 def _refuse_early(task: MoleculeTask, cfg: FinetuneConfig, seeds: Sequence[int],

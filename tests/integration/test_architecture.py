@@ -525,7 +525,7 @@ def test_a_module_exports_only_its_own_names():
 
 # What is still over the limits, named so the lists only shrink: a module or function that
 # grows past them fails, one that comes back under must leave its list.
-LONG_MODULES = {"smiexlm/moleculenet/finetune.py"}
+LONG_MODULES: set[str] = set()
 LONG_FUNCTIONS: set[str] = set()
 
 
