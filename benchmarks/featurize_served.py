@@ -14,6 +14,8 @@ repeat, best of ``--repeats`` by process CPU time (molecules per CPU second):
   token budget across lengths (padded) and float64 attention per length;
 - ``raw encoder``: ``model.encode`` in plain fp32 (not batch-invariant) over the same
   batches, tokens prepared beforehand, no whitening;
+- ``int8``: ``Featurizer(int8=True)``'s ``featurize`` (the linear layers in int8, opt-in;
+  ``int8 cosine``: the least cosine similarity of its embedding to the served one);
 - ``onnx``: ``Featurizer(backend="onnx")``'s ``featurize`` (``encoder.onnx``, exported into a
   temporary copy of the model);
 - ``ecfp4``: RDKit Morgan fingerprints, radius 2, 2,048 bits, parsing included.
@@ -131,6 +133,7 @@ def measure(folder: Path, smiles: list[str], threads: int, repeats: int) -> tupl
     torch.set_num_threads(threads)  # onnxruntime takes the same count
     feat = Featurizer.from_pretrained(folder, device="cpu")
     fast = Featurizer.from_pretrained(folder, backend="onnx")
+    int8 = Featurizer.from_pretrained(folder, int8=True)
     ids, _, _ = feat.prepare(smiles)
     rows = sorted((r for r in ids if r is not None), key=len)
     cuts = length_batches(feat.inputs.encoder_lengths(rows), 16384)
@@ -138,10 +141,14 @@ def measure(folder: Path, smiles: list[str], threads: int, repeats: int) -> tupl
     with served_before():
         before = feat.featurize(smiles, errors="nan", log_failures=False)
     now = feat.featurize(smiles, errors="nan", log_failures=False)
+    rounded = int8.featurize(smiles, errors="nan", log_failures=False)
+    ok = ~np.isnan(now).any(axis=1)
+    cosine = (now[ok] * rounded[ok]).sum(1) / np.linalg.norm(now[ok], axis=1) / np.linalg.norm(rounded[ok], axis=1)  # fmt: skip
     runs = {
         "served": lambda: feat.featurize(smiles, errors="nan", log_failures=False),
         "served before": lambda: _before(feat, smiles),
         "raw encoder": lambda: raw_encoder(feat, batches),
+        "int8": lambda: int8.featurize(smiles, errors="nan", log_failures=False),
         "onnx": lambda: fast.featurize(smiles, errors="nan", log_failures=False),
         "ecfp4": lambda: ecfp4(smiles),
     }
@@ -154,7 +161,9 @@ def measure(folder: Path, smiles: list[str], threads: int, repeats: int) -> tupl
     line = (f"| {threads} | {cells} | **{rate['served'] / rate['ecfp4']:.3f}x** | "
             f"{rate['served before'] / rate['ecfp4']:.3f}x | "
             f"{rate['served'] / rate['served before']:.2f}x | "
-            f"{rate['onnx'] / rate['served']:.2f}x | {np.nanmax(np.abs(now - before)):.1e} |")  # fmt: skip
+            f"{rate['onnx'] / rate['served']:.2f}x | {np.nanmax(np.abs(now - before)):.1e} | "
+            f"**{rate['int8'] / rate['ecfp4']:.3f}x** | {rate['int8'] / rate['served']:.2f}x | "
+            f"{cosine.min():.4f} |")  # fmt: skip
     return line, (stages(feat, smiles, repeats) if threads == 1 else {})
 
 
@@ -174,9 +183,10 @@ def main() -> None:
         measured = [measure(folder, smiles, t, args.repeats) for t in args.threads]
     print(f"{cpu_name()}, torch {torch.__version__}, {args.n} BBBP molecules, best of "
           f"{args.repeats} by process CPU time, molecules per CPU second\n")  # fmt: skip
-    print("| threads | served | served before | raw encoder | onnx | ecfp4 | served / ecfp4 "
-          "| before / ecfp4 | served / before | onnx / served | max change |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| threads | served | served before | raw encoder | int8 | onnx | ecfp4 | served / ecfp4 "
+          "| before / ecfp4 | served / before | onnx / served | max change | int8 / ecfp4 "
+          "| int8 / served | int8 cosine |")  # fmt: skip
+    print("|---:" * 15 + "|")
     print("\n".join(line for line, _ in measured))
     for _, parts in measured:
         if parts:

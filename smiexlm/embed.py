@@ -58,7 +58,8 @@ class EmbedOptions:
     """How a table's SMILES are embedded (the keyword arguments of :func:`embed_file` and
     :func:`embed_parts`): the model folder (None = the shipped one), the pooling, bad rows as
     NaN or an error, the model's normalisation or SMILES as written, padded tokens per batch,
-    the device, and the backend (``onnx``: onnxruntime on the CPU)."""
+    the device, the backend (``onnx``: onnxruntime on the CPU) and int8 products (CPU, opt-in:
+    :class:`~smiexlm.featurizer.Featurizer`)."""
 
     checkpoint: Path | None = None
     pooling: str | None = None  # "cls", "mean", "max", "cls+max", ...; None: the folder's own
@@ -69,9 +70,11 @@ class EmbedOptions:
     backend: Literal["torch", "onnx"] = "torch"
     whiten: bool | None = None  # None: the model folder's own (embedding.json)
     layers: int | None = None  # the last blocks side by side; None: the folder's own
+    int8: bool = False
 
     def featurizer(self, device: str | None = None) -> Featurizer:
-        return Featurizer.from_pretrained(self.checkpoint, device or self.device, self.backend)
+        return Featurizer.from_pretrained(self.checkpoint, device or self.device, self.backend,
+                                          self.int8)  # fmt: skip
 
     def embed(self, feat: Featurizer, smiles: Any, index_offset: int) -> np.ndarray:
         """(n, d) rows of ``smiles``; the bad ones are in ``feat.last_report``. ``whiten=None``
@@ -115,6 +118,7 @@ class EmbedOptions:
         }
         kept |= {"layers": self.chosen_layers()} if self.chosen_layers() > 1 else {}
         kept |= {"whiten": True} if self.chosen_whiten() else {}
+        kept |= {"int8": True} if self.int8 else {}
         return kept | ({"backend": self.backend} if self.backend != "torch" else {})
 
 

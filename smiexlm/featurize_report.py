@@ -1,5 +1,6 @@
-"""What a ``featurize`` call reports (:class:`FeaturizeReport`, logged by :func:`log_report`),
-and how a long run keeps its memory flat (:func:`release_free_memory`)."""
+"""What a ``featurize`` call reports (:class:`FeaturizeReport`, logged by :func:`log_report`;
+its :func:`progress_bar`), and how a long run keeps its memory flat
+(:func:`release_free_memory`)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,10 @@ def log_report(report: FeaturizeReport) -> None:
         )  # fmt: skip
     if report.unseen is not None and report.unseen.holding:
         logger.warning("featurize: %s", report.unseen.describe())
+
+
+def progress_bar(total: int | None) -> Any:
+    """A tqdm bar counting molecules."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="mol", desc="featurize")

@@ -42,8 +42,8 @@ from smiexlm.errors import (
     VocabularyMismatchError,
     check_positive_int,
 )
-from smiexlm.featurize_report import FeaturizeReport, log_report, release_free_memory
-from smiexlm.model.encoder import batch_invariant
+from smiexlm.featurize_report import FeaturizeReport, log_report, progress_bar, release_free_memory
+from smiexlm.model.encoder import batch_invariant, int8_products
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.model.model import ExLMModel
 from smiexlm.model.pooling import block_indices, last_blocks, pooling_parts
@@ -53,11 +53,11 @@ from smiexlm.whitening import Whitening, pooling_whitening, served_whitening
 
 Pooling = str  # "cls", "mean", "max", or several joined by "+" ("cls+max")
 Errors = Literal["raise", "nan"]
-Device = Literal["auto", "cpu", "cuda"]
 Backend = Literal["torch", "onnx"]
 
 _BACKENDS = ("torch", "onnx")
 _ERRORS = ("raise", "nan")
+_INT8_PLACES = (("torch", "auto"), ("torch", "cpu"))  # int8 products run on the CPU
 __all__ = ["FeaturizeOptions", "Featurizer"]
 
 
@@ -85,7 +85,8 @@ class Featurizer:
     initialisation, a model being trained): ``Featurizer(Pretrained(model, tokenizer))``,
     served with the default normalisation and cls pooling, unwhitened."""
 
-    def __init__(self, pretrained: Pretrained, device: str = "auto", backend: Backend = "torch"):
+    def __init__(self, pretrained: Pretrained, device: str = "auto", backend: Backend = "torch",
+                 int8: bool = False):  # fmt: skip
         """``pretrained`` holds the model, its tokenizer and the folder it was loaded from
         (:func:`~smiexlm.model.pretrained.load_pretrained`), whose ``embedding.json`` gives the
         embedding used when :meth:`featurize` names none (:attr:`pooling`; several joined by
@@ -93,9 +94,14 @@ class Featurizer:
         is applied by default (:attr:`whiten`). ``backend="onnx"`` runs the encoder with
         onnxruntime on the CPU: the folder's graph (``encoder.onnx``, checked against its
         recorded sha256), or one exported from the model in memory without a folder (and for
-        the shipped default model, which has no graph file). See docs/featurizer.md."""
+        the shipped default model, which has no graph file). ``int8=True`` (CPU, torch) runs
+        the encoder's linear layers in int8 (:func:`~smiexlm.model.encoder.int8_linear`):
+        faster, still the same for a molecule in any batch, close to but not equal to fp32's.
+        See docs/featurizer.md."""
         if backend not in _BACKENDS:
             raise ConfigError("backend", backend, f"one of {_BACKENDS}")
+        if not isinstance(int8, bool) or (int8 and (backend, device) not in _INT8_PLACES):
+            raise ConfigError("int8", int8, "False, or True with backend='torch' on the CPU")
         if backend == "onnx" and device not in ("auto", "cpu"):
             raise ConfigError("device", device, "'auto' or 'cpu' with backend='onnx'")
         model, tokenizer = pretrained.model, pretrained.tokenizer
@@ -105,9 +111,9 @@ class Featurizer:
                 f"{model.config.vocab_size}"
             )
         self.pretrained = pretrained
-        self.device = resolve_device("cpu" if backend == "onnx" else device)
+        self.device = resolve_device("cpu" if backend == "onnx" or int8 else device)
         model.to(self.device).eval()
-        self.backend = backend
+        self.backend, self.int8 = backend, int8
         self._onnx = None
         if backend == "onnx":
             from smiexlm.serving.onnx_runtime import OnnxEncoder
@@ -125,18 +131,18 @@ class Featurizer:
                               f"{self.pooling} pooling of the last {self.layers} block(s)")  # fmt: skip
         self.last_report = FeaturizeReport()
 
-    # ------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(
-        cls, path: str | Path | None = None, device: str = "auto", backend: Backend = "torch"
-    ) -> Featurizer:
+        cls, path: str | Path | None = None, device: str = "auto", backend: Backend = "torch",
+        int8: bool = False,
+    ) -> Featurizer:  # fmt: skip
         """Load a model folder (``config.json``, ``vocab.json``, ``model.safetensors``) or a
         shipped model by name (:func:`~smiexlm.model.pretrained.load_pretrained`).
 
         ``path=None`` loads the default model shipped inside the package; no network is used.
-        ``backend="onnx"`` serves the folder's ``encoder.onnx`` (``smiexlm export-onnx``).
-        """
-        return cls(load_pretrained(path), device, backend)
+        ``backend="onnx"`` serves the folder's ``encoder.onnx`` (``smiexlm export-onnx``);
+        ``int8``: see :class:`Featurizer`."""
+        return cls(load_pretrained(path), device, backend, int8)
 
     @property
     def model(self) -> ExLMModel:
@@ -198,7 +204,7 @@ class Featurizer:
         return (
             f"Featurizer(source={source!r}, objective={c.objective!r}, "
             f"d={c.d_model}, layers={c.n_layers}, pooling={self.pooling!r}, blocks={self.layers}, "
-            f"whiten={self.whiten}, device={str(self.device)!r})"
+            f"whiten={self.whiten}, device={str(self.device)!r}{', int8=True' if self.int8 else ''})"
         )
 
     # ------------------------------------------------------------------ featurize
@@ -242,7 +248,7 @@ class Featurizer:
         options = self._plan(pooling, layer, whiten, errors, batch_tokens, batch_size,
                              canonicalize, chunk_size, index_offset)  # fmt: skip
         out = np.empty((len(items), self.width(options.pooling, options.layer)), dtype=np.float32)
-        bar = _progress_bar(len(items)) if progress else None
+        bar = progress_bar(len(items)) if progress else None
         start = 0
         for emb in self._chunks(iter(items), options, bar):
             out[start : start + len(emb)] = emb
@@ -282,11 +288,11 @@ class Featurizer:
             _as_list(smiles)  # the one-str error
         options = self._plan(pooling, layer, whiten, errors, batch_tokens, batch_size,
                              canonicalize, chunk_size, index_offset)  # fmt: skip
-        chunks = self._chunks(iter(smiles), options, _progress_bar(None) if progress else None)
+        chunks = self._chunks(iter(smiles), options, progress_bar(None) if progress else None)
         return self._streamed(chunks, log_failures)
 
     def _streamed(self, chunks: Iterator[np.ndarray], log_failures: bool) -> Iterator[np.ndarray]:
-        yield from chunks
+        yield from chunks  # the report is logged once the caller has read every chunk
         if log_failures:
             log_report(self.last_report)
 
@@ -378,15 +384,9 @@ class Featurizer:
             return self._onnx.encode(rows, pooling, layer)
         ids, mask = collate(rows, self.tokenizer.pad_id)  # (B, T), True = real token
         input_ids, mask = ids.to(self.device), mask.to(self.device)
-        with torch.inference_mode(), batch_invariant():
+        with torch.inference_mode(), batch_invariant(), int8_products(self.int8):
             pooled = self.model.encode(input_ids, mask, pooling=pooling, layer=layer).pooled
         return pooled.float().cpu().numpy()
-
-
-def _progress_bar(total: int | None) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="mol", desc="featurize")
 
 
 def _as_list(smiles: Any) -> list[Any]:

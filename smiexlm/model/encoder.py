@@ -21,6 +21,12 @@ batch it sits in, bit for bit:
 - linear layers (and the fine-tuning heads) pad a product of fewer than
   :data:`MIN_GEMM_ROWS` rows or outputs with zeros (:func:`linear`), so that every product
   takes the same kernel.
+
+Under :func:`int8_products` (``Featurizer(int8=True)``, opt-in) the linear layers of a CPU
+forward compute in int8 instead (:func:`int8_linear`): integer products are exact whatever
+the kernel, and every rescaling is element by element, so these outputs too are the same
+for a molecule in any batch, bit for bit; they differ from the fp32 ones by the rounding to
+int8 (``benchmarks/results/featurize.md``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from smiexlm.model.dropout import Dropout, dropout
 from smiexlm.model.rope import apply_rotary
 
 _BATCH_INVARIANT = contextvars.ContextVar("smiexlm_batch_invariant", default=False)
+_INT8 = contextvars.ContextVar("smiexlm_int8_products", default=False)
 
 
 # fp32 CPU matrix products of fewer rows (or outputs) take another kernel (MKL: 1 to 3 rows;
@@ -57,16 +64,55 @@ def batch_invariant() -> Iterator[None]:
         _BATCH_INVARIANT.reset(token)
 
 
+@contextlib.contextmanager
+def int8_products(on: bool = True) -> Iterator[None]:
+    """Within it (when ``on``), :func:`linear` on a CPU computes fp32 inputs through
+    :func:`int8_linear`."""
+    token = _INT8.set(bool(on))
+    try:
+        yield
+    finally:
+        _INT8.reset(token)
+
+
+def int8_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear`` through int8: each row of ``x`` and each row (output) of ``weight``
+    rounded to int8 on its own symmetric scale (its largest magnitude over 127), the products
+    summed exactly in int32 (``torch._int_mm``), then rescaled by the two scales and the bias
+    added, element by element. An output depends on its own input row and weight row alone,
+    and no sum is rounded: the same in any batch, bit for bit."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] == 0:
+        return F.linear(x, weight, bias)
+    x8, x_scale = _int8_rows(flat)
+    w8, w_scale = _int8_rows(weight)
+    y = torch._int_mm(x8, w8.t()).to(torch.float32).mul_(x_scale).mul_(w_scale.t())
+    if bias is not None:
+        y = y.add_(bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _int8_rows(a: Tensor) -> tuple[Tensor, Tensor]:
+    """(int8 rows, (rows, 1) fp32 scales): each row over its largest magnitude times 127,
+    rounded; a row of zeros keeps the scale 1."""
+    scale = a.detach().abs().amax(dim=1, keepdim=True) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(a / scale).clamp_(-127, 127).to(torch.int8), scale
+
+
 def _invariant(x: Tensor) -> bool:
     return _BATCH_INVARIANT.get() and x.device.type == "cpu" and x.dtype == torch.float32
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear``; under :func:`batch_invariant` a product of fewer than
+    """``F.linear`` (:func:`int8_linear` under :func:`int8_products`); under
+    :func:`batch_invariant` a product of fewer than
     :data:`MIN_GEMM_ROWS` rows, or of fewer outputs (a head of 1 to 15 tasks, whose products
     took a kernel that follows the number of rows modulo 4), is computed with zero rows or
     zero outputs added, in the kernel of a large batch. Rows and outputs are independent:
     the padding changes none of the real ones."""
+    if _INT8.get() and x.device.type == "cpu" and x.dtype == torch.float32:
+        return int8_linear(x, weight, bias)
     rows, out = (x.numel() // x.shape[-1] if x.shape[-1] else 0), weight.shape[0]
     if min(rows, out) >= MIN_GEMM_ROWS or rows == 0 or not _invariant(x):
         return F.linear(x, weight, bias)
