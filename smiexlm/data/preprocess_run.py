@@ -56,7 +56,14 @@ _WORKER: tuple | None = None
 
 
 def _init_worker(tokens: list[str], config: NormalizeConfig) -> None:
+    """A pool worker's setup. SIGTERM is put back to its default first: a worker forked from a
+    process that handles SIGTERM (a training job's stop request) would otherwise take the
+    pool's own SIGTERM at its end as a request and never exit, and the pool would wait for it
+    forever."""
     global _WORKER
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         from rdkit import RDLogger
 

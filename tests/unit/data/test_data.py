@@ -56,6 +56,23 @@ def _run(corpus, out, inputs=None, workers=1, **cfg):
                       workers=workers, progress=False)  # fmt: skip
 
 
+def test_a_pool_worker_dies_of_the_pools_sigterm_whatever_its_parent_handles():
+    """The pool's workers are forked with the parent's signal handlers; a worker that took
+    the pool's closing SIGTERM as a stop request (a training job's handler) never exited, and
+    the run hung at its end. A worker's setup puts SIGTERM back to its default."""
+    import signal
+
+    from smiexlm.data.normalize import NormalizeConfig
+    from smiexlm.data.preprocess_run import _init_worker
+
+    before = signal.signal(signal.SIGTERM, lambda *a: None)
+    try:
+        _init_worker(SmilesTokenizer.build(["CCO"]).tokens, NormalizeConfig())
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_manifest_rejects_and_determinism(corpus, tmp_path):
     one = _run(corpus, tmp_path / "w1", workers=1)
     two = _run(corpus, tmp_path / "w2", workers=2)
