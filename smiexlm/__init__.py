@@ -6,8 +6,9 @@ stays fast: torch, RDKit and DeepChem load only when something that needs them i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from smiexlm.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -27,8 +28,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel
     from smiexlm.tokenizer import SmilesTokenizer
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'smiexlm' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

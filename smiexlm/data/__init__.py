@@ -7,8 +7,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from smiexlm.lazy import lazy_names
 
 _LAZY = {
     "preprocess": "smiexlm.data.pipeline",
@@ -24,8 +23,4 @@ from smiexlm.data.collate import collate  # noqa: E402
 
 __all__ = [*_LAZY, "collate"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'smiexlm.data' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

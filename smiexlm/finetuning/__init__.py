@@ -5,8 +5,7 @@ batches, its weight average (``averaging``), its frozen-encoder modes (``frozen`
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from smiexlm.lazy import lazy_names
 
 _LAZY = {
     "Examples": "smiexlm.finetuning.batches",
@@ -20,8 +19,4 @@ _LAZY = {
 
 __all__ = list(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'smiexlm.finetuning' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

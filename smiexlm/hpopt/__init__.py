@@ -9,15 +9,10 @@ the search leaves in its folder); ``config`` (:class:`HpoptConfig`, the search's
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from smiexlm.lazy import lazy_names
 
 _LAZY = {"run_hpopt": "smiexlm.hpopt.run", "HpoptConfig": "smiexlm.hpopt.config"}
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'smiexlm.hpopt' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -17,8 +17,7 @@ and the baseline take), ``load_dataset`` a MoleculeNet set's table as a DataFram
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from smiexlm.lazy import lazy_names
 
 _LAZY = {
     "load_dataset": "smiexlm.moleculenet.loaders",
@@ -36,8 +35,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'smiexlm.moleculenet' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
