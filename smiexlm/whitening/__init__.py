@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.pooling import pooling_parts
+from smiexlm.model.pooling import block_indices, pooling_parts
 
 DEFAULT_REL_TOL = 1e-3  # directions with spread below this fraction of the largest are dropped
 # fewest directions a whitening may keep (half the width for one narrower than 16): fewer
@@ -189,8 +189,6 @@ def served_whitening(whitenings: Mapping[str, Whitening], pooling: str, layer: i
     of ``n_layers``, or None: ``whiten`` True (ConfigError unless the blocks are the last few in
     order and a whitening of them is stored), False, or None for the model's ``default`` where
     such a whitening is stored."""
-    from smiexlm.model.pooling import block_indices
-
     blocks = block_indices(layer, n_layers)
     last = blocks == tuple(range(n_layers - 1, n_layers - 1 - len(blocks), -1))
     whitening = pooling_whitening(whitenings, pooling, len(blocks)) if last else None
