@@ -80,24 +80,37 @@ def int8_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     rounded to int8 on its own symmetric scale (its largest magnitude over 127), the products
     summed exactly in int32 (``torch._int_mm``), then rescaled by the two scales and the bias
     added, element by element. An output depends on its own input row and weight row alone,
-    and no sum is rounded: the same in any batch, bit for bit."""
+    and no sum is rounded: the same in any batch, bit for bit. A weight is rounded once and
+    kept beside it until it changes."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] == 0:
         return F.linear(x, weight, bias)
     x8, x_scale = _int8_rows(flat)
-    w8, w_scale = _int8_rows(weight)
-    y = torch._int_mm(x8, w8.t()).to(torch.float32).mul_(x_scale).mul_(w_scale.t())
+    w8, w_scale = _int8_weight(weight)
+    y = torch._int_mm(x8, w8.t()).to(torch.float32).mul_(x_scale).mul_(w_scale)
     if bias is not None:
         y = y.add_(bias)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _int8_rows(a: Tensor) -> tuple[Tensor, Tensor]:
-    """(int8 rows, (rows, 1) fp32 scales): each row over its largest magnitude times 127,
-    rounded; a row of zeros keeps the scale 1."""
-    scale = a.detach().abs().amax(dim=1, keepdim=True) / 127.0
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.round(a / scale).clamp_(-127, 127).to(torch.int8), scale
+    """(int8 rows, (rows, 1) fp32 scales): each row times 127 over its largest magnitude,
+    rounded (within [-127, 127] by construction); a row of zeros keeps the scale 1."""
+    peak = a.detach().abs().amax(dim=1, keepdim=True)
+    peak = torch.where(peak > 0, peak, 127.0)
+    return torch.mul(a, 127.0 / peak).round_().to(torch.int8), peak / 127.0
+
+
+def _int8_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_int8_rows` of a weight, its scales as one (1, outputs) row, computed again
+    only when the weight is changed in place or replaced."""
+    key = (weight._version, weight.data_ptr())
+    kept = getattr(weight, "_smiexlm_int8", None)
+    if kept is None or kept[0] != key:
+        w8, scale = _int8_rows(weight.detach())
+        kept = (key, w8, scale.t().contiguous())
+        weight._smiexlm_int8 = kept
+    return kept[1], kept[2]
 
 
 def _invariant(x: Tensor) -> bool:
