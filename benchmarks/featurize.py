@@ -27,8 +27,8 @@ import pandas as pd
 import torch
 
 from smiexlm import ExLMConfig, ExLMModel, Featurizer
-from smiexlm.model.layout import DEFAULT_MODEL_DIR
-from smiexlm.model.pretrained import Pretrained
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
+from smiexlm.modelio.pretrained import Pretrained
 from smiexlm.paths import data_dir
 from smiexlm.tokenizer import SmilesTokenizer
 

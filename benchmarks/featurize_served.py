@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from onnx_speed import cpu_name  # noqa: E402
 
 from smiexlm import Featurizer  # noqa: E402
-from smiexlm.model.layout import DEFAULT_MODEL_DIR  # noqa: E402
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR  # noqa: E402
 from smiexlm.paths import data_dir  # noqa: E402
 
 

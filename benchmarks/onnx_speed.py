@@ -40,8 +40,8 @@ import torch
 from smiexlm import Featurizer
 from smiexlm.data.sampler import length_batches
 from smiexlm.model.encoder import batch_invariant
-from smiexlm.model.layout import DEFAULT_MODEL_DIR
-from smiexlm.model.records import read_onnx_manifest
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
+from smiexlm.modelio.records import read_onnx_manifest
 from smiexlm.paths import data_dir
 from smiexlm.serving.onnx_export import export_onnx
 

@@ -38,8 +38,8 @@ def main() -> None:
     import torch
 
     from smiexlm.model.heads import ExLMForSequencePrediction
-    from smiexlm.model.layout import DEFAULT_MODEL_DIR
     from smiexlm.model.model import ExLMModel
+    from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
     from smiexlm.moleculenet import load_task
     from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.moleculenet.prediction import predict
@@ -92,8 +92,8 @@ def _add_reference(folder: Path, train: list[str]) -> None:
 
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
-    from smiexlm.model.integrity import record_checksums
-    from smiexlm.model.pretrained import load_finetuned
+    from smiexlm.modelio.integrity import record_checksums
+    from smiexlm.modelio.pretrained import load_finetuned
     from smiexlm.moleculenet.reference import Reference
 
     served, inputs, _ = load_finetuned(folder, device="cpu")
@@ -110,9 +110,9 @@ def _add_forest(folder: Path, train: list[str], labels, kind: str, n_trees: int)
     as :func:`_add_reference` has it)."""
     import json
 
-    from smiexlm.model.integrity import record_checksums
-    from smiexlm.model.layout import FINETUNE_NAME
-    from smiexlm.model.pretrained import load_finetuned
+    from smiexlm.modelio.integrity import record_checksums
+    from smiexlm.modelio.layout import FINETUNE_NAME
+    from smiexlm.modelio.pretrained import load_finetuned
     from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.moleculenet.forest import KeptForest
 

@@ -33,7 +33,7 @@ from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
 
 if TYPE_CHECKING:  # pragma: no cover
-    from smiexlm.model.folder import ModelFolder
+    from smiexlm.modelio.folder import ModelFolder
 
 OUT_SUFFIXES = (".parquet", ".npy")
 
@@ -89,7 +89,7 @@ class EmbedOptions:
     @cached_property
     def folder(self) -> ModelFolder:
         """The model folder's reader (each record read once, whatever asks for it)."""
-        from smiexlm.model.folder import ModelFolder
+        from smiexlm.modelio.folder import ModelFolder
 
         return ModelFolder(self.checkpoint)
 

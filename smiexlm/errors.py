@@ -103,7 +103,9 @@ class StorageError(SmiexlmError, OSError):
 
 
 _ARROW_OS_ERROR = re.compile(r"\[errno (?P<errno>\d+)\] (?P<words>.*)")
-_RUST_OS_ERROR = re.compile(r"(?P<words>[^:]*) \(os error (?P<errno>\d+)\)(?: at path \"(?P<path>[^\"]*)\")?")
+_RUST_OS_ERROR = re.compile(
+    r"(?P<words>[^:]*) \(os error (?P<errno>\d+)\)(?: at path \"(?P<path>[^\"]*)\")?"
+)
 
 
 def as_os_error(err: BaseException, path: object = None) -> OSError | None:

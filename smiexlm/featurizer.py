@@ -8,7 +8,7 @@ How a call runs, in chunks of ``chunk_size`` molecules so that memory stays boun
 long the input is:
 
 1. each SMILES is normalised as the model folder's corpus was (RDKit canonical SMILES by
-   default; see :func:`smiexlm.model.records.read_normalization`) and tokenized;
+   default; see :func:`smiexlm.modelio.records.read_normalization`) and tokenized;
 2. the chunk is sorted by token length (stable) and cut into batches whose padded size stays
    within ``batch_tokens`` (and within ``batch_size`` molecules when given);
 3. each batch goes through ``ExLMModel.encode`` under ``torch.inference_mode`` with the model
@@ -47,7 +47,7 @@ from smiexlm.model.encoder import batch_invariant, int8_products
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.model.model import ExLMModel
 from smiexlm.model.pooling import block_indices, last_blocks, pooling_parts
-from smiexlm.model.pretrained import Pretrained, load_pretrained
+from smiexlm.modelio.pretrained import Pretrained, load_pretrained
 from smiexlm.tokenizer import Tokenizer
 from smiexlm.whitening import Whitening, pooling_whitening, served_whitening
 
@@ -88,7 +88,7 @@ class Featurizer:
     def __init__(self, pretrained: Pretrained, device: str = "auto", backend: Backend = "torch",
                  int8: bool = False):  # fmt: skip
         """``pretrained`` holds the model, its tokenizer and the folder it was loaded from
-        (:func:`~smiexlm.model.pretrained.load_pretrained`), whose ``embedding.json`` gives the
+        (:func:`~smiexlm.modelio.pretrained.load_pretrained`), whose ``embedding.json`` gives the
         embedding used when :meth:`featurize` names none (:attr:`pooling`; several joined by
         ``+`` put side by side) and whether its corpus whitening (``whitening.safetensors``)
         is applied by default (:attr:`whiten`). ``backend="onnx"`` runs the encoder with
@@ -137,7 +137,7 @@ class Featurizer:
         int8: bool = False,
     ) -> Featurizer:  # fmt: skip
         """Load a model folder (``config.json``, ``vocab.json``, ``model.safetensors``) or a
-        shipped model by name (:func:`~smiexlm.model.pretrained.load_pretrained`).
+        shipped model by name (:func:`~smiexlm.modelio.pretrained.load_pretrained`).
 
         ``path=None`` loads the default model shipped inside the package; no network is used.
         ``backend="onnx"`` serves the folder's ``encoder.onnx`` (``smiexlm export-onnx``);

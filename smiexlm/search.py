@@ -255,7 +255,7 @@ class SearchIndex:
     def model_folder(self) -> Path:
         """``checkpoint`` (a folder or a shipped model's name) or the folder recorded in
         ``index.json``; DataError unless its weights are those that made the embeddings."""
-        from smiexlm.model.layout import model_folder
+        from smiexlm.modelio.layout import model_folder
         from smiexlm.parts.job import model_record
 
         recorded = self.info["model"]

@@ -9,7 +9,7 @@ MiB each, in one flat folder:
   (split into ``logs.tar.xz.00``, ``.01``… when larger than one file may be);
 - ``weights.safetensors.index.json`` + ``weights-0000k-of-0000n.safetensors``: the pre-trained
   models' weights in fp16, tensors named ``<run>/<tensor>``, the index holding each model's
-  ``config.json`` and ``vocab.json`` (see :mod:`smiexlm.model.shards`).
+  ``config.json`` and ``vocab.json`` (see :mod:`smiexlm.modelio.shards`).
 
 When everything does not fit, the weights of the last model are dropped first (the pack says
 so in ``progress.json``); if it still does not fit, :class:`PackError` lists the files.
@@ -89,8 +89,8 @@ def model_sources(run_dir: Path) -> dict[str, Path]:
 
 
 def write_weights(sources: dict[str, Path], out_dir: Path, max_shard_mib: float) -> list[Path]:
-    from smiexlm.model.integrity import load_tensors
-    from smiexlm.model.shards import save_sharded
+    from smiexlm.modelio.integrity import load_tensors
+    from smiexlm.modelio.shards import save_sharded
 
     tensors, models = {}, {}
     for run, folder in sources.items():
@@ -157,7 +157,7 @@ def pack(run_dir: Path, out_dir: Path, render_report, weights: bool = True) -> d
 def unpack(packed: Path, dest: Path) -> dict:
     """Rebuild a packed folder: ``dest/logs/`` (the run's text files), ``dest/models/<run>/``
     (model folders ``ExLMModel.from_pretrained`` loads), progress.json and report.md."""
-    from smiexlm.model.shards import index_name, load_sharded, read_index, save_sharded
+    from smiexlm.modelio.shards import index_name, load_sharded, read_index, save_sharded
 
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("progress.json", "report.md"):

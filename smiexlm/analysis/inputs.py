@@ -15,8 +15,8 @@ from torch import Tensor
 
 from smiexlm.data.readers import iter_smiles
 from smiexlm.errors import DataError
-from smiexlm.model.folder import ModelFolder
-from smiexlm.model.pretrained import load_pretrained
+from smiexlm.modelio.folder import ModelFolder
+from smiexlm.modelio.pretrained import load_pretrained
 from smiexlm.paths import check_not_a_file, data_dir
 
 DEFAULT_SMILES = Path("pretrain") / "moses_test.smi.gz"

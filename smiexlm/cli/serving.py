@@ -15,8 +15,10 @@ def register(app: typer.Typer) -> None:
 def export_onnx(
     folder: Annotated[
         Path,
-        typer.Argument(help="Model folder: from `smiexlm export`, or a fine-tuned seed folder "
-                       "(an ensemble's: each of its networks)"),
+        typer.Argument(
+            help="Model folder: from `smiexlm export`, or a fine-tuned seed folder "
+            "(an ensemble's: each of its networks)"
+        ),
     ],
     kind: Annotated[
         str | None,

@@ -94,8 +94,8 @@ def vocab_corpus(
     """Which tokens of a model's vocabulary its weights were trained on, and which never
     occurred (their embeddings are untrained); with --data, record them first."""
     from smiexlm.errors import DataError
-    from smiexlm.model.folder import ModelFolder
-    from smiexlm.model.records import write_corpus_tokens
+    from smiexlm.modelio.folder import ModelFolder
+    from smiexlm.modelio.records import write_corpus_tokens
     from smiexlm.pretraining.export import dataset_tokens
     from smiexlm.tokenizer.special import N_SPECIAL_TOKENS
 

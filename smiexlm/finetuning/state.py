@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 
 from smiexlm.atomic import atomic_dir
 from smiexlm.errors import DataError, SmiexlmError
-from smiexlm.model.layout import WEIGHTS_NAME
+from smiexlm.modelio.layout import WEIGHTS_NAME
 from smiexlm.paths import read_json_file
 
 FORMAT = "smiexlm-finetune-state/1"
@@ -107,7 +107,7 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
     """The state in ``folder`` (None when there is none), refused with
     :class:`StateMismatchError` when it was saved by a run of another ``identity``, and
     with a DataError naming the file when it is damaged."""
-    from smiexlm.model.integrity import load_tensors
+    from smiexlm.modelio.integrity import load_tensors
 
     folder = Path(folder)
     if not (folder / STATE_JSON).is_file():

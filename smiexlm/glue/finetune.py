@@ -250,7 +250,7 @@ class _PreparedTask:
 
     @classmethod
     def load(cls, checkpoint: str | Path, config: GlueConfig, root: str | Path | None):
-        from smiexlm.model.pretrained import load_pretrained
+        from smiexlm.modelio.pretrained import load_pretrained
 
         task = get_task(config.task)
         pre = load_pretrained(checkpoint)

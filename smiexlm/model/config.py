@@ -1,4 +1,4 @@
-"""``ExLMConfig``: one flat, validated configuration for the encoder and its three objectives.
+"""``ExLMConfig``: one flat, validated configuration for the encoder and its four objectives.
 
 Named presets are classmethods that pass literals (``ExLMConfig.mol_base()``); any field can be
 overridden by keyword (``ExLMConfig.tiny(objective="exlm", k=4)``).

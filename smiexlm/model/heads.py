@@ -22,9 +22,11 @@ from torch import Tensor, nn
 from smiexlm.errors import ConfigError
 from smiexlm.model.dropout import Dropout
 from smiexlm.model.encoder import linear
-from smiexlm.model.folder import HEAD_KINDS
 from smiexlm.model.pooling import last_blocks, pooling_parts
 from smiexlm.tokenizer.special import IGNORE_INDEX
+
+# the form of a head: fine-tuning's (dense, tanh, out_proj) or one linear map (a probe's)
+HEAD_KINDS = ("mlp", "linear")
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.model import ExLMModel

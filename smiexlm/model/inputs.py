@@ -153,7 +153,7 @@ class ModelInputs:
         corpus_counts: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         """``corpus_counts``: (V,) how often each token id occurred in what the weights were
-        trained on (:func:`~smiexlm.model.records.read_corpus_tokens`), or None when unknown."""
+        trained on (:func:`~smiexlm.modelio.records.read_corpus_tokens`), or None when unknown."""
         self.tokenizer = tokenizer
         self.config = config
         self.normalization = normalization

@@ -1,4 +1,4 @@
-"""``ExLMModel``: one pre-norm Transformer encoder with three pre-training objectives.
+"""``ExLMModel``: one pre-norm Transformer encoder with four pre-training objectives.
 
 - ``mlm``: cross-entropy at the masked positions (only those rows reach the LM head).
 - ``exlm``: [MASK]/BOS/EOS expanded into k states with 2D RoPE; the states are gathered into a
@@ -28,7 +28,6 @@ from torch import Tensor, nn
 
 from smiexlm.dag import dag_logits_log_likelihood, dag_loss
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.checkpoint import load_model_folder, save_model_folder
 from smiexlm.model.config import ExLMConfig
 from smiexlm.model.dropout import Dropout
 from smiexlm.model.encoder import Encoder, count_parameters, init_weights
@@ -49,13 +48,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PretrainOutput:
-    """Result of ``ExLMModel.forward``.
-
-    ``logits``: mlm/maelm — (N, V) at the N labelled positions (row-major order) when labels
-    are given, else (B, T, V); exlm — (B, S, V) over the compact expanded states; mtr — (B, D)
-    normalised descriptor predictions. With a descriptor auxiliary, ``loss`` is ``lm_loss +
-    aux_descriptor_weight * desc_loss``.
-    """
+    """Result of ``ExLMModel.forward``. ``logits``: mlm/maelm — (N, V) at the N labelled
+    positions (row-major order) when labels are given, else (B, T, V); exlm — (B, S, V) over
+    the compact expanded states; mtr — (B, D) normalised descriptor predictions. With a
+    descriptor auxiliary, ``loss`` is ``lm_loss + aux_descriptor_weight * desc_loss``."""
 
     loss: Tensor | None
     logits: Tensor
@@ -382,11 +378,13 @@ class ExLMModel(nn.Module):
         pooled = torch.cat([pool(h, out_mask, pooling) for h in parts], dim=-1)
         return EncoderOutput(hidden, pooled, out_mask)
 
-    # ---------------------------------------------------------------- model folders
+    # model folders (smiexlm.modelio, imported in each call: the network itself reads no file)
     def save_pretrained(
         self, directory: Path | str, tokenizer: Any = None, dtype: torch.dtype | None = None
     ) -> Path:
         """Write ``config.json``, ``vocab.json`` and ``model.safetensors`` into ``directory``."""
+        from smiexlm.modelio.weights import save_model_folder
+
         return save_model_folder(self, Path(directory), tokenizer=tokenizer, dtype=dtype)
 
     @classmethod
@@ -396,5 +394,7 @@ class ExLMModel(nn.Module):
         """The model of a folder written by ``save_pretrained``, every file checked
         (vocabulary, config sizes, shapes, sha256, finite weights): the weights alone. With
         its tokenizer, normalisation and embedding settings, a folder (or a shipped model by
-        name) loads with :func:`smiexlm.model.pretrained.load_pretrained`, which calls this."""
+        name) loads with :func:`smiexlm.modelio.pretrained.load_pretrained`, which calls this."""
+        from smiexlm.modelio.weights import load_model_folder
+
         return load_model_folder(cls, Path(directory), map_location=map_location)

@@ -1,8 +1,8 @@
 """Where a fine-tuned or probed encoder comes from: a model folder, or a random init.
 
 A :class:`Backbone` hands fine-tuning and the probe what the featurizer uses for the same
-folder (its :class:`~smiexlm.model.folder.ModelFolder`, and
-:func:`~smiexlm.model.pretrained.load_pretrained` for the weights): the vocabulary, the
+folder (its :class:`~smiexlm.modelio.folder.ModelFolder`, and
+:func:`~smiexlm.modelio.pretrained.load_pretrained` for the weights): the vocabulary, the
 corpus normalisation and the weights, so a model is fine-tuned on SMILES prepared as it was
 pretrained on, and ``predict`` serves them prepared the same way.
 
@@ -23,17 +23,17 @@ from torch import nn
 from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.config import ExLMConfig
-from smiexlm.model.folder import ModelFolder
 from smiexlm.model.inputs import ModelInputs, model_texts
-from smiexlm.model.pretrained import load_pretrained
-from smiexlm.model.records import DEFAULT_NORMALIZATION
+from smiexlm.modelio.folder import ModelFolder
+from smiexlm.modelio.pretrained import load_pretrained
+from smiexlm.modelio.records import DEFAULT_NORMALIZATION
 
 
 @dataclass
 class Backbone:
     """A model folder, ``checkpoint`` (default: the shipped model), or, only with
     ``random_init=True``, a preset initialised at random (``objective`` is used only then). The
-    folder is read once, by its :class:`~smiexlm.model.folder.ModelFolder` (:attr:`folder`)."""
+    folder is read once, by its :class:`~smiexlm.modelio.folder.ModelFolder` (:attr:`folder`)."""
 
     checkpoint: Path | None = None
     preset: str = "tiny"
@@ -63,8 +63,8 @@ class Backbone:
         hashed): with :attr:`name`, what identifies the backbone of a result or a kept state,
         so a folder re-exported under the same name is not taken for the one they came from.
         None for a random init."""
-        from smiexlm.model.integrity import file_sha256, read_checksums
-        from smiexlm.model.layout import WEIGHTS_NAME
+        from smiexlm.modelio.integrity import file_sha256, read_checksums
+        from smiexlm.modelio.layout import WEIGHTS_NAME
 
         if self.folder is None:
             return None

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import DataError
-from smiexlm.model.layout import FINETUNE_NAME
+from smiexlm.modelio.layout import FINETUNE_NAME
 
 ENSEMBLE_NAME = "ensemble.json"
 ENSEMBLE_FORMAT = "smiexlm-ensemble/1"
@@ -155,7 +155,7 @@ def _score(task, rows, values: np.ndarray) -> float:
 def _save(folder: Path, task, split, seed: int, networks: dict[str, Path], forests: dict) -> None:
     """Write the ensemble's folder (see the module docstring) atomically."""
     from smiexlm.atomic import atomic_dir
-    from smiexlm.model.integrity import record_checksums
+    from smiexlm.modelio.integrity import record_checksums
 
     with atomic_dir(folder) as tmp:
         members: list[dict[str, Any]] = []
@@ -187,7 +187,7 @@ class EnsembleFolder:
     @classmethod
     def read(cls, folder: Path | str, forests: bool = True) -> EnsembleFolder:
         """The folder read, its forests loaded unless ``forests`` is False."""
-        from smiexlm.model.integrity import verify_checksum
+        from smiexlm.modelio.integrity import verify_checksum
         from smiexlm.moleculenet.forest import KeptForest
 
         folder = Path(folder)

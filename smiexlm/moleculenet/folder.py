@@ -7,8 +7,8 @@ target scaling, the hybrid features' scaler) and ``reference.safetensors`` (what
 applicability domain and calibration need, :mod:`smiexlm.moleculenet.reference`), with
 ``finetune --forest`` the forest blended with the model (``forest.skops``,
 :mod:`smiexlm.moleculenet.forest`), each file's sha256 in ``checksums.json``. It is read, every file checked, by
-:class:`smiexlm.model.folder.FinetunedFolder` and loaded by
-:func:`smiexlm.model.pretrained.load_finetuned` (torch) or
+:class:`smiexlm.modelio.folder.FinetunedFolder` and loaded by
+:func:`smiexlm.modelio.pretrained.load_finetuned` (torch) or
 :class:`smiexlm.serving.onnx_runtime.OnnxPredictor` (its ONNX graph).
 
 ``finetune --save-dir DIR`` writes ``DIR/seed<N>``; :func:`check_free_seed_folders` refuses,
@@ -25,7 +25,7 @@ from typing import Any
 
 from smiexlm.atomic import atomic_dir
 from smiexlm.errors import DataError
-from smiexlm.model.layout import FINETUNE_NAME, HEAD_NAME
+from smiexlm.modelio.layout import FINETUNE_NAME, HEAD_NAME
 
 
 def check_free_seed_folders(save_dir: Path, seeds: Sequence[int], overwrite: bool) -> None:
@@ -112,8 +112,8 @@ def save_finetuned(
     from safetensors.torch import save_file
 
     from smiexlm.data.normalize import REWRITES
-    from smiexlm.model.integrity import record_checksums
-    from smiexlm.model.records import (
+    from smiexlm.modelio.integrity import record_checksums
+    from smiexlm.modelio.records import (
         DEFAULT_NORMALIZATION,
         write_corpus_tokens,
         write_normalization,

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import DataError
-from smiexlm.model.layout import FINETUNE_NAME, FOREST_NAME
+from smiexlm.modelio.layout import FINETUNE_NAME, FOREST_NAME
 from smiexlm.moleculenet.blend import BLENDS, blend
 from smiexlm.moleculenet.features import FeatureScaler
 
@@ -116,7 +116,7 @@ class KeptForest:
         path = Path(folder) / record.get("file", FOREST_NAME)
         if not path.is_file():
             raise DataError(f"{str(path)!r}: no such file, which {where}'s 'forest' names")
-        from smiexlm.model.integrity import verify_checksum
+        from smiexlm.modelio.integrity import verify_checksum
 
         verify_checksum(path, required=True)
         doc = _read(path)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from smiexlm.errors import DataError
-from smiexlm.model.layout import REFERENCE_NAME
+from smiexlm.modelio.layout import REFERENCE_NAME
 from smiexlm.trust.domain import (
     DEFAULT_QUANTILE,
     DomainBounds,
@@ -93,7 +93,7 @@ class Reference:
         from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
-        from smiexlm.model.integrity import verify_checksum
+        from smiexlm.modelio.integrity import verify_checksum
 
         path = Path(folder) / REFERENCE_NAME
         if not path.is_file():

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.folder import FinetunedFolder
-from smiexlm.model.pretrained import load_finetuned
+from smiexlm.modelio.folder import FinetunedFolder
+from smiexlm.modelio.pretrained import load_finetuned
 from smiexlm.moleculenet.forest import KeptForest
 from smiexlm.moleculenet.metrics import to_scores
 from smiexlm.moleculenet.reference import Reference, require_reference

@@ -68,7 +68,7 @@ def model_record(folders: Iterable[Path]) -> dict[str, Any]:
     """The weights of one or more model folders: each file's sha256 (from ``checksums.json``
     where the folder has one, computed otherwise) and one digest over all of them, in order.
     Paths are kept for the reader but do not take part in the digest (a moved model matches)."""
-    from smiexlm.model.integrity import read_checksums
+    from smiexlm.modelio.integrity import read_checksums
 
     entries = []
     for folder in map(Path, folders):

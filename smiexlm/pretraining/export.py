@@ -21,16 +21,16 @@ from smiexlm.atomic import atomic_dir
 from smiexlm.data.normalize import REWRITES
 from smiexlm.data.shards import read_manifest
 from smiexlm.errors import DataError
-from smiexlm.model.layout import (
+from smiexlm.model.pooling import pooling_parts
+from smiexlm.modelio.layout import (
     CARD_NAME,
     CORPUS_TOKENS_NAME,
     EMBEDDING_NAME,
     NORMALIZATION_NAME,
     WEIGHTS_NAME,
 )
-from smiexlm.model.pooling import pooling_parts
-from smiexlm.model.pretrained import load_pretrained
-from smiexlm.model.records import (
+from smiexlm.modelio.pretrained import load_pretrained
+from smiexlm.modelio.records import (
     DEFAULT_NORMALIZATION,
     write_corpus_tokens,
     write_embedding,

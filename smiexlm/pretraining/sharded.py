@@ -32,9 +32,9 @@ import torch
 
 from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.integrity import load_tensors
-from smiexlm.model.layout import CONFIG_NAME, WEIGHTS_NAME
-from smiexlm.model.shards import MIB, index_name, is_sharded, load_sharded, save_sharded
+from smiexlm.modelio.integrity import load_tensors
+from smiexlm.modelio.layout import CONFIG_NAME, WEIGHTS_NAME
+from smiexlm.modelio.shards import MIB, index_name, is_sharded, load_sharded, save_sharded
 from smiexlm.paths import VOCAB_NAME, read_json_file
 from smiexlm.training import run_state as ckpt
 

@@ -19,7 +19,7 @@ FREE_FIELDS = ("dropout", "attention_dropout")  # a continued run may set its ow
 def load_initial_weights(model, init: str, descriptor_stats=None) -> None:
     """Copy the weights of the model folder (or shipped model) ``init`` into ``model``;
     ConfigError naming each field in which the two models differ."""
-    from smiexlm.model.pretrained import load_pretrained
+    from smiexlm.modelio.pretrained import load_pretrained
 
     source = load_pretrained(init).model  # a folder, or a shipped model by name
     mine, theirs = dataclasses.asdict(model.config), dataclasses.asdict(source.config)

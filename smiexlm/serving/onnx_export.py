@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from smiexlm.atomic import write_bytes_atomic, write_text_atomic
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.layout import (
+from smiexlm.modelio.layout import (
     CONFIG_NAME,
     FINETUNE_NAME,
     GRAPH_FILES,
     GRAPH_SOURCES,
     ONNX_MANIFEST_NAME,
 )
-from smiexlm.model.records import ONNX_MANIFEST_FORMAT, read_onnx_manifest
+from smiexlm.modelio.records import ONNX_MANIFEST_FORMAT, read_onnx_manifest
 from smiexlm.paths import check_not_a_file, file_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -187,14 +187,14 @@ def export_onnx(folder: Path | str, kind: GraphKind | None = None) -> Path:
                 f"model folder {str(folder)!r} has no {FINETUNE_NAME}: a predictor graph "
                 "needs a fine-tuned folder (`smiexlm finetune --save-dir`)"
             )
-        from smiexlm.model.pretrained import load_finetuned
+        from smiexlm.modelio.pretrained import load_finetuned
 
         model, _, meta = load_finetuned(folder, device="cpu")
         payload = predictor_onnx(model)
         record |= {"inputs": _predictor_inputs(model.n_features), "outputs": ["logits"],
                    "pooling": meta["pooling"], "n_features": model.n_features}  # fmt: skip
     else:
-        from smiexlm.model.pretrained import load_pretrained
+        from smiexlm.modelio.pretrained import load_pretrained
         from smiexlm.serving.graph import POOLING_ROWS
 
         payload = encoder_onnx(load_pretrained(folder).model)

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.layout import GRAPH_FILES, ONNX_MANIFEST_NAME
 from smiexlm.model.pooling import pooling_parts
+from smiexlm.modelio.layout import GRAPH_FILES, ONNX_MANIFEST_NAME
 from smiexlm.paths import file_sha256
 from smiexlm.serving.graph import POOLING_ROWS
 from smiexlm.serving.onnx_export import encoder_onnx, sha256_bytes
@@ -31,8 +31,8 @@ from smiexlm.tokenizer.padding import pad_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.model.config import ExLMConfig
-    from smiexlm.model.folder import FinetunedFolder, ModelFolder
     from smiexlm.model.model import ExLMModel
+    from smiexlm.modelio.folder import FinetunedFolder, ModelFolder
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from safetensors.torch import save_file
 
 from smiexlm.atomic import atomic_dir
 from smiexlm.errors import DataError, SmiexlmError, VocabularyMismatchError
-from smiexlm.model.integrity import load_tensors
-from smiexlm.model.layout import CONFIG_NAME, WEIGHTS_NAME
+from smiexlm.modelio.integrity import load_tensors
+from smiexlm.modelio.layout import CONFIG_NAME, WEIGHTS_NAME
 from smiexlm.paths import read_json_file
 
 STATE_FILE = "trainer_state.json"

@@ -64,7 +64,8 @@ def task_column(frame: Any, task: str | None) -> str:
         if len(tasks) != 1:
             raise DataError(
                 f"the table holds {len(tasks)} predicted columns {tasks}: name one with --task"
-                if tasks else "the table holds no predicted column after 'valid' (is it "
+                if tasks
+                else "the table holds no predicted column after 'valid' (is it "
                 "predict's output?): name the column to rank by with --task"
             )
         task = tasks[0]

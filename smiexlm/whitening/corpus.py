@@ -19,10 +19,10 @@ from smiexlm.analysis.inputs import read_smiles
 from smiexlm.atomic import atomic_dir
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.featurizer import Featurizer
-from smiexlm.model.folder import ModelFolder
-from smiexlm.model.layout import is_shipped
 from smiexlm.model.pooling import POOLINGS, last_blocks, pooling_parts
-from smiexlm.model.records import write_embedding
+from smiexlm.modelio.folder import ModelFolder
+from smiexlm.modelio.layout import is_shipped
+from smiexlm.modelio.records import write_embedding
 from smiexlm.paths import check_output, file_sha256
 from smiexlm.whitening import DEFAULT_REL_TOL, fit_whitening, whitening_key
 from smiexlm.whitening.file import save_whitening

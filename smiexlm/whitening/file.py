@@ -19,9 +19,9 @@ import numpy as np
 
 from smiexlm.atomic import write_bytes_atomic
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.integrity import read_checksums, record_checksums, verify_checksum
-from smiexlm.model.layout import WHITENING_NAME
 from smiexlm.model.pooling import pooling_parts
+from smiexlm.modelio.integrity import read_checksums, record_checksums, verify_checksum
+from smiexlm.modelio.layout import WHITENING_NAME
 from smiexlm.whitening import Whitening, parse_whitening_key
 
 WHITENING_FORMAT = "smiexlm-whitening/1"

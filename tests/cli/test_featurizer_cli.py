@@ -97,7 +97,7 @@ def test_demo_neighbours_are_the_brute_force_argmax(checkpoint):
 
 
 def test_demo_without_default_model_says_so(monkeypatch, tmp_path):
-    import smiexlm.model.layout as module
+    import smiexlm.modelio.layout as module
 
     monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", tmp_path / "none")
     with pytest.raises(DataError, match="not installed"):

@@ -53,6 +53,18 @@ def test_tokenizer_package_sits_below_the_rest():
             assert all(m.startswith(allowed) for m in project), (path, project)
 
 
+def test_the_network_reads_and_writes_no_model_folder():
+    """``smiexlm.model`` (the network) imports nothing of ``smiexlm.modelio`` (model folders)
+    at its top: ``ExLMModel.from_pretrained`` and ``save_pretrained`` import the folder code
+    inside themselves, so building and running a network loads no file reader."""
+    for path, tree in _modules().items():
+        if path.startswith("smiexlm/model/"):
+            top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+            names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+            names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+            assert not any(m.startswith("smiexlm.modelio") for m in names), path
+
+
 def test_training_does_not_import_the_text_adapter():
     for path, tree in _modules().items():
         if path.startswith("smiexlm/pretraining/"):
@@ -120,18 +132,18 @@ def test_one_home_loads_a_model_folder():
         return calls
 
     homes = set(_where(called("from_pretrained", "ExLMModel")))
-    assert homes == {"smiexlm/model/pretrained.py", "smiexlm/pretraining/sharded.py"}, homes
-    assert set(_where(called("read_finetune_meta"))) == {"smiexlm/model/folder.py"}
-    assert set(_where(called("load_whitening"))) == {"smiexlm/model/folder.py"}
+    assert homes == {"smiexlm/modelio/pretrained.py", "smiexlm/pretraining/sharded.py"}, homes
+    assert set(_where(called("read_finetune_meta"))) == {"smiexlm/modelio/folder.py"}
+    assert set(_where(called("load_whitening"))) == {"smiexlm/modelio/folder.py"}
     assert set(_where(called("read_onnx_manifest"))) == {
-        "smiexlm/model/folder.py",
+        "smiexlm/modelio/folder.py",
         "smiexlm/serving/onnx_export.py",  # the writer keeps the other graphs' records
     }
     # config.json of a model folder: its reader and the loader (which checks it against the
     # weights before allocating); a training checkpoint's config is read by its own resume.
     assert set(_where(called("load", "ExLMConfig"))) == {
-        "smiexlm/model/folder.py",
-        "smiexlm/model/checkpoint.py",
+        "smiexlm/modelio/folder.py",
+        "smiexlm/modelio/weights.py",
     }, _where(called("load", "ExLMConfig"))
 
 
@@ -203,7 +215,7 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def _package(module: str) -> str:
-    """``smiexlm.model`` for ``smiexlm.model.folder``; a top-level module is its own."""
+    """``smiexlm.model`` for ``smiexlm.modelio.folder``; a top-level module is its own."""
     return ".".join(module.split(".")[:2])
 
 
@@ -275,16 +287,16 @@ def _strings(tree: ast.Module) -> list[ast.Constant]:
 
 def test_model_folder_file_names_have_one_home():
     """Every file name of a model folder is written as a string once, in
-    ``smiexlm/model/layout.py``; a module that spells ``"config.json"`` or
+    ``smiexlm/modelio/layout.py``; a module that spells ``"config.json"`` or
     ``"finetune.json"`` itself is a second reader (or writer) of the folder. ``vocab.json``
     and ``descriptors.json`` are dataset files too, named where the dataset side reads them."""
-    from smiexlm.model.layout import FILES
+    from smiexlm.modelio.layout import FILES
 
     homes = {"vocab.json": "smiexlm/paths.py", "descriptors.json": "smiexlm/descriptor_stats.py"}
     for path, tree in _modules().items():
         for node in _strings(tree):
             if node.value in FILES:
-                home = homes.get(node.value, "smiexlm/model/layout.py")
+                home = homes.get(node.value, "smiexlm/modelio/layout.py")
                 assert path == home, (path, node.lineno, node.value)
 
 
@@ -292,7 +304,7 @@ def test_the_shipped_default_model_is_recognised_in_one_place():
     """Whether a folder is the shipped default model is asked of ``layout.is_default`` (or
     ``ModelFolder.is_default``) alone: no other module names the default model's folder."""
     for path, tree in _modules().items():
-        if path == "smiexlm/model/layout.py":
+        if path == "smiexlm/modelio/layout.py":
             continue
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}

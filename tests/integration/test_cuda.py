@@ -180,8 +180,8 @@ def moses_dataset(shared_data: Path, tmp_path_factory) -> Path:
 
 
 def test_tiny_exlm_50_bf16_steps_on_cuda_lower_the_loss(moses_dataset, tmp_path):
-    from smiexlm.model.checkpoint import save_pretrained_sharded
     from smiexlm.model.model import ExLMModel
+    from smiexlm.modelio.weights import save_pretrained_sharded
     from smiexlm.pretraining.config import load_config
     from smiexlm.pretraining.trainer import pretrain
     from smiexlm.tokenizer import load_tokenizer

@@ -352,7 +352,7 @@ def test_resume_from_a_bad_checkpoint(dataset, tmp_path, damage):
 
 def test_export_without_data_writes_its_card_and_failures_leave_the_old_folder(dataset, tmp_path):
     from smiexlm import Featurizer
-    from smiexlm.model.integrity import verify_checksum
+    from smiexlm.modelio.integrity import verify_checksum
     from smiexlm.pretraining.trainer import pretrain
     from tests.unit.pretraining.test_training import _config
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from smiexlm.model.layout import DEFAULT_MODEL_DIR
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
 from tests.conftest import smiexlm_command
 from tests.integration.test_faults import assert_one_line_error, run_cli
 

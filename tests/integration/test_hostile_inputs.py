@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from smiexlm.errors import DataError
-from smiexlm.model.layout import DEFAULT_MODEL_DIR
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
 from tests.conftest import smiexlm_command
 from tests.integration.test_faults import assert_one_line_error, leftovers, run_cli
 
@@ -247,7 +247,7 @@ def test_kill_9_during_embed_leaves_temporaries_that_the_next_run_removes(tmp_pa
     table.write_text("id,smiles\na,CCO\n")
     res = run_cli("embed", table, "--out", out, "--device", "cpu", timeout=60)
     assert res.returncode == 0, res.stderr
-    from smiexlm.model.records import read_embedding
+    from smiexlm.modelio.records import read_embedding
 
     own = read_embedding(DEFAULT_MODEL_DIR)  # the default's own pooling and blocks
     width = 128 * len(own.pooling.split("+")) * own.layers

@@ -43,9 +43,9 @@ def _embed(tmp_path: Path, folder: Path):
 
 # ---------------------------------------------------------------------- 2. whiten
 def test_whiten_leaves_shipped_models_alone_and_writes_a_copy_with_out(shared_data, tmp_path):
-    from smiexlm.model.integrity import read_checksums, verify_checksum
-    from smiexlm.model.pretrained import load_pretrained
-    from smiexlm.model.records import read_embedding
+    from smiexlm.modelio.integrity import read_checksums, verify_checksum
+    from smiexlm.modelio.pretrained import load_pretrained
+    from smiexlm.modelio.records import read_embedding
     from smiexlm.whitening.file import whitening_source
 
     before = _digests(ASSETS_DIR)
@@ -78,7 +78,7 @@ def test_whiten_leaves_shipped_models_alone_and_writes_a_copy_with_out(shared_da
 
 
 def test_whiten_still_writes_into_a_users_own_folder(shared_data, tmp_path):
-    from smiexlm.model.integrity import verify_checksum
+    from smiexlm.modelio.integrity import verify_checksum
 
     folder = _copy(ASSETS_DIR / "twins" / "exlm", tmp_path / "mine")
     corpus = shared_data / "pretrain" / "moses_test.smi.gz"

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smiexlm.model.layout import DEFAULT_MODEL_DIR
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
 from tests.integration.test_faults import assert_one_line_error, run_cli
 
 SMILES = [f"C1{'C' * n}1{tail}" for n in range(2, 10) for tail in ("", "O", "N")]  # 24

@@ -28,7 +28,7 @@ NAMES = [
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path | None:
     """None when the shipped default model exists, else a random tiny ExLM folder."""
-    from smiexlm.model.layout import DEFAULT_MODEL_DIR
+    from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
 
     if (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
         return None

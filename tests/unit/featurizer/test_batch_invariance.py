@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from smiexlm.model.layout import DEFAULT_MODEL_DIR
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
 
 N_ROWS = 1000
 # Molecules that once came out differently alone: three tokens (BOS, atom, EOS), whose
@@ -60,7 +60,7 @@ def finetuned_folder(tmp_path_factory):
 def test_predict_gives_each_molecule_its_value_whatever_the_file(molecules, finetuned_folder):
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
-    from smiexlm.model.pretrained import load_finetuned
+    from smiexlm.modelio.pretrained import load_finetuned
     from smiexlm.moleculenet.prediction import predict
 
     whole = predict(finetuned_folder, molecules)["logS"].to_numpy()

@@ -158,7 +158,7 @@ def test_normalization_record_is_applied(tmp_path):
 
 def test_the_folder_pooling_is_the_default_and_travels_to_embed_and_probe(tmp_path):
     from smiexlm.embed import EmbedOptions
-    from smiexlm.model.records import write_embedding
+    from smiexlm.modelio.records import write_embedding
     from smiexlm.moleculenet.backbone import Backbone
 
     ckpt = make_checkpoint(tmp_path / "pooled")
@@ -265,14 +265,14 @@ def test_bad_options(feat):
             feat.featurize(["CCO"], layer=layer)
     with pytest.raises(ConfigError, match="batch_tokens"):
         feat.featurize(["CCO"], batch_tokens=0)
-    from smiexlm.model.pretrained import Pretrained
+    from smiexlm.modelio.pretrained import Pretrained
 
     with pytest.raises(ConfigError, match="device"):
         Featurizer(Pretrained(feat.model, feat.tokenizer), device="tpu")
 
 
 def test_default_model_missing_is_a_clear_error(monkeypatch, tmp_path):
-    import smiexlm.model.layout as module
+    import smiexlm.modelio.layout as module
 
     monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", tmp_path / "default_model")
     with pytest.raises(DataError, match="default model is not installed"):
@@ -280,7 +280,7 @@ def test_default_model_missing_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_default_model_loads_when_installed(monkeypatch, checkpoint):
-    import smiexlm.model.layout as module
+    import smiexlm.modelio.layout as module
 
     monkeypatch.setattr(module, "DEFAULT_MODEL_DIR", checkpoint)
     assert Featurizer.from_pretrained(device="cpu").featurize(["CCO"]).shape == (1, 128)

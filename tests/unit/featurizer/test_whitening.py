@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from smiexlm import Featurizer
 from smiexlm.cli.main import app
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.layout import DEFAULT_MODEL_DIR, WHITENING_NAME
-from smiexlm.model.records import EmbeddingSettings, read_embedding, write_embedding
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR, WHITENING_NAME
+from smiexlm.modelio.records import EmbeddingSettings, read_embedding, write_embedding
 from smiexlm.whitening import Whitening, fit_whitening
 from smiexlm.whitening.corpus import whiten_model
 from smiexlm.whitening.file import load_whitening, save_whitening, whitening_source
@@ -101,7 +101,7 @@ def test_the_file_round_trips_and_is_checked(tmp_path):
 
 
 def test_a_folder_without_checksums_stays_loadable_when_whitened(tmp_path):
-    from smiexlm.model.pretrained import load_pretrained
+    from smiexlm.modelio.pretrained import load_pretrained
 
     folder = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "old")
     (folder / "checksums.json").unlink()  # written before checksums.json existed

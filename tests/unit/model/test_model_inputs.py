@@ -15,9 +15,9 @@ from smiexlm import Featurizer
 from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.errors import DataError
 from smiexlm.model.inputs import ModelInputs, normalize_inputs
-from smiexlm.model.layout import DEFAULT_MODEL_DIR
-from smiexlm.model.pretrained import load_pretrained
-from smiexlm.model.records import read_normalization
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
+from smiexlm.modelio.pretrained import load_pretrained
+from smiexlm.modelio.records import read_normalization
 from smiexlm.tokenizer import EOS_ID, SmilesTokenizer
 
 SALTED = ["CCO.[Na+].[Cl-]", "OCC", "c1ccccc1C(=O)O.[K+]", "OC(=O)c1ccccc1"]
@@ -140,7 +140,7 @@ def test_normalize_inputs_as_written_skips_rdkit():
 
 
 def test_shipped_models_load_by_name_and_a_folder_of_that_name_wins(tmp_path, monkeypatch):
-    from smiexlm.model.layout import model_folder, shipped_models
+    from smiexlm.modelio.layout import model_folder, shipped_models
     from smiexlm.paths import ASSETS_DIR
 
     assert {"default", "exlm", "mlm", "maelm"} <= set(shipped_models())

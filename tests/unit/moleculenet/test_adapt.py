@@ -10,8 +10,8 @@ from smiexlm.errors import ConfigError
 
 
 def _encoder():
-    from smiexlm.model.layout import DEFAULT_MODEL_DIR
-    from smiexlm.model.pretrained import load_pretrained
+    from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
+    from smiexlm.modelio.pretrained import load_pretrained
 
     return load_pretrained(DEFAULT_MODEL_DIR)
 

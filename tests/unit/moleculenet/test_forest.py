@@ -189,7 +189,7 @@ def test_forest_settings_are_checked():
 
 
 def _rechecksum(folder, name):
-    from smiexlm.model.integrity import record_checksums
+    from smiexlm.modelio.integrity import record_checksums
 
     record_checksums(folder, name)
 
@@ -215,4 +215,6 @@ def test_the_default_forest_follows_the_task_type_and_the_tree_budget():
     assert resolve_forest(shipped, "classification", 10**6).forest_trees == MIN_FOREST_TREES
     mine = dataclasses.replace(shipped, forest="ecfp4", forest_trees=20)
     assert resolve_forest(mine, "regression", 1) == mine  # a named forest is kept as named
-    assert resolve_forest(finetune_config("bbbp", forest="none"), "classification", 1).forest is None
+    assert (
+        resolve_forest(finetune_config("bbbp", forest="none"), "classification", 1).forest is None
+    )

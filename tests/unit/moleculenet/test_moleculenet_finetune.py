@@ -257,7 +257,9 @@ def test_cli_finetune_defaults_to_the_shipped_model_and_random_init_is_explicit(
     torch.set_num_threads(1)
     rows = _finetune(tmp_path, "--seeds", "0", forest=None)  # served blended with a forest
     config = json.loads(rows["config"][0])
-    assert config["backbone"] == "default_model" and rows["model"][0] == "default_model + RF-rdkit2d"
+    assert (
+        config["backbone"] == "default_model" and rows["model"][0] == "default_model + RF-rdkit2d"
+    )
     assert config["forest"] == "rdkit2d" and config["forest_trees"] == 500
     assert {"valid_model", "test_model", "valid_forest", "test_forest"} <= set(config)
     assert config["n_unk_tokens"] == config["n_unk_molecules"] == 0
@@ -270,8 +272,8 @@ def test_a_finished_cell_knows_its_backbone_by_its_weights_not_only_its_name(tmp
     import shutil
 
     from smiexlm.finetuning.state import StateMismatchError, check_identity
-    from smiexlm.model.integrity import read_checksums
-    from smiexlm.model.layout import DEFAULT_MODEL_DIR, WEIGHTS_NAME, shipped_models
+    from smiexlm.modelio.integrity import read_checksums
+    from smiexlm.modelio.layout import DEFAULT_MODEL_DIR, WEIGHTS_NAME, shipped_models
 
     torch.set_num_threads(1)
     model = tmp_path / "first" / "model"
@@ -345,7 +347,7 @@ def test_a_head_on_the_last_three_blocks_is_saved_and_served(tmp_path):
     kept; ``--layers 1`` reads the last block, as a folder from before the option (no
     ``layers`` key) does; more layers than blocks is a clear error."""
     from smiexlm.cli.main import app
-    from smiexlm.model.integrity import record_checksums
+    from smiexlm.modelio.integrity import record_checksums
     from smiexlm.moleculenet.prediction import predict
 
     torch.set_num_threads(1)
@@ -383,7 +385,7 @@ def test_a_head_on_several_poolings_side_by_side_is_saved_and_served(tmp_path):
     ``predict`` gives back the run's kept test scores; an unknown pooling names the field."""
     from smiexlm.cli.main import app
     from smiexlm.errors import DataError
-    from smiexlm.model.integrity import record_checksums
+    from smiexlm.modelio.integrity import record_checksums
     from smiexlm.moleculenet.prediction import predict
 
     torch.set_num_threads(1)
@@ -568,8 +570,8 @@ def test_baseline_features_match_a_forest_trained_by_hand(features, tmp_path):
 def test_predict_with_no_parsable_smiles_gives_nan_rows(tmp_path):
     """A file of nothing but bad SMILES still gets one NaN row per input, valid False."""
     from smiexlm.model.heads import ExLMForSequencePrediction
-    from smiexlm.model.layout import DEFAULT_MODEL_DIR
     from smiexlm.model.model import ExLMModel
+    from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
     from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.moleculenet.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer
@@ -598,8 +600,8 @@ def test_predict_with_test_time_augmentation(tmp_path):
     """tta=K: the mean over the canonical and K random spellings, their spread in
     <label>_tta_std; a molecule's value is the same alone or among others; tta=0 is unchanged."""
     from smiexlm.model.heads import ExLMForSequencePrediction
-    from smiexlm.model.layout import DEFAULT_MODEL_DIR
     from smiexlm.model.model import ExLMModel
+    from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
     from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.moleculenet.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer

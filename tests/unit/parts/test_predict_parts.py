@@ -41,14 +41,31 @@ def test_predict_into_parts_matches_the_csv(tmp_path):
     want = pd.read_csv(tmp_path / "p.csv", dtype={"name": str}, keep_default_na=False)
     got = read_parts(tmp_path / "p").to_pandas()
     domain = ["nearest_tanimoto", "mean_tanimoto_k5", "nearest_cosine", "mean_cosine_k5"]
-    assert list(got.columns) == list(want.columns) == [
-        "name", "smiles", "valid", "y", "y_std", "y_model", "y_forest", "truncated", *domain,
-        "in_domain",
-    ]  # fmt: skip (the default's forest beside the model)
+    assert (
+        list(got.columns)
+        == list(want.columns)
+        == [
+            "name",
+            "smiles",
+            "valid",
+            "y",
+            "y_std",
+            "y_model",
+            "y_forest",
+            "truncated",
+            *domain,
+            "in_domain",
+        ]
+    )  # fmt: skip (the default's forest beside the model)
     assert (
         got["name"].tolist() == list("abcdefg") and got["valid"].tolist() == want["valid"].tolist()
     )
-    for column in ["y", "y_model", "y_forest", *domain]:  # a molecule's values do not depend on its part
+    for column in [
+        "y",
+        "y_model",
+        "y_forest",
+        *domain,
+    ]:  # a molecule's values do not depend on its part
         np.testing.assert_allclose(
             got[column].to_numpy(), pd.to_numeric(want[column]).to_numpy(), rtol=1e-6
         )

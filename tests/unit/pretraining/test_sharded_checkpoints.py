@@ -1,4 +1,4 @@
-"""Sharded safetensors (smiexlm.model.shards) and sharded training checkpoints
+"""Sharded safetensors (smiexlm.modelio.shards) and sharded training checkpoints
 (smiexlm.pretraining.sharded): round trips, size limits, clear errors, and a run resumed from a
 sharded checkpoint copied to a fresh folder, with and without its optimizer state."""
 
@@ -13,9 +13,9 @@ import torch
 
 from smiexlm import ExLMConfig, ExLMModel, SmilesTokenizer
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.checkpoint import save_pretrained_sharded
-from smiexlm.model.layout import WEIGHTS_INDEX_NAME
-from smiexlm.model.shards import MIB, load_sharded, save_sharded
+from smiexlm.modelio.layout import WEIGHTS_INDEX_NAME
+from smiexlm.modelio.shards import MIB, load_sharded, save_sharded
+from smiexlm.modelio.weights import save_pretrained_sharded
 from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL, build_dataset
 
 

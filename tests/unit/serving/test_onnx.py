@@ -19,7 +19,7 @@ import torch
 
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.featurizer import Featurizer
-from smiexlm.model.layout import DEFAULT_MODEL_DIR
+from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
 from tests.conftest import require_file
 from tests.warm_cli import run_smiexlm
 
@@ -80,7 +80,7 @@ def test_featurizer_parity(featurizers, smiles, pooling, n, layer):
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
 def test_onnx_outputs_do_not_depend_on_the_batch(folder, smiles, threads):
-    from smiexlm.model.folder import ModelFolder
+    from smiexlm.modelio.folder import ModelFolder
     from smiexlm.serving.onnx_runtime import OnnxEncoder
 
     feat = Featurizer.from_pretrained(folder, backend="onnx")
@@ -133,7 +133,7 @@ def test_in_memory_graph_of_an_mlm_model():
     1D RoPE."""
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.model import ExLMModel
-    from smiexlm.model.pretrained import Pretrained
+    from smiexlm.modelio.pretrained import Pretrained
     from smiexlm.tokenizer import SmilesTokenizer
 
     tokenizer = SmilesTokenizer()
@@ -213,7 +213,7 @@ def test_record_of_an_older_format_is_refused(folder, tmp_path):
 
 
 def test_graph_of_other_weights_is_refused(folder, tmp_path):
-    from smiexlm.model.folder import ModelFolder
+    from smiexlm.modelio.folder import ModelFolder
     from smiexlm.serving.onnx_runtime import read_graph
 
     copy = tmp_path / "model"
@@ -251,7 +251,7 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None,
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.inputs import model_texts
     from smiexlm.model.model import ExLMModel
-    from smiexlm.model.records import DEFAULT_NORMALIZATION
+    from smiexlm.modelio.records import DEFAULT_NORMALIZATION
     from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.moleculenet.features import FeatureScaler
     from smiexlm.moleculenet.folder import save_finetuned

@@ -123,8 +123,8 @@ def _finetuned(tmp_path):
 
 
 def test_reference_and_predict_columns_match_brute_force(tmp_path, caplog):
-    from smiexlm.model.layout import REFERENCE_NAME
-    from smiexlm.model.pretrained import load_finetuned
+    from smiexlm.modelio.layout import REFERENCE_NAME
+    from smiexlm.modelio.pretrained import load_finetuned
     from smiexlm.moleculenet.prediction import predict
     from smiexlm.moleculenet.reference import Reference
     from smiexlm.moleculenet.splits import make_split
@@ -178,7 +178,7 @@ def test_reference_and_predict_columns_match_brute_force(tmp_path, caplog):
 
 
 def test_a_damaged_reference_is_refused(tmp_path):
-    from smiexlm.model.layout import REFERENCE_NAME
+    from smiexlm.modelio.layout import REFERENCE_NAME
     from smiexlm.moleculenet.prediction import predict
 
     folder, _, _ = _finetuned(tmp_path)

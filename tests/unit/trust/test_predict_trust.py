@@ -140,7 +140,7 @@ def test_a_blend_is_calibrated_by_its_members_disagreement_by_default(tmp_path, 
     ``difficulty``."""
     import math
 
-    from smiexlm.model.pretrained import load_finetuned
+    from smiexlm.modelio.pretrained import load_finetuned
     from smiexlm.moleculenet.forest import KeptForest
     from smiexlm.moleculenet.prediction import predict
     from smiexlm.moleculenet.reference import Reference

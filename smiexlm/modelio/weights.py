@@ -1,7 +1,7 @@
 """Self-describing model folders: ``config.json`` + ``vocab.json`` + ``model.safetensors``.
 
 No pickle anywhere. ``checksums.json`` records the sha256 of ``model.safetensors``
-(:mod:`smiexlm.model.integrity`). Loading checks, in this order and before the model is
+(:mod:`smiexlm.modelio.integrity`). Loading checks, in this order and before the model is
 allocated: the vocabulary against the config (size, and the hash computed from its tokens when
 the config records one); the sizes the config implies (``d_model``, ``n_layers``,
 ``max_positions``...) and every tensor's name, dtype and shape against the weight file's header;
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from smiexlm.atomic import write_text_atomic
 from smiexlm.descriptor_stats import STATS_NAME, load_model_descriptor_stats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.config import ExLMConfig
-from smiexlm.model.integrity import (
+from smiexlm.modelio.integrity import (
     Header,
     check_finite,
     load_tensors,
@@ -32,13 +32,14 @@ from smiexlm.model.integrity import (
     record_checksums,
     verify_checksum,
 )
-from smiexlm.model.layout import CHECKSUMS_NAME, CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from smiexlm.model.shards import load_sharded, read_index, save_sharded
+from smiexlm.modelio.layout import CHECKSUMS_NAME, CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from smiexlm.modelio.shards import load_sharded, read_index, save_sharded
 from smiexlm.paths import VOCAB_NAME, check_not_a_file, read_json_file
 from smiexlm.tokenizer import SmilesTokenizer, vocabulary_file_hash
 
-if TYPE_CHECKING:  # pragma: no cover
-    from smiexlm.model.model import ExLMModel
+# the network's class (``ExLMModel``), passed in by its ``from_pretrained``: this package sits
+# above the network and never imports it back
+Model = TypeVar("Model", bound=nn.Module)
 
 
 def _default_tokenizer(config: ExLMConfig) -> Any:
@@ -62,7 +63,7 @@ def _default_tokenizer(config: ExLMConfig) -> Any:
 
 
 def save_model_folder(
-    model: ExLMModel, folder: Path, tokenizer: Any = None, dtype: torch.dtype | None = None
+    model: nn.Module, folder: Path, tokenizer: Any = None, dtype: torch.dtype | None = None
 ) -> Path:
     """Write the three files; ``dtype`` (e.g. ``torch.float16``) casts floating weights."""
     from safetensors.torch import save_file
@@ -97,8 +98,8 @@ def save_model_folder(
 
 
 def load_model_folder(
-    cls: type[ExLMModel], folder: Path, map_location: str | torch.device = "cpu"
-) -> ExLMModel:
+    cls: type[Model], folder: Path, map_location: str | torch.device = "cpu"
+) -> Model:
     """The model of a folder, every file checked before its weights are read."""
     if not check_not_a_file(folder).is_dir():
         raise DataError(f"model folder {str(folder)!r} does not exist")
@@ -128,14 +129,14 @@ def load_model_folder(
 
 
 def save_pretrained_sharded(
-    model: ExLMModel,
+    model: nn.Module,
     directory: Path | str,
     tokenizer: Any = None,
     dtype: torch.dtype | None = None,
     max_shard_mib: float = 16.0,
 ) -> Path:
     """A model folder (``config.json``, ``vocab.json``) with its weights sharded
-    (:mod:`smiexlm.model.shards`); the folder appears complete or not at all. ``dtype`` (e.g.
+    (:mod:`smiexlm.modelio.shards`); the folder appears complete or not at all. ``dtype`` (e.g.
     ``torch.float16``) casts floating weights."""
     from smiexlm.atomic import atomic_dir
 
@@ -159,8 +160,8 @@ def _replace_checksum_record(folder: Path, single: str, shards: dict[str, str]) 
 
 
 def load_sharded_model(
-    cls: type[ExLMModel], folder: Path, map_location: str | torch.device = "cpu"
-) -> ExLMModel:
+    cls: type[Model], folder: Path, map_location: str | torch.device = "cpu"
+) -> Model:
     """The model of a folder whose weights are sharded.
 
     The shards are checked against the index (presence, sha256, tensor names), joined into a

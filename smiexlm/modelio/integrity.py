@@ -28,7 +28,7 @@ import torch
 
 from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import DataError
-from smiexlm.model.layout import CHECKSUMS_NAME
+from smiexlm.modelio.layout import CHECKSUMS_NAME
 from smiexlm.paths import file_sha256, read_json_file
 
 CHECKSUMS_FORMAT = "smiexlm-checksums/1"

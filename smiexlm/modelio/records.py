@@ -2,7 +2,7 @@
 served by default and whether it is whitened), ``normalization.json`` (how the corpus SMILES
 were normalised, or a block in ``MODEL_CARD.md``), ``corpus_tokens.json`` (how often each
 token occurred in what the weights were trained on) and ``onnx.json`` (the ONNX graphs beside
-the weights). :class:`smiexlm.model.folder.ModelFolder` reads them for a folder; the writers
+the weights). :class:`smiexlm.modelio.folder.ModelFolder` reads them for a folder; the writers
 are the exporters (``smiexlm export``, ``smiexlm whiten``, fine-tuning, ``export-onnx``).
 """
 
@@ -21,7 +21,8 @@ import numpy as np
 from smiexlm.atomic import write_text_atomic
 from smiexlm.data.normalize import REWRITES, NormalizeConfig
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.layout import (
+from smiexlm.model.pooling import pooling_parts
+from smiexlm.modelio.layout import (
     CARD_NAME,
     CORPUS_TOKENS_NAME,
     EMBEDDING_NAME,
@@ -29,7 +30,6 @@ from smiexlm.model.layout import (
     ONNX_MANIFEST_NAME,
     WHITENING_NAME,
 )
-from smiexlm.model.pooling import pooling_parts
 from smiexlm.paths import read_json_file
 
 # The preprocessing defaults without the corpus' size limits (serving rejects nothing for

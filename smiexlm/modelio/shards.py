@@ -12,7 +12,7 @@ A sharded set ``STEM`` in a folder is
        "weight_map": {"encoder.layers.0.attn.qkv.weight": "STEM-00001-of-00003.safetensors", …}}
 
 A model folder whose weights are sharded holds the set ``model`` instead of
-``model.safetensors`` (:mod:`smiexlm.model.checkpoint` writes and reads either). No pickle: the
+``model.safetensors`` (:mod:`smiexlm.modelio.weights` writes and reads either). No pickle: the
 shards are safetensors and the index is JSON. Loading checks that every shard is present and
 unchanged (sha256) and that the shards hold exactly the tensors the index lists.
 """
@@ -28,7 +28,7 @@ import torch
 
 from smiexlm.atomic import write_text_atomic
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.integrity import load_tensors
+from smiexlm.modelio.integrity import load_tensors
 from smiexlm.paths import file_sha256, read_json_file
 
 FORMAT = "smiexlm-shards/1"

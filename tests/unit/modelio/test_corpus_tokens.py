@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.folder import ModelFolder
-from smiexlm.model.records import read_corpus_tokens, write_corpus_tokens
+from smiexlm.modelio.folder import ModelFolder
+from smiexlm.modelio.records import read_corpus_tokens, write_corpus_tokens
 from smiexlm.tokenizer import SmilesTokenizer
 
 SALT = "C[C@@H](N)C(=O)[O-].[Na+]"  # stereo, a charge and a counter-ion: none in MOSES

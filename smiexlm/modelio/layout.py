@@ -22,7 +22,7 @@ calibration), ``forest.skops`` (with ``finetune --forest``) and, once exported,
 ``predictor.onnx``.
 
 The names are defined here and nowhere else, so one module says what a folder is; the
-folder's reader is :class:`smiexlm.model.folder.ModelFolder`. ``vocab.json`` and
+folder's reader is :class:`smiexlm.modelio.folder.ModelFolder`. ``vocab.json`` and
 ``descriptors.json`` are also files of a dataset folder, so their names live lower, beside
 the code that reads them there (:mod:`smiexlm.paths`, :mod:`smiexlm.descriptor_stats`).
 """

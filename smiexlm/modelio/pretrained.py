@@ -6,7 +6,7 @@ export, the analyses, GLUE) loads it here, so a model is always served with the 
 and the SMILES normalisation it was trained with. The public entry points are thin doors to
 this path: ``ExLMModel.from_pretrained`` (the weights alone), ``Featurizer.from_pretrained``
 and ``Backbone`` (fine-tuning and the probe). What a folder holds is
-:mod:`smiexlm.model.layout`; its reader is :class:`~smiexlm.model.folder.ModelFolder`.
+:mod:`smiexlm.modelio.layout`; its reader is :class:`~smiexlm.modelio.folder.ModelFolder`.
 
 >>> pre = load_pretrained()                      # the shipped default model
 >>> prepared = pre.inputs().prepare(["OCC", "CCO"])
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from smiexlm.model.folder import FinetunedFolder, ModelFolder
-from smiexlm.model.layout import FINETUNE_NAME
-from smiexlm.model.records import DEFAULT_NORMALIZATION, EmbeddingSettings
+from smiexlm.modelio.folder import FinetunedFolder, ModelFolder
+from smiexlm.modelio.layout import FINETUNE_NAME
+from smiexlm.modelio.records import DEFAULT_NORMALIZATION, EmbeddingSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.data.normalize import NormalizeConfig
@@ -110,8 +110,8 @@ def load_finetuned(
     ``finetune.json``; each file is checked first (``finetune.json``'s keys and values, the
     weights' shapes, and the sha256 of both)."""
     from smiexlm.device import resolve_device
-    from smiexlm.model.checkpoint import load_module_weights
     from smiexlm.model.heads import ExLMForSequencePrediction
+    from smiexlm.modelio.weights import load_module_weights
 
     folder = directory if isinstance(directory, FinetunedFolder) else FinetunedFolder(directory)
     meta = folder.meta

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from smiexlm.errors import DataError
-from smiexlm.model.integrity import read_header, verify_checksum
-from smiexlm.model.layout import CHECKSUMS_NAME
+from smiexlm.modelio.integrity import read_header, verify_checksum
+from smiexlm.modelio.layout import CHECKSUMS_NAME
 from tests.conftest import smiexlm_command
 from tests.integration.test_faults import DEFAULT_MODEL, assert_one_line_error, run_cli
 

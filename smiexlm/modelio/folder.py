@@ -2,11 +2,11 @@
 fine-tuned one (which also reads and checks ``finetune.json``).
 
 A reader resolves its path once (a folder, a shipped model's name, or None for the shipped
-default; :func:`smiexlm.model.layout.model_folder`) and reads each file when first asked, once:
+default; :func:`smiexlm.modelio.layout.model_folder`) and reads each file when first asked, once:
 the config, the tokenizer (its vocabulary checked against the config), the normalisation and
 where it was read from, the embedding settings, the whitening, the corpus token counts, the
 card and the ONNX record.
-Loading the weights is :func:`smiexlm.model.pretrained.load_pretrained`'s job, which keeps
+Loading the weights is :func:`smiexlm.modelio.pretrained.load_pretrained`'s job, which keeps
 the reader beside the model it loaded.
 
 >>> folder = ModelFolder()                       # the shipped default model
@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.model.layout import (
+from smiexlm.model.heads import HEAD_KINDS
+from smiexlm.model.pooling import POOLINGS, pooling_parts
+from smiexlm.modelio.layout import (
     CARD_NAME,
     CONFIG_NAME,
     FINETUNE_NAME,
@@ -32,8 +34,7 @@ from smiexlm.model.layout import (
     is_default,
     model_folder,
 )
-from smiexlm.model.pooling import POOLINGS, pooling_parts
-from smiexlm.model.records import (
+from smiexlm.modelio.records import (
     EmbeddingSettings,
     read_corpus_tokens,
     read_embedding,
@@ -52,8 +53,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.whitening import Whitening
 
 TASK_TYPES = ("classification", "regression")  # the task_type of a fine-tuned folder
-# the form of its head: fine-tuning's (dense, tanh, out_proj) or one linear map (a probe's)
-HEAD_KINDS = ("mlp", "linear")
 
 
 class ModelFolder:
@@ -70,7 +69,7 @@ class ModelFolder:
 
     @property
     def is_default(self) -> bool:
-        """Whether this is the shipped default model (:func:`~smiexlm.model.layout.is_default`)."""
+        """Whether this is the shipped default model (:func:`~smiexlm.modelio.layout.is_default`)."""
         return is_default(self.path)
 
     @property
@@ -95,7 +94,7 @@ class ModelFolder:
     @cached_property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer of ``vocab.json``, its size and token hash checked against the config."""
-        from smiexlm.model.checkpoint import check_folder_vocabulary
+        from smiexlm.modelio.weights import check_folder_vocabulary
         from smiexlm.tokenizer import load_tokenizer
 
         check_folder_vocabulary(self.path, self.config)
@@ -107,7 +106,7 @@ class ModelFolder:
 
     @property
     def normalization(self) -> NormalizeConfig:
-        """How the corpus SMILES were normalised (:func:`~smiexlm.model.records.read_normalization`)."""
+        """How the corpus SMILES were normalised (:func:`~smiexlm.modelio.records.read_normalization`)."""
         return self._normalization[0]
 
     @property
@@ -195,7 +194,7 @@ class FinetunedFolder(ModelFolder):
         """``normalization.json`` checked against the sha256 the folder records and against
         the normalisation ``finetune.json`` records (folders saved before either was kept load
         without): the SMILES are served as the model was fine-tuned on them, or not at all."""
-        from smiexlm.model.integrity import verify_checksum
+        from smiexlm.modelio.integrity import verify_checksum
 
         path = self.path / NORMALIZATION_NAME
         if path.is_file():
@@ -219,7 +218,7 @@ def read_finetune_meta(path: Path) -> dict[str, Any]:
     label, target mean and target std per output; a feature scaler exactly when the head takes
     features), each target std is positive, and the file matches the sha256 its folder's
     ``checksums.json`` records (folders saved before the record covered it load without)."""
-    from smiexlm.model.integrity import verify_checksum
+    from smiexlm.modelio.integrity import verify_checksum
 
     path, meta = read_json_file(path, "fine-tuned model record")
 
