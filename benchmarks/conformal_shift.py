@@ -40,7 +40,7 @@ RESULTS = Path("benchmarks/results")
 def _cells(args, task, seed: int):
     """(valid rows, test rows, served valid, served test, near valid (n, 2), near test, the
     members' difficulty of valid and of test)."""
-    from smiexlm.moleculenet.blend import blend_members
+    from smiexlm.forests.blend import blend_members
     from smiexlm.moleculenet.runs import read_predictions, run_dir
     from smiexlm.trust.conformal import difficulty
 
@@ -143,9 +143,9 @@ def main() -> None:
 
 def _report(rows: list[dict], argv: str) -> str:
     """shift.md: at each α, the coverage of every method on every set beside ``predict``'s
-    default (:func:`~smiexlm.moleculenet.predict_trust.default_method` of a blend) and how
+    default (:func:`~smiexlm.serving.predict_trust.default_method` of a blend) and how
     many sets each keeps in [1 - α - 0.05, 1 - α + 0.05]; then every figure."""
-    from smiexlm.moleculenet.predict_trust import default_method
+    from smiexlm.serving.predict_trust import default_method
 
     groups: dict[tuple, list[dict]] = {}
     for r in rows:

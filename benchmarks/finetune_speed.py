@@ -33,8 +33,12 @@ torch.set_num_threads(1)
 import smiexlm
 from smiexlm import moleculenet
 from smiexlm.moleculenet.configs import finetune_config
-from smiexlm.moleculenet.backbone import Backbone
-from smiexlm.moleculenet.finetune import finetune_once
+try:
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.adapter import finetune_once
+except ImportError:  # packages before the adapter moved into smiexlm.finetuning
+    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.moleculenet.finetune import finetune_once
 from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import PACKAGE_DIR
 

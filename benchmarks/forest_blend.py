@@ -13,7 +13,7 @@ predictions are in ``--forest-root/<kind>_<n>trees/<set>/seed<k>/`` already, and
 - ``model`` and ``forest`` alone;
 - ``mean``: the two predictions averaged (probabilities, or values for regression);
 - ``quantile`` (classification): each score replaced by its quantile among the same model's
-  validation scores, then averaged (:mod:`smiexlm.moleculenet.blend`); a per-molecule
+  validation scores, then averaged (:mod:`smiexlm.forests.blend`); a per-molecule
   transform, so a served model can apply it;
 - ``chosen``: ``quantile`` (``mean`` for regression) with the model's weight picked from
   0, 0.1, ..., 1 on the validation split.
@@ -51,7 +51,7 @@ def forest_predictions(
     task, seed: int, kind: str, root: Path, n_trees: int
 ) -> dict[str, np.ndarray]:
     """The forest's kept predictions for (``task``, ``seed``), trained first when missing."""
-    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.runs import has_predictions, read_predictions, run_dir
 
     kept = root / f"{kind}_{n_trees}trees"
@@ -65,7 +65,7 @@ def forest_predictions(
 def blends(task, model: dict, forest: dict, chosen: tuple, third: dict | None = None) -> dict[str, float]:  # fmt: skip
     """Test scores of the model, the forest and their blends (see the module docstring);
     ``chosen``: :func:`chosen_blend` of the two."""
-    from smiexlm.moleculenet.blend import blend, quantiles
+    from smiexlm.forests.blend import blend, quantiles
     from smiexlm.moleculenet.metrics import score
 
     y_test = task.labels[model["test_rows"]]
@@ -89,7 +89,7 @@ def blends(task, model: dict, forest: dict, chosen: tuple, third: dict | None = 
 def chosen_blend(task, model: dict, forest: dict) -> tuple[float, np.ndarray, np.ndarray]:
     """The quantile blend whose model weight (of :data:`WEIGHTS`) scores best on validation:
     (that weight, its validation predictions, its test predictions)."""
-    from smiexlm.moleculenet.blend import blend
+    from smiexlm.forests.blend import blend
     from smiexlm.moleculenet.metrics import score
 
     y_valid = task.labels[model["valid_rows"]]
@@ -109,7 +109,7 @@ def keep_blends(row: Path, task, seed: int, model: dict, forest: dict, chosen: t
     (``quantile``, the model's weight 0.5; ``mean`` for regression) in the row ``row`` and of
     the ``chosen`` one (:func:`chosen_blend`) in ``row`` + ``+chosen``, each as
     ``<set>/seed<k>/predictions.npz``."""
-    from smiexlm.moleculenet.blend import blend
+    from smiexlm.forests.blend import blend
     from smiexlm.moleculenet.runs import keep_predictions
     from smiexlm.moleculenet.splits import Split
 

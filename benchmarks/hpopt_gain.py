@@ -58,11 +58,11 @@ def _train_cpu(results) -> float:
 def one_set(task_name: str, args: argparse.Namespace) -> tuple[list[str], dict]:
     """The search, then both configs' seeds: this set's table rows, and for "Table 8" and
     "hpopt" the (valid, test) means over the seeds."""
+    from smiexlm.finetuning.adapter import run_finetune, with_backbone_blocks
+    from smiexlm.finetuning.backbone import Backbone
     from smiexlm.hpopt.config import HpoptConfig
     from smiexlm.hpopt.run import run_hpopt
-    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.configs import finetune_config
-    from smiexlm.moleculenet.finetune import run_finetune, with_backbone_blocks
     from smiexlm.moleculenet.loaders import load_task
 
     task, backbone, root = load_task(task_name), Backbone(args.checkpoint), args.out / task_name

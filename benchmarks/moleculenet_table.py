@@ -144,8 +144,8 @@ def read_cells(out: Path) -> list:
 def run(args: argparse.Namespace) -> None:
     import torch
 
+    from smiexlm.finetuning.adapter import run_finetune, with_backbone_blocks
     from smiexlm.moleculenet import runs
-    from smiexlm.moleculenet.finetune import run_finetune, with_backbone_blocks
     from smiexlm.moleculenet.loaders import load_task
 
     torch.set_num_threads(args.threads)
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> None:
 
 def _run_backbone(args: argparse.Namespace):
     """The model ``run`` fine-tunes: ``--checkpoint``, or a random init of ``--preset``."""
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.backbone import Backbone
 
     return Backbone(checkpoint=args.checkpoint, preset=args.preset, objective=args.objective,
                     random_init=args.variant == "random-init")  # fmt: skip
@@ -199,9 +199,9 @@ def probe(args: argparse.Namespace) -> None:
     chooses the embedding, ``--features`` appends ECFP4 and/or RDKit 2D (a hybrid probe)."""
     import torch
 
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.probe import ProbeConfig, run_probe
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.probe import ProbeConfig, run_probe
 
     torch.set_num_threads(args.threads)
     cfg = ProbeConfig(device="cpu", pooling=args.pooling, features=args.features,
@@ -218,7 +218,7 @@ def probe(args: argparse.Namespace) -> None:
 
 def baseline(args: argparse.Namespace) -> None:
     """A random forest (``--n-trees``, the same on every set) on every task and seed."""
-    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.loaders import load_task
 
     cfg = BaselineConfig(args.features, n_trees=args.n_trees)
@@ -276,7 +276,7 @@ def _differences(row: str, task: str, done, backbones: dict) -> str:
     """How a finished fine-tuning cell of ``row`` differs from what the campaign would make
     now (``setting was -> now``, comma separated), or "" when it does not; forests and probes
     are not checked. ``backbones`` caches each row's model."""
-    from smiexlm.moleculenet.finetune import with_backbone_blocks
+    from smiexlm.finetuning.adapter import with_backbone_blocks
     from smiexlm.moleculenet.runs import setting_differences
 
     if ROWS[row][0] != "run":
@@ -295,7 +295,7 @@ def _differences(row: str, task: str, done, backbones: dict) -> str:
 def _cell_state(folder: Path) -> dict | None:
     """What a stopped cell's ``state/`` holds: epochs run and planned, precision, CPU seconds
     so far and the best validation score (fine-tuning); finished forests (a forest seed)."""
-    from smiexlm.moleculenet.baseline import PARTIAL_NAME
+    from smiexlm.forests.baseline import PARTIAL_NAME
     from smiexlm.moleculenet.runs import state_dir
 
     state = state_dir(folder)

@@ -37,7 +37,7 @@ COLUMNS = ("seeds", "ensemble", "seeds + forest", "ensemble + forest")
 
 def scores(task, runs: list[dict], forests: list[dict]) -> dict[str, list[float]]:
     """Each column's test scores (one per seed, or one for the ensemble alone)."""
-    from smiexlm.moleculenet.blend import blend
+    from smiexlm.forests.blend import blend
     from smiexlm.moleculenet.metrics import score
 
     y_test = task.labels[runs[0]["test_rows"]]

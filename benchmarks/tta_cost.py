@@ -37,12 +37,12 @@ def main() -> None:
 
     import torch
 
+    from smiexlm.finetuning.folder import save_finetuned
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
     from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
     from smiexlm.moleculenet import load_task
-    from smiexlm.moleculenet.folder import save_finetuned
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer
 
     torch.set_num_threads(1)
@@ -94,7 +94,7 @@ def _add_reference(folder: Path, train: list[str]) -> None:
     from smiexlm.finetuning import predict as engine_predict
     from smiexlm.modelio.integrity import record_checksums
     from smiexlm.modelio.pretrained import load_finetuned
-    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.trust.reference import Reference
 
     served, inputs, _ = load_finetuned(folder, device="cpu")
     texts = inputs.texts(train, True)
@@ -110,11 +110,11 @@ def _add_forest(folder: Path, train: list[str], labels, kind: str, n_trees: int)
     as :func:`_add_reference` has it)."""
     import json
 
+    from smiexlm.forests.forest import KeptForest
     from smiexlm.modelio.integrity import record_checksums
     from smiexlm.modelio.layout import FINETUNE_NAME
     from smiexlm.modelio.pretrained import load_finetuned
     from smiexlm.moleculenet.configs import FinetuneConfig
-    from smiexlm.moleculenet.forest import KeptForest
 
     _, inputs, meta = load_finetuned(folder, device="cpu")
     texts = inputs.texts(train, True)

@@ -9,7 +9,7 @@ kept predictions, and what it costs to fine-tune and to serve.
 ``table``: for each set and seed, the members' rows of ``--root`` (``default``,
 ``default_rdkit2d``, ``rf_rdkit2d``, ``rf_both``, ``rf_ecfp4``: each cell's ``predictions.npz``)
 are blended as the ensemble's folder serves them
-(:func:`smiexlm.moleculenet.blend.blend_members`: each member's quantiles among its own
+(:func:`smiexlm.forests.blend.blend_members`: each member's quantiles among its own
 validation scores, equal weights) and scored on test, beside the default alone, the blend
 ``finetune`` serves by default (the default with RF-RDKit2D, weight 0.5), the ensemble
 without RF-ECFP4 and the three forests' own ensemble. No choice is made on test. Then a
@@ -42,7 +42,7 @@ from forest_blend import write_table  # noqa: E402
 SETS = ["bace", "bbbp", "clintox", "sider", "tox21", "toxcast", "muv"]
 SMALL = SETS[:4]
 SEEDS = (0, 1, 2)
-#: member rows of the table's root, in the ensemble's order (smiexlm.moleculenet.ensemble)
+#: member rows of the table's root, in the ensemble's order (smiexlm.finetuning.ensemble)
 WIDE = {"model": "default", "model_rdkit2d": "default_rdkit2d", "rf_rdkit2d": "rf_rdkit2d",
         "rf_both": "rf_both", "rf_ecfp4": "rf_ecfp4"}  # fmt: skip
 ROWS = {
@@ -79,7 +79,7 @@ def _std(values: list[float]) -> float:
 
 
 def table(args: argparse.Namespace) -> None:
-    from smiexlm.moleculenet.blend import blend_members
+    from smiexlm.forests.blend import blend_members
     from smiexlm.moleculenet.compare import mean_over_sets, paired_bootstrap
     from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.metrics import score
@@ -177,11 +177,11 @@ def cost(args: argparse.Namespace) -> None:
     """Serving cost per 1,000 molecules of the default's folder and of the wide ensemble's."""
     import torch
 
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.adapter import run_finetune
+    from smiexlm.finetuning.backbone import Backbone
     from smiexlm.moleculenet.configs import finetune_config
-    from smiexlm.moleculenet.finetune import run_finetune
     from smiexlm.moleculenet.loaders import load_task
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     torch.set_num_threads(1)
     task = load_task(args.task)

@@ -4,7 +4,7 @@
         --checkpoint MODEL_DIR --out RESULT.json [--epochs N] [--device cuda]
 
 It reads the cached task (``prepare.py``: cleaned rows, canonical SMILES, scaffold split), so
-it needs no RDKit, runs :func:`smiexlm.moleculenet.finetune.finetune_once` with the task's
+it needs no RDKit, runs :func:`smiexlm.finetuning.adapter.finetune_once` with the task's
 Table 8 config and writes the :class:`RunResult` as JSON. Many of these run at once, one
 process each, sharing the GPU.
 """
@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.adapter import finetune_once
+    from smiexlm.finetuning.backbone import Backbone
     from smiexlm.moleculenet.configs import finetune_config
-    from smiexlm.moleculenet.finetune import finetune_once
 
     torch.set_num_threads(1)
     task, split, inputs = load_task(args.cache, args.task)

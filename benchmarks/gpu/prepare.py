@@ -158,7 +158,7 @@ def build_moses_dataset(data_root: Path, out_file: Path, workers: int, dry_run: 
 
 def build_finetune_cache(out_file: Path, tasks: tuple[str, ...], rows: int | None) -> dict:
     """Per task: cleaned rows, canonical SMILES (``input``) and the scaffold split."""
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.backbone import Backbone
     from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.splits import make_split
 

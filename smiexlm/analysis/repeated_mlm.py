@@ -14,7 +14,7 @@ For every cell (k, p) of the grid:
 4. **Entropy.** Mean prediction entropy in bits over fully masked tokens only, each token
    the mean over its k copies (Appendix E.1's filter).
 5. **Downstream.** BBBP fine-tuning with a shortened schedule through
-   :func:`smiexlm.moleculenet.finetune.finetune_once` (deterministic scaffold split); the
+   :func:`smiexlm.finetuning.adapter.finetune_once` (deterministic scaffold split); the
    inputs are repeated k times as in pre-training (Appendix B.2).
 
 Cells whose p^k is below ``min_ratio`` are left blank, as the paper's grey cells.
@@ -42,12 +42,12 @@ from smiexlm.analysis.report import write_rows
 from smiexlm.data.collate import collate
 from smiexlm.data.shards import TokenDataset, write_shard
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.finetuning.adapter import finetune_once
+from smiexlm.finetuning.backbone import Backbone
 from smiexlm.model.expansion import repeat_layout
 from smiexlm.model.masking import mask_tokens, repeat_tokens
 from smiexlm.moleculenet import MoleculeTask, load_task
-from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import finetune_config
-from smiexlm.moleculenet.finetune import finetune_once
 from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import VOCAB_NAME, write_json
 from smiexlm.pretraining.config import load_config

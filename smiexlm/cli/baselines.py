@@ -83,8 +83,8 @@ def probe(
 ) -> None:
     """Linear probe: logistic/ridge regression on the frozen model's pooled embeddings
     (regularisation chosen on valid). Seconds, next to minutes for fine-tuning."""
-    from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.probe import ProbeConfig, run_probe
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.probe import ProbeConfig, run_probe
 
     _check_outputs(out, save_dir)
     backbone = Backbone(checkpoint)
@@ -120,7 +120,7 @@ def baseline(
     out: Out = Path("runs/baseline"),
 ) -> None:
     """RandomForest on ECFP4 bits, RDKit 2D descriptors or both, same splits and seeds."""
-    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.report import write_report
 
     _check_outputs(out)

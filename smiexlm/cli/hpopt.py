@@ -52,9 +52,9 @@ def hpopt(
 
     import optuna
 
+    from smiexlm.finetuning.backbone import Backbone
     from smiexlm.hpopt.config import HpoptConfig
     from smiexlm.hpopt.run import run_hpopt
-    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.settings import settings_of
 
     search = {s.key for s in settings_of(HpoptConfig)}

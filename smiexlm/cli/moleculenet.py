@@ -222,8 +222,8 @@ def finetune(
     """Fine-tune the shipped model (or --checkpoint) on one dataset with the paper's per-task
     config (or --config and --set on top of it); test ROC-AUC per seed. Each (set, seed) keeps
     its state in --out after every epoch: a stopped run goes on with --resume."""
-    from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.finetune import run_finetune
+    from smiexlm.finetuning.adapter import run_finetune
+    from smiexlm.finetuning.backbone import Backbone
 
     _check_outputs(out, save_dir)
     cfg = _config(None if data else task, config, settings or {})
@@ -255,10 +255,10 @@ def benchmark(
     """Fine-tune on several datasets x seeds and write one report next to the paper's numbers
     (--config and --set: on top of every task's row). Each (set, seed) keeps its state in
     --out: a stopped benchmark goes on with --resume."""
+    from smiexlm.finetuning.adapter import run_finetune
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet import runs
-    from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
-    from smiexlm.moleculenet.finetune import run_finetune
     from smiexlm.moleculenet.report import write_report
 
     _check_outputs(out)

@@ -102,8 +102,8 @@ def predict(
     and, on request, calibrated probabilities and conformal sets or intervals. A folder --out
     is written part by part and resumed by the same command; under `torchrun
     --nproc_per_node N` N processes share the parts."""
-    from smiexlm.moleculenet.predict_parts import predict_file, predict_parts
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
+    from smiexlm.serving.predict_parts import predict_file, predict_parts
     from smiexlm.training.workers import detect
 
     output = output if output is not None else out

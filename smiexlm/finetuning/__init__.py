@@ -1,7 +1,12 @@
 """Fine-tuning: one training loop (``engine``) with its settings (``loop_config``), its
 batches, its weight average (``averaging``), its frozen-encoder modes (``frozen``), its state
-(``state``), data parallel processes (``parallel``) and inference (``inference``); task adapters live with their tasks (``smiexlm.moleculenet.finetune``,
-``smiexlm.glue.finetune``). Names load lazily, so reading the settings needs no torch."""
+(``state``), data parallel processes (``parallel``) and inference (``inference``). On
+molecules: ``adapter`` (``run_finetune``: a MoleculeNet set or a user's CSV, seed by seed),
+``backbone`` (where the encoder comes from), ``adapt`` (task-adaptive descriptor regression),
+``targets`` (a run's labels and scores), ``outputs`` (what a finished seed keeps), ``folder``
+(the fine-tuned folder written), ``ensemble`` (a wide ensemble) and ``probe`` (the linear
+probe). Text's adapter is ``smiexlm.glue.finetune``. Names load lazily, so reading the
+settings needs no torch."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Inference of a fine-tuning model: outputs in input order from length-sorted batches.
 
-:func:`predict` is what validation, the test split, ``smiexlm predict`` and the frozen
+:func:`to_scores` turns a head's outputs into scores (probabilities, or values in the
+labels' units); :func:`predict` is what validation, the test split, ``smiexlm predict`` and the frozen
 encoder's cached features run; :func:`predict_views` runs it once per spelling of the inputs
 (test-time augmentation).
 """
@@ -19,6 +20,14 @@ from smiexlm.finetuning.batches import Examples, iterate, sorted_batches
 from smiexlm.model.encoder import batch_invariant
 
 EVAL_MAX_TOKENS = 4096  # padded positions per evaluation batch
+
+
+def to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Probabilities (sigmoid) of a classification head; values in the labels' units of a
+    regression head trained on standardised targets."""
+    if task_type == "classification":
+        return 1.0 / (1.0 + np.exp(-logits))
+    return logits * std + mean
 
 
 @torch.inference_mode()

@@ -29,11 +29,11 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from smiexlm.finetuning.backbone import Backbone
 from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.hpopt.report import Outputs
 from smiexlm.hpopt.search import HpoptResult, Search
 from smiexlm.hpopt.study import one_trial, open_study, spending
-from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output

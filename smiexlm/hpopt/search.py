@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import DataError
+from smiexlm.finetuning.backbone import Backbone
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.model.pooling import POOLINGS
-from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, check_task
@@ -144,7 +144,7 @@ class Search:
         source = {"dataset": whole.name, "data_sha256": whole.sha256, "n_molecules": len(whole),
                   "task_type": whole.task_type, "split": split.label,
                   "sizes": list(split.sizes)}  # fmt: skip
-        from smiexlm.moleculenet.finetune import with_backbone_blocks
+        from smiexlm.finetuning.adapter import with_backbone_blocks
 
         base = with_backbone_blocks(base, backbone)  # trial 0 is the backbone's own setting
         space = SearchSpace.around(base, n_layers)
@@ -181,7 +181,7 @@ class Search:
         """Fine-tune the trial's point; its best validation score (scaled as reports are)."""
         import optuna
 
-        from smiexlm.moleculenet.finetune import finetune_once
+        from smiexlm.finetuning.adapter import finetune_once
 
         cfg = self.config(self.space.suggest(trial))
         scale = self.task.scale

@@ -1,14 +1,12 @@
-"""MoleculeNet: dataset registry and loaders, scaffold splits, metrics, baseline, fine-tuning.
+"""MoleculeNet: the sets, their splits and scores, the paper's configs and the reports.
 
 Its modules: ``registry``/``loaders``/``task`` (the sets, their files, a typed task, the
 evaluation molecules widening excludes), ``splits``, ``metrics``/``compare`` (scores and
-paired bootstraps), ``configs`` (the paper's per-task settings and the default), ``finetune``
-with ``targets`` (labels and scores of a run), ``finetune_outputs`` (what a seed keeps),
-``backbone``/``adapt``/``features``/``ensemble``/``blend``/``forest``/``baseline``/``probe``,
-``runs`` (a resumable cell per set and seed) with ``score_store`` (its compact committed
-scores), ``report``, and serving: ``prediction`` (``predict``) with
-``served`` (one folder's scores and blend members), ``predict_trust`` (the domain and
-conformal columns), ``predict_parts``, ``folder`` and ``reference``.
+paired bootstraps), ``configs`` (the paper's per-task settings and the default), ``runs`` (a
+resumable cell per set and seed) with ``score_store`` (its compact committed scores) and
+``report``. Fine-tuning on a set is :mod:`smiexlm.finetuning` (``adapter``, ``probe``,
+``ensemble``), its forests :mod:`smiexlm.forests`, and ``predict``
+:mod:`smiexlm.serving.prediction`.
 
 ``from smiexlm.moleculenet import load_task, scaffold_split`` is the stable entry point:
 ``load_task``/``read_task`` give a typed :class:`MoleculeTask` (what fine-tuning, the probe

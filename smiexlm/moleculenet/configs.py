@@ -18,7 +18,7 @@ from smiexlm.errors import (
 )
 from smiexlm.finetuning.loop_config import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
-from smiexlm.moleculenet.blend import DEFAULT_BLEND, check_blend
+from smiexlm.forests.blend import DEFAULT_BLEND, check_blend
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.paths import PACKAGE_DIR
 from smiexlm.settings import Setting, recorded, setting, settings_of
@@ -28,7 +28,7 @@ CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "moleculenet.toml"
 
 CLASS_WEIGHTS = ("none", "balanced")
 #: ``ensemble``: "none" (one network, with its forest when ``forest`` says so) or "wide"
-#: (smiexlm.moleculenet.ensemble)
+#: (smiexlm.finetuning.ensemble)
 ENSEMBLES = ("none", "wide")
 
 # ``forest = "auto"`` (the shipped default): the forest each task type is served with, the
@@ -74,9 +74,9 @@ class FinetuneConfig:
     SMILES normalisation, split, truncation, hybrid ``features``: ``ecfp4`` | ``rdkit2d`` |
     ``both``, random-SMILES ``augment`` of the training molecules, test-time ``tta``,
     ``adapt_steps`` of descriptor regression on the training molecules before fine-tuning,
-    :mod:`~smiexlm.moleculenet.adapt`, and a random ``forest`` on ``ecfp4`` | ``rdkit2d`` |
-    ``both`` kept beside the model and blended with it, :mod:`~smiexlm.moleculenet.forest`,
-    or a wide ``ensemble`` of networks and forests, :mod:`~smiexlm.moleculenet.ensemble`;
+    :mod:`~smiexlm.finetuning.adapt`, and a random ``forest`` on ``ecfp4`` | ``rdkit2d`` |
+    ``both`` kept beside the model and blended with it, :mod:`~smiexlm.forests.forest`,
+    or a wide ``ensemble`` of networks and forests, :mod:`~smiexlm.finetuning.ensemble`;
     ``class_weight="balanced"`` weighs each classification task's two classes inversely to
     their frequency on its training molecules, :func:`~smiexlm.model.heads.balanced_class_weights`).
 
@@ -150,8 +150,8 @@ class FinetuneConfig:
     extra: dict[str, Any] = setting(help="Free-form keys kept with the run.", factory=dict)
 
     def __post_init__(self) -> None:
+        from smiexlm.finetuning.adapt import check_adapt
         from smiexlm.model.pooling import pooling_parts  # torch: loaded when a run is made
-        from smiexlm.moleculenet.adapt import check_adapt
 
         check_field_types(self)
         check_positive_int("max_length", self.max_length)

@@ -14,14 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-def to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """Probabilities (sigmoid) of a classification head; values in the labels' units of a
-    regression head trained on standardised targets."""
-    if task_type == "classification":
-        return 1.0 / (1.0 + np.exp(-logits))
-    return logits * std + mean
-
-
 @dataclass
 class TaskScores:
     """The mean over scored tasks, each task's score (NaN where skipped), the skipped tasks."""

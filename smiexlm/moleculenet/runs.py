@@ -30,7 +30,7 @@ from smiexlm.moleculenet.splits import Split
 from smiexlm.paths import read_json_file, write_json
 
 if TYPE_CHECKING:  # pragma: no cover
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.backbone import Backbone
 
 RESULT_NAME = "result.json"
 PREDICTIONS_NAME = "predictions.npz"
@@ -190,7 +190,7 @@ def write_predictions(
     nearness: dict[str, np.ndarray] | None = None, parts: dict[str, np.ndarray] | None = None,
 ) -> None:  # fmt: skip
     """The validation and test scores (probabilities or values, float32) and their rows; with
-    the run's :class:`~smiexlm.moleculenet.reference.Reference` and the test molecules'
+    the run's :class:`~smiexlm.trust.reference.Reference` and the test molecules'
     ``nearness`` to the training molecules, also each validation and test molecule's nearest
     training similarity (``valid_tanimoto``, ``valid_cosine``, ``test_tanimoto``,
     ``test_cosine``; runs finished before they were kept lack them). A run with a forest

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
-
-from smiexlm.pretraining.config import TrainConfig
 
 
 @dataclass
@@ -51,7 +49,23 @@ class PolynomialDecaySchedule:
         }
 
 
-def build_schedule(config: TrainConfig) -> PolynomialDecaySchedule:
+class OptimizerSettings(Protocol):
+    """What :func:`build_schedule` and :func:`build_optimizer` read of a run's settings
+    (pretraining's ``TrainConfig`` has them): this package imports no trainer."""
+
+    lr: float
+    warmup_steps: int
+    end_lr: float
+    lr_power: float
+    weight_decay: float
+    adam_betas: tuple[float, float]
+    adam_eps: float
+
+    @property
+    def decay_steps(self) -> int: ...
+
+
+def build_schedule(config: OptimizerSettings) -> PolynomialDecaySchedule:
     return PolynomialDecaySchedule(
         lr=config.lr,
         warmup_steps=config.warmup_steps,
@@ -61,7 +75,7 @@ def build_schedule(config: TrainConfig) -> PolynomialDecaySchedule:
     )
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, config: OptimizerSettings) -> torch.optim.AdamW:
     """AdamW over the trainable parameters: group 0 decayed (matrices), group 1 not."""
     return adamw_with_decay_groups(
         model, config.lr, config.weight_decay, config.adam_betas, config.adam_eps

@@ -1,5 +1,5 @@
 """The columns ``smiexlm predict`` writes, by name: one list for its writer
-(:mod:`smiexlm.moleculenet.prediction`) and for every reader of its output (``select``).
+(:mod:`smiexlm.serving.prediction`) and for every reader of its output (``select``).
 
 A prediction table holds the input's id columns, then ``smiles`` and ``valid``, then the label
 columns, then beside each label the columns of :data:`LABEL_SUFFIXES` and the per-molecule

@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import smiexlm_command
-from tests.unit.moleculenet.test_hpopt import toy_frame
+from tests.unit.hpopt.test_hpopt import toy_frame
 
 
 @pytest.fixture()

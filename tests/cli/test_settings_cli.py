@@ -47,7 +47,7 @@ def captured(monkeypatch):
         seen["cfg"] = cfg
         raise _Stop
 
-    monkeypatch.setattr("smiexlm.moleculenet.finetune.run_finetune", run_finetune)
+    monkeypatch.setattr("smiexlm.finetuning.adapter.run_finetune", run_finetune)
     return seen
 
 

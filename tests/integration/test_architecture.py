@@ -256,23 +256,30 @@ def _reaches(graph: dict[str, dict[str, bool]], start: str, around: set[str]) ->
 
 
 def test_serving_and_moleculenet_do_not_import_each_other():
-    """Serving reads a fine-tuned folder through ``FinetunedFolder`` (in ``model/``), never
-    through MoleculeNet; MoleculeNet reaches serving only where ``predict`` serves a folder
-    with the ONNX backend (``moleculenet.served``), so fine-tuning never imports onnxruntime's wrapper. (The featurizer's own
-    ``backend="onnx"``, asked for by name, is the other way in; fine-tuning may use the
+    """Serving (``predict`` and ONNX) reads a fine-tuned folder through ``FinetunedFolder``
+    (``smiexlm.modelio``) and its forests and ensembles through their own packages, never
+    through MoleculeNet; MoleculeNet (the sets, splits, scores and reports) imports nothing of
+    serving, and fine-tuning never reaches onnxruntime's wrapper. (The featurizer's own
+    ``backend="onnx"``, asked for by name, is the one way in; fine-tuning may use the
     featurizer.)"""
     graph = _import_graph()
     for module, edges in graph.items():
         if module.startswith("smiexlm.serving"):
             assert not any(t.startswith("smiexlm.moleculenet") for t in edges), module
-        if module.startswith("smiexlm.moleculenet") and module != "smiexlm.moleculenet.served":
+        if module.startswith(("smiexlm.moleculenet", "smiexlm.finetuning", "smiexlm.forests")):
             assert not any(t.startswith("smiexlm.serving") for t in edges), module
-    trainers = ["smiexlm.moleculenet.finetune"] + [
-        m for m in graph if m.startswith("smiexlm.finetuning")
-    ]
-    for module in trainers:
+    for module in [m for m in graph if m.startswith("smiexlm.finetuning")]:
         reached = _reaches(graph, module, around={"smiexlm.featurizer"})
         assert "smiexlm.serving.onnx_runtime" not in reached, module
+
+
+def test_moleculenet_keeps_the_sets_and_their_scores():
+    """``smiexlm.moleculenet`` holds the sets, splits, metrics, configs, run cells and
+    reports; fine-tuning, forests and serving sit in packages of their own."""
+    kept = {"__init__", "registry", "loaders", "task", "splits", "metrics", "compare",
+            "configs", "runs", "score_store", "report"}  # fmt: skip
+    found = {p.stem for p in (PACKAGE / "moleculenet").glob("*.py")}
+    assert found == kept, found ^ kept
 
 
 def _strings(tree: ast.Module) -> list[ast.Constant]:
@@ -491,7 +498,7 @@ def test_one_home_each_for_descriptors_and_their_scaling():
     """RDKit descriptors are computed in ``fingerprints.py`` alone (the baseline, the hybrid
     features and the pretraining targets call it), and the statistics of pretraining targets
     are made and read back in ``descriptor_stats.py`` alone (from a dataset folder or a model
-    folder). The hybrid heads' scaler is ``moleculenet/features.py``'s ``FeatureScaler``."""
+    folder). The hybrid heads' scaler is ``forests/features.py``'s ``FeatureScaler``."""
 
     def computes(node: ast.AST) -> bool:
         return isinstance(node, ast.Attribute) and node.attr in {

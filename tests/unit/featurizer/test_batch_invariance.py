@@ -38,9 +38,9 @@ def molecules(shared_data) -> list[str]:
 def finetuned_folder(tmp_path_factory):
     """A regression head (seeded, untrained) on the shipped default model, saved the way
     ``smiexlm finetune --save-dir`` saves one."""
+    from smiexlm.finetuning.folder import save_finetuned
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
-    from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.tokenizer import SmilesTokenizer
 
     torch.manual_seed(0)
@@ -61,7 +61,7 @@ def test_predict_gives_each_molecule_its_value_whatever_the_file(molecules, fine
     from smiexlm.finetuning import Examples
     from smiexlm.finetuning import predict as engine_predict
     from smiexlm.modelio.pretrained import load_finetuned
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     whole = predict(finetuned_folder, molecules)["logS"].to_numpy()
     assert np.isfinite(whole).all()

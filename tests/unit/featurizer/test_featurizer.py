@@ -158,8 +158,8 @@ def test_normalization_record_is_applied(tmp_path):
 
 def test_the_folder_pooling_is_the_default_and_travels_to_embed_and_probe(tmp_path):
     from smiexlm.embed import EmbedOptions
+    from smiexlm.finetuning.backbone import Backbone
     from smiexlm.modelio.records import write_embedding
-    from smiexlm.moleculenet.backbone import Backbone
 
     ckpt = make_checkpoint(tmp_path / "pooled")
     assert Featurizer.from_pretrained(ckpt, device="cpu").pooling == "cls"  # no embedding.json

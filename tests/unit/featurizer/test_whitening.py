@@ -194,8 +194,8 @@ def test_embed_records_and_the_cli_fits_the_whitening(whitened, tmp_path):
 
 
 def test_the_probe_whitens_on_request_with_the_folder_whitening(whitened, tmp_path):
-    from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.probe import ProbeConfig, pooled_embeddings
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.probe import ProbeConfig, pooled_embeddings
 
     backbone = Backbone(whitened)
     inputs = backbone.model_texts(PANEL)
@@ -211,8 +211,8 @@ def test_the_probe_whitens_on_request_with_the_folder_whitening(whitened, tmp_pa
 
 
 def test_the_probe_puts_combined_poolings_side_by_side(whitened):
-    from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.probe import ProbeConfig, pooled_embeddings
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.probe import ProbeConfig, pooled_embeddings
 
     backbone = Backbone(whitened)
     inputs = backbone.model_texts(PANEL)

@@ -149,7 +149,7 @@ def test_on_epoch_sees_each_validation_and_its_exception_ends_the_run():
 def test_hybrid_head_needs_its_features_and_scaler_matches_sklearn():
     from sklearn.preprocessing import StandardScaler
 
-    from smiexlm.moleculenet.features import FeatureScaler
+    from smiexlm.forests.features import FeatureScaler
 
     model, rows = _model_and_rows(n_features=3)
     with pytest.raises(ConfigError, match="features"):
@@ -168,12 +168,12 @@ def test_hybrid_head_needs_its_features_and_scaler_matches_sklearn():
 def test_a_scaler_served_with_another_rdkit_says_so_once_per_folder(caplog):
     import logging
 
-    from smiexlm.moleculenet.features import FeatureScaler, features_version
+    from smiexlm.forests.features import FeatureScaler, features_version
 
     record = FeatureScaler.fit(np.ones((4, 2), dtype=np.float32), "rdkit2d").to_dict()
     assert record["version"] == features_version() and features_version().startswith("RDKit ")
     older = record | {"version": "RDKit 2019.03.1"}
-    with caplog.at_level(logging.WARNING, logger="smiexlm.moleculenet.features"):
+    with caplog.at_level(logging.WARNING, logger="smiexlm.forests.features"):
         FeatureScaler.from_dict(record, "same-rdkit")
         FeatureScaler.from_dict({k: v for k, v in record.items() if k != "version"}, "unrecorded")
         assert not caplog.text  # the same RDKit, or a folder saved before versions were kept
@@ -187,7 +187,7 @@ def test_probe_scores_match_sklearn_by_hand():
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
 
-    from smiexlm.moleculenet.probe import ProbeConfig, probe_split
+    from smiexlm.finetuning.probe import ProbeConfig, probe_split
     from smiexlm.moleculenet.splits import Split
 
     rng = np.random.default_rng(0)

@@ -14,12 +14,12 @@ import os
 import pytest
 import torch
 
-from smiexlm.moleculenet.backbone import Backbone
+from smiexlm.finetuning.adapter import run_finetune
+from smiexlm.finetuning.backbone import Backbone
 from smiexlm.moleculenet.configs import finetune_config
-from smiexlm.moleculenet.finetune import run_finetune
 from smiexlm.moleculenet.loaders import load_task
-from smiexlm.moleculenet.prediction import predict
 from smiexlm.paths import ASSETS_DIR
+from smiexlm.serving.prediction import predict
 
 # seed 0: best epoch, valid and test ROC-AUC x 100, and the saved model's probabilities for
 # the first five molecules of the table

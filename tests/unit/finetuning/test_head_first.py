@@ -128,7 +128,7 @@ def test_bad_settings_are_refused_by_name(loop, field):
 
 
 def test_cli_finetune_with_the_head_first_records_it(tmp_path):
-    from tests.unit.moleculenet.test_moleculenet_finetune import _finetune
+    from tests.unit.finetuning.test_moleculenet_finetune import _finetune
 
     torch.set_num_threads(1)
     rows = _finetune(tmp_path, "--seeds", "0", "--head-epochs", "2", "--head-lr", "3e-3")

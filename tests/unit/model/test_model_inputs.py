@@ -79,10 +79,10 @@ def test_the_featurizer_applies_the_folders_normalisation(salt_stripping_model):
 def test_finetuning_predict_and_featurizer_read_a_smiles_the_same_way(salt_stripping_model, tmp_path):  # fmt: skip
     """A SMILES written two ways gets one prediction, the one the head gives on the
     featurizer's embedding of it."""
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.folder import save_finetuned
     from smiexlm.model.heads import ExLMForSequencePrediction
-    from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.folder import save_finetuned
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     backbone = Backbone(checkpoint=salt_stripping_model)
     assert backbone.model_texts(SALTED) == ["CCO", "CCO", "O=C(O)c1ccccc1", "O=C(O)c1ccccc1"]

@@ -102,9 +102,9 @@ def test_predict_says_which_molecules_were_cut_and_which_tokens_no_training_held
     records the backbone's corpus plus those, counted here by hand."""
     import pandas as pd
 
-    from smiexlm.moleculenet.prediction import predict
     from smiexlm.moleculenet.splits import make_split
-    from tests.unit.moleculenet.test_moleculenet_finetune import _finetune_cli
+    from smiexlm.serving.prediction import predict
+    from tests.unit.finetuning.test_moleculenet_finetune import _finetune_cli
 
     smiles = [f"C{'C' * n}{tail}" for n in range(1, 16) for tail in ("O", "[NH3+]")]
     path = tmp_path / "charged.csv"

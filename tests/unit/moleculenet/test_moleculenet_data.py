@@ -62,7 +62,7 @@ def test_the_dataset_table_is_a_plain_view_of_the_task(shared_data):
     assert list(df.columns) == ["smiles", *task.label_cols] and not df.attrs
     assert df["smiles"].tolist() == task.smiles
     np.testing.assert_array_equal(df[task.label_cols].to_numpy(), task.labels)
-    from smiexlm.moleculenet.baseline import run_baseline
+    from smiexlm.forests.baseline import run_baseline
 
     with pytest.raises(ConfigError, match="'DataFrame': expected a MoleculeTask"):
         run_baseline(df, [0])  # the view is for display; the models take the task

@@ -204,8 +204,8 @@ def test_reports_name_the_split_and_never_mix_splits_or_misplace_the_paper():
 
 
 def test_rf_baseline_runs_and_is_seeded(shared_data):
+    from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet import load_task
-    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
 
     task = load_task("bbbp")
     cfg = BaselineConfig(n_trees=20)

@@ -18,7 +18,7 @@ def test_predict_into_parts_matches_the_csv(tmp_path):
     from typer.testing import CliRunner
 
     from smiexlm.cli.main import app
-    from tests.unit.moleculenet.test_moleculenet_finetune import _small_csv
+    from tests.unit.finetuning.test_moleculenet_finetune import _small_csv
 
     train, _ = _small_csv(tmp_path)
     models = tmp_path / "models"

@@ -248,13 +248,13 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None,
     """A fine-tuned folder as ``finetune --save-dir`` writes it: the shipped encoder and a
     random head on its last ``layers`` blocks (the weights do not matter for parity, only
     that both backends share them)."""
+    from smiexlm.finetuning.folder import save_finetuned
+    from smiexlm.forests.features import FeatureScaler
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.inputs import model_texts
     from smiexlm.model.model import ExLMModel
     from smiexlm.modelio.records import DEFAULT_NORMALIZATION
     from smiexlm.moleculenet.configs import FinetuneConfig
-    from smiexlm.moleculenet.features import FeatureScaler
-    from smiexlm.moleculenet.folder import save_finetuned
     from smiexlm.tokenizer import SmilesTokenizer
 
     scaler = None
@@ -282,8 +282,8 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None,
 @pytest.mark.data
 @pytest.mark.slow
 def test_predict_parity_cls_classifier_through_the_cli(smiles, tmp_path):
-    from smiexlm.moleculenet.prediction import predict
     from smiexlm.serving.onnx_export import export_onnx
+    from smiexlm.serving.prediction import predict
 
     folder = _finetuned(tmp_path / "seed0", smiles, "cls", "classification", None)
     export_onnx(folder)
@@ -304,7 +304,7 @@ def test_predict_parity_cls_classifier_through_the_cli(smiles, tmp_path):
 @pytest.mark.data
 @pytest.mark.slow
 def test_predict_parity_mean_regression_with_features_on_two_blocks(smiles, tmp_path):
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     smiles = smiles[:150] + smiles[-150:]
     folder = _finetuned(tmp_path / "seed0", smiles, "mean", "regression", "ecfp4", layers=2)

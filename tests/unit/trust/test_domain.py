@@ -98,7 +98,7 @@ def test_predict_and_its_command_share_the_default_quantile():
     import inspect
 
     from smiexlm.cli.predict import predict as command
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
     from smiexlm.trust.domain import DEFAULT_QUANTILE
 
     for function in (command, predict):
@@ -108,7 +108,7 @@ def test_predict_and_its_command_share_the_default_quantile():
 
 def _finetuned(tmp_path):
     from smiexlm.cli.main import app
-    from tests.unit.moleculenet.test_moleculenet_finetune import _small_csv
+    from tests.unit.finetuning.test_moleculenet_finetune import _small_csv
 
     train, frame = _small_csv(tmp_path)
     models = tmp_path / "models"
@@ -125,9 +125,9 @@ def _finetuned(tmp_path):
 def test_reference_and_predict_columns_match_brute_force(tmp_path, caplog):
     from smiexlm.modelio.layout import REFERENCE_NAME
     from smiexlm.modelio.pretrained import load_finetuned
-    from smiexlm.moleculenet.prediction import predict
-    from smiexlm.moleculenet.reference import Reference
     from smiexlm.moleculenet.splits import make_split
+    from smiexlm.serving.prediction import predict
+    from smiexlm.trust.reference import Reference
 
     folder, frame, run = _finetuned(tmp_path)
     ref = Reference.load(folder)
@@ -179,7 +179,7 @@ def test_reference_and_predict_columns_match_brute_force(tmp_path, caplog):
 
 def test_a_damaged_reference_is_refused(tmp_path):
     from smiexlm.modelio.layout import REFERENCE_NAME
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     folder, _, _ = _finetuned(tmp_path)
     data = bytearray((folder / REFERENCE_NAME).read_bytes())
@@ -190,7 +190,7 @@ def test_a_damaged_reference_is_refused(tmp_path):
 
 
 def test_predict_output_keeps_domain_columns_for_bad_rows(tmp_path):
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     folder, _, _ = _finetuned(tmp_path)
     got = predict(folder, ["", "xx"])

@@ -12,7 +12,7 @@ from smiexlm.errors import ConfigError, DataError
 
 def _models(tmp_path, task_type="classification", seeds=("0",), split="random", forest="none"):
     from smiexlm.cli.main import app
-    from tests.unit.moleculenet.test_moleculenet_finetune import _small_csv
+    from tests.unit.finetuning.test_moleculenet_finetune import _small_csv
 
     path, frame = _small_csv(tmp_path)
     if task_type == "regression":
@@ -38,9 +38,9 @@ def _valid_smiles(frame, split="random"):
 
 
 def test_calibrated_probabilities_and_sets_cover_the_validation_molecules(tmp_path):
-    from smiexlm.moleculenet.prediction import predict
-    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.serving.prediction import predict
     from smiexlm.trust.calibration import fit_temperature
+    from smiexlm.trust.reference import Reference
 
     (folder,), frame = _models(tmp_path)
     ref = Reference.load(folder)
@@ -64,8 +64,8 @@ def test_calibrated_probabilities_and_sets_cover_the_validation_molecules(tmp_pa
 def test_regression_intervals_are_the_validation_residual_quantile(tmp_path):
     import math
 
-    from smiexlm.moleculenet.prediction import predict
-    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.serving.prediction import predict
+    from smiexlm.trust.reference import Reference
 
     (folder,), frame = _models(tmp_path, "regression")
     ref = Reference.load(folder)
@@ -90,8 +90,8 @@ def test_conformal_methods_calibrate_by_distance_or_weight_and_say_where(tmp_pat
     farther than every validation molecule is flagged; ``weighted`` keeps the columns."""
     import math
 
-    from smiexlm.moleculenet.prediction import predict
-    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.serving.prediction import predict
+    from smiexlm.trust.reference import Reference
     from smiexlm.trust.shift import distance_bins
 
     (folder,), frame = _models(tmp_path)
@@ -140,11 +140,11 @@ def test_a_blend_is_calibrated_by_its_members_disagreement_by_default(tmp_path, 
     ``difficulty``."""
     import math
 
+    from smiexlm.forests.forest import KeptForest
     from smiexlm.modelio.pretrained import load_finetuned
-    from smiexlm.moleculenet.forest import KeptForest
-    from smiexlm.moleculenet.prediction import predict
-    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.serving.prediction import predict
     from smiexlm.trust.conformal import DIFFICULTY_FLOOR
+    from smiexlm.trust.reference import Reference
 
     (folder,), frame = _models(tmp_path, task_type, forest="rdkit2d")
     ref, meta = Reference.load(folder), load_finetuned(folder)[2]
@@ -164,7 +164,7 @@ def test_a_blend_is_calibrated_by_its_members_disagreement_by_default(tmp_path, 
     hard_valid = np.std(members, axis=0) + DIFFICULTY_FLOOR
     y = ref.valid_labels[:, 0]
     if task_type == "classification":
-        from smiexlm.moleculenet.blend import blend
+        from smiexlm.forests.blend import blend
 
         model, rf = (m[:, None] for m in members)
         blended = blend(task_type, model, model, rf, rf)[:, 0]  # on the validation molecules
@@ -190,7 +190,7 @@ def test_a_blend_is_calibrated_by_its_members_disagreement_by_default(tmp_path, 
 
 
 def test_an_ensemble_must_share_its_validation_molecules(tmp_path):
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     a, b = _models(tmp_path, seeds=("0", "1"))[0]  # random splits: seeded, so they differ
     assert "y_std" in predict([a, b], ["CCO"]).columns  # predictions alone are fine

@@ -63,15 +63,15 @@ def test_weighted_multilabel_loss_is_torchs_weighted_bce_over_the_present_labels
 
 
 def test_rare_positives_are_warned_of_unless_the_classes_are_weighted(caplog):
+    from smiexlm.finetuning.adapter import warn_rare_positives
     from smiexlm.moleculenet.configs import FinetuneConfig
-    from smiexlm.moleculenet.finetune import warn_rare_positives
     from smiexlm.moleculenet.task import MoleculeTask
 
     labels = np.zeros((300, 2))
     labels[:2, 0] = 1.0  # 2 positives of 599 present labels: 0.33 %
     labels[5, 1] = np.nan
     task = MoleculeTask("rare", ["C"] * 300, labels, ["a", "b"])
-    with caplog.at_level("WARNING", logger="smiexlm.moleculenet.finetune"):
+    with caplog.at_level("WARNING", logger="smiexlm.finetuning.adapter"):
         share = warn_rare_positives(task, FinetuneConfig())
     assert share == pytest.approx(2 / 599)
     assert "rare: 0.33 % of its labels are positive" in caplog.text
@@ -86,8 +86,8 @@ def test_rare_positives_are_warned_of_unless_the_classes_are_weighted(caplog):
 
 def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(tmp_path):
     from smiexlm.errors import DataError
+    from smiexlm.finetuning.backbone import Backbone
     from smiexlm.moleculenet import runs
-    from smiexlm.moleculenet.backbone import Backbone
     from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.moleculenet.loaders import read_task
     from smiexlm.moleculenet.splits import make_split
@@ -188,14 +188,14 @@ def test_cli_user_csv_single_class_test_is_a_clear_error(tmp_path):
 
 def test_predict_rejects_a_folder_that_is_not_fine_tuned(tmp_path):
     from smiexlm.errors import DataError
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     with pytest.raises(DataError, match="finetune.json"):
         predict(tmp_path, ["CCO"])
 
 
 def test_cli_seeds_accept_space_separated_values(shared_data, monkeypatch):
-    import smiexlm.moleculenet.baseline as baseline
+    import smiexlm.forests.baseline as baseline
     from smiexlm.cli.main import app
 
     seen = []
@@ -297,7 +297,7 @@ def test_tokens_outside_the_vocabulary_are_counted_and_said(tmp_path, caplog):
     path, frame = _small_csv(tmp_path)
     frame.loc[[0, 7], "smi"] = ["CC[Cf]CO", "[Lr]CC[Lr]"]  # elements the vocabulary lacks
     frame.to_csv(path, index=False)
-    with caplog.at_level("WARNING", logger="smiexlm.moleculenet.finetune"):
+    with caplog.at_level("WARNING", logger="smiexlm.finetuning.adapter"):
         result = _finetune_cli(path, tmp_path / "out", "--seeds", "0")
     assert result.exit_code == 0, result.output
     config = json.loads(pd.read_csv(tmp_path / "out" / "results.csv")["config"][0])
@@ -326,7 +326,7 @@ def test_finished_runs_are_read_back_without_texts_or_features(tmp_path, monkeyp
     the set first: neither the model's texts nor the features beside them (the descriptors of
     MUV alone take minutes)."""
     import smiexlm.fingerprints
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.backbone import Backbone
 
     torch.set_num_threads(1)
     args = ("--seeds", "0", "1", "--features", "ecfp4")
@@ -348,7 +348,7 @@ def test_a_head_on_the_last_three_blocks_is_saved_and_served(tmp_path):
     ``layers`` key) does; more layers than blocks is a clear error."""
     from smiexlm.cli.main import app
     from smiexlm.modelio.integrity import record_checksums
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     torch.set_num_threads(1)
     models = tmp_path / "models"
@@ -386,7 +386,7 @@ def test_a_head_on_several_poolings_side_by_side_is_saved_and_served(tmp_path):
     from smiexlm.cli.main import app
     from smiexlm.errors import DataError
     from smiexlm.modelio.integrity import record_checksums
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     torch.set_num_threads(1)
     models = tmp_path / "models"
@@ -417,7 +417,7 @@ def test_a_head_on_several_poolings_side_by_side_is_saved_and_served(tmp_path):
 
 def test_cli_predict_ensemble_mean_and_std_per_molecule(tmp_path):
     from smiexlm.cli.main import app
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     torch.set_num_threads(1)
     models = tmp_path / "models"
@@ -442,10 +442,10 @@ def test_a_saved_probe_is_served_by_predict_as_it_scored(tmp_path, whiten):
     """``probe --save-dir`` keeps the fit as a folder with a linear head (its standardisation
     and the corpus whitening folded into the weights): ``predict`` gives back the probe's own
     validation and test probabilities, with the domain and calibration columns."""
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.probe import ProbeConfig, run_probe
     from smiexlm.moleculenet.loaders import read_task
-    from smiexlm.moleculenet.prediction import predict
-    from smiexlm.moleculenet.probe import ProbeConfig, run_probe
+    from smiexlm.serving.prediction import predict
 
     torch.set_num_threads(1)
     path, frame = _small_csv(tmp_path)
@@ -532,8 +532,8 @@ def test_baseline_features_match_a_forest_trained_by_hand(features, tmp_path):
     from sklearn.metrics import roc_auc_score
 
     from smiexlm.fingerprints import morgan_fingerprints, rdkit2d_descriptors
-    from smiexlm.moleculenet.baseline import DESCRIPTOR_CLIP, BaselineConfig, run_baseline
-    from smiexlm.moleculenet.features import FeatureScaler
+    from smiexlm.forests.baseline import DESCRIPTOR_CLIP, BaselineConfig, run_baseline
+    from smiexlm.forests.features import FeatureScaler
     from smiexlm.moleculenet.splits import make_split
     from smiexlm.moleculenet.task import MoleculeTask
 
@@ -569,11 +569,11 @@ def test_baseline_features_match_a_forest_trained_by_hand(features, tmp_path):
 
 def test_predict_with_no_parsable_smiles_gives_nan_rows(tmp_path):
     """A file of nothing but bad SMILES still gets one NaN row per input, valid False."""
+    from smiexlm.finetuning.folder import save_finetuned
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
     from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
-    from smiexlm.moleculenet.folder import save_finetuned
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer
 
     model = ExLMForSequencePrediction(
@@ -599,11 +599,11 @@ def test_both_features_are_the_bits_then_the_descriptors():
 def test_predict_with_test_time_augmentation(tmp_path):
     """tta=K: the mean over the canonical and K random spellings, their spread in
     <label>_tta_std; a molecule's value is the same alone or among others; tta=0 is unchanged."""
+    from smiexlm.finetuning.folder import save_finetuned
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
     from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
-    from smiexlm.moleculenet.folder import save_finetuned
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
     from smiexlm.tokenizer import SmilesTokenizer
 
     torch.manual_seed(0)
@@ -628,8 +628,8 @@ def test_a_stopped_forest_seed_goes_on_to_the_uninterrupted_predictions(tmp_path
     """A seed's forests are fitted task by task and the finished tasks' scores kept in the
     cell's state/: a run stopped after two of four tasks fits only the other two when started
     again, and keeps bitwise the predictions of an uninterrupted run; the state is gone after."""
-    from smiexlm.moleculenet import baseline
-    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.forests import baseline
+    from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.task import MoleculeTask
 
     smiles = [f"C1{'C' * n}1{tail}" for n in range(2, 14) for tail in ("", "O", "N", "Cl", "CC=O")]

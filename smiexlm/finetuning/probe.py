@@ -23,10 +23,10 @@ from typing import NamedTuple
 import numpy as np
 
 from smiexlm.errors import ConfigError, check_positive_int, check_spellings
+from smiexlm.finetuning.folder import check_free_seed_folders
 from smiexlm.fingerprints import FEATURE_KINDS
+from smiexlm.forests.features import FeatureScaler
 from smiexlm.model.pooling import pooling_parts
-from smiexlm.moleculenet.features import FeatureScaler
-from smiexlm.moleculenet.folder import check_free_seed_folders
 from smiexlm.moleculenet.metrics import TaskScores, score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.runs import keep_predictions
@@ -232,7 +232,7 @@ def run_probe(
     ``run_root/<set>/seed<k>/predictions.npz``. ``save_dir`` keeps each distinct fit as a
     folder ``predict`` serves (:func:`save_probe`), in ``save_dir/seed<k>`` of the first seed
     it serves: one folder for a deterministic split, whose fit serves every seed."""
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.backbone import Backbone
 
     cfg = cfg or ProbeConfig()
     backbone = backbone or Backbone()
@@ -298,12 +298,12 @@ def save_probe(folder: Path, backbone, task: MoleculeTask, split, seed: int, cfg
     """Write the probe as a fine-tuned folder ``predict`` serves: the backbone's encoder with a
     linear head (``finetune.json``'s ``head = "linear"``) whose weights are the fitted map of
     the pooled features, the standardisation and the whitening folded in, and the reference
-    of the applicability domain and calibration (:func:`~smiexlm.moleculenet.folder.save_finetuned`)."""
+    of the applicability domain and calibration (:func:`~smiexlm.finetuning.folder.save_finetuned`)."""
     import torch
 
-    from smiexlm.moleculenet.folder import save_finetuned
-    from smiexlm.moleculenet.metrics import to_scores
-    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.finetuning.folder import save_finetuned
+    from smiexlm.finetuning.inference import to_scores
+    from smiexlm.trust.reference import Reference
 
     _check_savable(cfg)
     weight, bias = got.linear_map(whitening)

@@ -108,7 +108,7 @@ def test_the_search_never_reads_the_test_rows(tmp_path):
 def test_a_trial_is_the_run_finetune_makes_on_the_same_split_and_seed(tmp_path):
     """Trial 0 (the base config) on the train and validation rows alone scores on validation
     exactly what ``finetune`` scores with the whole table: the test rows change nothing."""
-    from smiexlm.moleculenet.finetune import run_finetune
+    from smiexlm.finetuning.adapter import run_finetune
 
     search(tmp_path, 1)
     (whole,) = run_finetune(toy_task(), toy_base(), _backbone(), seeds=[0], progress=False)
@@ -116,7 +116,7 @@ def test_a_trial_is_the_run_finetune_makes_on_the_same_split_and_seed(tmp_path):
 
 
 def _backbone():
-    from smiexlm.moleculenet.backbone import Backbone
+    from smiexlm.finetuning.backbone import Backbone
 
     return Backbone()
 

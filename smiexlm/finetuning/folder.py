@@ -4,9 +4,9 @@ which are read.
 A fine-tuned folder holds the backbone (``config.json``, ``vocab.json``, ``model.safetensors``,
 its normalisation), ``head.safetensors``, ``finetune.json`` (task, label columns, config,
 target scaling, the hybrid features' scaler) and ``reference.safetensors`` (what the
-applicability domain and calibration need, :mod:`smiexlm.moleculenet.reference`), with
+applicability domain and calibration need, :mod:`smiexlm.trust.reference`), with
 ``finetune --forest`` the forest blended with the model (``forest.skops``,
-:mod:`smiexlm.moleculenet.forest`), each file's sha256 in ``checksums.json``. It is read, every file checked, by
+:mod:`smiexlm.forests.forest`), each file's sha256 in ``checksums.json``. It is read, every file checked, by
 :class:`smiexlm.modelio.folder.FinetunedFolder` and loaded by
 :func:`smiexlm.modelio.pretrained.load_finetuned` (torch) or
 :class:`smiexlm.serving.onnx_runtime.OnnxPredictor` (its ONNX graph).
@@ -47,7 +47,7 @@ def check_free_seed_folders(save_dir: Path, seeds: Sequence[int], overwrite: boo
 
 def _holding(folder: Path) -> str:
     """What ``folder`` holds, for a message: the task and seed of a fine-tuned model."""
-    from smiexlm.moleculenet.ensemble import ENSEMBLE_NAME, is_ensemble
+    from smiexlm.finetuning.ensemble import ENSEMBLE_NAME, is_ensemble
 
     if not folder.is_dir():
         return "a file"
@@ -67,7 +67,7 @@ def _holding(folder: Path) -> str:
 def seed_folders(folder: Path | str) -> list[Path]:
     """The ``seed<N>`` fine-tuned (or ensemble) folders a ``finetune --save-dir`` folder
     holds, by N; none when ``folder`` is such a folder itself or holds no seed folder."""
-    from smiexlm.moleculenet.ensemble import is_ensemble
+    from smiexlm.finetuning.ensemble import is_ensemble
 
     folder = Path(folder).expanduser()
     if not folder.is_dir() or (folder / FINETUNE_NAME).is_file() or is_ensemble(folder):
@@ -106,8 +106,8 @@ def save_finetuned(
 ) -> Path:  # fmt: skip
     """Write the folder ``predict`` reads (see the module docstring) atomically: the backbone
     as a model folder with its normalisation (the default's when None), the head,
-    ``finetune.json`` and, when given, the :class:`~smiexlm.moleculenet.reference.Reference`,
-    the :class:`~smiexlm.moleculenet.forest.KeptForest` and ``corpus_tokens.json`` (``(counts,
+    ``finetune.json`` and, when given, the :class:`~smiexlm.trust.reference.Reference`,
+    the :class:`~smiexlm.forests.forest.KeptForest` and ``corpus_tokens.json`` (``(counts,
     source)``: what the weights were trained on)."""
     from safetensors.torch import save_file
 

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from smiexlm.finetuning.backbone import Backbone
+from smiexlm.finetuning.folder import save_finetuned
+from smiexlm.finetuning.targets import RunScores, Targets
 from smiexlm.moleculenet import runs
-from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig
-from smiexlm.moleculenet.folder import save_finetuned
-from smiexlm.moleculenet.reference import Reference
 from smiexlm.moleculenet.splits import Split
-from smiexlm.moleculenet.targets import RunScores, Targets
 from smiexlm.moleculenet.task import MoleculeTask
+from smiexlm.trust.reference import Reference
 
 if TYPE_CHECKING:
-    from smiexlm.moleculenet.finetune import Setup
+    from smiexlm.finetuning.adapter import Setup
 
 
 def write_outputs(run: Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int,

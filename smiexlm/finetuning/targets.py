@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.finetuning.inference import to_scores
 from smiexlm.moleculenet.configs import FinetuneConfig
-from smiexlm.moleculenet.metrics import TaskScores, score, to_scores
+from smiexlm.moleculenet.metrics import TaskScores, score
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask
 
@@ -72,7 +73,7 @@ class RunScores:
                    cfg: FinetuneConfig) -> None:  # fmt: skip
         """Fit the forest of ``cfg.forest`` on the training molecules (of the model-side
         SMILES ``inputs``) and blend."""
-        from smiexlm.moleculenet.forest import KeptForest
+        from smiexlm.forests.forest import KeptForest
 
         self.forest, forest = KeptForest.fit(inputs, task.labels, split.train, split.valid,
                                              task.task_type, seed, cfg)  # fmt: skip

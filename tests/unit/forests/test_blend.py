@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.moleculenet.blend import blend, quantiles
+from smiexlm.forests.blend import blend, quantiles
 
 
 def test_quantiles_match_a_brute_force_mid_rank_with_ties():

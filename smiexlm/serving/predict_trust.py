@@ -1,4 +1,4 @@
-"""The columns of :func:`~smiexlm.moleculenet.prediction.predict` that say how far each
+"""The columns of :func:`~smiexlm.serving.prediction.predict` that say how far each
 prediction can be trusted: the applicability domain (nearness to the training molecules) and
 the conformal sets or intervals, with the calibration each rests on (the prediction module's
 docstring lists them)."""
@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError, check_choice
-from smiexlm.moleculenet.reference import require_reference
 from smiexlm.trust.columns import DOMAIN_COLUMNS
 from smiexlm.trust.domain import DomainBounds, cosine_neighbours, tanimoto_neighbours
+from smiexlm.trust.reference import require_reference
 
 if TYPE_CHECKING:
-    from smiexlm.moleculenet.served import Served
+    from smiexlm.serving.served import Served
 
 log = logging.getLogger(__name__)
 _NO_REFERENCE: set[Path] = set()  # folders already reported as lacking one

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.finetuning.inference import to_scores
+from smiexlm.forests.forest import KeptForest
 from smiexlm.modelio.folder import FinetunedFolder
 from smiexlm.modelio.pretrained import load_finetuned
-from smiexlm.moleculenet.forest import KeptForest
-from smiexlm.moleculenet.metrics import to_scores
-from smiexlm.moleculenet.reference import Reference, require_reference
+from smiexlm.trust.reference import Reference, require_reference
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +64,14 @@ class Served:
 
     def spread(self) -> np.ndarray:
         """(N, T) the members' standard deviation on the blend's scale (ddof 0)."""
-        from smiexlm.moleculenet.blend import on_one_scale
+        from smiexlm.forests.blend import on_one_scale
 
         task_type = self.meta["task_type"]
         return np.std([on_one_scale(task_type, m.valid, m.scores, self.how) for m in self.members],
                       axis=0)  # fmt: skip
 
     def _blend(self, scores: list[np.ndarray]) -> np.ndarray:
-        from smiexlm.moleculenet.blend import blend_members
+        from smiexlm.forests.blend import blend_members
 
         if len(scores[0]) == 0:  # no molecule to serve (every row of the input unparsable)
             return np.zeros(scores[0].shape, dtype=np.float32)
@@ -141,10 +141,10 @@ def serve_one(
 
 def serve_ensemble(folder: Path | str, smiles: list[str], batch_size: int, backend: str,
                     tta: int, calibrate: bool) -> Served:  # fmt: skip
-    """An ensemble's folder served (:mod:`smiexlm.moleculenet.ensemble`): each network member
+    """An ensemble's folder served (:mod:`smiexlm.finetuning.ensemble`): each network member
     as a fine-tuned folder, each forest, and the members blended; the embedding, the domain
     and the views are the first network's, the cut and untrained tokens any network's."""
-    from smiexlm.moleculenet.ensemble import EnsembleFolder
+    from smiexlm.finetuning.ensemble import EnsembleFolder
 
     ensemble = EnsembleFolder.read(folder)
     networks = {name: serve_one(path, smiles, batch_size, backend, tta, calibrate)
@@ -200,7 +200,7 @@ def _features(meta: dict, texts: list[str], folder: str) -> np.ndarray | None:
     if not meta.get("feature_scaler"):
         return None
     from smiexlm.fingerprints import molecule_features
-    from smiexlm.moleculenet.features import FeatureScaler
+    from smiexlm.forests.features import FeatureScaler
 
     scaler = FeatureScaler.from_dict(meta["feature_scaler"], folder)
     return scaler.transform(molecule_features(texts, scaler.kind))

@@ -1,11 +1,11 @@
 """A random forest kept beside a fine-tuned model and served blended with it
 (``smiexlm finetune --forest KIND``).
 
-When the network has trained, the campaign's forest baseline (:mod:`~smiexlm.moleculenet.baseline`:
+When the network has trained, the campaign's forest baseline (:mod:`~smiexlm.forests.baseline`:
 ``KIND`` features, ``forest_trees`` trees, balanced classes, the run's seed) is fitted on the
 same training molecules, from the same model-side SMILES, and scores the validation and test
 molecules. The network's training and its choice of epoch do not see the forest. The run
-reports the blend (:func:`~smiexlm.moleculenet.blend.blend`, ``forest_blend`` and
+reports the blend (:func:`~smiexlm.forests.blend.blend`, ``forest_blend`` and
 ``forest_weight``), and the model and the forest alone beside it.
 
 A fine-tuned folder keeps the forest in ``forest.skops``: the fitted forests (one per label;
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import DataError
+from smiexlm.forests.blend import BLENDS, blend
+from smiexlm.forests.features import FeatureScaler
 from smiexlm.modelio.layout import FINETUNE_NAME, FOREST_NAME
-from smiexlm.moleculenet.blend import BLENDS, blend
-from smiexlm.moleculenet.features import FeatureScaler
 
 FOREST_FORMAT = "smiexlm-forest/1"
 #: the types a forest file may hold beyond those skops trusts by default
@@ -41,7 +41,7 @@ class KeptForest:
 
     features: str  # ecfp4 | rdkit2d | both
     n_trees: int
-    how: str  # the blend, smiexlm.moleculenet.blend.BLENDS
+    how: str  # the blend, smiexlm.forests.blend.BLENDS
     weight: float  # the model's weight in the blend
     scaler: FeatureScaler | None  # the descriptors' train scaling (None for bits alone)
     forests: list  # per label: a fitted forest, or a float (the class-1 share)
@@ -52,7 +52,7 @@ class KeptForest:
             task_type: str, seed: int, cfg) -> tuple[KeptForest, np.ndarray]:  # fmt: skip
         """The forest of ``cfg`` (a FinetuneConfig with ``forest`` set) fitted on the ``train``
         rows of ``texts`` and ``labels``, and its scores (N, T) of every row."""
-        from smiexlm.moleculenet.baseline import (
+        from smiexlm.forests.baseline import (
             BaselineConfig,
             ForestFeatures,
             fit_forests,
@@ -71,7 +71,7 @@ class KeptForest:
 
     def scores(self, texts: list[str], task_type: str) -> np.ndarray:
         """(N, T) float32: the forests' scores of ``texts`` (model-side SMILES)."""
-        from smiexlm.moleculenet.baseline import ForestFeatures, forest_scores
+        from smiexlm.forests.baseline import ForestFeatures, forest_scores
 
         if not texts:
             return np.zeros((0, len(self.forests)), dtype=np.float32)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from smiexlm.errors import ConfigError
-from smiexlm.moleculenet import probe as probe_module
-from smiexlm.moleculenet.probe import ProbeConfig, probe_split, run_probe
+from smiexlm.finetuning import probe as probe_module
+from smiexlm.finetuning.probe import ProbeConfig, probe_split, run_probe
 from smiexlm.moleculenet.splits import make_split
 from smiexlm.moleculenet.task import MoleculeTask
 
@@ -104,8 +104,8 @@ def test_tta_embeddings_are_the_mean_over_the_spellings():
     import torch
 
     from smiexlm.data.augment import random_smiles
-    from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.probe import pooled_embeddings
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.probe import pooled_embeddings
 
     torch.set_num_threads(1)
     backbone, inputs = Backbone(), ["CCO", "c1ccccc1CN", "CC(=O)Nc1ccc(O)cc1"]
@@ -125,8 +125,8 @@ def test_layers_put_the_last_blocks_side_by_side_as_the_featurizer_pools_them():
     import torch
 
     from smiexlm.featurizer import Featurizer
-    from smiexlm.moleculenet.backbone import Backbone
-    from smiexlm.moleculenet.probe import pooled_embeddings
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.probe import pooled_embeddings
 
     torch.set_num_threads(1)
     backbone = Backbone()

@@ -1,10 +1,10 @@
 """``smiexlm predict`` on a table: into one CSV (:func:`predict_file`) or a folder of Parquet
 parts (:func:`predict_parts`: library-scale, resumable, torchrun-ready).
 
-Both give the predictions of :func:`~smiexlm.moleculenet.prediction.predict` with the input's
+Both give the predictions of :func:`~smiexlm.serving.prediction.predict` with the input's
 id columns: one row per input (the id columns, the SMILES, ``valid``, then the label columns,
 ``<label>_std`` for an ensemble, and the columns of trust that
-:mod:`~smiexlm.moleculenet.prediction` lists); bad rows get NaN predictions and are listed with their
+:mod:`~smiexlm.serving.prediction` lists); bad rows get NaN predictions and are listed with their
 reasons (``rejects.csv`` beside the parts, ``<name>.rejects.csv`` beside the CSV).
 """
 
@@ -46,7 +46,7 @@ def predict_file(
     """Predict every SMILES of ``input_path`` into the CSV ``out`` (written atomically);
     ``id_cols`` (default: every input column but the SMILES) are kept, under
     ``input_<name>`` where predict writes a column of that name;
-    ``how``: the options of :func:`~smiexlm.moleculenet.prediction.predict` (backend, tta,
+    ``how``: the options of :func:`~smiexlm.serving.prediction.predict` (backend, tta,
     calibrate, conformal_alpha, mondrian).
     Every bad row is listed with its reason in ``<name>.rejects.csv``, written with it.
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
@@ -55,7 +55,7 @@ def predict_file(
     from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError, every_row_failed
-    from smiexlm.moleculenet.folder import finetuned_folders
+    from smiexlm.finetuning.folder import finetuned_folders
     from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
 
     folders = finetuned_folders(checkpoint)
@@ -96,7 +96,7 @@ def predict_parts(
     import pyarrow as pa
 
     from smiexlm.data.readers import iter_table
-    from smiexlm.moleculenet.folder import finetuned_folders
+    from smiexlm.finetuning.folder import finetuned_folders
     from smiexlm.parts.job import PartsJob, input_record, model_record
     from smiexlm.parts.writing import run_parts
     from smiexlm.paths import check_output
@@ -129,7 +129,7 @@ def predict_parts(
 def _output_columns(folders: list, how: How) -> dict[str, Any]:
     """The predicted columns (from one molecule), each with its value in a bad row: NaN,
     False for a flag (``in_domain``), "" for text (``<label>_set``)."""
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     probe = predict(folders, ["C"], **how)
     fills = {"b": False, "O": ""}
@@ -146,7 +146,7 @@ def _predict_chunk(
     import pandas as pd
 
     from smiexlm.data.normalize import smiles_problem
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     frame = frame.reset_index(drop=True)
     texts = frame[smiles_col].astype(str).str.strip()

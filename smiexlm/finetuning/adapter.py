@@ -10,11 +10,11 @@ its inputs and its results into a :class:`RunResult`. Inputs have the pretrainin
 ``canonicalize=False``.
 
 Where the encoder comes from, with its vocabulary and SMILES normalisation, is a
-:class:`~smiexlm.moleculenet.backbone.Backbone`.
+:class:`~smiexlm.finetuning.backbone.Backbone`.
 
 A fine-tuned folder (``save_dir``) is written by
-:func:`~smiexlm.moleculenet.folder.save_finetuned` and served by
-:func:`~smiexlm.moleculenet.prediction.predict`.
+:func:`~smiexlm.finetuning.folder.save_finetuned` and served by
+:func:`~smiexlm.serving.prediction.predict`.
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ import numpy as np
 import torch
 
 from smiexlm.errors import ConfigError
+from smiexlm.finetuning.adapt import adapt_descriptors
+from smiexlm.finetuning.backbone import Backbone
+from smiexlm.finetuning.folder import check_free_seed_folders
+from smiexlm.finetuning.outputs import write_outputs
+from smiexlm.finetuning.targets import RunScores, Targets
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.moleculenet import runs
-from smiexlm.moleculenet.adapt import adapt_descriptors
-from smiexlm.moleculenet.backbone import Backbone
 from smiexlm.moleculenet.configs import FinetuneConfig, resolve_forest
-from smiexlm.moleculenet.finetune_outputs import write_outputs
-from smiexlm.moleculenet.folder import check_free_seed_folders
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
-from smiexlm.moleculenet.targets import RunScores, Targets
 from smiexlm.moleculenet.task import MoleculeTask, check_seeds, check_task, run_seeds
 from smiexlm.paths import check_output
 
@@ -86,7 +86,7 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
 
 def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | None, split: Split):
     """(features tensor, scaler) of the hybrid head, scaled on train; (None, None) without."""
-    from smiexlm.moleculenet.features import FeatureScaler
+    from smiexlm.forests.features import FeatureScaler
 
     if not cfg.features:
         return None, None
@@ -365,11 +365,11 @@ def run_finetune(
 
 
 def _wide_seed(task, split, cfg, seed, backbone, target, inputs, features_of, progress, run_dir):
-    """:func:`smiexlm.moleculenet.ensemble.fit_seed`, its members' runs kept in a temporary
+    """:func:`smiexlm.finetuning.ensemble.fit_seed`, its members' runs kept in a temporary
     folder when no run folder is given."""
     import tempfile
 
-    from smiexlm.moleculenet.ensemble import fit_seed
+    from smiexlm.finetuning.ensemble import fit_seed
 
     def fit(root: Path) -> RunResult:
         return fit_seed(task, split, cfg, seed, backbone, target, inputs, features_of, progress,

@@ -7,7 +7,7 @@ campaign's random forests (balanced classes, the run's seed) on RDKit 2D, on RDK
 ECFP4 and on ECFP4 (``rf_rdkit2d``, ``rf_both``, ``rf_ecfp4``). Each member's scores are put on
 one scale, their quantiles among the same member's scores of the validation molecules
 (classification; regression values as they are), and averaged with equal weights
-(:func:`~smiexlm.moleculenet.blend.blend_members`). Only the training molecules fit a member;
+(:func:`~smiexlm.forests.blend.blend_members`). Only the training molecules fit a member;
 the validation molecules choose each network's epoch and place every member's quantiles.
 
 A forest's trees a label follow ``forest_trees`` and the budget of a kept forest
@@ -19,8 +19,8 @@ are fitted when both networks have finished.
 An ensemble's folder (one per seed, ``--save-dir DIR`` writes ``DIR/seed<N>``) holds
 ``ensemble.json`` (the members, the blend, the task), a fine-tuned folder per network
 (``model/``, ``model_rdkit2d/``), ``forest_<kind>.skops`` per forest
-(:class:`~smiexlm.moleculenet.forest.KeptForest`) and ``checksums.json``;
-:func:`~smiexlm.moleculenet.prediction.predict` serves it.
+(:class:`~smiexlm.forests.forest.KeptForest`) and ``checksums.json``;
+:func:`~smiexlm.serving.prediction.predict` serves it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ ENSEMBLE_FORMAT = "smiexlm-ensemble/1"
 NETWORKS = {"model": None, "model_rdkit2d": "rdkit2d"}
 #: the forest members' features; each is the member ``rf_<kind>``
 FORESTS = ("rdkit2d", "both", "ecfp4")
-#: the members' blend (:data:`smiexlm.moleculenet.blend.BLENDS`)
+#: the members' blend (:data:`smiexlm.forests.blend.BLENDS`)
 HOW = "quantile"
 
 
@@ -67,8 +67,8 @@ def _fit_forests(task, split, cfg, seed: int, inputs: list[str], valids: dict, t
     """Each forest of :data:`FORESTS` fitted on the seed's split: kind -> forest; its
     validation and test scores go into ``valids`` and ``tests``, its scores and CPU seconds
     into ``record``, under ``rf_<kind>``."""
+    from smiexlm.forests.forest import KeptForest
     from smiexlm.moleculenet.configs import resolve_forest
-    from smiexlm.moleculenet.forest import KeptForest
 
     forests = {}
     for kind in FORESTS:
@@ -95,11 +95,11 @@ def fit_seed(task, split, cfg, seed: int, backbone, save_dir: Path | None, input
     :class:`~smiexlm.moleculenet.report.RunResult` of the blend, each member's scores and
     CPU seconds in its config (``members``), named ``row_name``. ``features_of(kind)``: the
     unscaled hybrid features of every row (``inputs`` are the model-side SMILES);
-    ``fit_one``: :func:`~smiexlm.moleculenet.finetune.finetune_once`, which fine-tunes a
+    ``fit_one``: :func:`~smiexlm.finetuning.adapter.finetune_once`, which fine-tunes a
     network member."""
+    from smiexlm.forests.blend import blend_members
     from smiexlm.moleculenet import runs
-    from smiexlm.moleculenet.blend import blend_members
-    from smiexlm.moleculenet.reference import Reference
+    from smiexlm.trust.reference import Reference
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     valids, tests, record, folders = {}, {}, {}, {}
@@ -187,8 +187,8 @@ class EnsembleFolder:
     @classmethod
     def read(cls, folder: Path | str, forests: bool = True) -> EnsembleFolder:
         """The folder read, its forests loaded unless ``forests`` is False."""
+        from smiexlm.forests.forest import KeptForest
         from smiexlm.modelio.integrity import verify_checksum
-        from smiexlm.moleculenet.forest import KeptForest
 
         folder = Path(folder)
         path = folder / ENSEMBLE_NAME

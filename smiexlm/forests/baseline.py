@@ -3,7 +3,7 @@
 ``features``: ``ecfp4`` (Morgan radius 2, 2048 bits), ``rdkit2d`` (every descriptor of
 ``rdkit.Chem.Descriptors.descList``, the same code as the hybrid fine-tuning features and the
 descriptor pretraining targets) or ``both`` (the two side by side). Descriptors go through the
-hybrid features' :class:`~smiexlm.moleculenet.features.FeatureScaler` fitted on the train
+hybrid features' :class:`~smiexlm.forests.features.FeatureScaler` fitted on the train
 rows of each split: missing values (and the astronomically large ones, such as ``Ipc``, that
 ``rdkit2d_descriptors`` turns into NaN) take the train median, and values beyond
 ``DESCRIPTOR_CLIP`` train standard deviations are clipped (a forest only sees the order of
@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from smiexlm.atomic import atomic_paths
 from smiexlm.errors import ConfigError
 from smiexlm.fingerprints import FEATURE_KINDS, morgan_fingerprints, rdkit2d_descriptors
-from smiexlm.moleculenet.features import FeatureScaler
+from smiexlm.forests.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.runs import keep_predictions, run_dir, state_dir

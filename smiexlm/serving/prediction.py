@@ -8,11 +8,11 @@ Columns of :func:`predict`, in order:
 - ``<label>_std``: the spread over the ensemble's models (several folders);
 - ``<label>_tta_std``: the spread over the random SMILES of each molecule (``tta``);
 - ``<label>_model`` and ``<label>_forest``: folders fine-tuned with a forest beside the model
-  (``finetune --forest``, :mod:`smiexlm.moleculenet.forest`) serve their blend as
+  (``finetune --forest``, :mod:`smiexlm.forests.forest`) serve their blend as
   ``<label>`` (and its spread as ``<label>_std``), and the model's and the forest's scores
   alone in these two (the ensemble's means);
 - ``<label>_<member>`` and ``<label>_members_std``: a wide ensemble's folder (``finetune
-  --ensemble wide``, :mod:`smiexlm.moleculenet.ensemble`) serves its members' blend as
+  --ensemble wide``, :mod:`smiexlm.finetuning.ensemble`) serves its members' blend as
   ``<label>``, each member's own score (``_model``, ``_model_rdkit2d``, ``_rf_rdkit2d``,
   ``_rf_both``, ``_rf_ecfp4``) and the members' spread on the blend's scale (their
   quantiles among their own validation scores, for classification);
@@ -70,13 +70,13 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.errors import ConfigError, DataError, check_spellings
-from smiexlm.moleculenet.folder import finetuned_folders
-from smiexlm.moleculenet.predict_trust import (
+from smiexlm.finetuning.folder import finetuned_folders
+from smiexlm.serving.predict_trust import (
     asked_conformal_method,
     conformal_columns,
     domain_columns,
 )
-from smiexlm.moleculenet.served import Served, serve_ensemble, serve_one
+from smiexlm.serving.served import Served, serve_ensemble, serve_one
 from smiexlm.trust.domain import (
     DEFAULT_QUANTILE,
 )
@@ -151,13 +151,13 @@ def predict(
     silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
     onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
     ``conformal_alpha``, ``conformal_method`` (one of
-    :data:`~smiexlm.trust.shift.METHODS`, :func:`~smiexlm.moleculenet.predict_trust.default_method`'s when None) and
+    :data:`~smiexlm.trust.shift.METHODS`, :func:`~smiexlm.serving.predict_trust.default_method`'s when None) and
     ``mondrian`` (the same as ``conformal_method="class"``): see the module docstring.
     ``domain_quantile`` q: ``in_domain`` is False below the q-quantile of the validation
     molecules' nearest similarities (0.05 by default; 0: below the least similar of them).
     """
     from smiexlm.data.normalize import smiles_problem
-    from smiexlm.moleculenet.ensemble import is_ensemble
+    from smiexlm.finetuning.ensemble import is_ensemble
 
     method = _checked_options(backend, tta, conformal_alpha, mondrian, conformal_method,
                               domain_quantile)  # fmt: skip

@@ -7,7 +7,7 @@ apply it to one molecule as well as to a test split (``how="quantile"``); ``how=
 averages the probabilities as they are. Regression values are in the label's units already and
 are averaged as they are. :func:`blend` gives the model the weight ``weight`` and the forest
 the rest; :func:`blend_members` averages any number of members so (``finetune --ensemble``,
-:mod:`smiexlm.moleculenet.ensemble`).
+:mod:`smiexlm.finetuning.ensemble`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``finetune --ensemble wide``: networks and forests of one split and seed kept in one folder
-and served blended (smiexlm.moleculenet.ensemble). One small wide run (two steps of the shipped
+and served blended (smiexlm.finetuning.ensemble). One small wide run (two steps of the shipped
 model, 20 trees a forest) is shared by the tests that read it; each member is held to the run
 that makes it alone."""
 
@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from smiexlm.errors import ConfigError, DataError
-from tests.unit.moleculenet.test_forest import LABELS, SMILES, _rechecksum
+from tests.unit.forests.test_forest import LABELS, SMILES, _rechecksum
 
 MEMBERS = ["model", "model_rdkit2d", "rf_rdkit2d", "rf_both", "rf_ecfp4"]
 
@@ -48,7 +48,7 @@ def wide(tmp_path_factory):
 
 
 def test_blend_members_of_two_is_the_forest_blend_and_of_several_their_mean_quantile():
-    from smiexlm.moleculenet.blend import blend, blend_members, quantiles
+    from smiexlm.forests.blend import blend, blend_members, quantiles
 
     rng = np.random.default_rng(0)
     valids = [rng.random((9, 2)) for _ in range(3)]
@@ -74,7 +74,7 @@ def test_blend_members_of_two_is_the_forest_blend_and_of_several_their_mean_quan
 
 
 def test_the_run_reports_the_members_blend_and_each_member(wide):
-    from smiexlm.moleculenet.blend import blend_members
+    from smiexlm.forests.blend import blend_members
     from smiexlm.moleculenet.metrics import score
 
     _, row, kept, _ = wide
@@ -97,7 +97,7 @@ def test_the_run_reports_the_members_blend_and_each_member(wide):
 def test_each_network_member_is_the_run_of_its_own_config(wide):
     """The model alone is ``--forest none``'s run, the other ``--features rdkit2d``'s, to
     the bit; the forests are the baseline forests of the same split and seed."""
-    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.task import MoleculeTask
 
     root, _, kept, _ = wide
@@ -117,8 +117,8 @@ def test_each_network_member_is_the_run_of_its_own_config(wide):
 
 
 def test_predict_serves_the_blend_fine_tuning_reported_with_each_member(wide):
-    from smiexlm.moleculenet.blend import quantiles
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.forests.blend import quantiles
+    from smiexlm.serving.prediction import predict
 
     root, _, kept, folder = wide
     smiles = [SMILES[i] for i in kept["test_rows"]] + ["not a smiles"]
@@ -158,7 +158,7 @@ def test_a_stopped_ensemble_goes_on_from_its_finished_members(wide, tmp_path):
 
 
 def test_an_ensemble_folder_is_checked_and_blended_alike_or_refused(wide, tmp_path):
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     root, _, _, folder = wide
     twin = tmp_path / "twin"

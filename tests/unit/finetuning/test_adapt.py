@@ -17,7 +17,7 @@ def _encoder():
 
 
 def test_adaptation_lowers_the_descriptor_loss_of_the_training_molecules():
-    from smiexlm.moleculenet.adapt import adapt_descriptors
+    from smiexlm.finetuning.adapt import adapt_descriptors
 
     pre = _encoder()
     smiles = [f"c1ccc(cc1){'C' * n}N" for n in range(1, 9)] + [
@@ -37,8 +37,8 @@ def test_adaptation_lowers_the_descriptor_loss_of_the_training_molecules():
 
 
 def test_a_backbone_without_a_descriptor_head_is_refused():
+    from smiexlm.finetuning.adapt import adapt_descriptors
     from smiexlm.model.model import ExLMModel
-    from smiexlm.moleculenet.adapt import adapt_descriptors
 
     pre = _encoder()
     config = pre.model.config
@@ -56,7 +56,7 @@ def test_bad_adapt_settings_name_the_field(values):
 
 
 def test_cli_finetune_with_adaptation_records_it(tmp_path):
-    from tests.unit.moleculenet.test_moleculenet_finetune import _finetune
+    from tests.unit.finetuning.test_moleculenet_finetune import _finetune
 
     rows = _finetune(tmp_path, "--adapt-steps", "5", "--adapt-lr", "3e-4")
     assert rows["model"][0].endswith("+ adapt 5")

@@ -1,5 +1,5 @@
 """``finetune --forest``: a random forest kept beside a fine-tuned model and served blended
-(smiexlm.moleculenet.forest). One small fine-tuning (two steps of the shipped model, 20
+(smiexlm.forests.forest). One small fine-tuning (two steps of the shipped model, 20
 trees) is shared by the tests that read its folder; those that change a folder copy it."""
 
 import json
@@ -46,7 +46,7 @@ def blended(tmp_path_factory):
 
 
 def test_the_run_reports_the_blend_with_the_model_and_the_forest_beside_it(blended):
-    from smiexlm.moleculenet.blend import blend
+    from smiexlm.forests.blend import blend
     from smiexlm.moleculenet.metrics import score
 
     row, kept, _ = blended
@@ -73,7 +73,7 @@ def test_the_run_reports_the_blend_with_the_model_and_the_forest_beside_it(blend
 def test_the_forest_is_the_baseline_forest_of_the_same_split_and_seed(blended, tmp_path):
     """Fitted on the training molecules' model-side SMILES, it scores as the RF-RDKit2D
     baseline row does on the same split and seed (descriptors do not depend on the writing)."""
-    from smiexlm.moleculenet.baseline import BaselineConfig, run_baseline
+    from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.task import MoleculeTask
 
     _, kept, _ = blended
@@ -97,7 +97,7 @@ def test_the_forest_leaves_the_model_as_it_is(blended, tmp_path):
 
 
 def test_predict_serves_the_scores_fine_tuning_reported(blended):
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     _, kept, folder = blended
     smiles = [SMILES[i] for i in kept["test_rows"]] + ["not a smiles"]
@@ -112,7 +112,7 @@ def test_predict_serves_the_scores_fine_tuning_reported(blended):
 
 
 def test_an_ensemble_blends_each_folder_and_refuses_a_mixed_one(blended, tmp_path):
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.serving.prediction import predict
 
     _, _, folder = blended
     twin = tmp_path / "twin"
@@ -135,7 +135,7 @@ def test_an_ensemble_blends_each_folder_and_refuses_a_mixed_one(blended, tmp_pat
 def test_a_forest_file_loads_without_pickle(blended, monkeypatch):
     import pickle
 
-    from smiexlm.moleculenet.forest import KeptForest
+    from smiexlm.forests.forest import KeptForest
 
     _, kept, folder = blended
 
@@ -155,8 +155,8 @@ def test_a_damaged_or_foreign_forest_file_is_refused(blended, tmp_path):
 
     import skops.io
 
-    from smiexlm.moleculenet.forest import KeptForest
-    from smiexlm.moleculenet.prediction import predict
+    from smiexlm.forests.forest import KeptForest
+    from smiexlm.serving.prediction import predict
 
     _, _, folder = blended
     copy = tmp_path / "copy"
