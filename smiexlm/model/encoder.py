@@ -154,8 +154,11 @@ def attention_by_length(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> Te
     positions = torch.arange(key_mask.shape[-1], device=key_mask.device)
     if not torch.equal(key_mask.flatten(1), positions < lengths[:, None]):
         raise ValueError("batch_invariant attention expects each row's real positions first")
+    groups = lengths.unique().tolist()
+    if groups == [k.shape[2]] and q.shape[2] == k.shape[2]:  # one length, no padding (served
+        return F.scaled_dot_product_attention(q, k, v)  # batches): the loop's values, no copy
     y = q.new_zeros(q.shape)
-    for n in lengths.unique().tolist():
+    for n in groups:
         rows = (lengths == n).nonzero().squeeze(1)
         first, last = int(rows[0]), int(rows[-1]) + 1
         if last - first == len(rows):  # a run of rows (a batch sorted by length): no gather

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -105,9 +106,15 @@ class Whitening:
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise DataError(f"whitening of width {self.dim}: got embeddings of shape {x.shape}")
-        centred = x.astype(np.float64) - self.mean.astype(np.float64)  # (n, d)
-        rows = np.matmul(centred[:, None, :], self.matrix.astype(np.float64))  # (n, 1, d)
+        mean, matrix = self._float64
+        rows = np.matmul((x.astype(np.float64) - mean)[:, None, :], matrix)  # (n, 1, d)
         return rows[:, 0].astype(np.float32)
+
+    @cached_property
+    def _float64(self) -> tuple[np.ndarray, np.ndarray]:
+        """The mean and matrix in float64, converted once (the matrix of the shipped
+        embedding is 1,152 wide: converting it took a sixth of a 2,000-row call)."""
+        return self.mean.astype(np.float64), self.matrix.astype(np.float64)
 
 
 def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
