@@ -307,7 +307,7 @@ class Featurizer:
             report.n_inputs += len(chunk)
             emb = self._featurize_chunk(chunk, options.index_offset + start, options, report, bar)
             if options.whitening is not None:
-                emb = options.whitening(emb)
+                emb = options.whitening(emb, float32=self.int8)
             release_free_memory()
             start += len(chunk)
             yield emb

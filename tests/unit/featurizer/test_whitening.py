@@ -64,12 +64,18 @@ def test_nan_rows_stay_nan_and_are_ignored_when_fitting():
     assert np.isnan(out[-3:]).all() and np.isfinite(out[:-3]).all()
 
 
-def test_a_row_is_whitened_the_same_alone_or_in_a_batch():
+@pytest.mark.parametrize("float32", [False, True])
+def test_a_row_is_whitened_the_same_alone_or_in_a_batch(float32):
     w = fit_whitening(correlated(1000, 64, 3))
     x = correlated(300, 64, 4).astype(np.float32)
-    whole = w(x)
+    whole = w(x, float32=float32)
+    assert whole.dtype == np.float32
     for i in range(0, 300, 37):
-        np.testing.assert_array_equal(w(x[i : i + 1]), whole[i : i + 1])
+        np.testing.assert_array_equal(w(x[i : i + 1], float32=float32), whole[i : i + 1])
+    exact = (x.astype(np.float64) - w.mean) @ w.matrix.astype(np.float64)
+    tol = 1e-6 if not float32 else 1e-4  # float32 rounding of the result, or of its sums
+    np.testing.assert_allclose(whole, exact, rtol=tol, atol=tol * np.abs(exact).max())
+    assert np.array_equal(whole, w(x)) is not float32  # the float32 sums round otherwise
 
 
 def test_bad_input_is_named():
