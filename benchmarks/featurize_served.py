@@ -24,17 +24,23 @@ repeat, best of ``--repeats`` by process CPU time (molecules per CPU second):
   bounds any fp32 path's (``bound / ecfp4``), whatever else were made free.
 
 With one thread, the served call is also cut into its stages (canonicalise and tokenise; the
-encoder with its poolings; whitening; the rest), each timed alone.
+encoder with its poolings; whitening; the rest), each timed alone; ``--profile`` adds the
+functions one served call spends its time in (cProfile, own time) and the ops of one ONNX
+call (onnxruntime's profiler).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import json
+import pstats
 import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +162,67 @@ def stages(feat: Featurizer, smiles: list[str], repeats: int) -> dict[str, float
     return best
 
 
+def function_profile(feat: Featurizer, smiles: list[str], top: int = 10) -> dict[str, float]:
+    """The ``top`` functions of one served call by their own CPU seconds, and the call's
+    total under ``"whole call"`` (cProfile)."""
+    feat.featurize(smiles[:50], errors="nan", log_failures=False)  # first-call set-up apart
+    profile = cProfile.Profile()
+    profile.runcall(feat.featurize, smiles, errors="nan", log_failures=False)
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    own: Counter[str] = Counter()
+    for (file, line, name), (_, _, seconds, _, _) in stats.items():
+        if file != "~":
+            own[f"{name} ({Path(file).stem}:{line})"] += seconds
+        elif "'" in name:  # <method 'masked_fill' of 'torch._C.TensorBase' objects>
+            own[name.split("'")[1]] += seconds
+        else:  # <built-in method torch._C._nn.linear>
+            own[name.strip("<>").split()[-1].split(".")[-1]] += seconds
+    return largest(own, top)
+
+
+def onnx_op_profile(folder: Path, smiles: list[str]) -> dict[str, float]:
+    """The seconds onnxruntime's kernels spend in each op type over one ONNX ``featurize``
+    (its own profiler, one thread), and their sum under ``"whole call"``."""
+    import onnxruntime as ort
+
+    import smiexlm.serving.onnx_runtime as runtime
+
+    opened = runtime.open_session
+    with tempfile.TemporaryDirectory() as tmp:
+        def profiled(payload: bytes, threads: int | None = None):
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = options.inter_op_num_threads = 1
+            options.enable_profiling, options.profile_file_prefix = True, str(Path(tmp) / "ort")
+            options.log_severity_level = 3
+            return ort.InferenceSession(payload, options, providers=["CPUExecutionProvider"])
+
+        runtime.open_session = profiled
+        try:
+            fast = Featurizer.from_pretrained(folder, backend="onnx")
+        finally:
+            runtime.open_session = opened
+        fast.featurize(smiles, errors="nan", log_failures=False)
+        events = json.loads(Path(fast._onnx.session.end_profiling()).read_text())
+    ops: Counter[str] = Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            ops[event["args"]["op_name"]] += event["dur"] / 1e6
+    return largest(ops, 12)
+
+
+def largest(seconds: Counter[str], top: int) -> dict[str, float]:
+    """The ``top`` largest entries, the sum of the others and the whole."""
+    kept = dict(seconds.most_common(top))
+    whole = sum(seconds.values())
+    return kept | {"everything else": whole - sum(kept.values()), "whole call": whole}
+
+
+def share_table(title: str, unit: str, seconds: dict[str, float]) -> str:
+    whole = seconds["whole call"]
+    rows = [f"| {name} | {value:.2f} | {value / whole:.0%} |" for name, value in seconds.items()]
+    return "\n".join([f"\n| {title} | {unit} | share |", "|---|---:|---:|", *rows])
+
+
 def measure(folder: Path, smiles: list[str], threads: int, repeats: int) -> tuple[str, dict]:
     """The table's row for ``threads``, and with one thread the served call's stages."""
     from smiexlm.data.sampler import length_batches
@@ -204,6 +271,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one served call by function and one ONNX call by op")
     args = parser.parse_args()
     from smiexlm.serving.onnx_export import export_onnx
 
@@ -213,6 +282,13 @@ def main() -> None:
         shutil.copytree(DEFAULT_MODEL_DIR, folder)
         export_onnx(folder, "encoder")
         measured = [measure(folder, smiles, t, args.repeats) for t in args.threads]
+        if args.profile:
+            torch.set_num_threads(1)
+            profiles = [
+                share_table("function, one served call", "CPU s",
+                            function_profile(Featurizer.from_pretrained(folder), smiles)),
+                share_table("onnxruntime op, one ONNX call", "s", onnx_op_profile(folder, smiles)),
+            ]  # fmt: skip
     print(f"{cpu_name()}, torch {torch.__version__}, {args.n} BBBP molecules, best of "
           f"{args.repeats} by process CPU time, molecules per CPU second\n")  # fmt: skip
     print("| threads | served | served before | raw encoder | int8 | onnx | ecfp4 | served / ecfp4 "
@@ -222,10 +298,9 @@ def main() -> None:
     print("\n".join(line for line, _ in measured))
     for _, parts in measured:
         if parts:
-            whole = parts["whole call"]
-            print("\n| stage, one thread | CPU s | share |\n|---|---:|---:|")
-            for name, seconds in parts.items():
-                print(f"| {name} | {seconds:.2f} | {seconds / whole:.0%} |")
+            print(share_table("stage, one thread", "CPU s", parts))
+    if args.profile:
+        print("\n".join(profiles))
 
 
 def _before(feat: Featurizer, smiles: list[str]) -> None:

@@ -164,8 +164,8 @@ SMOKE: dict[str, list[Step]] = {
              prints="| 1 | mean |"),
     ],
     "featurize_served": [
-        Step("featurize_served.py", ("--n", "30", "--repeats", "1", "--threads", "1"),
-             prints="| encoder and poolings |"),
+        Step("featurize_served.py", ("--n", "30", "--repeats", "1", "--threads", "1", "--profile"),
+             prints="| MatMul |"),
     ],
     "neighbours": [
         Step("neighbours.py", ("--tasks", "bace", "--poolings", "cls", "-k", "5"),
