@@ -189,6 +189,7 @@ def onnx_op_profile(folder: Path, smiles: list[str]) -> dict[str, float]:
 
     opened = runtime.open_session
     with tempfile.TemporaryDirectory() as tmp:
+
         def profiled(payload: bytes, threads: int | None = None):
             options = ort.SessionOptions()
             options.intra_op_num_threads = options.inter_op_num_threads = 1
@@ -271,8 +272,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--profile", action="store_true",
-                        help="also profile one served call by function and one ONNX call by op")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one served call by function and one ONNX call by op",
+    )
     args = parser.parse_args()
     from smiexlm.serving.onnx_export import export_onnx
 
