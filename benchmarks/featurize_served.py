@@ -138,22 +138,26 @@ def cpu_seconds(run) -> float:
     return time.process_time() - start
 
 
-def stages(feat: Featurizer, smiles: list[str], repeats: int) -> dict[str, float]:
-    """Best CPU seconds of each stage of one served call, each timed alone."""
+def served_batches(feat: Featurizer, smiles: list[str]) -> list[list[list[int]]]:
+    """The token rows of ``smiles`` in the batches the served call cuts (one length each)."""
     from smiexlm.data.sampler import length_batches
-    from smiexlm.whitening import served_whitening
 
     ids, _, _ = feat.prepare(smiles)
     rows = sorted((r for r in ids if r is not None), key=len)
-    cuts = length_batches(feat.inputs.encoder_lengths(rows), 16384)
-    pooled = np.concatenate([feat.encode_ids([rows[j] for j in b], feat.pooling) for b in cuts])
+    return [[rows[j] for j in b] for b in length_batches(feat.inputs.encoder_lengths(rows), 16384)]
+
+
+def stages(feat: Featurizer, smiles: list[str], repeats: int) -> dict[str, float]:
+    """Best CPU seconds of each stage of one served call, each timed alone."""
+    from smiexlm.whitening import served_whitening
+
+    batches = served_batches(feat, smiles)
+    pooled = np.concatenate([feat.encode_ids(b, feat.pooling) for b in batches])
     whitening = served_whitening(feat.whitening, feat.pooling, feat.blocks,
                                  feat.model.config.n_layers, None, feat.whiten)  # fmt: skip
     parts = {
         "canonicalise and tokenise": lambda: feat.prepare(smiles),
-        "encoder and poolings": lambda: [
-            feat.encode_ids([rows[j] for j in b], feat.pooling) for b in cuts
-        ],
+        "encoder and poolings": lambda: [feat.encode_ids(b, feat.pooling) for b in batches],
         "whitening": lambda: whitening(pooled),
         "whole call": lambda: feat.featurize(smiles, errors="nan"),
     }
@@ -187,7 +191,7 @@ def onnx_op_profile(folder: Path, smiles: list[str]) -> dict[str, float]:
 
     import smiexlm.serving.onnx_runtime as runtime
 
-    opened = runtime.open_session
+    opened, sessions = runtime.open_session, []
     with tempfile.TemporaryDirectory() as tmp:
 
         def profiled(payload: bytes, threads: int | None = None):
@@ -195,7 +199,10 @@ def onnx_op_profile(folder: Path, smiles: list[str]) -> dict[str, float]:
             options.intra_op_num_threads = options.inter_op_num_threads = 1
             options.enable_profiling, options.profile_file_prefix = True, str(Path(tmp) / "ort")
             options.log_severity_level = 3
-            return ort.InferenceSession(payload, options, providers=["CPUExecutionProvider"])
+            sessions.append(
+                ort.InferenceSession(payload, options, providers=["CPUExecutionProvider"])
+            )
+            return sessions[-1]
 
         runtime.open_session = profiled
         try:
@@ -203,7 +210,7 @@ def onnx_op_profile(folder: Path, smiles: list[str]) -> dict[str, float]:
         finally:
             runtime.open_session = opened
         fast.featurize(smiles, errors="nan", log_failures=False)
-        events = json.loads(Path(fast._onnx.session.end_profiling()).read_text())
+        events = json.loads(Path(sessions[0].end_profiling()).read_text())
     ops: Counter[str] = Counter()
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
@@ -226,16 +233,11 @@ def share_table(title: str, unit: str, seconds: dict[str, float]) -> str:
 
 def measure(folder: Path, smiles: list[str], threads: int, repeats: int) -> tuple[str, dict]:
     """The table's row for ``threads``, and with one thread the served call's stages."""
-    from smiexlm.data.sampler import length_batches
-
     torch.set_num_threads(threads)  # onnxruntime takes the same count
     feat = Featurizer.from_pretrained(folder, device="cpu")
     fast = Featurizer.from_pretrained(folder, backend="onnx")
     int8 = Featurizer.from_pretrained(folder, int8=True)
-    ids, _, _ = feat.prepare(smiles)
-    rows = sorted((r for r in ids if r is not None), key=len)
-    cuts = length_batches(feat.inputs.encoder_lengths(rows), 16384)
-    batches = [[rows[j] for j in b] for b in cuts]
+    batches = served_batches(feat, smiles)
     with served_before():
         before = feat.featurize(smiles, errors="nan", log_failures=False)
     now = feat.featurize(smiles, errors="nan", log_failures=False)

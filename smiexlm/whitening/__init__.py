@@ -109,18 +109,17 @@ class Whitening:
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise DataError(f"whitening of width {self.dim}: got embeddings of shape {x.shape}")
-        if float32:
-            mean, matrix = (a.astype(np.float32, copy=False) for a in (self.mean, self.matrix))
-            return np.matmul((x.astype(np.float32) - mean)[:, None, :], matrix)[:, 0]
-        mean, matrix = self._float64
-        rows = np.matmul((x.astype(np.float64) - mean)[:, None, :], matrix)  # (n, 1, d)
-        return rows[:, 0].astype(np.float32)
+        dtype = np.float32 if float32 else np.float64
+        mean, matrix = self._operands[dtype]
+        rows = np.matmul((x.astype(dtype) - mean)[:, None, :], matrix)  # (n, 1, d)
+        return rows[:, 0].astype(np.float32, copy=False)
 
     @cached_property
-    def _float64(self) -> tuple[np.ndarray, np.ndarray]:
-        """The mean and matrix in float64, converted once (the matrix of the shipped
-        embedding is 1,152 wide: converting it took a sixth of a 2,000-row call)."""
-        return self.mean.astype(np.float64), self.matrix.astype(np.float64)
+    def _operands(self) -> dict[type, tuple[np.ndarray, np.ndarray]]:
+        """The mean and matrix in float32 and in float64, converted once (the matrix of the
+        shipped embedding is 1,152 wide: converting it took a sixth of a 2,000-row call)."""
+        return {t: (self.mean.astype(t, copy=False), self.matrix.astype(t, copy=False))
+                for t in (np.float32, np.float64)}  # fmt: skip
 
 
 def fit_whitening(x: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> Whitening:
