@@ -97,6 +97,11 @@ def every_row_failed(
     )
 
 
+class DivergedError(SmiexlmError, ArithmeticError):
+    """A training run whose loss, gradients or weights stopped being finite: it ends there,
+    keeping no result and saving no model, with one line naming where and what to lower."""
+
+
 class StorageError(SmiexlmError, OSError):
     """The operating system refused a read or a write (no space left, no permission, a
     read-only disk, a file where a folder is expected...): one line naming the path."""
@@ -153,7 +158,7 @@ def storage_error(err: BaseException, resumable: str = "") -> StorageError | Non
 def check_field_types(instance: object, prefix: str = "") -> None:
     """ConfigError naming the first field of a dataclass ``instance`` whose value is not of
     its annotated type: a bool is a bool (never ``"no"`` or 1), an int an int (never 2.0 or
-    True), a float any real number but a bool, a str a str; ``X | None`` admits None, a
+    True), a float any finite real number but a bool (never inf or NaN), a str a str; ``X | None`` admits None, a
     ``tuple[float, float]`` two numbers, a ``Literal`` a value of its choices' type (the
     choices themselves are each field's own check). Called first in ``__post_init__`` of
     every config, so that a TOML file, a command line and Python are held to the same types.
@@ -172,6 +177,7 @@ def check_field_types(instance: object, prefix: str = "") -> None:
 
 def _type_problem(hint: object, value: object) -> str | None:
     """What ``value`` was expected to be under the annotation ``hint``; None when it is."""
+    import math
     import numbers
     import types
     import typing
@@ -194,9 +200,9 @@ def _type_problem(hint: object, value: object) -> str | None:
     if hint is int:
         ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
         return None if ok else "an integer"
-    if hint is float:
+    if hint is float:  # a float setting is finite wherever it is given (never inf or NaN)
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        return None if ok else "a number"
+        return None if ok and math.isfinite(value) else "a finite number"
     if hint is str:
         return None if isinstance(value, str) else "a string"
     if origin is tuple or hint is tuple:

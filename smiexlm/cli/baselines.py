@@ -72,7 +72,7 @@ def probe(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = None,
-    valid_from_train: ValidFromTrain = 0.1,
+    valid_from_train: ValidFromTrain = None,
     out: Out = Path("runs/probe"),
     whiten: Whiten = None,
     pooling: Pooling = None,
@@ -116,7 +116,7 @@ def baseline(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = None,
-    valid_from_train: ValidFromTrain = 0.1,
+    valid_from_train: ValidFromTrain = None,
     out: Out = Path("runs/baseline"),
 ) -> None:
     """RandomForest on ECFP4 bits, RDKit 2D descriptors or both, same splits and seeds."""

@@ -10,6 +10,7 @@ import typer
 
 from smiexlm.cli.moleculenet import (
     Checkpoint,
+    ConfigFile,
     DataCsv,
     LabelCols,
     SmilesCol,
@@ -40,8 +41,9 @@ def hpopt(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = None,
-    valid_from_train: ValidFromTrain = 0.1,
+    valid_from_train: ValidFromTrain = None,
     out: SearchOut = None,
+    config: ConfigFile = None,
     settings: dict[str, Any] | None = None,
 ) -> None:
     """Search the fine-tuning config around the task's Table 8 row (learning rate, epochs,
@@ -55,10 +57,12 @@ def hpopt(
     from smiexlm.finetuning.backbone import Backbone
     from smiexlm.hpopt.config import HpoptConfig
     from smiexlm.hpopt.run import run_hpopt
+    from smiexlm.moleculenet.configs import read_config_file
     from smiexlm.settings import settings_of
 
     search = {s.key for s in settings_of(HpoptConfig)}
-    given = settings or {}
+    # the settings given win over --config's (what `smiexlm settings hpopt` prints)
+    given = (read_config_file(config, tuple(search)) if config else {}) | (settings or {})
     hp = HpoptConfig(**{k: v for k, v in given.items() if k in search})  # checked first
     base = _config(None if data else task, None,
                    {k: v for k, v in given.items() if k not in search})  # fmt: skip

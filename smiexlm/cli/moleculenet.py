@@ -50,10 +50,10 @@ LabelCols = Annotated[
     list[str] | None, typer.Option("--label-cols", help="Label column(s) of --data.")
 ]
 ValidFromTrain = Annotated[
-    float,
+    float | None,
     typer.Option("--valid-from-train", help="With --split column:NAME whose column holds no "
                  "valid rows: this share of its train rows, by scaffold (seed 0), is the "
-                 "validation part; 0 refuses such a column instead."),
+                 "validation part; 0 refuses such a column instead. [default: 0.1]"),
 ]  # fmt: skip
 TaskTypeOpt = Annotated[
     str | None,
@@ -80,15 +80,21 @@ def _tasks(tasks: list[str] | None) -> list[str]:
 
 def _load_tasks(
     tasks: list[str] | None, data: Path | None, smiles_col: str, label_cols,
-    task_type: str | None, split: str = "scaffold", valid_from_train: float = 0.1,
+    task_type: str | None, split: str = "scaffold", valid_from_train: float | None = None,
 ):  # fmt: skip
     """The MoleculeTasks to run: the user's table (``--data``, with its own split column for
     ``--split column:NAME``) or the MoleculeNet sets named."""
     from smiexlm.errors import ConfigError
     from smiexlm.moleculenet import load_task, read_task
-    from smiexlm.moleculenet.splits import check_split_kind, split_column
+    from smiexlm.moleculenet.splits import VALID_FROM_TRAIN, check_split_kind, split_column
 
     column = split_column(check_split_kind(split, "--split"))
+    if valid_from_train is not None and (data is None or column is None):  # never ignored
+        raise ConfigError("--valid-from-train", valid_from_train, "it only with --data and "
+                          "--split column:NAME (a validation part carved from the train rows of "
+                          "your table's own split)")  # fmt: skip
+    if valid_from_train is None:
+        valid_from_train = VALID_FROM_TRAIN
     if data is not None:  # one task name given (finetune NAME --data) titles the results
         name = tasks[0] if tasks and len(tasks) == 1 else None
         labels = label_cols or []
@@ -210,7 +216,7 @@ def finetune(
     smiles_col: SmilesCol = "smiles",
     label_cols: LabelCols = None,
     task_type: TaskTypeOpt = None,
-    valid_from_train: ValidFromTrain = 0.1,
+    valid_from_train: ValidFromTrain = None,
     save_dir: SaveDir = None,
     overwrite: Overwrite = False,
     out: Out = Path("runs/finetune"),

@@ -133,7 +133,29 @@ def settings(
 def _finetune_lines(task: str | None) -> list[str]:
     from smiexlm.moleculenet.configs import FinetuneConfig, finetune_config
 
+    if task is not None:
+        _say_whose(task)
     return toml_lines(FinetuneConfig.settings(), finetune_config(task).to_dict())
+
+
+def _say_whose(task: str) -> None:
+    """One line on stderr where ``task`` has no Table 8 row: the values printed are the
+    defaults a table of one's own (``--data``) starts from, and a near name is suggested."""
+    import difflib
+
+    from smiexlm.moleculenet.configs import load_table
+    from smiexlm.moleculenet.registry import ALIASES, DATASETS
+
+    rows = [name for name in load_table() if name != "defaults"]
+    if task.lower() in rows:
+        return
+    if task.lower() in {*DATASETS, *ALIASES}:
+        typer.echo(f"{task!r} has no Table 8 row: these are the defaults it starts from", err=True)
+        return
+    near = difflib.get_close_matches(task.lower(), [*DATASETS, *ALIASES], n=1, cutoff=0.75)
+    guess = f" (did you mean {near[0]!r}?)" if near else ""
+    typer.echo(f"{task!r} is no MoleculeNet set{guess}: these are the defaults a table of your "
+               "own (--data) starts from", err=True)  # fmt: skip
 
 
 def _hpopt_lines(task: str | None) -> list[str]:

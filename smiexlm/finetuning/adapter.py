@@ -178,6 +178,10 @@ def _setup(task: MoleculeTask, split: Split, cfg: FinetuneConfig, seed: int, bac
     tokenizer = backbone.tokenizer(inputs)
     model_inputs = backbone.inputs(tokenizer)
     rows, cut = model_inputs.rows(inputs, cfg.max_length)
+    if len(cut) > len(rows) / 10:  # a cut molecule loses its tail: say so where many are
+        log.warning("%s: max_length=%d cuts %d of %d molecules, which the model reads only in "
+                    "part; raise max_length to read them whole", task.name, cfg.max_length,
+                    len(cut), len(rows))  # fmt: skip
     unknown = model_inputs.unknown(rows)
     if unknown[1]:
         log.warning("%s: %d of %d molecules hold %d tokens outside the model's vocabulary "

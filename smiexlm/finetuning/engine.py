@@ -70,6 +70,7 @@ from smiexlm.finetuning.inference import predict
 from smiexlm.finetuning.loop_config import FitRun, LoopConfig
 from smiexlm.finetuning.parallel import Replicas, present_labels
 from smiexlm.settings import recorded
+from smiexlm.training.optim import check_finite_weights
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,11 @@ class _Fit:
                 if on_epoch is not None and "valid" in record:
                     on_epoch(result.epochs_run, record["valid"])
         self._select()
+        check_finite_weights(
+            trainable(self.model),
+            f"fine-tuning diverged by epoch {result.epochs_run}, step {result.steps}",
+            self.config.to_lower(),
+        )
         result.seconds = self.before_s + time.perf_counter() - self.start
         own_cpu = time.process_time() - self.cpu_start
         (own_cpu,) = self.replicas.sum_floats([own_cpu])  # every process's CPU time
@@ -302,7 +308,7 @@ class _Fit:
     def _update(self, train: Examples, index: np.ndarray) -> torch.Tensor:
         """One optimiser step on the batch ``index`` (this process's share of it); the share's
         (detached) loss, weighted so that the shares' losses sum to the batch's."""
-        from smiexlm.training.optim import set_lr
+        from smiexlm.training.optim import clip_gradients, set_lr
 
         set_lr(self.optimizer, self.schedule.lr_at(self.result.steps))
         self.optimizer.zero_grad(set_to_none=True)
@@ -320,8 +326,8 @@ class _Fit:
                 loss = loss * weight
             loss.backward()
         self.replicas.sum_gradients(self.trainable)
-        if self.config.clip_norm > 0:
-            nn.utils.clip_grad_norm_(self.trainable, self.config.clip_norm)
+        at = f"fine-tuning diverged at epoch {self.result.epochs_run}, step {self.result.steps + 1}"
+        clip_gradients(self.trainable, self.config.clip_norm, at, self.config.to_lower())
         self.optimizer.step()
         if self.average is not None:
             self.average.update(self.result.steps)
@@ -391,3 +397,4 @@ class _Fit:
             with torch.no_grad():
                 for name, param in trainable(self.model):
                     param.copy_(self.best_state[name])
+

@@ -50,7 +50,12 @@ def train_head_first(model: nn.Module, train: Examples, config: LoopConfig, seed
     ``train``, with its own optimiser, batches and dropout stream (the same on every process,
     seeded by ``seed``); the encoder's parameters train again afterwards as they did before.
     The mean training loss of its last epoch."""
-    from smiexlm.training.optim import PolynomialDecaySchedule, adamw_with_decay_groups, set_lr
+    from smiexlm.training.optim import (
+        PolynomialDecaySchedule,
+        adamw_with_decay_groups,
+        clip_gradients,
+        set_lr,
+    )
 
     encoder_grads = [p.requires_grad for p in model.model.parameters()]
     model.model.requires_grad_(False)
@@ -73,8 +78,8 @@ def train_head_first(model: nn.Module, train: Examples, config: LoopConfig, seed
                 optimizer.zero_grad(set_to_none=True)
                 loss = model(**to_batch(train, index, device, config.pad_id)).loss
                 loss.backward()
-                if config.clip_norm > 0:
-                    nn.utils.clip_grad_norm_(head, config.clip_norm)
+                where = f"fine-tuning the head first diverged at step {step + 1}"
+                clip_gradients(head, config.clip_norm, where, config.to_lower("head_lr"))
                 optimizer.step()
                 losses.append(loss.detach())
                 step += 1

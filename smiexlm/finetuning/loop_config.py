@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from smiexlm.device import Precision, parse_precision
-from smiexlm.errors import ConfigError, check_field_types, check_positive_int
-from smiexlm.settings import setting
+from smiexlm.errors import ConfigError, check_positive_int
+from smiexlm.settings import check_settings, setting
 
 
 @dataclass
@@ -22,12 +22,20 @@ class LoopConfig:
 
     epochs: int = setting(help="Epochs of the schedule (Table 8's row per set).")
     batch_size: int = setting(help="Training molecules per update.")
-    lr: float = setting(help="Peak learning rate (linear warmup, then linear decay to 0).")
-    warmup_ratio: float = setting(0.06, "Share of the updates that warm the learning rate up.")
-    weight_decay: float = setting(0.0, "Decoupled weight decay of AdamW.")
-    adam_betas: tuple[float, float] = setting((0.9, 0.98), "AdamW's betas, [b1, b2].")
-    adam_eps: float = setting(1e-6, "AdamW's epsilon.")
-    clip_norm: float = setting(1.0, "Gradient-norm clipping; 0 = none (RoBERTa's GLUE recipe).")
+    lr: float = setting(
+        help="Peak learning rate (linear warmup, then linear decay to 0).", within="(0, 1]"
+    )
+    warmup_ratio: float = setting(
+        0.06, "Share of the updates that warm the learning rate up.", within="[0, 1)"
+    )
+    weight_decay: float = setting(0.0, "Decoupled weight decay of AdamW.", within="[0, inf)")
+    adam_betas: tuple[float, float] = setting(
+        (0.9, 0.98), "AdamW's betas, [b1, b2].", within="[0, 1)"
+    )
+    adam_eps: float = setting(1e-6, "AdamW's epsilon.", within="(0, inf)")
+    clip_norm: float = setting(
+        1.0, "Gradient-norm clipping; 0 = none (RoBERTa's GLUE recipe).", within="[0, inf)"
+    )
     max_steps: int | None = setting(
         None, "Stop each run after N updates (quick checks; recorded in every report).",
         key="max_train_steps",
@@ -47,30 +55,26 @@ class LoopConfig:
     freeze_layers: int = setting(0, "Freeze the embeddings and the first N blocks.")
     ema_half_life: float = setting(
         0.0, "Validate and keep a moving average of the weights whose updates' weight halves "
-        "every H epochs (0: the raw weights).", since=0.0,
+        "every H epochs (0: the raw weights).", since=0.0, within="[0, inf)",
     )  # fmt: skip
     head_epochs: int = setting(
         0, "First train the head alone for N epochs on the frozen encoder's features, then "
         "the whole model (0: from a random head).", since=0, with_=("head_lr",),
     )  # fmt: skip
-    head_lr: float = setting(1e-3, "The learning rate of those epochs, decaying linearly to 0.")
+    head_lr: float = setting(
+        1e-3, "The learning rate of those epochs, decaying linearly to 0.", within="(0, 1]"
+    )
     layer_decay: float = setting(
         1.0, "Layer-wise learning rates: each encoder block learns this times as fast as the "
-        "one above it (1: all at lr).", since=1.0,
+        "one above it (1: all at lr).", since=1.0, within="(0, 1]",
     )  # fmt: skip
     device: str = setting("auto", "auto (CUDA when available) | cpu | cuda[:N].")
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        check_field_types(self)
+        check_settings(self)  # types, finite floats, each setting's ``within``
         for name in ("epochs", "batch_size", "eval_batch_size", "bucket_window"):
             check_positive_int(name, getattr(self, name))
-        if not self.lr > 0:
-            raise ConfigError("lr", self.lr, "a positive number")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError("warmup_ratio", self.warmup_ratio, "a fraction in [0, 1)")
-        if self.clip_norm < 0:
-            raise ConfigError("clip_norm", self.clip_norm, "0 (no clipping) or a positive number")
         for name in ("max_steps", "patience"):
             check_positive_int(name, getattr(self, name), optional=True)
         if self.select not in ("best", "last"):
@@ -78,23 +82,20 @@ class LoopConfig:
         self.precision = parse_precision(self.precision)
         if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
             raise ConfigError("freeze_layers", self.freeze_layers, "0 or a positive integer")
-        if not (isinstance(self.ema_half_life, int | float) and self.ema_half_life >= 0):
-            raise ConfigError(
-                "ema_half_life", self.ema_half_life, "0 (off) or a positive number of epochs"
-            )
         if self.head_epochs != 0:  # 0 = off
             check_positive_int("head_epochs", self.head_epochs)
         if self.head_epochs and self.freeze:
             raise ConfigError(
                 "head_epochs", self.head_epochs, "0 with freeze (which trains the head alone)"
             )
-        if not (isinstance(self.head_lr, int | float) and self.head_lr > 0):
-            raise ConfigError("head_lr", self.head_lr, "a positive number")
-        if not (isinstance(self.layer_decay, int | float) and 0 < self.layer_decay <= 1):
-            raise ConfigError("layer_decay", self.layer_decay, "a factor in (0, 1] (1 = off)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_lower(self, rate: Literal["lr", "head_lr"] = "lr") -> str:
+        """What a run that diverged should lower, with its value: ``lr (now 1e+10)``."""
+        unclipped = "" if self.clip_norm > 0 else ", or clip the gradients (clip_norm=1)"
+        return f"{rate} (now {getattr(self, rate):g}){unclipped}"
 
 
 @dataclass(frozen=True)

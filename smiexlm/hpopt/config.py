@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smiexlm.errors import ConfigError, check_positive_int
-from smiexlm.settings import recorded, setting, settings_of
+from smiexlm.settings import check_settings, recorded, setting, settings_of
 
 BUDGET = ("trials", "cpu_minutes")  # a resumed search may be given more of either
 
@@ -30,7 +30,7 @@ class HpoptConfig:
     )  # fmt: skip
     cpu_minutes: float | None = setting(
         None, "Process CPU minutes of the finished trials, earlier runs' included; no trial "
-        "starts once spent. Give it, --trials, or both.",
+        "starts once spent. Give it, --trials, or both.", within="(0, inf)",
     )  # fmt: skip
     seed: int = setting(0, "Seed of the sampler, of every trial's training and of a seeded split.")
     startup_trials: int = setting(8, "TPE draws at random until this many trials count.")
@@ -38,14 +38,11 @@ class HpoptConfig:
     warmup_epochs: int = setting(3, "Epochs of a trial that are never pruned.")
 
     def __post_init__(self) -> None:
+        check_settings(self, as_flags=True)  # types, finite floats, each setting's ``within``
         if self.trials is None and self.cpu_minutes is None:
             raise ConfigError("--trials", None, "a budget: --trials N, --cpu-minutes M or both")
         if self.trials is not None and not _is_int(self.trials, 1):
             raise ConfigError("--trials", self.trials, "a positive number of trials")
-        minutes = self.cpu_minutes
-        number = isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
-        if minutes is not None and not (number and 0 < minutes < math.inf):
-            raise ConfigError("--cpu-minutes", minutes, "a positive number of minutes")
         if not _is_int(self.seed, 0, 2**32):
             raise ConfigError("--seed", self.seed, "an integer in [0, 2**32)")
         check_positive_int("startup_trials", self.startup_trials)

@@ -67,9 +67,11 @@ def trial_rows(study) -> list[dict[str, Any]]:
     return rows
 
 
-def best_config(search: Search, trial) -> dict[str, Any]:
-    """The flat keys ``best.toml`` holds: the trial's whole config but the device."""
-    flat = search.config(trial.params).to_dict()
+def best_config(search: Search, trial, served: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The flat keys ``best.toml`` holds: the trial's whole config but the device, with
+    ``served`` (the search's own ``forest`` and ``ensemble``, which its trials leave out and
+    the final fit serves; ``forest = "none"`` spelled out, as TOML has no None)."""
+    flat = search.config(trial.params).to_dict() | (served or {})
     flat.pop("device")
     if not flat["extra"]:
         flat.pop("extra")
@@ -124,8 +126,9 @@ def _value(value: float | None, metric: str) -> str:
 class Outputs:
     """The folder's files for one search; :meth:`write` after each trial."""
 
-    def __init__(self, out: Path, search: Search, hp: HpoptConfig, command: str | None):
-        self.out, self.search, self.hp = Path(out), search, hp
+    def __init__(self, out: Path, search: Search, hp: HpoptConfig, command: str | None,
+                 served: dict[str, Any] | None = None):  # fmt: skip
+        self.out, self.search, self.hp, self.served = Path(out), search, hp, served
         self.command = command or "run_hpopt(...)"
         self.metric = search.task.metric
 
@@ -152,7 +155,9 @@ class Outputs:
                 f"# The {name} Table 8 row with the searched keys; the search never read the "
                 f"test split.\n# Score it on test: smiexlm finetune {name} --config "
                 f"{self.out / BEST_NAME}\n")  # fmt: skip
-        write_text_atomic(self.out / BEST_NAME, head + to_toml(best_config(self.search, trial)))
+        write_text_atomic(
+            self.out / BEST_NAME, head + to_toml(best_config(self.search, trial, self.served))
+        )
 
     def _report(self, study, rows: list[dict[str, Any]], best) -> str:
         counted, cpu = spending(study)
@@ -215,6 +220,6 @@ class Outputs:
         return HpoptResult(
             best_number=None if best is None else best.number,
             best_value=None if best is None else best.value,
-            best_config=None if best is None else best_config(self.search, best),
+            best_config=None if best is None else best_config(self.search, best, self.served),
             counted=counted, failed=failed, cpu_seconds=cpu, stopped_by=stop, out=self.out,
         )  # fmt: skip

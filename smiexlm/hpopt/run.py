@@ -56,12 +56,13 @@ def run_hpopt(
     line per finished trial; ``pruner`` replaces the median pruner (Optuna's interface)."""
     out = check_output(out, "--out", "folder")
     # trials score the network alone: a forest (or a wide ensemble) beside it would cost each
-    # trial its fit and hide what the search moves; best.toml leaves both to the final fit
+    # trial its fit and hide what the search moves; best.toml keeps both for the final fit
+    served = {"forest": base.forest or "none", "ensemble": base.ensemble}
     base = dataclasses.replace(base, forest=None, ensemble="none")
     search = Search.build(task, base, backbone or Backbone(), hp.seed)
     with RunLock(out):
         study = open_study(out, search, hp, pruner)
-        outputs = Outputs(out, search, hp, command)
+        outputs = Outputs(out, search, hp, command, served)
         outputs.write(study)  # a resumed study's files brought up to date
         while (stop := hp.spent(*spending(study))) is None:
             number = one_trial(study, search, hp, progress)

@@ -11,8 +11,6 @@ from typing import Any
 from smiexlm.errors import (
     ConfigError,
     check_choice,
-    check_field_types,
-    check_fraction,
     check_positive_int,
     check_spellings,
 )
@@ -21,7 +19,7 @@ from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.forests.blend import DEFAULT_BLEND, check_blend
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.paths import PACKAGE_DIR
-from smiexlm.settings import Setting, recorded, setting, settings_of
+from smiexlm.settings import Setting, check_settings, recorded, setting, settings_of
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "moleculenet.toml"
 
@@ -86,8 +84,8 @@ class FinetuneConfig:
     """
 
     loop: LoopConfig = field(default_factory=_default_loop)
-    dropout: float = setting(0.1, "Dropout of the encoder while it fine-tunes.")
-    pooler_dropout: float = setting(0.1, "Dropout of the head's input.")
+    dropout: float = setting(0.1, "Dropout of the encoder while it fine-tunes.", within="[0, 1)")
+    pooler_dropout: float = setting(0.1, "Dropout of the head's input.", within="[0, 1)")
     pooling: str = setting(
         "cls", "How the head pools each block: cls (Table 8's), mean, max, or several joined "
         "by + (cls+mean+max), side by side.",
@@ -105,7 +103,10 @@ class FinetuneConfig:
         "(seeded) | random (seeded) | column:NAME (your table's own split: its column NAME "
         "says train, valid or test in each row).",
     )  # fmt: skip
-    max_length: int = setting(256, "Tokens a SMILES is cut to.")
+    max_length: int = setting(
+        256, "Tokens a SMILES is cut to, BOS and EOS included (a warning says how many are "
+        "cut where more than a tenth of a set's are).", within="[3, inf)",
+    )  # fmt: skip
     features: str | None = setting(
         None, "ecfp4 | rdkit2d | both: concatenate to the pooled embedding (normalised on the "
         "train split)."
@@ -122,7 +123,7 @@ class FinetuneConfig:
         0, "Before fine-tuning, N updates of the backbone's descriptor regression (MTR) on the "
         "task's training molecules.", since=0, with_=("adapt_lr",),
     )  # fmt: skip
-    adapt_lr: float = setting(1e-4, "Learning rate of adapt_steps.")
+    adapt_lr: float = setting(1e-4, "Learning rate of adapt_steps.", within="(0, 1)")
     forest: str | None = setting(
         None, "auto (the shipped default: rdkit2d, whose blend measured best for "
         "classification and regression) | none | ecfp4 | rdkit2d | both: after training, fit "
@@ -135,7 +136,7 @@ class FinetuneConfig:
         DEFAULT_BLEND, "quantile (each score's quantile among the validation molecules' "
         "scores, then averaged) | mean (the scores averaged).",
     )  # fmt: skip
-    forest_weight: float = setting(0.5, "The model's weight in the blend, 0 to 1.")
+    forest_weight: float = setting(0.5, "The model's weight in the blend, 0 to 1.", within="[0, 1]")
     class_weight: str = setting(
         "none", "none | balanced: weigh each task's two classes in the loss inversely to their "
         "frequency on the training molecules (classification only; Table 8's rows: balanced "
@@ -153,14 +154,11 @@ class FinetuneConfig:
         from smiexlm.finetuning.adapt import check_adapt
         from smiexlm.model.pooling import pooling_parts  # torch: loaded when a run is made
 
-        check_field_types(self)
-        check_positive_int("max_length", self.max_length)
+        check_settings(self)  # types, finite floats, each setting's ``within``
         check_positive_int("layers", self.layers, optional=True)
         check_adapt(self.adapt_steps, self.adapt_lr)
         for name in ("augment", "tta"):
             check_spellings(name, getattr(self, name))
-        for name in ("dropout", "pooler_dropout"):
-            check_fraction(name, getattr(self, name))
         pooling_parts(self.pooling)  # one of POOLINGS, or several side by side (cls+mean+max)
         check_split_kind(self.split)
         if self.features is not None:
@@ -173,9 +171,11 @@ class FinetuneConfig:
         check_blend(self.forest_weight, self.forest_blend)
         check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
         check_choice("ensemble", self.ensemble, ENSEMBLES)
-        if self.ensemble != "none" and self.features is not None:
-            raise ConfigError("features", self.features, "None with ensemble = "
-                              f"{self.ensemble!r} (its members choose their own)")  # fmt: skip
+        if self.ensemble != "none":  # its members choose their own features and forests
+            for name, free in (("features", (None,)), ("forest", (None, AUTO))):
+                if getattr(self, name) not in free:
+                    raise ConfigError(name, getattr(self, name), f"none with ensemble = "
+                                      f"{self.ensemble!r} (its members choose their own)")  # fmt: skip
         if self.loop.freeze and self.loop.freeze_layers:
             raise ConfigError(
                 "freeze_layers",
@@ -191,7 +191,7 @@ class FinetuneConfig:
         names = {s.key: s.name for s in settings_of(LoopConfig)}
         loop = {names[k]: values.pop(k) for k in list(values) if k in names}
         check_positive_int("max_train_steps", loop.get("max_steps"), optional=True)
-        if "adam_betas" in loop:
+        if isinstance(loop.get("adam_betas"), list):  # TOML's array; the type check takes the rest
             loop["adam_betas"] = tuple(loop["adam_betas"])
         return cls(loop=dataclasses.replace(_default_loop(), **loop), **values)
 
@@ -227,10 +227,11 @@ def load_table(path: Path = CONFIG_PATH) -> dict[str, dict[str, Any]]:
         return tomllib.load(handle)
 
 
-def read_config_file(path: Path | str) -> dict[str, Any]:
-    """The flat FinetuneConfig keys of a TOML file (the shape of ``hpopt``'s ``best.toml``);
+def read_config_file(path: Path | str, also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The flat FinetuneConfig keys of a TOML file (the shape of ``hpopt``'s ``best.toml``),
+    and the keys ``also`` (hpopt's own, in what ``smiexlm settings hpopt`` prints);
     DataError for a missing or malformed file, ConfigError naming the key and the file for a
-    key that is not a FinetuneConfig field (a table such as ``[bbbp]`` included)."""
+    key that is neither (a table such as ``[bbbp]`` included)."""
     from smiexlm.errors import DataError
     from smiexlm.paths import check_input_file
 
@@ -240,11 +241,12 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
             values = tomllib.load(handle)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"--config {str(path)!r} is not a TOML file: {err}") from None
-    keys = FinetuneConfig.flat_keys()
+    keys = (*FinetuneConfig.flat_keys(), *also)
     for key, value in values.items():
         if key not in {*keys, "amp"} or (isinstance(value, dict) and key != "extra"):
-            raise ConfigError(key, value, f"a flat FinetuneConfig key in --config {str(path)!r}"
-                              f" (one of {', '.join(sorted(keys))})")  # fmt: skip
+            what = "a flat FinetuneConfig key" + (" or hpopt setting" if also else "")
+            raise ConfigError(key, value, f"{what} in --config {str(path)!r} (one of "
+                              f"{', '.join(sorted(keys))})")  # fmt: skip
     return values
 
 

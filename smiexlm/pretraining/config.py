@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from smiexlm.device import Precision, check_device_name, parse_precision
-from smiexlm.errors import ConfigError, check_choice, check_field_types
+from smiexlm.errors import ConfigError, check_choice
 from smiexlm.model.config import PRESETS, ExLMConfig, PresetName
 from smiexlm.paths import PACKAGE_DIR
-from smiexlm.settings import parse_assignment, setting, to_toml
+from smiexlm.settings import check_settings, parse_assignment, setting, to_toml
 
 SHIPPED_CONFIG_DIR = PACKAGE_DIR / "configs" / "pretrain"
 SPELLINGS = ("canonical", "random")  # how a training molecule is written (``spelling``)
@@ -97,14 +96,16 @@ class TrainConfig:
         None, "Decay horizon in updates (default: max_steps; stopping early keeps it)."
     )
     warmup_steps: int = setting(100, "Updates of linear warmup.")
-    lr: float = setting(5e-4, "Peak learning rate.")
-    end_lr: float = setting(0.0, "Learning rate at the decay horizon.")
-    lr_power: float = setting(1.0, "Power of the polynomial decay (1: linear).")
+    lr: float = setting(5e-4, "Peak learning rate.", within="(0, 1]")
+    end_lr: float = setting(0.0, "Learning rate at the decay horizon.", within="[0, 1]")
+    lr_power: float = setting(1.0, "Power of the polynomial decay (1: linear).", within="[0, inf)")
     # --- optimiser (Adam with decoupled weight decay, as fairseq's "adam")
-    adam_betas: tuple[float, float] = setting((0.9, 0.98), "Adam's betas, [b1, b2].")
-    adam_eps: float = setting(1e-6, "Adam's epsilon.")
-    weight_decay: float = setting(0.0, "Decoupled weight decay.")
-    clip_norm: float = setting(1.0, "Gradient-norm clipping; 0 disables it.")
+    adam_betas: tuple[float, float] = setting(
+        (0.9, 0.98), "Adam's betas, [b1, b2].", within="[0, 1)"
+    )
+    adam_eps: float = setting(1e-6, "Adam's epsilon.", within="(0, inf)")
+    weight_decay: float = setting(0.0, "Decoupled weight decay.", within="[0, inf)")
+    clip_norm: float = setting(1.0, "Gradient-norm clipping; 0 disables it.", within="[0, inf)")
     # --- what the run starts from and reads
     init: str | None = setting(
         None, "A model folder or shipped model's name whose weights the run starts from "
@@ -137,7 +138,7 @@ class TrainConfig:
     progress: bool = setting(True, "Show a progress bar.")
 
     def __post_init__(self) -> None:
-        check_field_types(self)
+        check_settings(self)  # types, finite floats, each setting's ``within``
         self.model = ModelSpec.from_table(self.model)
         for name in ("max_tokens", "update_freq", "max_steps", "log_every", "valid_every"):
             _require_int(name, getattr(self, name), minimum=1)
@@ -147,18 +148,9 @@ class TrainConfig:
             _require_int(name, getattr(self, name), minimum=0)
         if self.total_steps is not None:
             _require_int("total_steps", self.total_steps, minimum=1)
-        for name in ("lr", "adam_eps"):
-            _require_float(name, getattr(self, name), positive=True)
-        for name in ("end_lr", "lr_power", "weight_decay", "clip_norm"):
-            _require_float(name, getattr(self, name), positive=False)
         if self.end_lr > self.lr:
             raise ConfigError("end_lr", self.end_lr, f"at most lr={self.lr}")
-        betas = tuple(self.adam_betas) if isinstance(self.adam_betas, (list, tuple)) else ()
-        if len(betas) != 2 or not all(
-            isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas
-        ):
-            raise ConfigError("adam_betas", self.adam_betas, "two numbers in [0, 1)")
-        self.adam_betas = (float(betas[0]), float(betas[1]))
+        self.adam_betas = (float(self.adam_betas[0]), float(self.adam_betas[1]))
         check_device_name(self.device)
         self.precision = parse_precision(self.precision)
         check_choice("spelling", self.spelling, SPELLINGS)
@@ -213,12 +205,6 @@ def _model_field_names() -> list[str]:
 def _require_int(name: str, value: Any, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(name, value, f"an integer >= {minimum}")
-
-
-def _require_float(name: str, value: Any, positive: bool) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value <= 0 if positive else value < 0):
-        raise ConfigError(name, value, "a positive number" if positive else "a number >= 0")
 
 
 # ------------------------------------------------------------------------ loading

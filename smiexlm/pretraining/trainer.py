@@ -277,7 +277,9 @@ class _Loop:
             tokens += int(batch[1].sum())
         lr = self.schedule.lr_at(state.step)
         set_lr(self.optimizer, lr)
-        grad_norm = clip_gradients(self.raw_model.parameters(), config.clip_norm)
+        where = f"pre-training diverged at step {state.step + 1} (epoch {state.epoch})"
+        lower = f"lr (now {config.lr:g}) and go on from the last checkpoint with --resume"
+        grad_norm = clip_gradients(self.raw_model.parameters(), config.clip_norm, where, lower)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, n_invalid, tokens, desc_sum, grad_norm

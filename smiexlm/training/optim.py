@@ -9,12 +9,16 @@ with t going from 0 to 1 at ``total_steps``, and ``end_lr`` afterwards.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
+
+from smiexlm.errors import DivergedError
 
 
 @dataclass
@@ -135,10 +139,33 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
-def clip_gradients(parameters, clip_norm: float) -> float:
-    """Clip the global gradient norm to ``clip_norm`` (0 = no clipping); returns the norm."""
+def clip_gradients(parameters, clip_norm: float, where: str = "", lower: str = "") -> float:
+    """Clip the global gradient norm to ``clip_norm`` (0 = no clipping); returns the norm.
+
+    With ``where`` (the run's place: "fine-tuning, epoch 3, step 120"), a norm that is not
+    finite (a loss or weights gone to inf or NaN: the gradients of every process agree after
+    their sum, so every process stops alike) raises :class:`~smiexlm.errors.DivergedError`
+    before the optimiser applies it, saying which setting to lower (``lower``: "lr (1e+10)").
+    """
     params = [p for p in parameters if p.grad is not None]
     if not params:
         return 0.0
     max_norm = clip_norm if clip_norm > 0 else float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if where and not math.isfinite(norm):
+        raise _diverged(where, f"the gradient norm is {norm} (the loss or the weights are no "
+                        "longer finite)", lower)  # fmt: skip
+    return norm
+
+
+def check_finite_weights(named: Iterable[tuple[str, torch.Tensor]], where: str, lower: str) -> None:
+    """:class:`~smiexlm.errors.DivergedError` when a tensor of ``named`` (name, weights) holds
+    inf or NaN: a run checks the weights it keeps once, before anything is saved or scored."""
+    bad = [name for name, weights in named if not bool(torch.isfinite(weights).all())]
+    if bad:
+        raise _diverged(where, f"{len(bad)} weight tensors hold inf or NaN ({bad[0]}, ...)", lower)
+
+
+def _diverged(where: str, what: str, lower: str) -> DivergedError:
+    hint = f"; lower {lower}" if lower else ""
+    return DivergedError(f"{where}: {what}, so the run stops and keeps nothing{hint}")

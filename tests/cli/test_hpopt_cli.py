@@ -146,7 +146,7 @@ def test_bad_budgets_and_config_keys_are_clear_errors(toy_csv, tmp_path):
     out = tmp_path / "search"
     for extra, needle in ((("--trials", "0"), "'--trials' = 0: expected a positive number"),
                           ((), "expected a budget: --trials N, --cpu-minutes M or both"),
-                          (("--cpu-minutes", "-2"), "'--cpu-minutes' = -2.0: expected a positive")):  # fmt: skip
+                          (("--cpu-minutes", "-2"), "'--cpu-minutes' = -2.0: expected a finite number in (0, inf)")):  # fmt: skip
         done = _invoke(*_args(toy_csv, out, *extra))
         assert done.exit_code != 0 and needle in str(done.exception), (extra, done.exception)
     assert not out.exists()  # refused before anything was written
@@ -159,3 +159,29 @@ def test_bad_budgets_and_config_keys_are_clear_errors(toy_csv, tmp_path):
     (tmp_path / "table.toml").write_text("[bbbp]\nlr = 1e-4\n")
     done = _invoke("finetune", "bbbp", "--config", str(tmp_path / "table.toml"))
     assert "'bbbp'" in str(done.exception) and "a flat FinetuneConfig key" in str(done.exception)
+
+
+def test_hpopt_takes_what_settings_hpopt_prints_and_best_toml_keeps_the_forest(toy_csv, tmp_path):
+    import tomllib
+
+    printed = _invoke("settings", "hpopt")
+    assert printed.exit_code == 0 and "# trials = (none)" in printed.output
+    config = tmp_path / "hpopt.toml"
+    config.write_text(printed.output.replace("# trials = (none)", "trials = 1"))
+    out = tmp_path / "search"
+    done = _invoke(*_args(toy_csv, out, "--config", str(config), "--set", "forest=none"))
+    assert done.exit_code == 0, done.output
+    best = tomllib.loads((out / "best.toml").read_text())
+    assert (best["forest"], best["ensemble"]) == ("none", "none")  # TOML has no None to drop
+    run = tmp_path / "final"
+    done = _invoke("finetune", "toy", "--data", str(toy_csv), "--smiles-col", "smi", "--label-cols",
+                   "y", "--seeds", "0", "--device", "cpu", "--config", str(out / "best.toml"),
+                   "--out", str(run))  # fmt: skip
+    assert done.exit_code == 0, done.output
+    row = pd.read_csv(run / "results.csv").iloc[0]
+    assert json.loads(row["config"])["forest"] is None and "RF" not in row["model"]
+    unknown = tmp_path / "typo.toml"
+    unknown.write_text("trails = 3\n")
+    done = _invoke(*_args(toy_csv, tmp_path / "s2", "--config", str(unknown)))
+    assert done.exit_code != 0 and "'trails'" in str(done.exception)
+    assert "FinetuneConfig key or hpopt setting" in str(done.exception)

@@ -169,7 +169,7 @@ def test_a_regression_label_past_float32_is_refused_naming_its_line(tmp_path, va
 @pytest.mark.parametrize(
     "line, needle",
     [('freeze = "no"', "'freeze' = 'no': expected true or false"),
-     ('lr = "fast"', "'lr' = 'fast': expected a number"),
+     ('lr = "fast"', "'lr' = 'fast': expected a finite number"),
      ("epochs = 2.5", "'epochs' = 2.5: expected an integer"),
      ("augment = true", "'augment' = True: expected an integer"),
      ('adam_betas = [0.9, "x"]', "'adam_betas'")],
@@ -186,9 +186,11 @@ def test_a_finetune_config_value_of_another_type_is_refused(tmp_path, table, lin
 def test_a_pretrain_config_value_of_another_type_is_refused(tmp_path):
     config = tmp_path / "p.toml"
     config.write_text('[model]\npreset = "tiny"\nk = "4"\n')
-    res = run_cli("pretrain", "--config", config, "--data", tmp_path, "--out", tmp_path / "r")
+    data = tmp_path / "data"  # beside the run: an output inside an input folder is refused
+    data.mkdir()
+    res = run_cli("pretrain", "--config", config, "--data", data, "--out", tmp_path / "r")
     assert_one_line_error(res, "'k' = '4': expected an integer")
-    res = run_cli("pretrain", "--config", "mol_tiny_mlm", "--data", tmp_path, "--out",
+    res = run_cli("pretrain", "--config", "mol_tiny_mlm", "--data", data, "--out",
                   tmp_path / "r", "tensorboard=1")  # fmt: skip
     assert_one_line_error(res, "'tensorboard' = 1: expected true or false")
 
