@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "smiexlm.cli.pretrain",
     "smiexlm.cli.moleculenet",
     "smiexlm.cli.baselines",
+    "smiexlm.cli.cliffs",
     "smiexlm.cli.predict",
     "smiexlm.cli.hpopt",
     "smiexlm.cli.settings",

@@ -39,6 +39,7 @@ from smiexlm.finetuning.outputs import write_outputs
 from smiexlm.finetuning.targets import RunScores, Targets
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.moleculenet import runs
+from smiexlm.moleculenet.cliffs import task_cliffs
 from smiexlm.moleculenet.configs import FinetuneConfig, resolve_forest
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
@@ -253,6 +254,8 @@ def finetune_once(
     if cfg.forest:
         scores.add_forest(run.inputs, task, split, seed, cfg)
         config |= scores.forest_summary(targets, split, task.scale)
+        if not task.is_classification:  # each alone on the test molecules of activity cliffs
+            config |= scores.cliff_summary(targets, split, task_cliffs(task))
         valid_score = targets.score_values(split.valid, scores.valid).mean
         test_score = targets.score_values(split.test, scores.test)
     if not runs.is_main():

@@ -92,3 +92,16 @@ class RunScores:
             for p, rows in (("valid", split.valid), ("test", split.test))
             for who in ("model", "forest")
         }  # fmt: skip
+
+    def cliff_summary(self, targets: Targets, split: Split, cliffs: np.ndarray) -> dict[str, Any]:
+        """The model's and the forest's test RMSE alone over the cliff molecules (``cliffs``:
+        (N, T) bool of the whole table, :mod:`~smiexlm.moleculenet.cliffs`), beside the
+        served one in the result's measures."""
+        from smiexlm.moleculenet.cliffs import cliff_rmse
+
+        rows = split.test
+        return {
+            f"test_cliff_{who}": cliff_rmse(targets.y[rows], self.parts[f"test_{who}"],
+                                            cliffs[rows])[0]
+            for who in ("model", "forest")
+        }  # fmt: skip

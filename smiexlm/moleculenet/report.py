@@ -166,7 +166,9 @@ def markdown_table(results: list[RunResult], with_paper: bool = True) -> str:
 
 #: how the report names the measures kept beside the score (``RunResult.more``), and their decimals
 MORE_TITLES = {"pr_auc": ("PR-AUC x 100 (average precision)", 1), "mae": ("MAE", 3),
-               "r2": ("R² (coefficient of determination)", 3), "spearman": ("Spearman's rho", 3)}  # fmt: skip
+               "r2": ("R² (coefficient of determination)", 3), "spearman": ("Spearman's rho", 3),
+               "cliff_rmse": ("RMSE on the test molecules that form activity cliffs", 3),
+               "n_cliff": ("Test molecules that form activity cliffs", 0)}  # fmt: skip
 
 
 def more_markdown(results: list[RunResult]) -> str:

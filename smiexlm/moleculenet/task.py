@@ -136,13 +136,20 @@ class MoleculeTask:
         """The report's record of one seed: ``valid`` is the selection score (unscaled),
         ``test`` the test split's scores; ``config`` gains the versions of what decided them
         (``software``); ``test_pred``, the test molecules' probabilities or values, gives the
-        measures reported beside the score (:func:`~smiexlm.moleculenet.metrics.more_scores`)."""
+        measures reported beside the score (:func:`~smiexlm.moleculenet.metrics.more_scores`;
+        for regression also the RMSE on the test molecules that form activity cliffs and their
+        count, :mod:`~smiexlm.moleculenet.cliffs`)."""
         config = config | {"software": software_versions()}
         more = (
             {}
             if test_pred is None
             else more_scores(self.task_type, self.labels[split.test], test_pred)
         )
+        if test_pred is not None and not self.is_classification:
+            from smiexlm.moleculenet.cliffs import cliff_rmse, task_cliffs
+
+            rmse, n = cliff_rmse(self.labels[split.test], test_pred, task_cliffs(self)[split.test])
+            more |= {"cliff_rmse": rmse, "n_cliff": n}
         return RunResult(
             model=model, dataset=self.name, seed=seed, split=split.label, metric=self.metric,
             test=test.mean * self.scale, valid=valid * self.scale, sizes=split.sizes,

@@ -1,0 +1,98 @@
+"""Activity cliffs against a brute force of their definition: RDKit's own Tanimoto on
+ECFP4 and on generic Murcko scaffolds, and an edit distance computed by hand."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from smiexlm.errors import ConfigError
+from smiexlm.moleculenet.cliffs import cliff_molecules, cliff_pairs, cliff_rmse
+
+SMILES = ["c1ccccc1CCN", "c1ccccc1CCO", "c1ccccc1CCCN", "Cc1ccccc1CCN", "CCOC(=O)C",
+          "CCOC(=O)CC", "c1ccncc1C(=O)N", "c1ccncc1C(=O)O", "not a smiles", "OCC1CCCC1"]  # fmt: skip
+VALUES = [5.0, 7.5, 5.2, 6.9, 4.0, 4.1, 8.0, 6.5, 9.0, float("nan")]
+
+
+def _levenshtein(a: str, b: str) -> int:
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def _by_hand(similarity: float, gap: float) -> set[tuple[int, int]]:
+    from rdkit import Chem, DataStructs
+    from rdkit.Chem import rdFingerprintGenerator
+    from rdkit.Chem.Scaffolds import MurckoScaffold
+
+    gen = rdFingerprintGenerator.GetMorganGenerator(radius=2, fpSize=2048)
+    mols = [Chem.MolFromSmiles(s) for s in SMILES]
+    out = set()
+    for i, j in itertools.combinations(range(len(SMILES)), 2):
+        if mols[i] is None or mols[j] is None or not abs(VALUES[i] - VALUES[j]) > gap:
+            continue
+        a, b = (Chem.MolToSmiles(mols[k]) for k in (i, j))
+        edit = 1 - _levenshtein(a, b) / max(len(a), len(b))
+        ecfp = DataStructs.TanimotoSimilarity(
+            gen.GetFingerprint(mols[i]), gen.GetFingerprint(mols[j])
+        )
+        cores = [MurckoScaffold.MakeScaffoldGeneric(MurckoScaffold.GetScaffoldForMol(mols[k]))
+                 for k in (i, j)]  # fmt: skip
+        scaffold = 0.0
+        if all(c.GetNumAtoms() for c in cores):
+            fps = [gen.GetFingerprint(c) for c in cores]
+            scaffold = DataStructs.TanimotoSimilarity(*fps)
+        if max(edit, ecfp, scaffold) >= similarity - 1e-6:
+            out.add((i, j))
+    return out
+
+
+@pytest.mark.parametrize(("similarity", "gap"), [(0.9, 1.0), (0.6, 1.0), (0.5, 0.05)])
+def test_cliff_pairs_are_the_brute_force_of_the_definition(similarity, gap):
+    pairs = cliff_pairs(SMILES, VALUES, similarity, gap)
+    assert set(zip(pairs.i, pairs.j, strict=True)) == _by_hand(similarity, gap)
+    assert (pairs.gap > gap).all() and pairs.gap.is_monotonic_decreasing
+    assert all(row.by for row in pairs.itertuples())  # each names a measure that reached it
+    mask = cliff_molecules(SMILES, np.array(VALUES), similarity, gap)[:, 0]
+    in_pairs = set(pairs.i) | set(pairs.j)
+    assert set(np.flatnonzero(mask)) == in_pairs
+    assert not mask[8] and not mask[9]  # unparsable, and no value
+
+
+def test_a_methyl_with_a_big_jump_is_a_cliff_and_the_rmse_is_over_its_molecules():
+    pairs = cliff_pairs(SMILES, VALUES)
+    first = pairs.iloc[0]
+    assert {first.smiles_i, first.smiles_j} <= set(SMILES) and first.gap > 1
+    cliffs = cliff_molecules(SMILES, np.array(VALUES))
+    y, pred = np.array(VALUES)[:, None], np.array(VALUES)[:, None] + 0.5
+    pred[cliffs[:, 0]] += 1.5  # wrong by 2 on the cliff molecules, by 0.5 elsewhere
+    rmse, n = cliff_rmse(y, pred, cliffs)
+    assert n == int(cliffs.sum()) > 0 and rmse == pytest.approx(2.0)
+    assert cliff_rmse(y, pred, np.zeros_like(cliffs)) == (pytest.approx(math.nan, nan_ok=True), 0)
+
+
+def test_bad_thresholds_are_refused_and_the_cli_writes_the_pairs(tmp_path):
+    from typer.testing import CliRunner
+
+    from smiexlm.cli.main import app
+
+    for kwargs in ({"similarity": 0}, {"similarity": 1.5}, {"gap": -1}, {"gap": math.inf}):
+        with pytest.raises(ConfigError):
+            cliff_pairs(SMILES, VALUES, **kwargs)
+    table = tmp_path / "t.csv"
+    pd.DataFrame({"smiles": SMILES, "pki": VALUES}).to_csv(table, index=False)
+    done = CliRunner().invoke(app, ["cliffs", str(table), "--label-col", "pki", "--out",
+                                    str(tmp_path / "pairs.csv")])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    written = pd.read_csv(tmp_path / "pairs.csv")
+    assert len(written) == len(cliff_pairs(SMILES, VALUES)) and "cliff pairs" in done.output
+    bad = CliRunner().invoke(app, ["cliffs", str(table), "--label-col", "pic50", "--out",
+                                   str(tmp_path / "p.csv")])  # fmt: skip
+    assert bad.exit_code != 0 and "'pic50' is not a column" in str(bad.exception)
