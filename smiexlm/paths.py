@@ -135,25 +135,50 @@ def same_place(a: str | Path, b: str | Path) -> bool:
         return False
 
 
+def _named_paths(value: Any) -> list[Path]:
+    """The paths an option's value names: one path, or each of a list of them."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [Path(v).expanduser() for v in values if isinstance(v, (str, Path))]
+
+
 def check_outputs_apart(outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
     """DataError when an output (option name -> path, or list of paths) names one of the
     inputs: the file itself, a link to it or a hard link of it. Writing there would replace
     the input with the result (``predict --input t.csv --out t.csv``), so every command
     checks this before any compute."""
-
-    def paths(value: Any) -> list[Path]:
-        values = value if isinstance(value, (list, tuple)) else [value]
-        return [Path(v).expanduser() for v in values if isinstance(v, (str, Path))]
-
     for out_name, out_value in outputs.items():
-        for out in paths(out_value):
+        for out in _named_paths(out_value):
             for in_name, in_value in inputs.items():
-                for source in paths(in_value):
+                for source in _named_paths(in_value):
                     if same_place(out, source):
                         raise DataError(
                             f"{out_name} {str(out)!r} is the input {in_name} {str(source)!r}"
                             f"{'' if out == source else ' (the same file by a link)'}: the "
                             "result would replace it; expected another path"
+                        )
+
+
+def check_outputs_outside(outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """DataError when an output (option name -> path, or list of paths), existing or not
+    yet, lies inside an input that is an existing folder (a model, dataset, run or parts
+    folder), links resolved on both sides. Writing there would change that input: ``predict
+    --checkpoint M --out M/model.safetensors`` replaces the weights, ``--out M/seed3`` adds a
+    seed to an ensemble, ``select PARTS --out PARTS/manifest.json`` replaces the parts'
+    record. An input named as ``.`` (or ``..``) is that folder all the same: a default
+    output such as ``predictions.csv`` would land in it. Every command checks this before
+    any compute; inputs that are not folders (files, shipped models' names) are skipped."""
+    for in_name, in_value in inputs.items():
+        for source in _named_paths(in_value):
+            if not source.is_dir():
+                continue
+            folder = source.resolve()
+            for out_name, out_value in outputs.items():
+                for out in _named_paths(out_value):
+                    if out.resolve().is_relative_to(folder):
+                        raise DataError(
+                            f"{out_name} {str(out)!r} lies inside the input {in_name} "
+                            f"{str(source)!r} (a folder): writing there would change that "
+                            "input; expected a path outside it"
                         )
 
 

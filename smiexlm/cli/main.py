@@ -12,7 +12,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
 
@@ -65,6 +65,14 @@ _one_line_summaries(app)
 
 OUTPUT_PARAMETERS = ("out", "output", "save_dir")  # the options that name what a command writes
 PARTS_COMMANDS = ("embed", "predict", "widen")  # a folder output goes on when run again
+# Input folders a command writes inside by design, left out of the check that an output lies
+# outside every input folder: plot-run draws RUN/loss.png by default, a picture beside the
+# run's metrics that nothing of the run reads.
+WRITES_INSIDE = {("plot_run", "run_dirs")}
+# The outputs a second run at once would mix its results into: each is held with a lock
+# while the command runs (:func:`smiexlm.training.runlock.hold_outputs`). pretrain and
+# hpopt lock their --out themselves.
+LOCKED_OUTPUTS = {"finetune": ("out", "save_dir"), "benchmark": ("out",), "predict": ("out",)}
 
 
 def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,7 +80,11 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
 
     - before any compute, an output path naming one of its input paths (every other
       path-valued parameter) is refused (:func:`smiexlm.paths.check_outputs_apart`), and so
-      is a column named twice in a column option (``--label-cols y y``);
+      is one lying inside an input folder (:func:`smiexlm.paths.check_outputs_outside`;
+      :data:`WRITES_INSIDE` excepted) and a column named twice in a column option
+      (``--label-cols y y``);
+    - the outputs of :data:`LOCKED_OUTPUTS` are held for the run, so that a second run into
+      one of them is refused naming the first one's process;
     - an OS fault (no space, no permission, a read-only disk, a file where a folder is
       expected) becomes one ``error:`` line naming the path and the errno's words
       (:func:`smiexlm.errors.storage_error`), saying how the command goes on where it does;
@@ -81,13 +93,17 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(callback)
     hints = typing.get_type_hints(callback, include_extras=True)
     shown = {name: _shown(name, hints.get(name)) for name in signature.parameters}
+    path_inputs = {name for name in signature.parameters if _holds_paths(hints.get(name))
+                   and name not in OUTPUT_PARAMETERS
+                   and (callback.__name__, name) not in WRITES_INSIDE}  # fmt: skip
     resumes = "the same command with --resume goes on" if "resume" in signature.parameters else ""
 
     @functools.wraps(callback)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         from smiexlm.cli.params import distinct_columns
         from smiexlm.errors import storage_error
-        from smiexlm.paths import check_outputs_apart
+        from smiexlm.paths import check_outputs_apart, check_outputs_outside
+        from smiexlm.training.runlock import hold_outputs
 
         values = signature.bind_partial(*args, **kwargs).arguments
         resumable = resumes
@@ -96,11 +112,13 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
         outputs = {shown[k]: v for k, v in values.items() if k in OUTPUT_PARAMETERS}
         inputs = {shown[k]: v for k, v in values.items() if k not in OUTPUT_PARAMETERS}
         check_outputs_apart(outputs, inputs)
+        check_outputs_outside(outputs, {shown[k]: v for k, v in values.items() if k in path_inputs})
         for name, value in values.items():
             if name.endswith("_cols") and value:
                 distinct_columns(shown[name], value)
         try:
-            return callback(*args, **kwargs)
+            with hold_outputs(_locked(callback.__name__, values, shown)):
+                return callback(*args, **kwargs)
         except (KeyboardInterrupt, SystemExit) as stop:
             code = 130 if isinstance(stop, KeyboardInterrupt) else stop.code
             if code in (130, 143):  # Ctrl-C, or SIGTERM (``_terminate``)
@@ -116,6 +134,32 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
             raise fault from None
 
     return guarded
+
+
+def _holds_paths(hint: Any) -> bool:
+    """Whether a parameter's type holds paths (``Path``, ``Path | None``, ``list[Path]``):
+    a text option (a task, a column, a config's name) names no input folder even when a
+    folder of that name happens to exist."""
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    return hint is Path or any(_holds_paths(arg) for arg in typing.get_args(hint))
+
+
+def _locked(
+    command: str, values: dict[str, Any], shown: dict[str, str]
+) -> list[tuple[str, Path, Literal["file", "folder"]]]:
+    """``(option, path, kind)`` of each output of ``command`` held for its run
+    (:data:`LOCKED_OUTPUTS`): a folder, or a file for a parts command's output with a suffix
+    (``predict --out p.csv``). ``--output`` stands in for ``--out`` where it is given."""
+    held = []
+    for name in LOCKED_OUTPUTS.get(command, ()):
+        if name == "out" and values.get("output") is not None:
+            name = "output"
+        path = values.get(name)
+        if path is not None:
+            kind = "file" if command in PARTS_COMMANDS and Path(path).suffix else "folder"
+            held.append((shown[name], Path(path), kind))
+    return held
 
 
 def _shown(parameter: str, hint: Any) -> str:

@@ -38,6 +38,7 @@ from smiexlm.finetuning.folder import check_free_seed_folders
 from smiexlm.finetuning.outputs import write_outputs
 from smiexlm.finetuning.targets import RunScores, Targets
 from smiexlm.model.inputs import UnseenTokens
+from smiexlm.modelio.seed_record import record_seeds
 from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.cliffs import task_cliffs
 from smiexlm.moleculenet.configs import FinetuneConfig, resolve_forest
@@ -327,7 +328,8 @@ def run_finetune(
 ) -> list[RunResult]:
     """``finetune_once`` per seed (a deterministic split is made once); ``save_dir`` gets one
     fine-tuned folder per seed (``seed0``, ``seed1``, ...), replacing one that exists only
-    when ``overwrite`` (a finished run read back with ``resume`` keeps the one it wrote).
+    when ``overwrite`` (a finished run read back with ``resume`` keeps the one it wrote), and
+    the record of the seeds it holds (:mod:`smiexlm.modelio.seed_record`).
 
     ``run_root`` keeps each (set, seed) run in ``run_root/<set>/seed<k>/``: its state after
     every epoch, then its result. With ``resume`` a finished run's result is read back instead
@@ -366,6 +368,8 @@ def run_finetune(
             r = finetune_once(task, split, cfg, seed, backbone, target, texts(),
                               features_of(cfg.features), progress, run_dir)  # fmt: skip
         log.info("%s seed %d: valid %.2f test %.2f", r.dataset, seed, r.valid, r.test)
+        if target is not None and runs.is_main():  # predict refuses it with a seed gone
+            record_seeds(save_dir, [seed])
         return r
 
     return run_seeds(task, seeds, cfg.split, one_seed)

@@ -12,6 +12,7 @@ from smiexlm.errors import DataError
 from smiexlm.parts.job import PART_FORMAT, PartsJob, part_name
 from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
 from smiexlm.paths import check_output, file_problem, read_json_file, write_json
+from smiexlm.training.runlock import LOCK_FILE
 from smiexlm.training.workers import Workers
 
 
@@ -50,7 +51,9 @@ def prepare_folder(out: Path, job: PartsJob, workers: Workers) -> dict[str, Any]
         _, doc = read_json_file(path, "parts manifest", PARTS_FORMAT)
         check_manifest(out, doc, job)
     else:
-        strays = [p.name for p in out.iterdir() if not is_temporary_name(p.name)] if out.is_dir() else []  # fmt: skip
+        entries = list(out.iterdir()) if out.is_dir() else []
+        strays = [p.name for p in entries  # the lock is this job's own (training.runlock)
+                  if not is_temporary_name(p.name) and p.name != LOCK_FILE]  # fmt: skip
         if strays:
             raise DataError(
                 f"--out {str(out)!r} is a folder with {len(strays)} entries ({strays[0]!r}, ...) "

@@ -55,10 +55,10 @@ def predict_file(
     from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError, every_row_failed
-    from smiexlm.finetuning.folder import finetuned_folders
     from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
+    from smiexlm.serving.prediction import served_folders
 
-    folders = finetuned_folders(checkpoint)
+    folders = served_folders(checkpoint)
     out = check_output(out, "--out")
     listed = check_output(rejects_beside(out), "--out rejects file")
     frame = read_table(input_path, smiles_col)  # text cells; a blank cell is ""
@@ -96,13 +96,13 @@ def predict_parts(
     import pyarrow as pa
 
     from smiexlm.data.readers import iter_table
-    from smiexlm.finetuning.folder import finetuned_folders
     from smiexlm.parts.job import PartsJob, input_record, model_record
     from smiexlm.parts.writing import run_parts
     from smiexlm.paths import check_output
+    from smiexlm.serving.prediction import served_folders
     from smiexlm.training.workers import job_workers
 
-    folders = finetuned_folders(checkpoint)
+    folders = served_folders(checkpoint)
     out, input_path = Path(out), Path(input_path)
     check_output(out, "--out", kind="folder")  # before any compute, not after it
     chunks = iter_table(input_path, smiles_col, chunk_rows)

@@ -70,7 +70,8 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.errors import ConfigError, DataError, check_spellings
-from smiexlm.finetuning.folder import finetuned_folders
+from smiexlm.finetuning.folder import finetuned_folders, seed_folders
+from smiexlm.modelio.seed_record import check_seeds_kept
 from smiexlm.serving.predict_trust import (
     asked_conformal_method,
     conformal_columns,
@@ -128,6 +129,18 @@ def _label_frame(served: list, final: np.ndarray, tta: int, ok: list[bool]) -> p
     return frame
 
 
+def served_folders(checkpoint: Path | str | Sequence[Path | str]) -> list[Path | str]:
+    """The fine-tuned folders ``checkpoint`` names (a ``finetune --save-dir`` folder stands
+    for its seeds, :func:`~smiexlm.finetuning.folder.finetuned_folders`), once each save-dir
+    is checked to hold every seed its record lists
+    (:func:`~smiexlm.modelio.seed_record.check_seeds_kept`): an ensemble is served whole or
+    refused, never a part of it in its place."""
+    given = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
+    for folder in given:
+        check_seeds_kept(folder, seed_folders(folder))
+    return finetuned_folders(given)
+
+
 def predict(
     checkpoint: Path | str | Sequence[Path | str],
     smiles: Sequence[str],
@@ -161,7 +174,7 @@ def predict(
 
     method = _checked_options(backend, tta, conformal_alpha, mondrian, conformal_method,
                               domain_quantile)  # fmt: skip
-    folders = finetuned_folders(checkpoint)
+    folders = served_folders(checkpoint)
     ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
     good = [s for s, v in zip(smiles, ok, strict=True) if v]
     served = [(serve_ensemble if is_ensemble(f) else serve_one)(f, good, batch_size, backend,

@@ -28,7 +28,7 @@ from torch import nn
 
 from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError
-from smiexlm.training.ranks import DistInfo, detect
+from smiexlm.training.ranks import LAUNCHED_ENV, DistInfo, detect
 from smiexlm.training.workers import usable_cores
 
 
@@ -89,8 +89,6 @@ def barrier(info: DistInfo) -> None:
 
 
 # ------------------------------------------------------------- one machine, several cores
-#: set in the processes :func:`launch_local` starts (they must not start more)
-LAUNCHED_ENV = "SMIEXLM_LAUNCHED"
 #: the launcher's PID, in the processes it starts: they end when it does
 LAUNCHER_PID_ENV = "SMIEXLM_LAUNCHER_PID"
 #: beyond this, gloo's all-reduce of a small model costs more than another core gives

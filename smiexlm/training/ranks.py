@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 from smiexlm.errors import ConfigError
 
+#: set in the processes :func:`smiexlm.training.distributed.launch_local` starts: their
+#: launcher holds the job's locks, and they must not start more processes
+LAUNCHED_ENV = "SMIEXLM_LAUNCHED"
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -47,6 +51,12 @@ def detect() -> DistInfo:
     if not 0 <= rank < world:
         raise ConfigError("RANK", rank, f"an integer in [0, {world - 1}] (WORLD_SIZE = {world})")
     return DistInfo(rank, _env_int("LOCAL_RANK", 0), world, _env_int("LOCAL_WORLD_SIZE", world))
+
+
+def takes_locks() -> bool:
+    """Whether this process holds the locks of the folders its job writes: the job's main
+    process (rank 0), unless a launcher started it (the launcher holds them then)."""
+    return detect().is_main and os.environ.get(LAUNCHED_ENV) != "1"
 
 
 def _env_int(name: str, default: int) -> int:

@@ -11,7 +11,9 @@ and the file's JSON says who holds it::
 ``proc_start`` (the process's start time in clock ticks after boot, Linux) tells a live owner
 from a new process that got the dead owner's PID. A lock left by a dead process is taken over
 with a warning. Only the main process of a run locks (rank 0, or the launcher of
-``--nproc`` workers); the lock goes at exit, with the run folder when the run left it empty.
+``--nproc`` workers); the lock goes at exit, with the run folder (and the parents it made)
+when the run left it empty. :func:`hold_outputs` holds the outputs of ``finetune``,
+``benchmark`` and ``predict`` the same way, a file by a lock beside it.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from smiexlm.errors import SmiexlmError
+from smiexlm.paths import check_output
+from smiexlm.training.ranks import takes_locks
 
 logger = logging.getLogger(__name__)
 
@@ -113,15 +119,26 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
-class RunLock:
-    """``with RunLock(run_dir):`` (or ``acquire()`` … ``release()``) — hold ``run_dir/.lock``,
-    or raise :class:`RunInUseError` naming the live process that holds it."""
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist yet, the deepest first."""
+    missing = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
-    def __init__(self, run_dir: Path):
+
+class RunLock:
+    """``with RunLock(run_dir):`` (or ``acquire()`` … ``release()``) — hold ``run_dir/.lock``
+    (``run_dir/name``), or raise :class:`RunInUseError` naming the live process that holds
+    it; ``what`` names the locked output in that message (the run folder by default)."""
+
+    def __init__(self, run_dir: Path, name: str = LOCK_FILE, what: str | None = None):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_FILE
+        self.path = self.run_dir / name
+        self.what = what or f"run folder {str(self.run_dir)!r}"
         self._fd: int | None = None
-        self._made_folder = False
+        self._made: list[Path] = []  # the folders acquire made, the deepest first
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -130,7 +147,7 @@ class RunLock:
         self.release()
 
     def acquire(self) -> RunLock:
-        self._made_folder = not self.run_dir.exists()
+        self._made = _missing_folders(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         while self._fd is None:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -160,9 +177,9 @@ class RunLock:
         if locked is False or (owner is not None and owner.lives_here()):
             who = owner.describe() if owner is not None else "another process"
             raise RunInUseError(
-                f"run folder {str(self.run_dir)!r} is in use by {who} ({LOCK_FILE} there): wait "
-                "for that run to end or stop it; two runs in one folder would overwrite each "
-                "other's checkpoints"
+                f"{self.what} is in use by {who} ({self.path.name} in {str(self.run_dir)!r}): "
+                "wait for that run to end or stop it; two runs writing one output at once "
+                "would overwrite each other's results"
             )
         return owner
 
@@ -178,6 +195,36 @@ class RunLock:
         self._remove_folder_if_made()
 
     def _remove_folder_if_made(self) -> None:
-        if self._made_folder:
-            with contextlib.suppress(OSError):  # not empty: the run wrote something
-                self.run_dir.rmdir()
+        for folder in self._made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the run wrote something
+                break
+        self._made = []
+
+
+@contextlib.contextmanager
+def hold_outputs(outputs: Sequence[tuple[str, Path, Literal["file", "folder"]]]) -> Iterator[None]:
+    """Hold each ``(option, path, kind)`` output of a command while the block runs, so that
+    a second run into it is refused naming the first (:class:`RunInUseError`) instead of
+    mixing its results with the first's; in the job's main process only
+    (:func:`~smiexlm.training.ranks.takes_locks`).
+
+    A folder is held by its own ``.lock``. A file is held by ``.NAME.lock`` beside it, not
+    by a lock of its folder: other runs writing other files there are no conflict, and the
+    file's folder may be shared by anything. (A file is written at its run's end in one
+    rename, yet two runs into it would both compute and the later would silently replace
+    the result the earlier has just reported written.) Each path is checked first
+    (:func:`smiexlm.paths.check_output`), so that a file where a folder is expected is named
+    as such, not met by the lock."""
+    if not outputs or not takes_locks():
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for option, path, kind in outputs:
+            path = check_output(path, option, kind)
+            what = f"{option} {str(path)!r}"
+            lock = (RunLock(path, what=what) if kind == "folder"
+                    else RunLock(path.parent, f".{path.name}.lock", what))  # fmt: skip
+            stack.enter_context(lock)
+        yield

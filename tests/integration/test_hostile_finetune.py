@@ -2,7 +2,8 @@
 
 Each case is a command a user ran that used to end with exit code 0 and a wrong or lost
 result (a model overwritten by another task's, a std of 0 from a seed given twice, a regression
-type ignored) or with a traceback. The real ``smiexlm`` entry point runs in a subprocess and
+type ignored, two runs into one output at once, an ensemble short of a deleted seed) or with a
+traceback. The real ``smiexlm`` entry point runs in a subprocess and
 must either do the right thing or end with exit code 2 and one ``error:`` line, before any
 training when the problem is knowable before it. Training runs are one step on CPU.
 """
@@ -13,6 +14,9 @@ import json
 import os
 import random
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -198,3 +202,69 @@ def test_a_regression_report_shows_rmse_to_3_decimals_without_paper_rows(saved, 
     assert "(paper)" not in res.stdout
     report = (tmp_path / "r" / "report.md").read_text()
     assert "(paper)" not in report and "Paper rows" not in report and "test RMSE" in report
+
+
+# ---------------------------------------------------------------------- one run per output
+LOCKED = ["finetune --out", "finetune --save-dir", "benchmark --out", "predict --out DIR",
+          "predict --out FILE"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", LOCKED)
+def test_a_second_run_into_a_held_output_is_refused_naming_the_first(saved, tmp_path, case):
+    from smiexlm.training.runlock import RunLock
+
+    table = tmp_path / "in.csv"
+    table.write_text("smiles\nCCO\n")
+    held = tmp_path / ("p.csv" if case.endswith("FILE") else "held")
+    finetune = ["finetune", "mine", "--data", saved / "cls.csv", "--label-cols", "y",
+                "--seeds", "0", *TINY]  # fmt: skip
+    predict = ["predict", "--checkpoint", saved / "models", "--input", table, "--out", held]
+    args = {"finetune --out": [*finetune, "--out", held],
+            "finetune --save-dir": [*finetune, "--out", tmp_path / "r", "--save-dir", held],
+            "benchmark --out": ["benchmark", "--tasks", "bbbp", "--seeds", "0", *TINY,
+                                "--out", held],
+            "predict --out DIR": predict, "predict --out FILE": predict}[case]  # fmt: skip
+    # the first run: a folder holds its .lock, a file .NAME.lock beside it
+    first = RunLock(held) if held.name == "held" else RunLock(tmp_path, ".p.csv.lock")
+    with first:
+        res = run_cli(*args, timeout=120)
+    assert_one_line_error(res, f"{case.split()[1]} '{held}' is in use by process {os.getpid()}",
+                          "wait for that run to end")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]  # nothing ran
+
+
+@pytest.mark.parametrize("out", ["parts", "p.csv"])
+def test_a_lock_left_by_a_dead_run_is_taken_over(saved, tmp_path, out):
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    lock = tmp_path / out / ".lock" if out == "parts" else tmp_path / f".{out}.lock"
+    lock.parent.mkdir(exist_ok=True)
+    owner = {"pid": dead.pid, "host": socket.gethostname(), "started": "2020-01-01T00:00:00"}
+    lock.write_text(json.dumps(owner | {"proc_start": 1}))  # as a kill -9 leaves it
+    res = _predict(tmp_path, saved / "models", out=out)
+    assert res.returncode == 0, res.stderr
+    assert f"taking over the lock of process {dead.pid}" in res.stderr
+    assert not lock.exists()
+    if out == "parts":
+        assert json.loads((tmp_path / out / "manifest.json").read_text())["n_rows"] == 2
+    else:
+        assert len(pd.read_csv(tmp_path / out)) == 2
+
+
+# ---------------------------------------------------------------------- a save-dir's seeds
+def test_a_save_dir_whose_seed_folder_is_gone_is_refused_naming_it(saved, tmp_path):
+    models = tmp_path / "models"
+    shutil.copytree(saved / "models", models)
+    assert json.loads((models / "seeds.json").read_text())["seeds"] == [0]
+    res = run_cli("finetune", "mine", "--data", saved / "cls.csv", "--label-cols", "y",
+                  "--seeds", "1", *TINY, "--out", tmp_path / "r", "--save-dir", models)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert json.loads((models / "seeds.json").read_text())["seeds"] == [0, 1]  # added to
+    shutil.rmtree(models / "seed1")
+    for out in ("p.csv", "parts"):
+        assert_one_line_error(_predict(tmp_path, models, out=out), f"--checkpoint '{models}'",
+                              f"'{models / 'seed1'}' is missing", "lists seeds 0, 1",
+                              f"name them (--checkpoint '{models / 'seed0'}')")  # fmt: skip
+        assert not (tmp_path / out).exists()
+    (models / "seeds.json").unlink()  # a save-dir written before the record: loads as it did
+    assert _predict(tmp_path, models).returncode == 0

@@ -255,3 +255,44 @@ def test_blank_lines_of_a_file_still_give_blank_lines(tmp_path):
 def test_search_refuses_no_hnsw_candidates(index):
     res = run_cli("search", index, "--query", QUERY, "-k", 1, "--ef-search", 0)
     assert_one_line_error(res, "--ef-search", "positive integer")
+
+
+# ---------------------------------------------------------------------- 16. an output inside an input
+def test_an_output_inside_an_input_folder_is_refused_before_any_compute(
+    finetuned, parts, library, tmp_path
+):
+    model, emb, link = tmp_path / "M", tmp_path / "emb", tmp_path / "link"
+    shutil.copytree(finetuned, model)
+    shutil.copytree(parts, emb)
+    link.symlink_to(model)
+    kept = {p: p.read_bytes() for folder in (model, emb) for p in folder.iterdir()}
+    predict = ["predict", "--checkpoint", model, "--input", library, "--out"]
+    cases = [
+        ([*predict, model / "model.safetensors"], "--checkpoint"),  # over the weights
+        ([*predict, model / "finetune.json"], "--checkpoint"),  # over the model's record
+        ([*predict, link / "preds"], "--checkpoint"),  # a new folder of parts, by a link
+        (["select", emb, "-n", 5, "--out", emb / "manifest.json"], "INPUT"),
+        (["index", emb, "--out", emb / "idx"], "EMBEDDINGS"),
+        (["finetune", "mine", "--data", library, "--label-cols", "num", "--checkpoint", model,
+          "--out", model / "runs"], "--checkpoint"),  # a report inside the backbone
+    ]  # fmt: skip
+    for args, source in cases:
+        assert_one_line_error(run_cli(*args), "--out", f"lies inside the input {source}",
+                              "(a folder)", "expected a path outside it")  # fmt: skip
+    res = run_cli("predict", "--checkpoint", ".", "--input", library, "--out",
+                  "model.safetensors", cwd=model)  # the folder named as "."  # fmt: skip
+    assert_one_line_error(res, "--out 'model.safetensors' lies inside the input --checkpoint '.'")
+    assert {p: p.read_bytes() for folder in (model, emb) for p in folder.iterdir()} == kept
+    assert not any((folder / name).exists() for folder, name
+                   in ((model, "preds"), (emb, "idx"), (model, "runs")))  # fmt: skip
+
+
+def test_what_writes_beside_or_by_design_inside_an_input_is_not_refused(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
+    res = run_cli("plot-run", run, "--out", run / "loss.png")  # RUN/loss.png is its default
+    assert res.returncode == 0 and (run / "loss.png").is_file(), res.stderr
+    (tmp_path / "bbbp").mkdir()  # a task's name is no input folder, even when one is there
+    res = run_cli("finetune", "bbbp", "--seeds", "0", "0", "--out", "bbbp/r", cwd=tmp_path)
+    assert_one_line_error(res, "seed 0 is given more than once")

@@ -1,8 +1,10 @@
-"""The package's one file hasher, ``smiexlm.paths.file_sha256``, and the records built on it."""
+"""The package's one file hasher, ``smiexlm.paths.file_sha256``, and the records built on it;
+the check that no output lies inside an input folder (``check_outputs_outside``)."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,3 +48,40 @@ def test_a_record_tells_a_truncated_file_from_a_damaged_one(tmp_path):
     path.write_bytes(b"0123456780")
     assert "(damaged)" in file_problem(path, record)
     assert "no recorded sha256" in file_problem(path, {"bytes": 10})
+
+
+def test_an_output_inside_an_input_folder_is_refused_whatever_names_it(tmp_path, monkeypatch):
+    from smiexlm.paths import check_outputs_outside
+
+    model = tmp_path / "M"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "L").symlink_to(model)
+    inside = [model / "model.safetensors", model / "new" / "seed3", tmp_path / "L" / "p.csv",
+              tmp_path / "M" / ".." / "M" / "p.csv"]  # fmt: skip
+    for out in inside:
+        with pytest.raises(DataError, match=r"--out .* lies inside the input --checkpoint "
+                           r".*/M' \(a folder\).*expected a path outside it"):  # fmt: skip
+            check_outputs_outside({"--out": out}, {"--checkpoint": [tmp_path / "x", model]})
+    with pytest.raises(DataError, match="lies inside the input --checkpoint"):  # by a link
+        check_outputs_outside({"--out": model / "p.csv"}, {"--checkpoint": tmp_path / "L"})
+    monkeypatch.chdir(model)  # the folder named as "."
+    with pytest.raises(DataError, match="'model.safetensors' lies inside .* '.'"):
+        check_outputs_outside({"--out": Path("model.safetensors")}, {"--checkpoint": Path(".")})
+
+
+def test_an_output_beside_an_input_or_inside_a_file_input_passes(tmp_path, monkeypatch):
+    from smiexlm.paths import check_outputs_outside
+
+    monkeypatch.chdir(tmp_path)  # no folder named "default" here: a shipped model's name
+    (tmp_path / "M").mkdir()
+    (tmp_path / "t.csv").write_text("smiles\nCCO\n")
+    fine = [
+        ({"--out": tmp_path / "M2" / "p.csv"}, {"--checkpoint": tmp_path / "M"}),  # a prefix
+        ({"--out": tmp_path / "p.csv"}, {"--checkpoint": tmp_path / "M"}),  # its parent
+        ({"--out": tmp_path / "t.csv.out"}, {"--input": tmp_path / "t.csv"}),  # a file input
+        ({"--out": Path("default") / "p.csv"}, {"--checkpoint": Path("default")}),  # a name
+        ({"--out": None}, {"--checkpoint": tmp_path / "M"}),
+    ]
+    for outputs, inputs in fine:
+        check_outputs_outside(outputs, inputs)
