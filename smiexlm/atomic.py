@@ -4,14 +4,18 @@ writer left behind is found and removed (:func:`remove_stale_temporaries`)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from smiexlm.errors import as_os_error
 
@@ -94,19 +98,143 @@ def _fsync(path: Path) -> None:
             os.fsync(handle.fileno())
 
 
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM (delivered on exit), so that several renames happen as one."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None:  # pragma: no cover - not POSIX
-        yield
+# A SIGINT/SIGTERM handler that raises (Ctrl-C's KeyboardInterrupt, the CLI's SystemExit)
+# fires between any two bytecodes of the main thread, so no ``finally`` alone can promise that
+# a temporary goes: the signal may come before the cleanup is armed, or during it. While an
+# atomic write is in progress the handler is therefore :func:`_on_signal`. In the steps that
+# must finish as one (making and recording a private folder, the renames, the cleanup) it holds
+# the signal and delivers it when they are done; at any other moment it delivers it at once
+# and, when the handler it stands in for raises, first removes the temporaries of every write
+# in progress, whatever code the exception then unwinds through. Signals reach only the main
+# thread's Python code, so writes in other threads need none of this; a ``kill -9`` leaves its
+# temporaries to :func:`remove_stale_temporaries`.
+@dataclass(eq=False)
+class _Write:
+    """One atomic write: its private folders, whether it holds signals, whether a signal
+    removed its temporaries, and whether the signal machinery knows it (main thread only)."""
+
+    folders: list[Path] = field(default_factory=list)
+    held: bool = True
+    aborted: bool = False
+    tracked: bool = False
+
+
+class _Writes:
+    """The main thread's writes in progress, the signals they hold, the handlers they stand in
+    for."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}  # kept: a handler restored later may be ours again
+        self.reset()
+
+    def reset(self) -> None:  # also in a forked child: its parent's writes are not its own
+        self.pid = os.getpid()
+        self.active: list[_Write] = []
+        self.pending: list[tuple[int, Any]] = []
+        self.aborting = False
+
+    def holding(self) -> bool:
+        return self.aborting or any(write.held for write in self.active)
+
+
+_writes = _Writes()
+_HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _writes.pid != os.getpid():
+        _writes.reset()
+    elif _writes.holding():
+        _writes.pending.append((signum, frame))
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = mask(signal.SIG_BLOCK, held)
+    _deliver(signum, frame)
+
+
+def _deliver(signum: int, frame: Any) -> None:
+    """Do what the handler ``_on_signal`` stands in for does; if that ends the run, remove the
+    temporaries of the writes in progress first."""
+    handler = _writes.previous.get(signum, signal.SIG_DFL)
+    if not callable(handler):  # the default action: the process ends without unwinding
+        _abort()
+        _restore_handlers()
+        signal.raise_signal(signum)
+        return
     try:
-        yield
+        handler(signum, frame)
+    except BaseException:
+        _abort()
+        raise
+
+
+def _abort() -> None:
+    """Remove the temporaries of every write in progress (a signal ends them all)."""
+    _writes.aborting = True  # a second signal meanwhile waits
+    try:
+        for write in _writes.active:
+            write.aborted = True
+            for folder in write.folders:
+                shutil.rmtree(folder, ignore_errors=True)
+        _writes.active.clear()
+        _writes.pending.clear()
     finally:
-        mask(signal.SIG_SETMASK, previous)
+        _writes.aborting = False
+
+
+def _restore_handlers() -> None:
+    for sig, handler in _writes.previous.items():
+        if signal.getsignal(sig) is _on_signal:  # not one installed since
+            signal.signal(sig, handler)
+
+
+def _begin() -> _Write:
+    """A new write, holding signals until :func:`_release`."""
+    write = _Write()
+    if threading.current_thread() is not threading.main_thread():
+        return write
+    if _writes.pid != os.getpid():
+        _writes.reset()
+    for sig in _HELD:
+        current = signal.getsignal(sig)
+        if current is not _on_signal and current not in (signal.SIG_IGN, None):
+            _writes.previous[sig] = current
+            signal.signal(sig, _on_signal)
+    write.tracked = True
+    _writes.active.append(write)
+    return write
+
+
+def _deliver_pending() -> None:
+    while _writes.pending and not _writes.holding():
+        _deliver(*_writes.pending.pop(0))
+
+
+def _release(write: _Write) -> None:
+    """From here a signal interrupts ``write`` (and removes its temporaries)."""
+    write.held = False
+    if write.tracked:
+        _deliver_pending()
+
+
+def _hold(write: _Write, final: Path) -> None:
+    """From here a signal waits until ``write`` ends; an error if one already ended it."""
+    write.held = True
+    if write.aborted:  # the block went on after the interrupt that removed its temporaries
+        raise InterruptedError(errno.EINTR, "interrupted while written, nothing kept", str(final))
+
+
+def _end(write: _Write) -> None:
+    """Remove what is left of ``write``'s temporaries, then deliver the signals it held."""
+    write.held = True
+    try:
+        for folder in write.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        if write.tracked:
+            if write in _writes.active:
+                _writes.active.remove(write)
+            if not _writes.active:
+                _restore_handlers()
+            _deliver_pending()
 
 
 @contextmanager
@@ -133,56 +261,68 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     finishes without error, so a reader never sees a partial file and an interrupt never
     destroys the previous result. A temporary the block did not write leaves its final name
     alone. The renames of several files run with Ctrl-C and SIGTERM held, so they land as one
-    unit. On error the temporaries are removed and the final names are left untouched; what a
-    killed run left is removed first (:func:`remove_stale_temporaries`). Each output gets the
-    mode the umask gives.
+    unit. On error or a signal, at any moment, the temporaries are removed and the final names
+    are left untouched; what a killed run left is removed first
+    (:func:`remove_stale_temporaries`). Each output gets the mode the umask gives.
     """
     finals = [Path(p) for p in paths]
-    folders: list[Path] = []
+    for final in finals:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(final)
+    write = _begin()
     try:
         for final in finals:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale_temporaries(final)
-            folders.append(_private_folder(final))
-        tmps = [folder / final.name for folder, final in zip(folders, finals, strict=True)]
+            write.folders.append(_private_folder(final))
+        tmps = [folder / final.name for folder, final in zip(write.folders, finals, strict=True)]
+        _release(write)
         with _naming_faults(finals[0]):
             yield tmps
         for tmp in tmps:
             _fsync(tmp)
             if tmp.exists():
                 _follow_umask(tmp)
-        with _signals_deferred():
-            for tmp, final in zip(tmps, finals, strict=True):
-                if tmp.exists():
-                    os.replace(tmp, final)
+        _hold(write, finals[0])
+        for tmp, final in zip(tmps, finals, strict=True):
+            if tmp.exists():
+                os.replace(tmp, final)
     finally:
-        for folder in folders:
-            shutil.rmtree(folder, ignore_errors=True)
+        _end(write)
 
 
 @contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Yield a temporary folder beside ``final``; on success it replaces ``final`` in one
     rename, so the folder appears complete or not at all (each file with the mode the umask
-    gives). On error it is removed."""
+    gives). On error or a signal, at any moment, it is removed."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final)
-    tmp = _private_folder(final)
+    write = _begin()
     try:
+        write.folders.append(tmp := _private_folder(final))
+        _release(write)
         with _naming_faults(final):
             yield tmp
+        _follow_umask(tmp)
+        _hold(write, final)
+        _swap_in(tmp, final, write)
+    finally:
+        _end(write)
+
+
+def _swap_in(tmp: Path, final: Path, write: _Write) -> None:
+    """Rename ``tmp`` to ``final``; a previous ``final`` goes to a private folder of ``write``
+    (removed with it) and comes back if the new one cannot take its place."""
+    if not os.path.lexists(final):
+        os.replace(tmp, final)
+        return
+    write.folders.append(holder := _private_folder(final, "old"))
+    os.replace(final, holder / final.name)
+    try:
+        os.replace(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.replace(holder / final.name, final)
         raise
-    _follow_umask(tmp)
-    if os.path.lexists(final):
-        holder = _private_folder(final, "old")  # the previous result, until the new one is in
-        os.replace(final, holder / final.name)
-        os.replace(tmp, final)
-        shutil.rmtree(holder, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
 
 
 @contextmanager

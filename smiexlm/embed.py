@@ -28,7 +28,6 @@ from smiexlm.errors import DataError, every_row_failed
 from smiexlm.featurize_report import FeaturizeReport
 from smiexlm.featurizer import Featurizer
 from smiexlm.model.inputs import UnseenTokens
-from smiexlm.model.pooling import last_blocks
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
 
@@ -73,15 +72,19 @@ class EmbedOptions:
     int8: bool = False
 
     def featurizer(self, device: str | None = None) -> Featurizer:
-        return Featurizer.from_pretrained(self.checkpoint, device or self.device, self.backend,
+        """The model's featurizer; ConfigError when ``layers`` asks for more blocks than the
+        model has (before any row is read or written)."""
+        feat = Featurizer.from_pretrained(self.checkpoint, device or self.device, self.backend,
                                           self.int8)  # fmt: skip
+        feat.last_blocks(self.chosen_layers())
+        return feat
 
     def embed(self, feat: Featurizer, smiles: Any, index_offset: int) -> np.ndarray:
         """(n, d) rows of ``smiles``; the bad ones are in ``feat.last_report``. ``whiten=None``
         leaves the choice to the featurizer, which applies the folder's own as
         :meth:`chosen_whiten` records it."""
         return feat.featurize(smiles, pooling=self.chosen_pooling(), errors=self.errors,
-                              layer=last_blocks(self.chosen_layers()),
+                              layer=feat.last_blocks(self.chosen_layers()),
                               canonicalize=self.canonicalize, batch_tokens=self.batch_tokens,
                               whiten=self.whiten, index_offset=index_offset,
                               log_failures=False)  # fmt: skip
@@ -99,7 +102,7 @@ class EmbedOptions:
 
     def chosen_layers(self) -> int:
         """``layers``, or the model folder's own when None (``embedding.json``)."""
-        return self.layers or self.folder.embedding.layers
+        return self.folder.embedding.layers if self.layers is None else self.layers
 
     def chosen_whiten(self) -> bool:
         """``whiten``, or the model folder's own when None: whitened when its
@@ -150,7 +153,7 @@ def embed_file(
     first = next(chunks)  # raises DataError for an empty or unreadable input
     id_cols = _id_columns(first, smiles_col, id_cols)
     feat = how.featurizer()
-    width = feat.width(how.chosen_pooling(), last_blocks(how.chosen_layers()))
+    width = feat.width(how.chosen_pooling(), feat.last_blocks(how.chosen_layers()))
     report = FeaturizeReport()
     ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
     rejects = rejects_beside(out)

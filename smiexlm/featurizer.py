@@ -123,9 +123,7 @@ class Featurizer:
         self.pooling: Pooling = pretrained.pooling
         self.whiten = pretrained.embedding.whiten
         self.layers = pretrained.embedding.layers  # the last blocks served, side by side
-        if self.layers > model.config.n_layers:
-            raise ConfigError("layers", self.layers, f"at most the model's {model.config.n_layers} "
-                              "blocks (embedding.json)")  # fmt: skip
+        last_blocks(self.layers, model.config.n_layers, "layers (in embedding.json)")
         if self.whiten and pooling_whitening(self.whitening, self.pooling, self.layers) is None:
             raise ConfigError("whiten", self.whiten, f"False: no whitening is stored for "
                               f"{self.pooling} pooling of the last {self.layers} block(s)")  # fmt: skip
@@ -176,6 +174,10 @@ class Featurizer:
     def blocks(self) -> tuple[int, ...]:
         """The blocks served when :meth:`featurize` names none: the last :attr:`layers`."""
         return last_blocks(self.layers)
+
+    def last_blocks(self, n: int) -> tuple[int, ...]:
+        """The last ``n`` blocks for ``featurize(layer=...)``; ConfigError beyond the model's."""
+        return last_blocks(n, self.model.config.n_layers)
 
     @property
     def dim(self) -> int:
@@ -391,10 +393,8 @@ class Featurizer:
 
 def _as_list(smiles: Any) -> list[Any]:
     if isinstance(smiles, str):
-        raise DataError(
-            f"featurize expects a sequence of SMILES, got one str {smiles[:40]!r}: "
-            "wrap it in a list"
-        )
+        raise DataError(f"featurize expects a sequence of SMILES, got one str {smiles[:40]!r}: "
+                        "wrap it in a list")  # fmt: skip
     if hasattr(smiles, "tolist") and hasattr(smiles, "dtype"):  # pandas Series, numpy array
         return list(smiles.tolist())
     return list(smiles)

@@ -25,7 +25,8 @@ Formats:
   unpickled.
 
 Every way a file can be unusable (missing, a folder, an unknown suffix, empty, header only,
-not UTF-8, truncated, not the format its suffix says, no SMILES column) raises one
+not UTF-8, truncated, not the format its suffix says, no SMILES column, a column name given
+twice) raises one
 :class:`~smiexlm.errors.DataError` naming the file, the problem and what was expected.
 """
 
@@ -97,10 +98,12 @@ def detect_format(path: Path, what: str = "input", lmdb: bool = True) -> Format:
 def smiles_column(
     header: Sequence[Any], wanted: str | None, path: Path, what: str = "input"
 ) -> str:
-    """The SMILES column of a table with the column names ``header``: ``wanted`` exactly as
+    """The SMILES column of a table with the column names ``header`` (as written: DataError for
+    a name given twice, which pandas would read as ``y`` and ``y.1``): ``wanted`` exactly as
     written when given, else the first of :data:`SMILES_COLUMNS` present as written, else the
     first present in any case (when only one column matches it)."""
     columns = [str(c) for c in header]
+    _check_unique(columns, path, what)
     names = [wanted] if wanted else list(SMILES_COLUMNS)
     for name in names:
         if name in columns:
@@ -113,6 +116,17 @@ def smiles_column(
         f"{what} {str(path)!r} has no SMILES column {wanted or 'smiles'!r}: not found among "
         f"its columns {columns[:20]!r}; pass --smiles-col with one of them"
     )
+
+
+def _check_unique(names: list[str], path: Path, what: str) -> None:
+    """DataError naming the first name of two columns, and where (blank ones are no names:
+    pandas calls each ``Unnamed: <i>``)."""
+    for name in dict.fromkeys(n for n in names if n.strip()):
+        if len(places := [i for i, n in enumerate(names, start=1) if n == name]) > 1:
+            where = ", ".join(map(str, places[:-1])) + f" and {places[-1]}"
+            raise DataError(f"{what} {str(path)!r}: its header names the column {name!r} "
+                            f"{len(places)} times (columns {where}, counting from 1): expected "
+                            "each name once; rename or drop the repeats")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- DataFrames
@@ -165,6 +179,9 @@ def _csv_frames(
         options: dict[str, Any] = {"low_memory": False}
     else:
         options = {"chunksize": chunk_rows, "dtype": str, "keep_default_na": False}
+    with io.TextIOWrapper(_open_binary(path), "utf-8-sig", "surrogateescape", newline="") as text:
+        rows = csv.reader(text, delimiter=sep)  # the header as written, not as pandas renames it
+        header = next((r for r in rows if len(r) > 1 or "".join(r).strip()), [])  # pandas' too
     with _open_binary(path) as handle:
         try:
             read = pd.read_csv(handle, sep=sep, encoding="utf-8-sig", **options)
@@ -174,7 +191,7 @@ def _csv_frames(
         try:
             for number, frame in enumerate(frames):
                 if number == 0:
-                    smiles_column(frame.columns, smiles_col, path, what)
+                    smiles_column(header, smiles_col, path, what)
                 yield frame
         finally:
             if chunk_rows is not None:

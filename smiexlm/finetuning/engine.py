@@ -397,4 +397,3 @@ class _Fit:
             with torch.no_grad():
                 for name, param in trainable(self.model):
                     param.copy_(self.best_state[name])
-

@@ -34,9 +34,12 @@ def block_indices(layer: int | Sequence[int], n_layers: int) -> tuple[int, ...]:
     return kept
 
 
-def last_blocks(n: int) -> tuple[int, ...]:
+def last_blocks(n: int, n_layers: int | None = None, name: str = "layers") -> tuple[int, ...]:
     """The last ``n`` encoder blocks as ``encode(layer=...)`` takes them, the last first:
-    ``(-1, -2, ..., -n)``."""
+    ``(-1, -2, ..., -n)``; with ``n_layers`` (the encoder's blocks), ConfigError naming
+    ``name`` unless it has that many."""
+    if n_layers is not None and (type(n) is not int or not 1 <= n <= n_layers):
+        raise ConfigError(name, n, f"1 to {n_layers}: the model has {n_layers} encoder blocks")
     return tuple(range(-1, -n - 1, -1))
 
 

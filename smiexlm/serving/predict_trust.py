@@ -92,7 +92,8 @@ def conformal_columns(
     ``outside_calibration`` (a molecule farther from the training molecules than every
     calibration one), by distance ``conformal_bin`` (0 the farthest) and by difficulty
     ``<label>_difficulty``; a task with too few validation labels for ``alpha`` (in a bin)
-    gets the trivial set or an unbounded interval."""
+    gets the trivial set or an unbounded interval, and a warning that says so
+    (:func:`~smiexlm.trust.conformal.say_too_few`)."""
     from smiexlm.trust.conformal import ClassificationCalibrator, RegressionCalibrator
     from smiexlm.trust.shift import method_shift, outside_calibration
 
@@ -126,14 +127,14 @@ def conformal_columns(
     if hard is not None:
         out |= {f"{n}_difficulty": hard[:, j] for j, n in enumerate(names)}
     if served[0].meta["task_type"] == "classification":
-        sets = ClassificationCalibrator(labels, valid, hard_valid).sets(
+        sets = ClassificationCalibrator(labels, valid, hard_valid, names).sets(
             scores, alpha, method == "class", "full", shift, hard)  # fmt: skip
         return {f"{n}_set": sets.labels()[:, j] for j, n in enumerate(names)} | out
     if method == "class":
         raise ConfigError(
             "conformal_method", "class", "a classification model (sets per class, --mondrian)"
         )
-    bounds = RegressionCalibrator(labels, valid, hard_valid).intervals(
+    bounds = RegressionCalibrator(labels, valid, hard_valid, names).intervals(
         scores, alpha, hard, too_small="full", shift=shift)  # fmt: skip
     low = {f"{n}_low": bounds.low[:, j] for j, n in enumerate(names)}
     return low | {f"{n}_high": bounds.high[:, j] for j, n in enumerate(names)} | out

@@ -34,6 +34,9 @@ from smiexlm.errors import ConfigError, DataError
 Acquisition = Literal["uncertainty", "std", "tta_std", "novelty", "value", "ucb"]
 ACQUISITIONS: tuple[str, ...] = ("uncertainty", "std", "tta_std", "novelty", "value", "ucb")
 DEFAULT_MAX_SIMILARITY = 0.7  # ECFP4 Tanimoto: above it, two molecules are of one series
+_RANKS_BY = {"uncertainty": "the closeness of a probability to 0.5", "std": "the ensemble's "
+             "spread", "tta_std": "the spread over random SMILES", "novelty": "the distance "
+             "from the training molecules", "value": "the prediction"}  # fmt: skip
 
 
 @dataclass
@@ -87,10 +90,7 @@ def acquisition(
     frame: Any, task: str, by: Acquisition, lowest: bool = False, kappa: float = 1.0
 ) -> np.ndarray:
     """(n,) float64 score per row, higher picked first; NaN where the row cannot be scored."""
-    if by not in ACQUISITIONS:
-        raise ConfigError("--by", by, "one of " + ", ".join(ACQUISITIONS))
-    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not 0 <= kappa < math.inf:
-        raise ConfigError("--kappa", kappa, "a finite non-negative number (0 ranks by value alone)")
+    _check_options(by, lowest, kappa)
     if by == "ucb":
         spread = next((c for c in (f"{task}_std", f"{task}_tta_std") if c in frame.columns), None)
         if spread is None:
@@ -125,6 +125,23 @@ def acquisition(
     return -values if by == "value" and lowest else values
 
 
+def _check_options(by: str, lowest: bool, kappa: float) -> None:
+    """ConfigError for a bad ``by`` or ``kappa``, or an option that would do nothing with
+    ``by``: ``lowest`` orders the predictions (value, ucb) and ``kappa`` weighs ucb's spread;
+    neither changes another score."""
+    if by not in ACQUISITIONS:
+        raise ConfigError("--by", by, "one of " + ", ".join(ACQUISITIONS))
+    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not 0 <= kappa < math.inf:
+        raise ConfigError("--kappa", kappa, "a finite non-negative number (0 ranks by value alone)")
+    if lowest and by not in ("value", "ucb"):
+        raise ConfigError("--lowest", lowest, f"it only with --by value or ucb (the lowest "
+                          f"predictions first); --by {by} ranks by {_RANKS_BY[by]}, highest "
+                          "first")  # fmt: skip
+    if kappa != 1.0 and by != "ucb":
+        raise ConfigError("--kappa", kappa, f"it only with --by ucb (the spread's weight "
+                          f"against the value); --by {by} ranks by {_RANKS_BY[by]} alone")  # fmt: skip
+
+
 def select(
     frame: Any,
     n: int,
@@ -137,14 +154,21 @@ def select(
 ) -> Selection:
     """The ``n`` rows of ``frame`` to test next: highest ``by`` score first (ties in input
     order), none more similar than ``max_similarity`` (ECFP4 Tanimoto) to one picked before
-    it; ``kappa`` weighs the spread in ``ucb``."""
+    it; ``kappa`` weighs the spread in ``ucb``. An option that would do nothing with ``by``
+    (``lowest`` beyond value and ucb, ``kappa`` beyond ucb, ``task`` with novelty) is a
+    ConfigError naming it."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError("-n", n, "a positive integer")
     if not 0 < max_similarity <= 1:
         raise ConfigError("--max-similarity", max_similarity, "a Tanimoto similarity in (0, 1]")
     if smiles_col not in frame.columns:
         raise DataError(f"--smiles-col {smiles_col!r}: no such column in {list(frame.columns)}")
-    score = acquisition(frame, task_column(frame, task), by, lowest, kappa)
+    _check_options(by, lowest, kappa)  # before the columns are looked for
+    if by == "novelty" and task is not None:  # nearest_tanimoto is one column for every task
+        raise ConfigError("--task", task, "none with --by novelty, which ranks by the distance "
+                          "from the training molecules, the same for every task")  # fmt: skip
+    column = "" if by == "novelty" else task_column(frame, task)
+    score = acquisition(frame, column, by, lowest, kappa)
     scored = np.flatnonzero(np.isfinite(score))
     order = scored[np.argsort(-score[scored], kind="stable")]  # ties: input order
     picked, skipped = _diverse(order, frame[smiles_col].tolist(), n, max_similarity)

@@ -24,6 +24,7 @@ Mondrian variant holds the same bounds within each class.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 TooSmall = Literal["raise", "full"]
 # alpha * (n + 1) is read to this absolute precision (0.29 * 100 is 28.999999999999996)
 TOLERANCE = 1e-9
+log = logging.getLogger(__name__)
+_SAID: set[str] = set()  # each warning once a process (predict calibrates chunk by chunk)
 
 
 def min_calibration(alpha: float) -> int:
@@ -87,6 +90,26 @@ def checked_threshold(scores: np.ndarray, alpha: float, too_small: TooSmall, wha
     return q
 
 
+def say_too_few(who: str, n: int, alpha: float, outcome: str, share: float | None = None) -> None:
+    """Warn (once a process) that ``who``'s ``n`` calibration molecules are too few for
+    ``alpha``, so that ``outcome``; ``share``: of the molecules, where a distance bin or the
+    weights did it (None: split conformal, every molecule)."""
+    need = min_calibration(alpha)
+    if share is None:
+        larger = f"a larger alpha (at least 1/(n + 1) = {1 / (n + 1):.3g}) or " if n else ""
+        message = (f"conformal alpha {alpha:g}: {who} has {n} calibration molecule(s) (its "
+                   f"labelled validation molecules) and needs at least {need} at that alpha, "
+                   f"so {outcome}; use {larger}more validation molecules")  # fmt: skip
+    else:
+        message = (f"conformal alpha {alpha:g}: for {share:.0%} of the molecules, {who}'s "
+                   f"calibration by distance bin or weight rests on too few of its {n} "
+                   f"calibration molecules (at least {need} at that alpha), so {outcome} for "
+                   "them; use a larger alpha or more validation molecules")  # fmt: skip
+    if message not in _SAID:
+        _SAID.add(message)
+        log.warning("%s", message)
+
+
 #: added to the members' disagreement, so that a molecule they agree on keeps a set of its
 #: own size rather than one of zero width (crepes' default ``beta``, not tuned)
 DIFFICULTY_FLOOR = 0.01
@@ -110,15 +133,17 @@ class ClassificationCalibrator:
     sets, the validation molecules' difficulty (N, T) (> 0, :func:`difficulty`).
 
     Building one only checks and keeps the arrays (:meth:`to_arrays`), so it is cheap and
-    deterministic to rebuild at predict time; thresholds are computed per call."""
+    deterministic to rebuild at predict time; thresholds are computed per call. ``names``
+    (one per task) name the tasks in its warnings."""
 
-    def __init__(self, labels: object, scores: object, difficulty: object | None = None):
+    def __init__(self, labels: object, scores: object, difficulty: object | None = None,
+                 names: Sequence[str] | None = None):  # fmt: skip
         y, p = as_2d("labels", labels), as_2d("scores", scores)
         check_same_shape("scores", p, y.shape, "labels")
         check_binary("labels", y)
         check_probabilities("scores", p)
         _check_scored(y, p)
-        self.labels, self.scores = y, p
+        self.labels, self.scores, self.names = y, p, names
         self.difficulty = _checked_spread("difficulty", difficulty, y.shape, ~np.isnan(y))
 
     @property
@@ -189,8 +214,24 @@ class ClassificationCalibrator:
                     keep = classes == c if mondrian else np.ones(len(cal), dtype=bool)
                     q[:, t, c] = shift.thresholds(cal[keep], np.flatnonzero(known)[keep], alpha,
                                                   len(p), too_small)  # fmt: skip
+        if too_small == "full":
+            self._say_too_few(q, float(alpha), mondrian, shift is not None)
         members = (nonconformity <= q) & defined[..., None]
         return PredictionSets(members, defined, float(alpha), mondrian)
+
+    def _say_too_few(self, q: np.ndarray, alpha: float, mondrian: bool, shifted: bool) -> None:
+        """Warn for each task (class) whose threshold ``q`` (M, T, 2) is infinite somewhere:
+        that class is then in every set (both are, but with ``mondrian``)."""
+        for t in range(self.n_tasks):
+            classes = self._calibration(t)[1]
+            for c in (0, 1) if mondrian else (0,):
+                infinite = np.isinf(q[:, t, c])
+                if infinite.any():
+                    who = _task_name(self.names, t)
+                    n = int((classes == c).sum()) if mondrian else len(classes)
+                    say_too_few(f"class {c} of {who}" if mondrian else who, n, alpha,
+                                f"class {c} is in every set" if mondrian else "its sets hold "
+                                "both classes", float(infinite.mean()) if shifted else None)  # fmt: skip
 
     def p_values(self, scores: object, mondrian: bool = False,
                  difficulty: object | None = None) -> np.ndarray:  # fmt: skip
@@ -234,13 +275,15 @@ class RegressionCalibrator:
     """Split-conformal intervals for regression tasks, from the validation labels (N, T)
     (NaN = missing), the validation predictions (N, T) and, for normalised intervals, the
     validation spread (N, T) of each prediction (> 0). Cheap to build, like
-    :class:`ClassificationCalibrator`."""
+    :class:`ClassificationCalibrator`; ``names`` (one per task) name the tasks in its
+    warnings."""
 
-    def __init__(self, labels: object, scores: object, spread: object | None = None):
+    def __init__(self, labels: object, scores: object, spread: object | None = None,
+                 names: Sequence[str] | None = None):  # fmt: skip
         y, v = as_2d("labels", labels), as_2d("scores", scores)
         check_same_shape("scores", v, y.shape, "labels")
         _check_scored(y, v)
-        self.labels, self.scores = y, v
+        self.labels, self.scores, self.names = y, v, names
         self.spread = _checked_spread("spread", spread, y.shape, ~np.isnan(y))
 
     @property
@@ -297,10 +340,18 @@ class RegressionCalibrator:
             half = np.empty(v.shape)
             for t in range(self.n_tasks):
                 half[:, t] = shift.thresholds(*self._calibration(t), alpha, len(v), too_small)
+        for t in np.flatnonzero(np.isinf(half).any(axis=0)) if too_small == "full" else ():
+            say_too_few(_task_name(self.names, t), len(self._calibration(t)[1]), float(alpha),
+                        "its intervals are (-inf, inf)",
+                        None if shift is None else float(np.isinf(half[:, t]).mean()))  # fmt: skip
         _check_given("spread", spread, self.normalised)
         if spread is not None:
             half = half * _checked_spread("spread", spread, v.shape, ~np.isnan(v))
         return Intervals(v - half, v + half, float(alpha), self.spread is not None)
+
+
+def _task_name(names: Sequence[str] | None, t: int) -> str:
+    return f"task {t}" if names is None else f"task {names[t]!r}"
 
 
 def _class_scores(p: np.ndarray) -> np.ndarray:

@@ -10,8 +10,8 @@ import pytest
 
 from smiexlm import Featurizer
 from smiexlm.demo import DRUG_PANEL, cosine_matrix, run_demo
-from smiexlm.embed import embed_file
-from smiexlm.errors import DataError, InvalidSmilesError
+from smiexlm.embed import embed_file, embed_parts
+from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from tests.unit.featurizer.test_featurizer import make_checkpoint
 from tests.warm_cli import run_smiexlm
 
@@ -71,6 +71,31 @@ def test_embed_bad_input_is_one_clear_line(checkpoint, table, tmp_path):
         embed_file(table, tmp_path / "x.npy", checkpoint=checkpoint, errors="raise", progress=False)
     with pytest.raises(DataError, match="id columns"):
         embed_file(table, tmp_path / "x.npy", id_cols=["nope"], checkpoint=checkpoint)
+
+
+@pytest.mark.parametrize("layers", [99, 3])
+def test_embed_layers_beyond_the_models_blocks_is_refused(checkpoint, table, tmp_path, layers):
+    """The test model has 2 blocks: more is one line naming --layers, the value and the range,
+    from the CLI and from the Python API alike, before anything is written."""
+    out = tmp_path / "e.npy"
+    res = run_cli("embed", str(table), "--out", str(out), "-c", str(checkpoint), "--layers",
+                  str(layers))  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"'layers' = {layers}" in errors[0] and "1 to 2" in errors[0] and "(-1" not in errors[0]
+    assert not out.exists()
+    for bad in (layers, 0):
+        with pytest.raises(ConfigError, match=rf"'layers' = {bad}: expected 1 to 2"):
+            embed_file(table, out, checkpoint=checkpoint, layers=bad, progress=False)
+    with pytest.raises(ConfigError, match="1 to 2"):
+        embed_parts(table, tmp_path / "parts", checkpoint=checkpoint, layers=layers,
+                    progress=False)  # fmt: skip
+    assert not out.exists() and not (tmp_path / "parts").exists()
+    feat = Featurizer.from_pretrained(checkpoint, device="cpu")
+    assert feat.last_blocks(2) == (-1, -2)
+    with pytest.raises(ConfigError, match="the model has 2 encoder blocks"):
+        feat.last_blocks(layers)
 
 
 def test_demo_command(checkpoint):

@@ -169,7 +169,8 @@ def test_embed_out_that_is_a_directory_is_one_line(tmp_path):
     res = run_cli("embed", table, "--out", tmp_path / "x.npy", timeout=60)
     assert_one_line_error(res, "x.npy", "is a directory")
     (tmp_path / "y.csv").mkdir()  # a folder without a suffix would be a folder of parts
-    res = run_cli("predict", "--checkpoint", tmp_path, "--input", table,
+    (tmp_path / "model").mkdir()  # beside the output: one inside an input folder is refused
+    res = run_cli("predict", "--checkpoint", tmp_path / "model", "--input", table,
                   "--out", tmp_path / "y.csv", timeout=60)  # fmt: skip
     assert_one_line_error(res, "--out", "is a directory")
 
@@ -214,9 +215,10 @@ def test_true_false_labels_are_1_0_for_classification_and_refused_for_regression
 def test_a_directory_as_input_is_named_as_a_directory(tmp_path, command):
     folder = tmp_path / "mols.csv"
     folder.mkdir()
+    (tmp_path / "model").mkdir()
     args = {
         "embed": ["embed", folder, "--out", tmp_path / "e.npy"],
-        "predict": ["predict", "--checkpoint", tmp_path, "--input", folder, "--out",
+        "predict": ["predict", "--checkpoint", tmp_path / "model", "--input", folder, "--out",
                     tmp_path / "p.csv"],
         "finetune": ["finetune", "x", "--data", folder, "--label-cols", "y", "--out",
                      tmp_path / "report"],
@@ -376,3 +378,57 @@ def test_embed_on_generated_hostile_files_exits_0_or_2_and_accounts_for_rows(tmp
         emb = np.load(folder / "e.npy")
         n_nan = int(np.isnan(emb).all(axis=1).sum())
         assert emb.shape[0] == n_rows and f"{n_rows:,} SMILES, {n_nan:,} failed" in res.stdout
+
+
+# ---------------------------------------------------------------------- a column named twice
+def _twice_named(folder: Path, suffix: str) -> Path:
+    """A table whose header is ``id,smiles,y,y`` (pandas would read ``y`` and ``y.1``)."""
+    path = folder / f"mols{suffix}"
+    rows = [(f"m{i}", s, str(i % 2), str(1 - i % 2)) for i, s in enumerate(SMILES[:12])]
+    if suffix == ".parquet":  # pandas refuses to write repeats; pyarrow writes them
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        names = ["id", "smiles", "y", "y"]
+        pq.write_table(pa.table([pa.array(c) for c in zip(*rows, strict=True)], names=names), path)  # fmt: skip
+        return path
+    sep = "\t" if suffix == ".tsv" else ","
+    path.write_text("\n".join(sep.join(r) for r in [("id", "smiles", "y", "y"), *rows]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".parquet"])
+def test_a_header_naming_a_column_twice_is_one_line_for_every_command(tmp_path, finetuned, suffix):
+    path = _twice_named(tmp_path, suffix)
+    commands = {
+        "finetune": ["finetune", "mine", "--data", path, "--label-cols", "y", "--seeds", "0",
+                     "--max-train-steps", "1", "--device", "cpu", "--split", "random",
+                     "--out", tmp_path / "report"],
+        "predict": ["predict", "--checkpoint", finetuned / "models" / "seed0", "--input", path,
+                    "--out", tmp_path / "p.csv"],
+        "embed": ["embed", path, "--out", tmp_path / "e.npy", "--device", "cpu"],
+    }  # fmt: skip
+    for args in commands.values():
+        res = run_cli(*args, timeout=120)
+        assert_one_line_error(res, path.name, "names the column 'y' 2 times", "columns 3 and 4")
+    assert not any((tmp_path / n).exists() for n in ("report", "p.csv", "e.npy"))
+
+
+def test_the_header_check_reads_the_header_as_written_in_every_reader(tmp_path):
+    from smiexlm.data.readers import iter_table, read_chunks, read_table
+
+    path = _twice_named(tmp_path, ".csv")
+    for read in (lambda: next(iter_table(path, chunk_rows=2)),  # chunks: checked once, first
+                 lambda: read_table(path, infer_types=True),
+                 lambda: next(read_chunks(path, 4, "smiles"))):  # fmt: skip
+        with pytest.raises(DataError, match=r"'y' 2 times \(columns 3 and 4"):
+            read()
+    # repeats pandas would not have made: blank names, a real "y.1", blank lines before it
+    fine = tmp_path / "fine.csv"
+    fine.write_text("\n  \nid,smiles,y,y.1,,\nm0,CCO,1,0,,\n")
+    assert read_table(fine).columns.tolist() == ["id", "smiles", "y", "y.1", "Unnamed: 4",
+                                                 "Unnamed: 5"]  # fmt: skip
+    three = tmp_path / "three.tsv"
+    three.write_text("smiles\ty\tid\ty\ty\nCCO\t1\ta\t2\t3\n")
+    with pytest.raises(DataError, match=r"three.tsv.*'y' 3 times \(columns 2, 4 and 5"):
+        read_table(three)

@@ -102,6 +102,33 @@ def test_ucb_adds_kappa_spreads_to_the_value_and_needs_a_spread():
         select(_predictions([0.2, 0.5]), 1, "ucb")
 
 
+def test_an_option_that_does_nothing_with_the_chosen_score_is_refused(tmp_path):
+    """--lowest orders predictions (value, ucb), --kappa weighs ucb's spread, and novelty is
+    one column for every task: elsewhere each would be ignored, so each is refused."""
+    frame = _predictions([0.2, 0.4, 0.6], active_std=[0.05, 0.3, 0.1],
+                         nearest_tanimoto=[0.9, 0.2, 0.5])  # fmt: skip
+    for by in ("uncertainty", "std", "novelty"):
+        with pytest.raises(ConfigError, match=rf"'--lowest' = True: expected it only with "
+                           rf"--by value or ucb .*--by {by} ranks by"):  # fmt: skip
+            select(frame, 1, by, lowest=True)
+    for by in ("uncertainty", "value"):
+        with pytest.raises(ConfigError, match=rf"'--kappa' = 0.5: .*--by ucb.*--by {by}"):
+            select(frame, 1, by, kappa=0.5)
+    with pytest.raises(ConfigError, match=r"'--task' = 'active': expected none with --by novelty"):
+        select(frame, 1, "novelty", task="active")
+    frame["activity"] = [3.0, 7.5, 5.0]  # two tasks: novelty needs no --task all the same
+    assert select(frame, 1, "novelty", max_similarity=1.0).picks["id"].tolist() == ["m1"]
+    table = tmp_path / "preds.csv"
+    frame.to_csv(table, index=False)
+    from smiexlm.cli.main import app
+
+    result = CliRunner().invoke(app, ["select", str(table), "--lowest", "--out",
+                                      str(tmp_path / "picks.csv")])  # fmt: skip
+    assert isinstance(result.exception, ConfigError), result.output
+    assert "--lowest" in str(result.exception) and "--by uncertainty" in str(result.exception)
+    assert not (tmp_path / "picks.csv").exists()
+
+
 def test_the_select_command_writes_the_picks(tmp_path):
     from smiexlm.cli.main import app
 

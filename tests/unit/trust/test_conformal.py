@@ -298,6 +298,46 @@ def test_a_calibration_set_too_small_says_the_minimum():
         calibrator.sets([0.5], 0.2, too_small="skip")
 
 
+def test_unbounded_intervals_and_full_sets_say_why_once(caplog, monkeypatch):
+    """too_small="full" gives (-inf, inf) or every class where the calibration molecules are
+    fewer than 1/alpha - 1: one warning says how many there are, how many alpha needs and
+    what to do, once however often the same calibration is asked (predict asks per chunk)."""
+    import logging
+
+    from smiexlm.trust import conformal
+    from smiexlm.trust.shift import Shift
+
+    monkeypatch.setattr(conformal, "_SAID", set())
+    y = np.array([0, 1, 0, 1, 0, np.nan, 1, 0.0])  # 7 labelled
+    with caplog.at_level(logging.WARNING, logger="smiexlm.trust.conformal"):
+        for _ in range(2):
+            wide = RegressionCalibrator(y[:, None], np.full((8, 1), 0.5), names=["logS"])
+            assert np.isinf(wide.intervals([[0.0]], 0.1, too_small="full").high).all()
+        ClassificationCalibrator(y, np.full(8, 0.3)).sets([0.5], 0.1, too_small="full")
+        ClassificationCalibrator(y, np.full(8, 0.3)).sets([0.5], 0.2, True, too_small="full")
+        RegressionCalibrator([1.0] * 20, [0.0] * 20).intervals([0.0], 0.1, too_small="full")
+        bins = Shift(bins=(np.array([0] * 18 + [1] * 2), np.array([0, 1])))  # bin 1: 2 of 20
+        RegressionCalibrator([1.0] * 20, [0.0] * 20).intervals([0.0, 0.0], 0.1, too_small="full",
+                                                               shift=bins)  # fmt: skip
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "conformal alpha 0.1: task 'logS' has 7 calibration molecule(s) (its labelled "
+        "validation molecules) and needs at least 9 at that alpha, so its intervals are "
+        "(-inf, inf); use a larger alpha (at least 1/(n + 1) = 0.125) or more validation "
+        "molecules",
+        "conformal alpha 0.1: task 0 has 7 calibration molecule(s) (its labelled validation "
+        "molecules) and needs at least 9 at that alpha, so its sets hold both classes; use a "
+        "larger alpha (at least 1/(n + 1) = 0.125) or more validation molecules",
+        "conformal alpha 0.2: class 1 of task 0 has 3 calibration molecule(s) (its labelled "
+        "validation molecules) and needs at least 4 at that alpha, so class 1 is in every set; "
+        "use a larger alpha (at least 1/(n + 1) = 0.25) or more validation molecules",
+        "conformal alpha 0.1: for 50% of the molecules, task 0's calibration by distance bin "
+        "or weight rests on too few of its 20 calibration molecules (at least 9 at that "
+        "alpha), so its intervals are (-inf, inf) for them; use a larger alpha or more "
+        "validation molecules",
+    ]  # 20 molecules are enough at 0.1 for split conformal: nothing to say
+
+
 def test_shapes_and_values_that_disagree_are_refused():
     with pytest.raises(ConfigError, match="'scores'.*shape of labels, \\(10, 2\\)"):
         ClassificationCalibrator(np.zeros((10, 2)), np.zeros((10, 3)))

@@ -216,3 +216,36 @@ def test_cli_writes_the_columns_into_a_csv_and_parts_alike(tmp_path):
     assert list(got.columns) == list(want.columns) and "y_set" in got.columns
     assert got["y_set"].tolist() == want["y_set"].astype(str).tolist()
     assert got["y_set"][1] == "" and got["y_set"][0] != ""
+
+
+def test_unbounded_intervals_come_with_one_line_that_says_why(tmp_path, monkeypatch, caplog):
+    """Too few validation molecules for --conformal-alpha: (-inf, inf) intervals, and one
+    stderr line with how many there are, how many alpha needs and what to do, however many
+    parts the output is written in; the Python API says the same."""
+    import logging
+
+    from smiexlm.serving.prediction import predict
+    from smiexlm.trust import conformal
+    from smiexlm.trust.reference import Reference
+    from tests.warm_cli import run_smiexlm
+
+    (folder,), _ = _models(tmp_path, "regression")
+    n = int((~np.isnan(Reference.load(folder).valid_labels[:, 0])).sum())
+    assert n < 99  # what alpha 0.01 needs
+    inputs = tmp_path / "new.csv"
+    pd.DataFrame({"smiles": ["CCO", "CCCCO", "c1ccccc1CC"]}).to_csv(inputs, index=False)
+    said = (f"conformal alpha 0.01: task 'y' has {n} calibration molecule(s) (its labelled "
+            "validation molecules) and needs at least 99 at that alpha, so its intervals are "
+            f"(-inf, inf); use a larger alpha (at least 1/(n + 1) = {1 / (n + 1):.3g}) or more "
+            "validation molecules")  # fmt: skip
+    for out in (["--out", tmp_path / "p.csv"], ["--out", tmp_path / "p", "--part-rows", "1"]):
+        res = run_smiexlm("predict", "--checkpoint", folder, "--input", inputs,
+                          "--conformal-alpha", "0.01", *out)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert [line for line in res.stderr.splitlines() if "conformal" in line] == [said]
+    assert np.isinf(pd.read_csv(tmp_path / "p.csv")["y_high"]).all()
+    monkeypatch.setattr(conformal, "_SAID", set())
+    with caplog.at_level(logging.WARNING):
+        got = predict(folder, ["CCO"], conformal_alpha=0.01)
+    assert [r.getMessage() for r in caplog.records if "conformal" in r.getMessage()] == [said]
+    assert got["y_low"][0] == -np.inf
