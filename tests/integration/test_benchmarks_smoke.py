@@ -178,6 +178,14 @@ SMOKE: dict[str, list[Step]] = {
         Step("model_speed.py", ("--text", "--steps", "1", "--blocks", "2"),
              prints="| text tiny | exlm k=4, matmul DAG |"),
     ],
+    "potency_members": [
+        Step(MN, ("run", "--name", "shipped", "--tasks", "freesolv", "--seeds", "0",
+             "--max-train-steps", "2", "--out", "{tmp}/reg"),
+             expect=("reg/runs/freesolv/seed0/predictions.npz",)),
+        Step("potency_members.py", ("--runs", "{tmp}/reg", "--sets", "freesolv", "--n-trees",
+             "5", "--out", "{tmp}/potency"), expect=("potency/report.md", "potency/freesolv.json"),
+             prints="| oof-best |"),
+    ],
     "tokenizer": [Step("tokenizer.py", ("--n", "200", "--repeats", "1"), prints="DeepChem")],
     "featurize": [
         Step("featurize.py", ("--n", "40", "--repeats", "1", "--threads", "1"),
