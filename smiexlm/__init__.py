@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from smiexlm.core.version import __version__
 from smiexlm.lazy import lazy_names
-
-__version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY = {

@@ -219,3 +219,21 @@ def tanimoto_matrix(smiles: Sequence[str], radius: int = 2, n_bits: int = 2048) 
     generator = morgan_generator(radius, n_bits)
     fps = [generator.GetFingerprint(mol) for mol in _mols(smiles)]
     return np.array([DataStructs.BulkTanimotoSimilarity(fp, fps) for fp in fps])
+
+
+ECFP4_BITS = 2048  # ECFP4: Morgan radius 2 in 2,048 bits
+
+
+def ecfp4_packed(smiles: Sequence[str]) -> np.ndarray:
+    """(n, 32) uint64 packed ECFP4 bits; a row of zeros where RDKit cannot parse the SMILES."""
+    from rdkit import Chem, rdBase
+
+    generator = morgan_generator(2, ECFP4_BITS)
+    bits = np.zeros((len(smiles), ECFP4_BITS), dtype=np.uint8)
+    with rdBase.BlockLogs():
+        for i, text in enumerate(smiles):
+            mol = Chem.MolFromSmiles(text) if isinstance(text, str) and text else None
+            if mol is not None:
+                bits[i] = generator.GetFingerprintAsNumPy(mol)
+    packed = np.packbits(bits, axis=1)  # (n, 256) uint8
+    return np.ascontiguousarray(packed).view(np.uint64)  # (n, 32)

@@ -50,6 +50,7 @@ import numpy as np
 
 from smiexlm.atomic import atomic_dir
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError, check_positive_int
+from smiexlm.fingerprints import ECFP4_BITS, ecfp4_packed
 from smiexlm.model.pooling import last_blocks
 from smiexlm.paths import check_output, file_problem, file_record, read_json_file
 
@@ -59,7 +60,6 @@ EMBEDDING_FILE = "embedding.faiss"
 ECFP4_FILE = "ecfp4.npy"
 LIBRARY_FILE = "library.parquet"
 INDEX_FILES = (EMBEDDING_FILE, ECFP4_FILE, LIBRARY_FILE)  # each recorded (size, sha256)
-ECFP4_BITS = 2048
 WORDS = ECFP4_BITS // 64  # uint64 words per packed fingerprint
 BLOCK_ROWS = 1 << 16  # library rows per popcount block: 16 MiB of temporaries per query
 By = Literal["embedding", "ecfp4", "both"]
@@ -78,23 +78,6 @@ def _faiss() -> Any:
 
 
 # ---------------------------------------------------------------------- fingerprints
-def ecfp4_packed(smiles: Sequence[str]) -> np.ndarray:
-    """(n, 32) uint64 packed ECFP4 bits; a row of zeros where RDKit cannot parse the SMILES."""
-    from rdkit import Chem, rdBase
-
-    from smiexlm.fingerprints import morgan_generator
-
-    generator = morgan_generator(2, ECFP4_BITS)
-    bits = np.zeros((len(smiles), ECFP4_BITS), dtype=np.uint8)
-    with rdBase.BlockLogs():
-        for i, text in enumerate(smiles):
-            mol = Chem.MolFromSmiles(text) if isinstance(text, str) and text else None
-            if mol is not None:
-                bits[i] = generator.GetFingerprintAsNumPy(mol)
-    packed = np.packbits(bits, axis=1)  # (n, 256) uint8
-    return np.ascontiguousarray(packed).view(np.uint64)  # (n, 32)
-
-
 def popcount(words: np.ndarray) -> np.ndarray:
     """Set bits per row of a (n, w) uint64 array, as int32."""
     if hasattr(np, "bitwise_count"):  # numpy >= 2.0

@@ -166,7 +166,7 @@ def software_versions() -> dict[str, str]:
     import sklearn
     import torch
 
-    from smiexlm import __version__
+    from smiexlm.core.version import __version__
 
     return {"smiexlm": __version__, "rdkit": rdkit.__version__, "torch": torch.__version__,
             "scikit-learn": sklearn.__version__, "numpy": np.__version__}  # fmt: skip

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "smiexlm"
+
+
+def test_no_import_goes_up_a_layer():
+    """The layers of ``[tool.importlinter]`` in pyproject.toml hold, every import counted (at
+    module level, in functions and under ``TYPE_CHECKING``): ``lint-imports`` keeps them."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(lint), "--no-cache"], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
 SPECIAL_NAMES = {
     "PAD_ID", "BOS_ID", "EOS_ID", "MASK_ID", "UNK_ID",
     "SPECIAL_TOKENS", "N_SPECIAL_TOKENS", "IGNORE_INDEX",

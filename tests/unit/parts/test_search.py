@@ -16,7 +16,8 @@ from tests.unit.featurizer.test_featurizer import make_checkpoint
 
 faiss = pytest.importorskip("faiss")
 
-from smiexlm.search import SearchIndex, build_index, ecfp4_packed, popcount  # noqa: E402
+from smiexlm.fingerprints import ecfp4_packed  # noqa: E402
+from smiexlm.search import SearchIndex, build_index, popcount  # noqa: E402
 from tests.warm_cli import run_smiexlm  # noqa: E402
 
 TAILS = ["", "C", "CC", "O", "N", "Cl", "CO", "C(=O)O", "c1ccccc1", "CCN"]
