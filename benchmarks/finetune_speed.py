@@ -32,7 +32,10 @@ import torch
 torch.set_num_threads(1)
 import smiexlm
 from smiexlm import moleculenet
-from smiexlm.moleculenet.configs import finetune_config
+try:
+    from smiexlm.finetuning.config import finetune_config
+except ImportError:  # packages before the config moved into smiexlm.finetuning
+    from smiexlm.moleculenet.configs import finetune_config
 try:
     from smiexlm.finetuning.backbone import Backbone
     from smiexlm.finetuning.adapter import finetune_once

@@ -60,9 +60,9 @@ def one_set(task_name: str, args: argparse.Namespace) -> tuple[list[str], dict]:
     "hpopt" the (valid, test) means over the seeds."""
     from smiexlm.finetuning.adapter import run_finetune, with_backbone_blocks
     from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.config import finetune_config
     from smiexlm.hpopt.config import HpoptConfig
     from smiexlm.hpopt.run import run_hpopt
-    from smiexlm.moleculenet.configs import finetune_config
     from smiexlm.moleculenet.loaders import load_task
 
     task, backbone, root = load_task(task_name), Backbone(args.checkpoint), args.out / task_name

@@ -176,7 +176,7 @@ def _run_backbone(args: argparse.Namespace):
 
 def _run_config(args: argparse.Namespace, task: str):
     """The fine-tuning config ``run`` makes for ``task`` from its options."""
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     extra = {"augment": args.augment, "tta": args.tta, "adapt_steps": args.adapt_steps,
              "adapt_lr": args.adapt_lr, "max_train_steps": args.max_train_steps,

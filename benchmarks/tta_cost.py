@@ -110,11 +110,11 @@ def _add_forest(folder: Path, train: list[str], labels, kind: str, n_trees: int)
     as :func:`_add_reference` has it)."""
     import json
 
+    from smiexlm.finetuning.config import FinetuneConfig
     from smiexlm.forests.forest import KeptForest
     from smiexlm.modelio.integrity import record_checksums
     from smiexlm.modelio.layout import FINETUNE_NAME
     from smiexlm.modelio.pretrained import load_finetuned
-    from smiexlm.moleculenet.configs import FinetuneConfig
 
     _, inputs, meta = load_finetuned(folder, device="cpu")
     texts = inputs.texts(train, True)

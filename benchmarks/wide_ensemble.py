@@ -179,7 +179,7 @@ def cost(args: argparse.Namespace) -> None:
 
     from smiexlm.finetuning.adapter import run_finetune
     from smiexlm.finetuning.backbone import Backbone
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
     from smiexlm.moleculenet.loaders import load_task
     from smiexlm.serving.prediction import predict
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from smiexlm.core import moved
 from smiexlm.core.version import __version__
 from smiexlm.lazy import lazy_names
+
+moved.install()  # module paths that moved to another layer still import, with a warning
 
 # public name -> module that defines it
 _LAZY = {

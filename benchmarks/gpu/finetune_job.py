@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from smiexlm.finetuning.adapter import finetune_once
     from smiexlm.finetuning.backbone import Backbone
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     torch.set_num_threads(1)
     task, split, inputs = load_task(args.cache, args.task)

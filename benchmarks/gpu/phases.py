@@ -328,7 +328,7 @@ def backbones(ctx: Context) -> dict[str, Path]:
 def finetune_jobs(ctx: Context, models: dict[str, Path]) -> tuple[list[dict], list[dict]]:
     """(jobs cheapest first, jobs skipped as too long for the slot)."""
     sys.path.insert(0, str(ctx.src))
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     cache = ctx.run_dir / "finetune"
     tasks = [t for t in PAPER_TASKS if (cache / f"{t}.json").is_file()]

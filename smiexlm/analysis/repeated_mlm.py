@@ -44,10 +44,10 @@ from smiexlm.data.shards import TokenDataset, write_shard
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.finetuning.adapter import finetune_once
 from smiexlm.finetuning.backbone import Backbone
+from smiexlm.finetuning.config import finetune_config
 from smiexlm.model.expansion import repeat_layout
 from smiexlm.model.masking import mask_tokens, repeat_tokens
 from smiexlm.moleculenet import MoleculeTask, load_task
-from smiexlm.moleculenet.configs import finetune_config
 from smiexlm.moleculenet.splits import make_split
 from smiexlm.paths import VOCAB_NAME, write_json
 from smiexlm.pretraining.config import load_config

@@ -55,9 +55,9 @@ def hpopt(
     import optuna
 
     from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.config import read_config_file
     from smiexlm.hpopt.config import HpoptConfig
     from smiexlm.hpopt.run import run_hpopt
-    from smiexlm.moleculenet.configs import read_config_file
     from smiexlm.settings import settings_of
 
     search = {s.key for s in settings_of(HpoptConfig)}
@@ -92,8 +92,8 @@ def _echo_result(result, task: str, own_data: bool) -> None:
 
 def register(app: typer.Typer) -> None:
     from smiexlm.cli.settings import with_settings
+    from smiexlm.finetuning import config as configs
     from smiexlm.hpopt.config import HpoptConfig
-    from smiexlm.moleculenet import configs
     from smiexlm.settings import settings_of
 
     specs = [*settings_of(HpoptConfig), *configs.FinetuneConfig.settings()]

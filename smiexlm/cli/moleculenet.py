@@ -200,7 +200,7 @@ BENCHMARK_SHOWN = ("split", "epochs", "max_train_steps", "device")
 
 def _config(task: str | None, config: Path | None, settings: dict[str, Any]):
     """The task's Table 8 row, then ``--config``, then the settings given."""
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     return finetune_config(task, config_file=config, **settings)
 
@@ -286,7 +286,9 @@ def benchmark(
 
 def register(app: typer.Typer) -> None:
     from smiexlm.cli.settings import with_settings
-    from smiexlm.moleculenet import configs  # looked up now, so a test may give it a new field
+    from smiexlm.finetuning import (
+        config as configs,  # looked up now, so a test may give it a new field
+    )
 
     lists = multi_value("--seeds", "--tasks", "--label-cols")
     specs = configs.FinetuneConfig.settings()

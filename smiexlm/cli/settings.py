@@ -131,7 +131,7 @@ def settings(
 
 
 def _finetune_lines(task: str | None) -> list[str]:
-    from smiexlm.moleculenet.configs import FinetuneConfig, finetune_config
+    from smiexlm.finetuning.config import FinetuneConfig, finetune_config
 
     if task is not None:
         _say_whose(task)
@@ -143,7 +143,7 @@ def _say_whose(task: str) -> None:
     defaults a table of one's own (``--data``) starts from, and a near name is suggested."""
     import difflib
 
-    from smiexlm.moleculenet.configs import load_table
+    from smiexlm.finetuning.config import load_table
     from smiexlm.moleculenet.registry import ALIASES, DATASETS
 
     rows = [name for name in load_table() if name != "defaults"]

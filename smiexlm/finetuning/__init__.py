@@ -1,4 +1,6 @@
-"""Fine-tuning: one training loop (``engine``) with its settings (``loop_config``), its
+"""Fine-tuning: one training loop (``engine``) with its settings (``loop_config``; a run's
+whole config, ``config``: ``FinetuneConfig`` and ``finetune_config``, Table 8's rows read from
+``smiexlm/configs/finetune/moleculenet.toml``), its
 batches, its weight average (``averaging``), its frozen-encoder modes (``frozen``), its state
 (``state``), data parallel processes (``parallel``) and inference (``inference``). On
 molecules: ``adapter`` (``run_finetune``: a MoleculeNet set or a user's CSV, seed by seed),
@@ -14,10 +16,12 @@ from smiexlm.lazy import lazy_names
 
 _LAZY = {
     "Examples": "smiexlm.finetuning.batches",
+    "FinetuneConfig": "smiexlm.finetuning.config",
     "FitResult": "smiexlm.finetuning.engine",
     "FitRun": "smiexlm.finetuning.loop_config",
     "LoopConfig": "smiexlm.finetuning.loop_config",
     "fit": "smiexlm.finetuning.engine",
+    "finetune_config": "smiexlm.finetuning.config",
     "predict": "smiexlm.finetuning.inference",
     "predict_views": "smiexlm.finetuning.inference",
 }

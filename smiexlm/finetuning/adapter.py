@@ -34,6 +34,7 @@ import torch
 from smiexlm.errors import ConfigError
 from smiexlm.finetuning.adapt import adapt_descriptors
 from smiexlm.finetuning.backbone import Backbone
+from smiexlm.finetuning.config import FinetuneConfig, resolve_forest
 from smiexlm.finetuning.folder import check_free_seed_folders
 from smiexlm.finetuning.outputs import write_outputs
 from smiexlm.finetuning.targets import RunScores, Targets
@@ -41,7 +42,6 @@ from smiexlm.model.inputs import UnseenTokens
 from smiexlm.modelio.seed_record import record_seeds
 from smiexlm.moleculenet import runs
 from smiexlm.moleculenet.cliffs import task_cliffs
-from smiexlm.moleculenet.configs import FinetuneConfig, resolve_forest
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, check_seeds, check_task, run_seeds
@@ -359,7 +359,8 @@ def run_finetune(
         run_dir = None if run_root is None else runs.run_dir(run_root, task.name, seed)
         if run_dir is not None and (done := runs.finished(run_dir)) is not None:
             log.info("%s seed %d: finished before (%s)", task.name, seed, run_dir)
-            return runs.check_finished(done, run_dir, runs.identity(task, split, cfg, backbone))
+            expected = runs.identity(task, split, cfg, backbone)
+            return runs.check_finished(done, run_dir, expected, type(cfg))
         target = None if save_dir is None else Path(save_dir) / f"seed{seed}"
         if cfg.ensemble == "wide":
             r = _wide_seed(task, split, cfg, seed, backbone, target, texts(), features_of,

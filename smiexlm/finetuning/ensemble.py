@@ -11,7 +11,7 @@ one scale, their quantiles among the same member's scores of the validation mole
 the validation molecules choose each network's epoch and place every member's quantiles.
 
 A forest's trees a label follow ``forest_trees`` and the budget of a kept forest
-(:func:`~smiexlm.moleculenet.configs.resolve_forest`). Each network member is an ordinary
+(:func:`~smiexlm.finetuning.config.resolve_forest`). Each network member is an ordinary
 fine-tuning run of its own (``<run>/model/``, ``<run>/model_rdkit2d/``, each with its state
 after every epoch), so a stopped ensemble goes on from where its members stopped; the forests
 are fitted when both networks have finished.
@@ -67,8 +67,8 @@ def _fit_forests(task, split, cfg, seed: int, inputs: list[str], valids: dict, t
     """Each forest of :data:`FORESTS` fitted on the seed's split: kind -> forest; its
     validation and test scores go into ``valids`` and ``tests``, its scores and CPU seconds
     into ``record``, under ``rf_<kind>``."""
+    from smiexlm.finetuning.config import resolve_forest
     from smiexlm.forests.forest import KeptForest
-    from smiexlm.moleculenet.configs import resolve_forest
 
     forests = {}
     for kind in FORESTS:
@@ -108,7 +108,8 @@ def fit_seed(task, split, cfg, seed: int, backbone, save_dir: Path | None, input
         folder, where = run_dir / name / "folder", run_dir / name
         done = runs.finished(where)
         if done is not None and (folder / FINETUNE_NAME).is_file():
-            result = runs.check_finished(done, where, runs.identity(task, split, member_cfg, backbone))  # fmt: skip
+            expected = runs.identity(task, split, member_cfg, backbone)
+            result = runs.check_finished(done, where, expected, type(member_cfg))
         else:
             result = fit_one(task, split, member_cfg, seed, backbone, folder, inputs,
                              features_of(features), progress, where)  # fmt: skip

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from smiexlm.finetuning.backbone import Backbone
+from smiexlm.finetuning.config import FinetuneConfig
 from smiexlm.finetuning.folder import save_finetuned
 from smiexlm.finetuning.targets import RunScores, Targets
 from smiexlm.moleculenet import runs
-from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.trust.reference import Reference

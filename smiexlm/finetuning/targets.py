@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.finetuning.config import FinetuneConfig
 from smiexlm.finetuning.inference import to_scores
-from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.metrics import TaskScores, score
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask

@@ -30,11 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from smiexlm.finetuning.backbone import Backbone
+from smiexlm.finetuning.config import FinetuneConfig
 from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.hpopt.report import Outputs
 from smiexlm.hpopt.search import HpoptResult, Search
 from smiexlm.hpopt.study import one_trial, open_study, spending
-from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
 from smiexlm.training.runlock import RunLock

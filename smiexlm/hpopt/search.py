@@ -37,10 +37,10 @@ import numpy as np
 
 from smiexlm.errors import DataError
 from smiexlm.finetuning.backbone import Backbone
+from smiexlm.finetuning.config import FinetuneConfig
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.model.pooling import POOLINGS
-from smiexlm.moleculenet.configs import FinetuneConfig
 from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, check_task
 from smiexlm.paths import json_safe

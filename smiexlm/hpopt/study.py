@@ -53,7 +53,7 @@ def as_recorded(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved study's identity as this version records it: its base config's settings at
     the value that does what runs before them did left out (older studies resume as they
     did, :meth:`FinetuneConfig.recorded_of`)."""
-    from smiexlm.moleculenet.configs import FinetuneConfig
+    from smiexlm.finetuning.config import FinetuneConfig
 
     return saved | {"base": FinetuneConfig.recorded_of(saved.get("base", {}))}
 

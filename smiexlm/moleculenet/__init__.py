@@ -1,12 +1,13 @@
-"""MoleculeNet: the sets, their splits and scores, the paper's configs and the reports.
+"""MoleculeNet: the sets, their splits and scores, the runs and the reports.
 
 Its modules: ``registry``/``loaders``/``task`` (the sets, their files, a typed task, the
 evaluation molecules widening excludes), ``splits``, ``metrics``/``compare`` (scores and
-paired bootstraps), ``configs`` (the paper's per-task settings and the default), ``runs`` (a
+paired bootstraps), ``cliffs`` (activity cliffs and the RMSE on their molecules), ``runs`` (a
 resumable cell per set and seed) with ``score_store`` (its compact committed scores) and
-``report``. Fine-tuning on a set is :mod:`smiexlm.finetuning` (``adapter``, ``probe``,
-``ensemble``), its forests :mod:`smiexlm.forests`, and ``predict``
-:mod:`smiexlm.serving.prediction`.
+``report``. The paper's per-task settings (Table 8) are data,
+``smiexlm/configs/finetune/moleculenet.toml``, read by :mod:`smiexlm.finetuning.config`.
+Fine-tuning on a set is :mod:`smiexlm.finetuning` (``adapter``, ``probe``, ``ensemble``), its
+forests :mod:`smiexlm.forests`, and ``predict`` :mod:`smiexlm.serving.prediction`.
 
 ``from smiexlm.moleculenet import load_task, scaffold_split`` is the stable entry point:
 ``load_task``/``read_task`` give a typed :class:`MoleculeTask` (what fine-tuning, the probe

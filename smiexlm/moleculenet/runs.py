@@ -18,7 +18,7 @@ import math
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,8 +29,14 @@ from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import Split
 from smiexlm.paths import read_json_file, write_json
 
-if TYPE_CHECKING:  # pragma: no cover
-    from smiexlm.finetuning.backbone import Backbone
+
+class Backbone(Protocol):
+    """What a run's identity reads of the backbone it fine-tunes
+    (:class:`smiexlm.finetuning.backbone.Backbone`)."""
+
+    name: str
+    weights_sha256: str | None
+
 
 RESULT_NAME = "result.json"
 PREDICTIONS_NAME = "predictions.npz"
@@ -108,15 +114,16 @@ def finished(folder: Path) -> RunResult | None:
 HOW_RUN = frozenset({"device", "eval_batch_size", "precision"})
 
 
-def check_finished(done: RunResult, folder: Path, expected: dict[str, Any]) -> RunResult:
-    """``done``, read back from ``folder``, when it ran as ``expected`` (:func:`identity`)
-    says; otherwise a DataError naming the first setting that differs, so that a resume with
+def check_finished(done: RunResult, folder: Path, expected: dict[str, Any],
+                   config: type) -> RunResult:  # fmt: skip
+    """``done``, read back from ``folder``, when it ran as ``expected`` (:func:`identity` of
+    a config of the class ``config``) says; otherwise a DataError naming the first setting that differs, so that a resume with
     other settings never returns the result of a run made with the old ones, in either
     direction: a setting on in one and off in the other differs too. A setting the result does
     not record (runs older than it) is its default, or is not compared."""
     pairs = [("data_sha256", done.data_sha256, expected["data_sha256"]),
              ("split", done.split, expected["split"])]  # fmt: skip
-    _refuse_a_difference(folder, pairs + _setting_pairs(done, expected))
+    _refuse_a_difference(folder, pairs + _setting_pairs(done, expected, config))
     return done
 
 
@@ -132,15 +139,16 @@ def setting_differences(done: RunResult, cfg, backbone: Backbone) -> list[tuple[
     each that differs; empty when ``done`` is what they would make."""
     expected = {"backbone": backbone.name, "backbone_sha256": backbone.weights_sha256,
                 "finetune": settings(cfg)}  # fmt: skip
-    return [(key, was, now) for key, was, now in _setting_pairs(done, expected) if was != now]
+    pairs = _setting_pairs(done, expected, type(cfg))
+    return [(key, was, now) for key, was, now in pairs if was != now]
 
 
-def _setting_pairs(done: RunResult, expected: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+def _setting_pairs(done: RunResult, expected: dict[str, Any],
+                   config: type) -> list[tuple[str, Any, Any]]:  # fmt: skip
     """(setting, as the finished run recorded it, as ``expected`` asks) for the backbone and
-    every fine-tuning setting but how the run was carried out (:data:`HOW_RUN`)."""
-    from smiexlm.moleculenet.configs import FinetuneConfig
-
-    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)
+    every fine-tuning setting but how the run was carried out (:data:`HOW_RUN`); ``config``:
+    the run config's class (:class:`~smiexlm.finetuning.config.FinetuneConfig`)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)
                 if f.default is not dataclasses.MISSING}  # fmt: skip
     recorded = json.loads(json.dumps(done.config))  # tuples and lists alike
     wanted = json.loads(json.dumps(expected["finetune"]))
@@ -152,8 +160,8 @@ def _setting_pairs(done: RunResult, expected: dict[str, Any]) -> list[tuple[str,
         if key in recorded or key in defaults:
             pairs.append((key, recorded.get(key, defaults.get(key)), want))
     # a setting the run had on and this one has off (left out of ``expected``)
-    off = json.loads(json.dumps(FinetuneConfig().to_dict()))
-    was_on = FinetuneConfig.recorded_of(recorded)
+    off = json.loads(json.dumps(config().to_dict()))
+    was_on = config.recorded_of(recorded)
     pairs += [(key, recorded[key], off[key])
               for key in sorted(was_on.keys() - wanted.keys() - HOW_RUN)]  # fmt: skip
     return pairs

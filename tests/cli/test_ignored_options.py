@@ -34,7 +34,7 @@ def test_valid_from_train_without_a_split_column_is_refused(tmp_path):
 
 
 def test_a_forest_or_features_of_its_own_with_a_wide_ensemble_is_refused():
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     for key, value in (("forest", "ecfp4"), ("features", "rdkit2d")):
         with pytest.raises(ConfigError, match=f"'{key}' = '{value}': expected none with ensemble"):

@@ -11,8 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from smiexlm.cli.main import app
-from smiexlm.moleculenet import configs, runs
-from smiexlm.moleculenet.configs import FinetuneConfig, finetune_config
+from smiexlm.finetuning import config as configs
+from smiexlm.finetuning.config import FinetuneConfig, finetune_config
+from smiexlm.moleculenet import runs
 from smiexlm.settings import setting, settings_of
 
 

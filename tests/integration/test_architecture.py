@@ -288,10 +288,10 @@ def test_serving_and_moleculenet_do_not_import_each_other():
 
 
 def test_moleculenet_keeps_the_sets_and_their_scores():
-    """``smiexlm.moleculenet`` holds the sets, splits, metrics, configs, run cells and
+    """``smiexlm.moleculenet`` holds the sets, splits, metrics, run cells and
     reports; fine-tuning, forests and serving sit in packages of their own."""
     kept = {"__init__", "registry", "loaders", "task", "splits", "metrics", "cliffs", "compare",
-            "configs", "runs", "score_store", "report"}  # fmt: skip
+            "runs", "score_store", "report"}  # fmt: skip
     found = {p.stem for p in (PACKAGE / "moleculenet").glob("*.py")}
     assert found == kept, found ^ kept
 

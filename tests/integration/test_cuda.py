@@ -216,7 +216,7 @@ def test_tiny_exlm_50_bf16_steps_on_cuda_lower_the_loss(moses_dataset, tmp_path)
 def test_one_finetuning_epoch_on_cuda(shared_data):
     from smiexlm.finetuning.adapter import finetune_once
     from smiexlm.finetuning.backbone import Backbone
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
     from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.splits import make_split
 

@@ -196,7 +196,7 @@ def test_a_pretrain_config_value_of_another_type_is_refused(tmp_path):
 
 
 def test_the_shipped_configs_pass_their_own_types():
-    from smiexlm.moleculenet.configs import finetune_config, load_table
+    from smiexlm.finetuning.config import finetune_config, load_table
     from smiexlm.pretraining.config import load_config, shipped_configs
 
     for task in [k for k in load_table() if k != "defaults"]:

@@ -56,7 +56,7 @@ def test_the_benchmark_scales_each_sets_own_learning_rate():
     """``moleculenet_table.py run --lr-scale F`` gives each set its Table 8 rate times F."""
     import argparse
 
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     table = _benchmark_table()
     asked = argparse.Namespace(root=Path("."), seeds=[0], progress=False, n_trees=None,

@@ -9,9 +9,9 @@ import math
 import pytest
 
 from smiexlm.errors import ConfigError
+from smiexlm.finetuning.config import FinetuneConfig, finetune_config
 from smiexlm.finetuning.loop_config import LoopConfig
 from smiexlm.hpopt.config import HpoptConfig
-from smiexlm.moleculenet.configs import FinetuneConfig, finetune_config
 from smiexlm.pretraining.config import TrainConfig
 from smiexlm.settings import Interval, settings_of
 

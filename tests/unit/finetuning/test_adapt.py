@@ -49,7 +49,7 @@ def test_a_backbone_without_a_descriptor_head_is_refused():
 
 @pytest.mark.parametrize("values", [{"adapt_steps": -1}, {"adapt_lr": 0.0}, {"adapt_steps": 1.5}])
 def test_bad_adapt_settings_name_the_field(values):
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     with pytest.raises(ConfigError, match=next(iter(values))):
         finetune_config("bace", **values)

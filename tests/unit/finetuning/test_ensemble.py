@@ -178,7 +178,7 @@ def test_an_ensemble_folder_is_checked_and_blended_alike_or_refused(wide, tmp_pa
 
 
 def test_wide_settings_are_checked(tmp_path):
-    from smiexlm.moleculenet.configs import FinetuneConfig
+    from smiexlm.finetuning.config import FinetuneConfig
 
     with pytest.raises(ConfigError, match="ensemble"):
         FinetuneConfig(ensemble="widest")

@@ -16,7 +16,7 @@ import torch
 
 from smiexlm.finetuning.adapter import run_finetune
 from smiexlm.finetuning.backbone import Backbone
-from smiexlm.moleculenet.configs import finetune_config
+from smiexlm.finetuning.config import finetune_config
 from smiexlm.moleculenet.loaders import load_task
 from smiexlm.paths import ASSETS_DIR
 from smiexlm.serving.prediction import predict

@@ -64,7 +64,7 @@ def test_weighted_multilabel_loss_is_torchs_weighted_bce_over_the_present_labels
 
 def test_rare_positives_are_warned_of_unless_the_classes_are_weighted(caplog):
     from smiexlm.finetuning.adapter import warn_rare_positives
-    from smiexlm.moleculenet.configs import FinetuneConfig
+    from smiexlm.finetuning.config import FinetuneConfig
     from smiexlm.moleculenet.task import MoleculeTask
 
     labels = np.zeros((300, 2))
@@ -87,8 +87,8 @@ def test_rare_positives_are_warned_of_unless_the_classes_are_weighted(caplog):
 def test_cli_class_weight_balanced_is_named_recorded_and_refused_for_regression(tmp_path):
     from smiexlm.errors import DataError
     from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.config import FinetuneConfig
     from smiexlm.moleculenet import runs
-    from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.moleculenet.loaders import read_task
     from smiexlm.moleculenet.splits import make_split
 

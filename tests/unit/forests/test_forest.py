@@ -179,7 +179,7 @@ def test_a_damaged_or_foreign_forest_file_is_refused(blended, tmp_path):
 
 
 def test_forest_settings_are_checked():
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     assert finetune_config("bace", forest="both").forest_trees == 500
     for key, value in (("forest", "maccs"), ("forest_trees", 0), ("forest_blend", "median"),
@@ -197,7 +197,7 @@ def _rechecksum(folder, name):
 def test_the_default_forest_follows_the_task_type_and_the_tree_budget():
     import dataclasses
 
-    from smiexlm.moleculenet.configs import (
+    from smiexlm.finetuning.config import (
         AUTO_FOREST,
         FOREST_TREE_BUDGET,
         MIN_FOREST_TREES,

@@ -37,7 +37,7 @@ def toy_task(frame: pd.DataFrame | None = None):
 
 
 def toy_base(**overrides):
-    from smiexlm.moleculenet.configs import finetune_config
+    from smiexlm.finetuning.config import finetune_config
 
     values = dict(split="random", epochs=3, batch_size=32, device="cpu", precision="fp32",
                   layers=1, forest="none")  # the last block alone, the head these toy searches were written for; the network alone, as trials score it  # fmt: skip
@@ -60,8 +60,8 @@ def trials_of(out):
 
 
 def test_space_is_around_the_table_8_row_and_holds_it():
+    from smiexlm.finetuning.config import finetune_config
     from smiexlm.hpopt.search import SearchSpace
-    from smiexlm.moleculenet.configs import finetune_config
 
     base = finetune_config("clintox", layers=3)  # lr 5e-5, 100 epochs, pooler dropout 0.5
     space = SearchSpace.around(base, n_layers=4)

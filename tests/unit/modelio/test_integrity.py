@@ -163,10 +163,10 @@ def test_header_is_read_alone_and_must_describe_the_file(tmp_path):
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory) -> Path:
     """A fine-tuned folder as ``finetune --save-dir`` writes it (an untrained head)."""
+    from smiexlm.finetuning.config import FinetuneConfig
     from smiexlm.finetuning.folder import save_finetuned
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
-    from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.tokenizer import SmilesTokenizer
 
     model = ExLMForSequencePrediction(ExLMModel.from_pretrained(EXLM), 1, "multilabel")

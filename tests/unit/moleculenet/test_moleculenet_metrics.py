@@ -18,7 +18,7 @@ from sklearn.metrics import (
 )
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.moleculenet.configs import finetune_config, load_table
+from smiexlm.finetuning.config import finetune_config, load_table
 from smiexlm.moleculenet.metrics import (
     binary_average_precision,
     binary_roc_auc,

@@ -248,13 +248,13 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None,
     """A fine-tuned folder as ``finetune --save-dir`` writes it: the shipped encoder and a
     random head on its last ``layers`` blocks (the weights do not matter for parity, only
     that both backends share them)."""
+    from smiexlm.finetuning.config import FinetuneConfig
     from smiexlm.finetuning.folder import save_finetuned
     from smiexlm.forests.features import FeatureScaler
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.inputs import model_texts
     from smiexlm.model.model import ExLMModel
     from smiexlm.modelio.records import DEFAULT_NORMALIZATION
-    from smiexlm.moleculenet.configs import FinetuneConfig
     from smiexlm.tokenizer import SmilesTokenizer
 
     scaler = None

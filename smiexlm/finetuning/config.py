@@ -1,4 +1,5 @@
-"""Per-task fine-tuning configs (the paper's Table 8), shipped as TOML and overridable."""
+"""The fine-tuning config (:class:`FinetuneConfig`) and the per-task rows it starts from
+(the paper's Table 8, shipped as TOML data and overridable: :func:`finetune_config`)."""
 
 from __future__ import annotations
 
