@@ -237,3 +237,12 @@ def ecfp4_packed(smiles: Sequence[str]) -> np.ndarray:
                 bits[i] = generator.GetFingerprintAsNumPy(mol)
     packed = np.packbits(bits, axis=1)  # (n, 256) uint8
     return np.ascontiguousarray(packed).view(np.uint64)  # (n, 32)
+
+
+def bit_tanimoto(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(Na, Nb) float64 Tanimoto similarities of 0/1 bit rows (ECFP4 bits, say), |a & b| /
+    |a | b| by one matrix product; 0 between two empty rows."""
+    x, y = a.astype(np.float32), b.astype(np.float32)  # counts below 2**24: exact
+    common = (x @ y.T).astype(np.float64)
+    union = x.sum(axis=1)[:, None] + y.sum(axis=1)[None, :] - common
+    return np.divide(common, union, out=np.zeros_like(common), where=union > 0)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.fingerprints import bit_tanimoto as tanimoto
 
 KERNELS = ("tanimoto", "rbf", "both")
 CS = (0.3, 1.0, 3.0, 10.0, 30.0)
@@ -53,14 +54,6 @@ class KernelInputs:
     def take(self, rows: np.ndarray) -> KernelInputs:
         return KernelInputs(None if self.bits is None else self.bits[rows],
                             None if self.vectors is None else self.vectors[rows])  # fmt: skip
-
-
-def tanimoto(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(Na, Nb) float64 Tanimoto similarities of 0/1 bit rows; 0 between two empty rows."""
-    x, y = a.astype(np.float32), b.astype(np.float32)
-    common = (x @ y.T).astype(np.float64)
-    union = x.sum(axis=1)[:, None] + y.sum(axis=1)[None, :] - common
-    return np.divide(common, union, out=np.zeros_like(common), where=union > 0)
 
 
 def rbf(a: np.ndarray, b: np.ndarray, gamma: float) -> np.ndarray:

@@ -25,19 +25,11 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.fingerprints import bit_tanimoto
 
 SIMILARITY = 0.9  # the least similarity by one of the measures
 GAP = 1.0  # log units: tenfold
 MEASURES = ("ecfp4", "scaffold", "smiles")
-
-
-def _tanimoto(bits: np.ndarray) -> np.ndarray:
-    """(N, N) Tanimoto similarities of (N, B) 0/1 bit vectors; 0 between two empty ones."""
-    x = bits.astype(np.float32)
-    common = x @ x.T  # (N, N)
-    counts = x.sum(axis=1)
-    union = counts[:, None] + counts[None, :] - common
-    return np.divide(common, union, out=np.zeros_like(common), where=union > 0)
 
 
 def _bits(mols: list, scaffold: bool) -> np.ndarray:
@@ -59,7 +51,7 @@ def _bits(mols: list, scaffold: bool) -> np.ndarray:
 
 
 def similarities(smiles: Sequence[str]) -> dict[str, np.ndarray]:
-    """The three (N, N) similarity matrices of the module docstring, float32. A SMILES that
+    """The three (N, N) similarity matrices of the module docstring. A SMILES that
     RDKit cannot parse is similar to no other molecule."""
     from rapidfuzz.distance import Levenshtein
     from rapidfuzz.process import cdist
@@ -73,7 +65,8 @@ def similarities(smiles: Sequence[str]) -> dict[str, np.ndarray]:
                  dtype=np.float32, workers=1)  # fmt: skip
     parsed = np.array([m is not None for m in mols])
     edit = np.where(parsed[:, None] & parsed[None, :], edit, 0.0).astype(np.float32)
-    return {"ecfp4": _tanimoto(_bits(mols, False)), "scaffold": _tanimoto(_bits(mols, True)),
+    ecfp4, scaffold = _bits(mols, False), _bits(mols, True)
+    return {"ecfp4": bit_tanimoto(ecfp4, ecfp4), "scaffold": bit_tanimoto(scaffold, scaffold),
             "smiles": edit}  # fmt: skip
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.forests.kernels import KernelInputs, KernelSVR, fit_kernel_svr, rbf, tanimoto
+from smiexlm.fingerprints import bit_tanimoto as tanimoto
+from smiexlm.forests.kernels import KernelInputs, KernelSVR, fit_kernel_svr, rbf
 
 
 def _data(n: int = 80, seed: int = 0):
