@@ -25,7 +25,9 @@ split (the runs' own, checked row for row):
   the kernels) and ``oof-weights`` (weights fitted on those out-of-fold predictions). The
   network has none: its own would cost five more fine-tunings a seed.
 
-Writes ``<set>.json`` per set (a set done is read back: the job resumes) and ``report.md``.
+Writes ``<set>.json`` per set (a set done is read back: the job resumes), ``report.md``, and
+``network/<set>-seed<k>.json``: the network's and its forest's scores of each seed, compact, so
+that the table is made again without the runs (``--runs`` may then name none).
 """
 
 from __future__ import annotations
@@ -95,82 +97,75 @@ def forest(task, split, groups: np.ndarray, seed: int, n_trees: int, npz: dict) 
     run's own where it kept a forest, else fitted here on the training rows), and its
     out-of-fold predictions of the training rows in the kernels' scaffold-whole folds."""
     from smiexlm.forests.baseline import BaselineConfig, ForestFeatures, fit_forests, forest_scores
-    from smiexlm.forests.kernels import _folds
+    from smiexlm.forests.members import forest_oof
 
-    cfg = BaselineConfig("rdkit2d", n_trees=n_trees)
-    train = np.asarray(split.train)
-    features = ForestFeatures([s.strip() for s in task.smiles], "rdkit2d", cache=True)
+    texts = [s.strip() for s in task.smiles]
     y = task.labels.astype(np.float64)
     out = {"valid": npz.get("valid_forest"), "test": npz.get("test_forest")}
     if out["valid"] is None:  # a run of the network alone
-        x = features.matrix(features.scaler(train))
-        fitted = fit_forests(x[train], y[train], "regression", seed, cfg)
+        features = ForestFeatures(texts, "rdkit2d", cache=True)
+        x = features.matrix(features.scaler(split.train))
+        fitted = fit_forests(x[split.train], y[split.train], "regression", seed,
+                             BaselineConfig("rdkit2d", n_trees=n_trees))  # fmt: skip
         out = {p: forest_scores(fitted, x[np.asarray(rows)], "regression")
                for p, rows in (("valid", split.valid), ("test", split.test))}  # fmt: skip
-    oof = np.full(y[train].shape, np.nan)
-    for fit_rows, held in _folds(groups, len(train)):
-        x = features.matrix(features.scaler(train[fit_rows]))
-        fitted = fit_forests(x[train[fit_rows]], y[train[fit_rows]], "regression", seed, cfg)
-        oof[held] = forest_scores(fitted, x[train[held]], "regression")
-    return out | {"oof": oof, "cv_rmse": _rmse(y[train], oof)}
-
-
-def _rmse(y: np.ndarray, p: np.ndarray) -> float:
-    keep = ~np.isnan(y)
-    return float(np.sqrt(np.mean((y[keep] - p[keep]) ** 2)))
-
-
-def _weights(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
-    """Non-negative weights summing to 1 of least squares on ``y`` (the labelled rows)."""
-    from scipy.optimize import nnls
-
-    a = np.stack([c.reshape(-1) for c in columns], axis=1)
-    keep = ~np.isnan(y.reshape(-1))
-    w, _ = nnls(a[keep], y.reshape(-1)[keep])
-    return w / w.sum() if w.sum() > 0 else np.full(len(columns), 1 / len(columns))
+    oof = forest_oof(texts, y, np.asarray(split.train), groups, seed, "rdkit2d", n_trees)
+    return out | {"oof": oof}
 
 
 def seed_rows(task, split, kernels: dict, npz: dict, cliffs: np.ndarray, seed: int,
               n_trees: int) -> list[dict]:  # fmt: skip
     """Every member and combination of one seed (see the module docstring)."""
+    from smiexlm.forests.members import COMBINES, combine, least_squares_weights, rmse
     from smiexlm.moleculenet.cliffs import cliff_rmse
 
     y = task.labels.astype(np.float64)
-    valid, test = np.asarray(split.valid), np.asarray(split.test)
+    train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
     groups, kernels = kernels["groups"], {k: v for k, v in kernels.items() if k != "groups"}
     network = {p: npz.get(f"{p}_model", npz[p]) for p in ("valid", "test")}  # alone or blended
     members = {"model": network, "forest": forest(task, split, groups, seed, n_trees, npz),
                **kernels}  # fmt: skip
-    combos = {name: (m["valid"], m["test"], "") for name, m in members.items()}
-
-    def weighted(names: list[str], w: np.ndarray, note: str) -> tuple:
-        parts = [np.asarray(members[n][p], np.float64) for p in ("valid", "test") for n in names]
-        v = sum(wi * x for wi, x in zip(w, parts[: len(names)], strict=True))
-        t = sum(wi * x for wi, x in zip(w, parts[len(names) :], strict=True))
-        return (
-            v,
-            t,
-            note + ": " + ", ".join(f"{n} {wi:.2f}" for n, wi in zip(names, w, strict=True)),
-        )
-
-    everyone, with_oof = list(members), [n for n in members if "oof" in members[n]]
-    combos["served"] = weighted(["model", "forest"], np.full(2, 0.5), "today's default")
-    combos["equal"] = weighted(everyone, np.full(len(everyone), 1 / len(everyone)), "equal")
-    no_net = [n for n in everyone if n != "model"]
-    combos["equal-no-network"] = weighted(no_net, np.full(len(no_net), 1 / len(no_net)), "equal")
-    w = _weights([np.asarray(members[n]["valid"]) for n in everyone], y[valid])
-    combos["valid-weights"] = weighted(everyone, w, "fitted on valid")
-    best = min(with_oof, key=lambda n: members[n]["cv_rmse"])
-    combos["oof-best"] = weighted([best], np.ones(1), "lowest out-of-fold RMSE")
-    w = _weights([members[n]["oof"] for n in with_oof], y[split.train])
-    combos["oof-weights"] = weighted(with_oof, w, "fitted out-of-fold")
+    weights = {name: {name: 1.0} for name in members}
+    oof = {n: m["oof"] for n, m in members.items() if "oof" in m}
+    valids = {n: m["valid"] for n, m in members.items()}
+    for rule in COMBINES:
+        weights[rule] = combine(rule, oof, y[train], valids, y[valid], 0.5)
+    weights["equal"] = dict.fromkeys(members, 1 / len(members))
+    fitted = least_squares_weights(list(valids.values()), y[valid])
+    weights["valid-weights"] = dict(zip(members, map(float, fitted), strict=True))
     rows = []
-    for name, (v, t, note) in combos.items():
-        rmse, n = cliff_rmse(y[test], np.asarray(t, np.float64), cliffs[test])
-        rows.append({"combination": name, "valid": _rmse(y[valid], np.asarray(v, np.float64)),
-                     "test": _rmse(y[test], np.asarray(t, np.float64)), "test_cliff": rmse,
-                     "n_cliff": n, "note": note})  # fmt: skip
+    for name, w in weights.items():
+        v, t = (sum(wi * np.asarray(members[n][p], np.float64) for n, wi in w.items())
+                for p in ("valid", "test"))  # fmt: skip
+        rmse_cliff, n = cliff_rmse(y[test], t, cliffs[test])
+        rows.append({"combination": name, "valid": rmse(y[valid], v), "test": rmse(y[test], t),
+                     "test_cliff": rmse_cliff, "n_cliff": n,
+                     "weights": {k: round(x, 4) for k, x in w.items() if x}})  # fmt: skip
     return rows
+
+
+def network_scores(name: str, roots: list[Path], kept: Path) -> dict[int, dict]:
+    """Each finished seed's validation and test scores of the network (and its forest) on
+    set ``name``: from the run folders under ``roots``, kept compact in ``kept`` (a JSON a
+    seed, four decimals: what a later run of this script reads where the runs are gone)."""
+    found: dict[int, dict] = {}
+    for path in sorted(kept.glob(f"{name}-seed*.json")):
+        doc = json.loads(path.read_text())
+        found[int(doc["seed"])] = {k: np.asarray(v) for k, v in doc.items() if k != "seed"}
+    for root in roots:
+        for folder in sorted((root / "runs" / name).glob("seed*")):
+            if not (folder / "result.json").is_file():  # a seed still running
+                continue
+            npz = dict(np.load(folder / "predictions.npz"))
+            seed = int(folder.name.removeprefix("seed"))
+            keys = [k for k in ("valid_rows", "test_rows", "valid", "test", "valid_model",
+                                "test_model", "valid_forest", "test_forest") if k in npz]  # fmt: skip
+            doc = {k: np.round(npz[k].astype(np.float64), 4).tolist() if "rows" not in k
+                   else npz[k].tolist() for k in keys}  # fmt: skip
+            kept.mkdir(parents=True, exist_ok=True)
+            (kept / f"{name}-seed{seed}.json").write_text(json.dumps({"seed": seed} | doc))
+            found[seed] = {k: np.asarray(v) for k, v in doc.items()}
+    return dict(sorted(found.items()))
 
 
 def run_set(name: str, roots: list[Path], out: Path, n_trees: int = 500) -> dict:
@@ -185,15 +180,10 @@ def run_set(name: str, roots: list[Path], out: Path, n_trees: int = 500) -> dict
     kernels = kernel_members(task, split)
     cliffs = task_cliffs(task)
     seeds = {}
-    for root in roots:
-        for folder in sorted((root / "runs" / task.name).glob("seed*")):
-            if not (folder / "result.json").is_file():  # a seed still running
-                continue
-            npz = dict(np.load(folder / "predictions.npz"))
-            if not np.array_equal(npz["test_rows"], split.test):
-                sys.exit(f"{folder}: its test rows are not the scaffold split's")
-            seed = int(folder.name.removeprefix("seed"))
-            seeds[folder.name] = seed_rows(task, split, kernels, npz, cliffs, seed, n_trees)
+    for seed, npz in network_scores(task.name, roots, out / "network").items():
+        if not np.array_equal(npz["test_rows"], split.test):
+            sys.exit(f"{task.name} seed {seed}: its test rows are not the scaffold split's")
+        seeds[f"seed{seed}"] = seed_rows(task, split, kernels, npz, cliffs, seed, n_trees)
     doc = {"set": name, "sizes": list(split.sizes), "n_cliff_molecules": int(cliffs.any(1).sum()),
            "kernels": {k: {"cv_rmse": v["cv_rmse"], "chosen": v["chosen"], "cpu_s": v["cpu_s"]}
                        for k, v in kernels.items() if k != "groups"},
@@ -231,7 +221,7 @@ def report(docs: list[dict], command: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, nargs="+", required=True)
+    parser.add_argument("--runs", type=Path, nargs="*", default=[])
     parser.add_argument("--sets", nargs="+", default=["bace_pic50"])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/potency"))
     parser.add_argument("--n-trees", type=int, default=500, help="trees of each forest")

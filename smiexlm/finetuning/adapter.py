@@ -34,7 +34,7 @@ import torch
 from smiexlm.errors import ConfigError
 from smiexlm.finetuning.adapt import adapt_descriptors
 from smiexlm.finetuning.backbone import Backbone
-from smiexlm.finetuning.config import FinetuneConfig, resolve_forest
+from smiexlm.finetuning.config import FinetuneConfig, kernel_kinds, resolve_forest
 from smiexlm.finetuning.folder import check_free_seed_folders
 from smiexlm.finetuning.outputs import write_outputs
 from smiexlm.finetuning.targets import RunScores, Targets
@@ -83,7 +83,8 @@ def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
         name += f", weights averaged (half-life {cfg.loop.ema_half_life:g} epochs)"
     if cfg.ensemble != "none":
         name += f", {cfg.ensemble} ensemble"
-    return name + (f" + RF-{cfg.forest}" if cfg.forest else "")
+    name += f" + RF-{cfg.forest}" if cfg.forest else ""
+    return name + (f" + SVR-{cfg.kernels} ({cfg.combine})" if kernel_kinds(cfg) else "")
 
 
 def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | None, split: Split):
@@ -254,6 +255,12 @@ def finetune_once(
     valid_score, test_score = fitted.best_valid, targets.score_values(split.test, scores.test)
     if cfg.forest:
         scores.add_forest(run.inputs, task, split, seed, cfg)
+    if not task.is_classification and kernel_kinds(cfg):
+        embedder = None if backbone.folder is None else backbone.folder.path
+        scores.add_kernels(run.inputs, task, split, seed, cfg, embedder)
+        config |= {f"member_weight_{n}": round(w, 4) for n, w in scores.weights.items()}
+        config |= {f"cv_rmse_{n}": v for n, v in scores.cv_rmse.items()}
+    if scores.parts:
         config |= scores.forest_summary(targets, split, task.scale)
         if not task.is_classification:  # each alone on the test molecules of activity cliffs
             config |= scores.cliff_summary(targets, split, task_cliffs(task))

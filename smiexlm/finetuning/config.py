@@ -18,6 +18,8 @@ from smiexlm.errors import (
 from smiexlm.finetuning.loop_config import LoopConfig
 from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.forests.blend import DEFAULT_BLEND, check_blend
+from smiexlm.forests.kernels import KERNELS
+from smiexlm.forests.members import COMBINES
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.paths import PACKAGE_DIR
 from smiexlm.settings import Setting, check_settings, recorded, setting, settings_of
@@ -41,6 +43,9 @@ AUTO_FOREST = {"classification": "rdkit2d", "regression": "rdkit2d"}
 # than the fine-tuning it sits beside (benchmarks/results/forest_cost.md)
 FOREST_TREE_BUDGET = 100_000
 MIN_FOREST_TREES = 50
+# ``kernels = "auto"``: the kernel members a regression run keeps beside its network and forest
+# (smiexlm.forests.members; benchmarks/results/potency), none for classification
+AUTO_KERNELS = {"classification": "none", "regression": "tanimoto,rbf,both"}
 
 
 def resolve_forest(cfg: FinetuneConfig, task_type: str, n_labels: int) -> FinetuneConfig:
@@ -49,14 +54,30 @@ def resolve_forest(cfg: FinetuneConfig, task_type: str, n_labels: int) -> Finetu
     the forest's trees a label capped at :data:`FOREST_TREE_BUDGET` over ``n_labels`` labels
     (never below :data:`MIN_FOREST_TREES`)."""
     forest = AUTO_FOREST[task_type] if cfg.forest == AUTO else cfg.forest
+    kernels = AUTO_KERNELS[task_type] if cfg.kernels == AUTO else cfg.kernels
     if cfg.ensemble != "none":
-        forest = None
+        forest, kernels = None, "none"
     trees = cfg.forest_trees
     if forest is not None:
         trees = min(trees, max(MIN_FOREST_TREES, FOREST_TREE_BUDGET // max(n_labels, 1)))
-    if (forest, trees) == (cfg.forest, cfg.forest_trees):
+    if (forest, trees, kernels) == (cfg.forest, cfg.forest_trees, cfg.kernels):
         return cfg
-    return dataclasses.replace(cfg, forest=forest, forest_trees=trees)
+    return dataclasses.replace(cfg, forest=forest, forest_trees=trees, kernels=kernels)
+
+
+def kernel_kinds(cfg: FinetuneConfig) -> list[str]:
+    """The kernels of a resolved ``cfg`` (none for ``"none"``)."""
+    return [] if cfg.kernels in ("none", AUTO) else cfg.kernels.split(",")
+
+
+def check_kernels(value: str) -> None:
+    """ConfigError unless ``value`` is auto, none or a comma-separated list of kernels."""
+    kinds = value.split(",") if isinstance(value, str) else [value]
+    if value in (AUTO, "none") or (kinds and all(k in KERNELS for k in kinds)
+                                   and len(set(kinds)) == len(kinds)):  # fmt: skip
+        return
+    raise ConfigError("kernels", value, f"auto, none, or a comma-separated list of "
+                      f"{', '.join(KERNELS)} (each once)")  # fmt: skip
 
 
 def _default_loop() -> LoopConfig:
@@ -138,6 +159,20 @@ class FinetuneConfig:
         "scores, then averaged) | mean (the scores averaged).",
     )  # fmt: skip
     forest_weight: float = setting(0.5, "The model's weight in the blend, 0 to 1.", within="[0, 1]")
+    kernels: str = setting(
+        "none", "auto (the shipped default: tanimoto,rbf,both for regression, none for "
+        "classification) | none | a comma-separated list of tanimoto (ECFP4), rbf (the "
+        "backbone's frozen embedding), both: support-vector regressions kept beside the model "
+        "and served in its blend, each fitted on the training molecules and tuned in "
+        "scaffold-whole folds of them.", since="none", with_=("combine",),
+    )  # fmt: skip
+    combine: str = setting(
+        "gated", "How the members are weighted, without the test molecules: fixed (the model "
+        "forest_weight, the forest the rest) | oof-best (the member of the lowest out-of-fold "
+        "RMSE on the training molecules) | oof-weights (weights fitted on those out-of-fold "
+        "predictions) | gated (oof-weights, and the model joins at forest_weight where it "
+        "beats them on the validation molecules).",
+    )  # fmt: skip
     class_weight: str = setting(
         "none", "none | balanced: weigh each task's two classes in the loss inversely to their "
         "frequency on the training molecules (classification only; Table 8's rows: balanced "
@@ -169,11 +204,14 @@ class FinetuneConfig:
         if self.forest is not None:
             check_choice("forest", self.forest, (AUTO, *FEATURE_KINDS))
         check_positive_int("forest_trees", self.forest_trees)
+        check_kernels(self.kernels)
+        check_choice("combine", self.combine, COMBINES)
         check_blend(self.forest_weight, self.forest_blend)
         check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
         check_choice("ensemble", self.ensemble, ENSEMBLES)
         if self.ensemble != "none":  # its members choose their own features and forests
-            for name, free in (("features", (None,)), ("forest", (None, AUTO))):
+            for name, free in (("features", (None,)), ("forest", (None, AUTO)),
+                               ("kernels", ("none", AUTO))):
                 if getattr(self, name) not in free:
                     raise ConfigError(name, getattr(self, name), f"none with ensemble = "
                                       f"{self.ensemble!r} (its members choose their own)")  # fmt: skip

@@ -102,13 +102,14 @@ def finetuned_folders(folders: Path | str | Sequence[Path | str]) -> list[Path |
 
 def save_finetuned(
     model, tokenizer, folder: Path, meta: dict[str, Any], normalization=None, reference=None,
-    forest=None, corpus_tokens: tuple[Any, str] | None = None,
+    forest=None, corpus_tokens: tuple[Any, str] | None = None, kernels=None,
 ) -> Path:  # fmt: skip
     """Write the folder ``predict`` reads (see the module docstring) atomically: the backbone
     as a model folder with its normalisation (the default's when None), the head,
     ``finetune.json`` and, when given, the :class:`~smiexlm.trust.reference.Reference`,
-    the :class:`~smiexlm.forests.forest.KeptForest` and ``corpus_tokens.json`` (``(counts,
-    source)``: what the weights were trained on)."""
+    the :class:`~smiexlm.forests.forest.KeptForest`, the
+    :class:`~smiexlm.forests.members.KernelMembers` (their record is ``meta["members"]``) and
+    ``corpus_tokens.json`` (``(counts, source)``: what the weights were trained on)."""
     from safetensors.torch import save_file
 
     from smiexlm.data.normalize import REWRITES
@@ -136,6 +137,8 @@ def save_finetuned(
         if forest is not None:
             meta["forest"] = forest.record()
             names.append(forest.save(tmp).name)
+        if kernels is not None:
+            names += kernels.save(tmp)
         (tmp / FINETUNE_NAME).write_text(json.dumps(meta, indent=1))
         if reference is not None:
             names.append(reference.save(tmp).name)

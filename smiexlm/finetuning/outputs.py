@@ -48,8 +48,10 @@ def write_outputs(run: Setup, task: MoleculeTask, split: Split, cfg: FinetuneCon
             target_std=targets.std.tolist(), backbone=backbone.name, best_epoch=fitted.best_epoch,
             feature_scaler=scaler,
         )  # fmt: skip
+        if (members := scores.members_record(cfg)) is not None:
+            meta["members"] = members
         save_finetuned(run.model, run.tokenizer, save_dir, normalization=backbone.normalization,
-                       meta=meta, reference=reference, forest=scores.forest,
+                       meta=meta, reference=reference, forest=scores.forest, kernels=scores.kernels,
                        corpus_tokens=trained_tokens(backbone, train))  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """A fine-tuning run's labels and scores: :class:`Targets` (the labels as the head trains on
 them, standardised on train for regression, and the metric of what it predicts) and
-:class:`RunScores` (a finished run's validation and test scores, blended with its forest when
-one is kept beside the model)."""
+:class:`RunScores` (a finished run's validation and test scores, blended with its forest and
+its kernel members when they are kept beside the model)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,13 @@ class RunScores:
     test: np.ndarray
     forest: Any = None  # KeptForest
     parts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    kernels: Any = None  # KernelMembers
+    weights: dict[str, float] = dataclasses.field(default_factory=dict)  # each member's
+    cv_rmse: dict[str, float] = dataclasses.field(default_factory=dict)  # out-of-fold
+
+    def members(self) -> list[str]:
+        """The members whose scores are kept apart (model, forest, kernels), in order."""
+        return [k.removeprefix("test_") for k in self.parts if k.startswith("test_")]
 
     def add_forest(self, inputs: list[str], task: MoleculeTask, split: Split, seed: int,
                    cfg: FinetuneConfig) -> None:  # fmt: skip
@@ -85,12 +92,61 @@ class RunScores:
             for p in ("valid", "test")
         )  # fmt: skip
 
+    def add_kernels(self, inputs: list[str], task: MoleculeTask, split: Split, seed: int,
+                    cfg: FinetuneConfig, embedder) -> None:  # fmt: skip
+        """Fit the kernel members of ``cfg.kernels`` on the training molecules (a regression
+        task; ``embedder``: the backbone's model folder, None for a random init, whose
+        members read ECFP4 alone), weigh every member by ``cfg.combine`` and serve their
+        blend (:mod:`smiexlm.forests.members`)."""
+        import pandas as pd
+
+        from smiexlm.finetuning.config import kernel_kinds
+        from smiexlm.forests.members import KernelMembers, blended, combine, forest_oof, rmse
+        from smiexlm.moleculenet.splits import murcko_scaffolds
+
+        kinds = [k for k in kernel_kinds(cfg) if embedder is not None or k == "tanimoto"]
+        if not kinds:
+            return
+        train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
+        y = task.labels.astype(np.float64)
+        scaffolds = pd.Series(murcko_scaffolds([inputs[i] for i in train])).fillna("")
+        groups = pd.factorize(scaffolds)[0]
+        if not self.parts:  # no forest: the network alone so far
+            self.parts = {"valid_model": self.valid, "test_model": self.test}
+        oof = {}
+        if self.forest is not None:
+            oof["forest"] = forest_oof(inputs, y, train, groups, seed, cfg.forest,
+                                       cfg.forest_trees)  # fmt: skip
+        self.kernels, scores, kernel_oof = KernelMembers.fit(
+            kinds, inputs, y, train, valid, groups, embedder, frozen_embedding(embedder)
+        )
+        oof |= kernel_oof
+        for name, values in scores.items():
+            self.parts |= {f"valid_{name}": values[valid], f"test_{name}": values[test]}
+        names = ["model", *oof]
+        self.weights = combine(cfg.combine, oof, y[train],
+                               {n: self.parts[f"valid_{n}"] for n in names}, y[valid],
+                               cfg.forest_weight)  # fmt: skip
+        self.cv_rmse = {n: rmse(y[train], o) for n, o in oof.items()}
+        self.valid, self.test = (
+            blended(self.weights, {n: self.parts[f"{p}_{n}"] for n in names}).astype(np.float32)
+            for p in ("valid", "test")
+        )  # fmt: skip
+
+    def members_record(self, cfg: FinetuneConfig) -> dict[str, Any] | None:
+        """``finetune.json["members"]``: the kernels, the weights, the rule and each member's
+        out-of-fold RMSE; None without kernels."""
+        if self.kernels is None:
+            return None
+        return self.kernels.record() | {"combine": cfg.combine, "weights": self.weights,
+                                        "cv_rmse": self.cv_rmse}  # fmt: skip
+
     def forest_summary(self, targets: Targets, split: Split, scale: float) -> dict[str, float]:
         """The model's and the forest's scores alone, beside the blend's in the result."""
         return {
             f"{p}_{who}": targets.score_values(rows, self.parts[f"{p}_{who}"]).mean * scale
             for p, rows in (("valid", split.valid), ("test", split.test))
-            for who in ("model", "forest")
+            for who in self.members()
         }  # fmt: skip
 
     def cliff_summary(self, targets: Targets, split: Split, cliffs: np.ndarray) -> dict[str, Any]:
@@ -103,5 +159,19 @@ class RunScores:
         return {
             f"test_cliff_{who}": cliff_rmse(targets.y[rows], self.parts[f"test_{who}"],
                                             cliffs[rows])[0]
-            for who in ("model", "forest")
+            for who in self.members()
         }  # fmt: skip
+
+
+def frozen_embedding(folder) -> Any:
+    """The embedding of the pretrained model folder ``folder`` as it serves it (the
+    ``Featurizer``'s, on the CPU), loaded when first called; None without a folder."""
+    if folder is None:
+        return None
+
+    def embed(texts: list[str]) -> np.ndarray:
+        from smiexlm.featurizer import Featurizer
+
+        return Featurizer.from_pretrained(folder, device="cpu").featurize(texts)
+
+    return embed

@@ -16,6 +16,7 @@ import numpy as np
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.finetuning.inference import to_scores
 from smiexlm.forests.forest import KeptForest
+from smiexlm.forests.members import KernelMembers, member_weights
 from smiexlm.modelio.folder import FinetunedFolder
 from smiexlm.modelio.pretrained import load_finetuned
 from smiexlm.trust.reference import Reference, require_reference
@@ -128,15 +129,43 @@ def serve_one(
         reference.valid_scores = to_scores(reference.valid_logits / temperature, "classification",
                                            mean, std).astype(np.float32)  # fmt: skip
     served = Served(texts, np.stack(views), pooled, meta, reference, cut, untrained)
-    forest = KeptForest.load(folder, meta)
+    served.members = _members(folder, meta, served, backend)
+    return served
+
+
+def _members(folder: Path | str, meta: dict, served: Served, backend: str) -> list[Member]:
+    """The members of a folder's blend: the model, its forest and its kernel members (each
+    scoring ``served.texts``, weighted as ``finetune.json`` says); none for the model alone."""
+    forest, kernels = KeptForest.load(folder, meta), KernelMembers.load(folder, meta)
+    if forest is None and kernels is None:
+        return []
+    reference = served.reference
+    require_reference(folder, reference, "its forest" if kernels is None else "its members")
+    members = [Member("model", reference.valid_scores, served.scores(), 1.0)]
     if forest is not None:
-        require_reference(folder, reference, "its forest")
         _check_scored(folder, "its forest", forest.valid_scores, reference)
         served.how = forest.how
-        served.members = [Member("model", reference.valid_scores, served.scores(), forest.weight),
-                          Member("forest", forest.valid_scores,
-                                  forest.scores(texts, meta["task_type"]), 1.0 - forest.weight)]  # fmt: skip
-    return served
+        members[0].weight = forest.weight
+        members.append(Member("forest", forest.valid_scores,
+                              forest.scores(served.texts, meta["task_type"]), 1.0 - forest.weight))  # fmt: skip
+    if kernels is not None:
+        embed = None if kernels.embedder is None else _embedding(kernels.embedder, backend)
+        for name, values in kernels.scores(served.texts, embed).items():
+            _check_scored(folder, f"its member {name!r}", kernels.valid_scores[name], reference)
+            members.append(Member(name, kernels.valid_scores[name], values, 0.0))
+        weights = member_weights(meta["members"], [m.name for m in members], folder)
+        for member in members:
+            member.weight = weights[member.name]
+    return members
+
+
+def _embedding(embedder: Path, backend: str):
+    """The frozen embedding the kernel members read: the folder's ``embedder/`` served as the
+    ``Featurizer`` serves it, on ``backend``."""
+    from smiexlm.featurizer import Featurizer
+
+    featurizer = Featurizer.from_pretrained(embedder, device="cpu", backend=backend)
+    return featurizer.featurize
 
 
 def serve_ensemble(folder: Path | str, smiles: list[str], batch_size: int, backend: str,

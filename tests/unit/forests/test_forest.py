@@ -199,6 +199,7 @@ def test_the_default_forest_follows_the_task_type_and_the_tree_budget():
 
     from smiexlm.finetuning.config import (
         AUTO_FOREST,
+        AUTO_KERNELS,
         FOREST_TREE_BUDGET,
         MIN_FOREST_TREES,
         finetune_config,
@@ -213,8 +214,10 @@ def test_the_default_forest_follows_the_task_type_and_the_tree_budget():
     toxcast = resolve_forest(shipped, "classification", 617)
     assert toxcast.forest_trees == FOREST_TREE_BUDGET // 617 == 162
     assert resolve_forest(shipped, "classification", 10**6).forest_trees == MIN_FOREST_TREES
-    mine = dataclasses.replace(shipped, forest="ecfp4", forest_trees=20)
-    assert resolve_forest(mine, "regression", 1) == mine  # a named forest is kept as named
+    assert resolve_forest(shipped, "regression", 1).kernels == AUTO_KERNELS["regression"]
+    assert resolve_forest(shipped, "classification", 1).kernels == "none"
+    mine = dataclasses.replace(shipped, forest="ecfp4", forest_trees=20, kernels="tanimoto")
+    assert resolve_forest(mine, "regression", 1) == mine  # named members are kept as named
     assert (
         resolve_forest(finetune_config("bbbp", forest="none"), "classification", 1).forest is None
     )

@@ -25,7 +25,8 @@ def _models(tmp_path, task_type="classification", seeds=("0",), split="random", 
         "8", "--epochs", "1", "--device", "cpu", "--random-init", "--seeds", *seeds,
         "--save-dir", str(models), "--out", str(tmp_path / f"ft_{task_type}_{split}_{forest}"),
         # the network's own probabilities are what is calibrated here, unless a forest is asked
-        "--forest", forest, "--set", "forest_trees=20",
+        # (the kernel members of a regression blend: tests/unit/forests/test_members.py)
+        "--forest", forest, "--set", "forest_trees=20", "--set", "kernels=none",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     return [models / f"seed{s}" for s in seeds], frame

@@ -1,0 +1,262 @@
+"""Kernel members kept beside a fine-tuned model, and the weights a served blend gives every
+member (``smiexlm finetune``, ``kernels`` and ``combine``).
+
+A regression run keeps, beside the network and its forest, support-vector regressions on
+kernels (:mod:`~smiexlm.forests.kernels`): ``tanimoto`` on ECFP4, ``rbf`` on the backbone's
+frozen embedding (the pretrained model as it was before fine-tuning, served as
+:class:`~smiexlm.Featurizer` serves it), ``both``. Each is fitted on the training molecules,
+its ``C`` (and ``gamma``) chosen in scaffold-whole folds of them, which also give every
+training molecule an out-of-fold prediction; the forest is refitted in the same folds for its
+own (:func:`forest_oof`). The network has none: its own would cost five more fine-tunings.
+
+How the members are weighted (:data:`COMBINES`, :func:`combine`), without the test rows:
+
+- ``fixed``: the network ``forest_weight``, the forest the rest, the kernels nothing (the
+  blend of a folder without kernels);
+- ``oof-best``: the member of the lowest out-of-fold RMSE alone;
+- ``oof-weights``: non-negative weights summing to 1, fitted by least squares on the
+  out-of-fold predictions of the training molecules;
+- ``gated``: ``oof-weights``, and the network joins at ``forest_weight`` (the others scaled
+  to the rest) when its RMSE on the validation molecules is below theirs combined: one
+  decision taken on the validation molecules, which chose the network's epoch already, in
+  place of weights fitted on them.
+
+A fine-tuned folder keeps the kernels in ``kernels.safetensors`` (each member's support
+molecules, dual coefficients and scaling, and its scores of the validation molecules), the
+frozen embedding's model folder in ``embedder/``, both under ``checksums.json``, and the
+record (each member's setting and out-of-fold RMSE, the weights, the rule) in
+``finetune.json["members"]``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from smiexlm.errors import ConfigError, DataError, check_choice
+from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelSVR, _folds, fit_kernel_svr
+
+COMBINES = ("fixed", "oof-best", "oof-weights", "gated")
+KERNELS_NAME = "kernels.safetensors"
+EMBEDDER_DIR = "embedder"
+#: the frozen embedding of model-side SMILES, (N, D): a pretrained folder served as
+#: ``Featurizer`` serves it, given by the layer that loads one (fine-tuning, serving)
+Embed = Callable[[list[str]], np.ndarray]
+
+
+def rmse(y: np.ndarray, p: np.ndarray) -> float:
+    """RMSE over the labelled cells of ``y`` (NaN = missing)."""
+    y, p = np.asarray(y, np.float64), np.asarray(p, np.float64).reshape(np.shape(y))
+    keep = ~np.isnan(y)
+    return float(np.sqrt(np.mean((y[keep] - p[keep]) ** 2)))
+
+
+def least_squares_weights(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+    """Non-negative weights summing to 1 of least squares of ``y`` on ``columns`` (the
+    labelled cells); equal weights when every weight is 0."""
+    from scipy.optimize import nnls
+
+    a = np.stack([np.asarray(c, np.float64).reshape(-1) for c in columns], axis=1)
+    keep = ~np.isnan(np.asarray(y, np.float64).reshape(-1))
+    w, _ = nnls(a[keep], np.asarray(y, np.float64).reshape(-1)[keep])
+    return w / w.sum() if w.sum() > 0 else np.full(len(columns), 1 / len(columns))
+
+
+def combine(rule: str, oof: dict[str, np.ndarray], y_train: np.ndarray,
+            valid: dict[str, np.ndarray], y_valid: np.ndarray,
+            network_weight: float) -> dict[str, float]:  # fmt: skip
+    """Each member's weight under ``rule`` (see the module docstring). ``oof``: the
+    out-of-fold predictions of the training molecules of the members that have them (the
+    forest first, then the kernels); ``valid``: every member's scores of the validation
+    molecules, the network's as ``"model"``."""
+    check_choice("combine", rule, COMBINES)
+    names = list(oof)
+    weights = dict.fromkeys(["model", *names], 0.0)
+    if rule == "fixed" or not names:
+        weights["model"] = network_weight if names else 1.0
+        if names:
+            weights[names[0]] = 1.0 - network_weight
+        return weights
+    if rule == "oof-best":
+        weights[min(names, key=lambda n: rmse(y_train, oof[n]))] = 1.0
+        return weights
+    fitted = least_squares_weights([oof[n] for n in names], y_train)
+    weights |= dict(zip(names, map(float, fitted), strict=True))
+    if rule == "gated":
+        others = sum(weights[n] * np.asarray(valid[n], np.float64) for n in names)
+        if rmse(y_valid, valid["model"]) < rmse(y_valid, others):
+            weights = {n: w * (1.0 - network_weight) for n, w in weights.items()}
+            weights["model"] = network_weight
+    return weights
+
+
+def blended(weights: dict[str, float], scores: dict[str, np.ndarray]) -> np.ndarray:
+    """(N, T) float64 the weighted mean of the members' scores (regression values)."""
+    return sum(w * np.asarray(scores[n], np.float64) for n, w in weights.items())  # type: ignore[return-value]
+
+
+def forest_oof(texts: list[str], labels: np.ndarray, train: np.ndarray, groups: np.ndarray,
+               seed: int, features: str, n_trees: int) -> np.ndarray:  # fmt: skip
+    """(n_train, T) out-of-fold predictions of the training molecules by the regression
+    forest of ``features`` (``n_trees``, ``seed``), refitted in the kernels' folds."""
+    from smiexlm.forests.baseline import BaselineConfig, ForestFeatures, fit_forests, forest_scores
+
+    train = np.asarray(train)
+    cfg = BaselineConfig(features, n_trees=n_trees)
+    table = ForestFeatures(texts, features, cache=True)
+    oof = np.full((len(train), labels.shape[1]), np.nan)
+    for fit_rows, held in _folds(groups, len(train)):
+        x = table.matrix(table.scaler(train[fit_rows]))
+        fitted = fit_forests(x[train[fit_rows]], labels[train[fit_rows]], "regression", seed, cfg)
+        oof[held] = forest_scores(fitted, x[train[held]], "regression")
+    return oof
+
+
+@dataclass
+class KernelMembers:
+    """The kernel members of one fine-tuned run: each member, its scores of the validation
+    molecules, and the model folder of the frozen embedding (None when no member reads one)."""
+
+    members: dict[str, KernelSVR]  # "svr_tanimoto", "svr_rbf", "svr_both"
+    valid_scores: dict[str, np.ndarray]  # (n_valid, T) each
+    embedder: Path | None
+
+    @staticmethod
+    def inputs(texts: list[str], kinds: list[str], embed: Embed | None) -> KernelInputs:
+        """What ``kinds`` read of ``texts``: ECFP4 bits, and the frozen embedding (``embed``)."""
+        from smiexlm.fingerprints import morgan_fingerprints
+
+        bits = morgan_fingerprints(texts) if set(kinds) - {"rbf"} else None
+        vectors = None
+        if set(kinds) - {"tanimoto"}:
+            if embed is None:
+                raise ConfigError("kernels", ",".join(kinds), "tanimoto alone without a "
+                                  "pretrained model folder (rbf and both read its embedding)")  # fmt: skip
+            vectors = np.asarray(embed(texts), np.float32)
+        return KernelInputs(bits, vectors)
+
+    @classmethod
+    def fit(cls, kinds: list[str], texts: list[str], labels: np.ndarray, train: np.ndarray,
+            valid: np.ndarray, groups: np.ndarray, embedder: Path | None,
+            embed: Embed | None) -> tuple[KernelMembers, dict[str, np.ndarray], dict]:  # fmt: skip
+        """The members of ``kinds`` fitted on the ``train`` rows, ``embed`` the embedding of
+        the model folder ``embedder``; with each one's (N, T) scores of every row and
+        (n_train, T) out-of-fold predictions."""
+        for kind in kinds:
+            check_choice("kernels", kind, KERNELS)
+        inputs = cls.inputs(texts, kinds, embed)
+        train, valid = np.asarray(train), np.asarray(valid)
+        members, scores, oof = {}, {}, {}
+        for kind in kinds:
+            name = f"svr_{kind}"
+            members[name], oof[name] = fit_kernel_svr(kind, inputs.take(train), labels[train],
+                                                      groups)  # fmt: skip
+            scores[name] = members[name].predict(inputs)
+        kept = cls(members, {n: s[valid] for n, s in scores.items()},
+                   embedder if inputs.vectors is not None else None)  # fmt: skip
+        return kept, scores, oof
+
+    def scores(self, texts: list[str], embed: Embed | None) -> dict[str, np.ndarray]:
+        """Each member's (N, T) float32 values of ``texts`` (model-side SMILES), ``embed``
+        the embedding of :attr:`embedder`."""
+        if not texts:
+            return {n: np.zeros((0, m.coef.shape[1]), np.float32) for n, m in self.members.items()}
+        inputs = self.inputs(texts, [m.kernel for m in self.members.values()], embed)
+        return {n: m.predict(inputs).astype(np.float32) for n, m in self.members.items()}
+
+    def record(self) -> dict[str, Any]:
+        """What ``finetune.json["members"]`` keeps of the kernels (the weights are added)."""
+        from smiexlm.paths import file_sha256
+
+        doc: dict[str, Any] = {"file": KERNELS_NAME,
+                               "kernels": {n: m.record() for n, m in self.members.items()}}  # fmt: skip
+        if self.embedder is not None:
+            from smiexlm.modelio.layout import WEIGHTS_NAME
+
+            doc["embedder"] = EMBEDDER_DIR
+            doc["embedder_sha256"] = file_sha256(Path(self.embedder) / WEIGHTS_NAME)
+        return doc
+
+    def save(self, folder: Path) -> list[str]:
+        """Write ``kernels.safetensors`` (and ``embedder/``) into ``folder``; the names the
+        caller records the sha256 of."""
+        from safetensors.numpy import save_file
+
+        arrays = {f"{n}.{k}": v for n, m in self.members.items() for k, v in m.tensors().items()}
+        arrays |= {f"{n}.valid": np.ascontiguousarray(v, np.float32)
+                   for n, v in self.valid_scores.items()}  # fmt: skip
+        save_file(arrays, str(Path(folder) / KERNELS_NAME), metadata={"format": "smiexlm-kernels/1"})
+        if self.embedder is not None:
+            copy_model_folder(Path(self.embedder), Path(folder) / EMBEDDER_DIR)
+        return [KERNELS_NAME]
+
+    @classmethod
+    def load(cls, folder: Path | str, meta: dict[str, Any]) -> KernelMembers | None:
+        """The kernels of the fine-tuned folder whose ``finetune.json`` is ``meta``; None
+        without. DataError naming the file for a sha256 that differs, a member that is not
+        one, or an embedder that is not the one fitted on."""
+        from safetensors.numpy import load_file
+
+        from smiexlm.modelio.integrity import verify_checksum
+
+        record = (meta.get("members") or {}).get("kernels")
+        if not record:
+            return None
+        folder = Path(folder)
+        path = folder / meta["members"].get("file", KERNELS_NAME)
+        if not path.is_file():
+            raise DataError(f"{str(path)!r}: no such file, which finetune.json's 'members' names")
+        verify_checksum(path, required=True)
+        arrays = load_file(str(path))
+        members, valid = {}, {}
+        for name, rec in record.items():
+            own = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.split(".", 1)[0] == name}
+            if "valid" not in own:
+                raise DataError(f"{str(path)!r}: no validation scores of member {name!r}")
+            valid[name] = own.pop("valid")
+            members[name] = KernelSVR.from_stored(rec, own, f"{str(path)!r} member {name!r}")
+        embedder = _checked_embedder(folder, meta["members"])
+        return cls(members, valid, embedder)
+
+
+def member_weights(record: dict[str, Any], names: list[str], folder: Path | str) -> dict[str, float]:
+    """The weights of ``finetune.json["members"]`` (``record``), checked: one a member of
+    ``names``, each at least 0, summing to 1; DataError naming the folder's file otherwise."""
+    weights = record.get("weights")
+    ok = (isinstance(weights, dict) and sorted(weights) == sorted(names)
+          and all(type(w) in (int, float) and w >= 0 for w in weights.values())
+          and abs(sum(weights.values()) - 1.0) < 1e-6)  # fmt: skip
+    if not ok:
+        raise DataError(f"{str(Path(folder) / 'finetune.json')!r}: 'members.weights' is "
+                        f"{weights!r}: expected one weight of at least 0 for each of "
+                        f"{', '.join(names)}, summing to 1")  # fmt: skip
+    return {n: float(w) for n, w in weights.items()}
+
+
+def _checked_embedder(folder: Path, record: dict[str, Any]) -> Path | None:
+    """The folder's ``embedder/``, its weights checked against the record; None without."""
+    from smiexlm.paths import file_sha256
+    from smiexlm.modelio.layout import WEIGHTS_NAME
+
+    if "embedder" not in record:
+        return None
+    path = folder / record["embedder"]
+    weights = path / WEIGHTS_NAME
+    if not weights.is_file() or file_sha256(weights) != record.get("embedder_sha256"):
+        raise DataError(f"{str(weights)!r}: missing, or not the frozen embedding the kernel "
+                        "members were fitted on (its sha256 differs from finetune.json's "
+                        "'members.embedder_sha256')")  # fmt: skip
+    return path
+
+
+def copy_model_folder(source: Path, target: Path) -> None:
+    """Copy the files of the model folder ``source`` (not its sub-folders) into ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(Path(source).iterdir()):
+        if path.is_file() and path.suffix in (".json", ".safetensors"):
+            shutil.copyfile(path, target / path.name)

@@ -1,0 +1,161 @@
+"""Kernel members kept beside a fine-tuned regression model (smiexlm.forests.members): the
+rules that weigh the members against a hand computation, and a small fine-tuning (two steps
+of the shipped model, 20 trees) whose folder ``predict`` serves exactly as fine-tuning
+scored it, with every member's column, and refuses when damaged."""
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from smiexlm.errors import ConfigError, DataError
+from smiexlm.forests.members import combine, least_squares_weights, rmse
+
+SMILES = [f"{head}{'C' * n}{tail}" for n in range(1, 11)
+          for head, tail in (("C", "O"), ("c1ccccc1", ""), ("C", "N"), ("c1ccncc1", "O"),
+                             ("CC(C)", "Cl"), ("c1ccoc1", "C"))]  # fmt: skip
+VALUES = [0.3 * len(s) - 2.0 * ("c1" in s) + 0.5 * ("O" in s) for s in SMILES]
+MEMBERS = ["model", "forest", "svr_tanimoto", "svr_rbf", "svr_both"]
+
+
+def _rules_data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    y = rng.normal(size=(40, 1))
+    oof = {"forest": y + rng.normal(0, 0.8, y.shape), "svr_tanimoto": y + rng.normal(0, 0.3, y.shape)}
+    yv = rng.normal(size=(10, 1))
+    valid = {"forest": yv + 0.5, "svr_tanimoto": yv + 0.2}
+    return oof, y, valid, yv
+
+
+def test_each_rule_weighs_the_members_as_computed_by_hand():
+    from scipy.optimize import nnls
+
+    oof, y, valid, yv = _rules_data()
+    assert combine("fixed", oof, y, valid | {"model": yv}, yv, 0.5) == {
+        "model": 0.5, "forest": 0.5, "svr_tanimoto": 0.0}  # fmt: skip
+    best = combine("oof-best", oof, y, valid | {"model": yv}, yv, 0.5)
+    assert best == {"model": 0.0, "forest": 0.0, "svr_tanimoto": 1.0}
+    w, _ = nnls(np.hstack([oof["forest"], oof["svr_tanimoto"]]), y[:, 0])
+    fitted = combine("oof-weights", oof, y, valid | {"model": yv}, yv, 0.5)
+    np.testing.assert_allclose([fitted["forest"], fitted["svr_tanimoto"]], w / w.sum())
+    assert fitted["model"] == 0.0
+    np.testing.assert_allclose(least_squares_weights(list(oof.values()), y), w / w.sum())
+    # gated: the network joins at its weight where it beats the others on validation...
+    joined = combine("gated", oof, y, valid | {"model": yv + 0.01}, yv, 0.4)
+    assert joined["model"] == 0.4 and sum(joined.values()) == pytest.approx(1.0)
+    assert joined["svr_tanimoto"] == pytest.approx(0.6 * fitted["svr_tanimoto"])
+    # ... and stays out where it does not
+    assert combine("gated", oof, y, valid | {"model": yv + 3.0}, yv, 0.4) == fitted
+    with pytest.raises(ConfigError, match="combine"):
+        combine("median", oof, y, valid, yv, 0.5)
+    assert rmse(np.array([[1.0], [np.nan]]), np.array([[3.0], [0.0]])) == 2.0
+
+
+def test_kernel_and_combine_settings_are_checked():
+    from smiexlm.finetuning.config import finetune_config
+
+    assert finetune_config("esol", kernels="tanimoto,both").kernels == "tanimoto,both"
+    for key, value in (("kernels", "linear"), ("kernels", "tanimoto,tanimoto"),
+                       ("combine", "stack")):  # fmt: skip
+        with pytest.raises(ConfigError, match=key):
+            finetune_config("esol", **{key: value})
+    with pytest.raises(ConfigError, match="kernels"):
+        finetune_config("esol", ensemble="wide", kernels="tanimoto")
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    """(results row, kept predictions, fine-tuned folder) of a regression run with a forest
+    and the three kernel members, weighted out-of-fold."""
+    from smiexlm.cli.main import app
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("members")
+    path = root / "mini.csv"
+    pd.DataFrame({"smi": SMILES, "y": VALUES}).to_csv(path, index=False)
+    args = ["finetune", "mini", "--data", str(path), "--smiles-col", "smi", "--label-cols", "y",
+            "--task-type", "regression", "--split", "random", "--max-train-steps", "2",
+            "--batch-size", "8", "--epochs", "1", "--device", "cpu", "--seeds", "0",
+            "--out", str(root / "out"), "--forest", "rdkit2d", "--forest-trees", "20",
+            "--set", "kernels=tanimoto,rbf,both", "--set", "combine=oof-weights",
+            "--save-dir", str(root / "models")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(root / "out" / "results.csv")
+    npz = np.load(root / "out" / "runs" / "mini" / "seed0" / "predictions.npz")
+    return rows.iloc[0], npz, root / "models" / "seed0"
+
+
+def test_the_run_records_each_member_and_the_weights_it_chose(kept):
+    row, npz, folder = kept
+    meta = json.loads((folder / "finetune.json").read_text())
+    weights = meta["members"]["weights"]
+    assert sorted(weights) == sorted(MEMBERS) and sum(weights.values()) == pytest.approx(1.0)
+    assert weights["model"] == 0.0  # oof-weights: the network has no out-of-fold predictions
+    assert set(meta["members"]["cv_rmse"]) == set(MEMBERS) - {"model"}
+    served = sum(weights[n] * npz[f"test_{n}"].astype(np.float64) for n in MEMBERS)
+    np.testing.assert_allclose(npz["test"], served, rtol=1e-5, atol=1e-5)
+    y = np.array(VALUES)[npz["test_rows"]]
+    config = json.loads(row["config"])
+    for name in MEMBERS:  # each alone in the results row, beside the served RMSE
+        alone = float(np.sqrt(np.mean((npz[f"test_{name}"][:, 0] - y) ** 2)))
+        assert config[f"test_{name}"] == pytest.approx(alone, rel=1e-4)
+        assert config[f"member_weight_{name}"] == pytest.approx(weights[name], abs=1e-4)
+    assert row["model"].endswith("+ RF-rdkit2d + SVR-tanimoto,rbf,both (oof-weights)")
+    checksums = json.loads((folder / "checksums.json").read_text())["sha256"]
+    assert "kernels.safetensors" in checksums
+    assert (folder / "embedder" / "model.safetensors").is_file()
+
+
+def test_predict_serves_every_member_as_fine_tuning_scored_it(kept):
+    from smiexlm.serving.prediction import predict
+
+    _, npz, folder = kept
+    smiles = [SMILES[i] for i in npz["test_rows"]] + ["not a smiles"]
+    frame = predict(folder, smiles)
+    assert [c for c in frame.columns if c.startswith("y")] == ["y"] + [f"y_{n}" for n in MEMBERS]
+    for name in ["", *(f"_{n}" for n in MEMBERS)]:
+        key = f"test{name}"
+        np.testing.assert_allclose(frame[f"y{name}"][:-1], npz[key][:, 0], rtol=1e-5, atol=1e-5)
+    assert frame.iloc[-1][["y", "y_svr_both"]].isna().all()
+
+
+def test_the_kernel_file_loads_without_pickle_and_a_damaged_folder_is_refused(kept, tmp_path):
+    import pickle
+
+    from smiexlm.modelio.integrity import record_checksums
+    from smiexlm.serving.prediction import predict
+
+    _, _, folder = kept
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    real = pickle.loads
+    try:
+        pickle.loads = None  # type: ignore[assignment]  # any pickle use fails loudly
+        predict(copy, SMILES[:2])
+    finally:
+        pickle.loads = real
+    data = bytearray((copy / "kernels.safetensors").read_bytes())
+    data[-8] ^= 0xFF
+    (copy / "kernels.safetensors").write_bytes(bytes(data))
+    with pytest.raises(DataError, match="kernels.safetensors.*sha256"):
+        predict(copy, SMILES[:2])
+    shutil.rmtree(copy)
+    shutil.copytree(folder, copy)
+    other = tmp_path / "other.safetensors"
+    shutil.copyfile(copy / "embedder" / "model.safetensors", other)
+    with open(copy / "embedder" / "model.safetensors", "ab") as handle:
+        handle.write(b"\0")
+    with pytest.raises(DataError, match="embedder.*frozen embedding"):
+        predict(copy, SMILES[:2])
+    shutil.copyfile(other, copy / "embedder" / "model.safetensors")
+    meta = json.loads((copy / "finetune.json").read_text())
+    meta["members"]["weights"]["model"] = 0.7
+    (copy / "finetune.json").write_text(json.dumps(meta))
+    record_checksums(copy, "finetune.json")  # a record edited by hand, its sha256 redone
+    with pytest.raises(DataError, match="members.weights"):
+        predict(copy, SMILES[:2])
