@@ -73,8 +73,7 @@ def kernel_kinds(cfg: FinetuneConfig) -> list[str]:
 def check_kernels(value: str) -> None:
     """ConfigError unless ``value`` is auto, none or a comma-separated list of kernels."""
     kinds = value.split(",") if isinstance(value, str) else [value]
-    if value in (AUTO, "none") or (kinds and all(k in KERNELS for k in kinds)
-                                   and len(set(kinds)) == len(kinds)):  # fmt: skip
+    if value in (AUTO, "none") or (set(kinds) <= set(KERNELS) and len(set(kinds)) == len(kinds)):
         return
     raise ConfigError("kernels", value, f"auto, none, or a comma-separated list of "
                       f"{', '.join(KERNELS)} (each once)")  # fmt: skip

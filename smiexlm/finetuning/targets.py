@@ -163,15 +163,16 @@ class RunScores:
         }  # fmt: skip
 
 
-def frozen_embedding(folder) -> Any:
+def frozen_embedding(folder, backend: str = "torch") -> Any:
     """The embedding of the pretrained model folder ``folder`` as it serves it (the
-    ``Featurizer``'s, on the CPU), loaded when first called; None without a folder."""
+    ``Featurizer``'s, on the CPU and ``backend``), loaded when first called; None without a
+    folder. What the kernel members read, when fitted and when served."""
     if folder is None:
         return None
 
     def embed(texts: list[str]) -> np.ndarray:
         from smiexlm.featurizer import Featurizer
 
-        return Featurizer.from_pretrained(folder, device="cpu").featurize(texts)
+        return Featurizer.from_pretrained(folder, device="cpu", backend=backend).featurize(texts)
 
     return embed

@@ -240,8 +240,8 @@ def member_weights(record: dict[str, Any], names: list[str], folder: Path | str)
 
 def _checked_embedder(folder: Path, record: dict[str, Any]) -> Path | None:
     """The folder's ``embedder/``, its weights checked against the record; None without."""
-    from smiexlm.paths import file_sha256
     from smiexlm.modelio.layout import WEIGHTS_NAME
+    from smiexlm.paths import file_sha256
 
     if "embedder" not in record:
         return None

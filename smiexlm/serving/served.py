@@ -15,6 +15,7 @@ import numpy as np
 
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.finetuning.inference import to_scores
+from smiexlm.finetuning.targets import frozen_embedding
 from smiexlm.forests.forest import KeptForest
 from smiexlm.forests.members import KernelMembers, member_weights
 from smiexlm.modelio.folder import FinetunedFolder
@@ -149,7 +150,7 @@ def _members(folder: Path | str, meta: dict, served: Served, backend: str) -> li
         members.append(Member("forest", forest.valid_scores,
                               forest.scores(served.texts, meta["task_type"]), 1.0 - forest.weight))  # fmt: skip
     if kernels is not None:
-        embed = None if kernels.embedder is None else _embedding(kernels.embedder, backend)
+        embed = frozen_embedding(kernels.embedder, backend)
         for name, values in kernels.scores(served.texts, embed).items():
             _check_scored(folder, f"its member {name!r}", kernels.valid_scores[name], reference)
             members.append(Member(name, kernels.valid_scores[name], values, 0.0))
@@ -157,15 +158,6 @@ def _members(folder: Path | str, meta: dict, served: Served, backend: str) -> li
         for member in members:
             member.weight = weights[member.name]
     return members
-
-
-def _embedding(embedder: Path, backend: str):
-    """The frozen embedding the kernel members read: the folder's ``embedder/`` served as the
-    ``Featurizer`` serves it, on ``backend``."""
-    from smiexlm.featurizer import Featurizer
-
-    featurizer = Featurizer.from_pretrained(embedder, device="cpu", backend=backend)
-    return featurizer.featurize
 
 
 def serve_ensemble(folder: Path | str, smiles: list[str], batch_size: int, backend: str,
