@@ -209,8 +209,11 @@ class FinetuneConfig:
         check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
         check_choice("ensemble", self.ensemble, ENSEMBLES)
         if self.ensemble != "none":  # its members choose their own features and forests
-            for name, free in (("features", (None,)), ("forest", (None, AUTO)),
-                               ("kernels", ("none", AUTO))):
+            for name, free in (
+                ("features", (None,)),
+                ("forest", (None, AUTO)),
+                ("kernels", ("none", AUTO)),
+            ):
                 if getattr(self, name) not in free:
                     raise ConfigError(name, getattr(self, name), f"none with ensemble = "
                                       f"{self.ensemble!r} (its members choose their own)")  # fmt: skip

@@ -190,7 +190,9 @@ class KernelMembers:
         arrays = {f"{n}.{k}": v for n, m in self.members.items() for k, v in m.tensors().items()}
         arrays |= {f"{n}.valid": np.ascontiguousarray(v, np.float32)
                    for n, v in self.valid_scores.items()}  # fmt: skip
-        save_file(arrays, str(Path(folder) / KERNELS_NAME), metadata={"format": "smiexlm-kernels/1"})
+        save_file(
+            arrays, str(Path(folder) / KERNELS_NAME), metadata={"format": "smiexlm-kernels/1"}
+        )
         if self.embedder is not None:
             copy_model_folder(Path(self.embedder), Path(folder) / EMBEDDER_DIR)
         return [KERNELS_NAME]
@@ -224,7 +226,9 @@ class KernelMembers:
         return cls(members, valid, embedder)
 
 
-def member_weights(record: dict[str, Any], names: list[str], folder: Path | str) -> dict[str, float]:
+def member_weights(
+    record: dict[str, Any], names: list[str], folder: Path | str
+) -> dict[str, float]:
     """The weights of ``finetune.json["members"]`` (``record``), checked: one a member of
     ``names``, each at least 0, summing to 1; DataError naming the folder's file otherwise."""
     weights = record.get("weights")

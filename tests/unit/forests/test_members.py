@@ -25,7 +25,10 @@ MEMBERS = ["model", "forest", "svr_tanimoto", "svr_rbf", "svr_both"]
 def _rules_data(seed: int = 0):
     rng = np.random.default_rng(seed)
     y = rng.normal(size=(40, 1))
-    oof = {"forest": y + rng.normal(0, 0.8, y.shape), "svr_tanimoto": y + rng.normal(0, 0.3, y.shape)}
+    oof = {
+        "forest": y + rng.normal(0, 0.8, y.shape),
+        "svr_tanimoto": y + rng.normal(0, 0.3, y.shape),
+    }
     yv = rng.normal(size=(10, 1))
     valid = {"forest": yv + 0.5, "svr_tanimoto": yv + 0.2}
     return oof, y, valid, yv
