@@ -188,10 +188,10 @@ def _run_config(args: argparse.Namespace, task: str):
         extra["lr"] = finetune_config(task).loop.lr * args.lr_scale
     if args.precision != "auto":  # a stopped cell goes on in it (recorded as a change)
         extra["precision"] = args.precision
-    # a row is the network fine-tuned alone: forest_blend.py measures it beside forests
-    return finetune_config(
-        task, device="cpu", **{"forest": "none"} | VARIANTS[args.variant] | extra
-    )
+    # a row is the network fine-tuned alone: forest_blend.py measures it beside forests, and
+    # benchmarks/potency_members.py beside the kernel members
+    alone = {"forest": "none", "kernels": "none"}
+    return finetune_config(task, device="cpu", **alone | VARIANTS[args.variant] | extra)
 
 
 def probe(args: argparse.Namespace) -> None:
