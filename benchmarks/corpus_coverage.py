@@ -7,7 +7,7 @@
 
 Draws a seeded random sample of ``--sample`` molecules from the MOSES training corpus,
 widens it (the library path of ``smiexlm widen``, timed), and measures the coverage
-(:mod:`smiexlm.chemistry_coverage`) of the sample, the widened sample and each MoleculeNet
+(:mod:`smiexlm.chemistry.coverage`) of the sample, the widened sample and each MoleculeNet
 set of Table 1 against both. Prints the tables and writes them, with the command and the
 timings, to ``--out`` (``benchmarks/results/corpus_coverage.md``). Needs SMIEXLM_DATA.
 """
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from smiexlm.atomic import write_text_atomic
-from smiexlm.chemistry_coverage import (
+from smiexlm.chemistry.coverage import (
     collect_facts,
     comparison_table,
     corpus_range,

@@ -24,7 +24,7 @@ import numpy as np
 
 
 def family_hits(x: np.ndarray, families: list[str]) -> tuple[int, float, float]:
-    from smiexlm.demo import cosine_matrix, nearest
+    from smiexlm.cli.demo import cosine_matrix, nearest
 
     nn, cos = nearest(cosine_matrix(x))
     return sum(families[i] == families[j] for i, j in enumerate(nn)), min(cos), max(cos)
@@ -40,7 +40,7 @@ def main() -> None:
     import torch
 
     from smiexlm import Featurizer
-    from smiexlm.demo import DRUG_PANEL
+    from smiexlm.cli.demo import DRUG_PANEL
     from smiexlm.paths import data_dir
     from smiexlm.whitening import fit_whitening, pooling_whitening
 

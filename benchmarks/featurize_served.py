@@ -71,7 +71,7 @@ def float64_attention(q, k, v, key_mask):
 @contextlib.contextmanager
 def served_before():
     """The previous serving: token-budget batches across lengths, float64 attention."""
-    import smiexlm.featurizer as featurizer
+    import smiexlm.embedding.featurizer as featurizer
     import smiexlm.model.encoder as encoder
     from smiexlm.data.sampler import token_budget_batches
 
@@ -189,7 +189,7 @@ def onnx_op_profile(folder: Path, smiles: list[str]) -> dict[str, float]:
     (its own profiler, one thread), and their sum under ``"whole call"``."""
     import onnxruntime as ort
 
-    import smiexlm.serving.onnx_runtime as runtime
+    import smiexlm.embedding.onnx_runtime as runtime
 
     opened, sessions = runtime.open_session, []
     with tempfile.TemporaryDirectory() as tmp:
@@ -280,7 +280,7 @@ def main() -> None:
         help="also profile one served call by function and one ONNX call by op",
     )
     args = parser.parse_args()
-    from smiexlm.serving.onnx_export import export_onnx
+    from smiexlm.embedding.onnx_export import export_onnx
 
     smiles = pd.read_csv(data_dir() / "moleculenet" / "bbbp.csv")["smiles"].tolist()[: args.n]
     with tempfile.TemporaryDirectory() as tmp:

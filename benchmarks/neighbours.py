@@ -65,8 +65,8 @@ def main() -> None:
     import torch
 
     from smiexlm import Featurizer
-    from smiexlm.analysis.inputs import read_smiles
-    from smiexlm.fingerprints import molecule_features
+    from smiexlm.chemistry.fingerprints import molecule_features
+    from smiexlm.data.pipeline import read_smiles
     from smiexlm.model.pooling import last_blocks
     from smiexlm.moleculenet.loaders import load_task
     from smiexlm.paths import data_dir

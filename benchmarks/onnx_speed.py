@@ -39,11 +39,11 @@ import torch
 
 from smiexlm import Featurizer
 from smiexlm.data.sampler import length_batches
+from smiexlm.embedding.onnx_export import export_onnx
 from smiexlm.model.encoder import batch_invariant
 from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
 from smiexlm.modelio.records import read_onnx_manifest
 from smiexlm.paths import data_dir
-from smiexlm.serving.onnx_export import export_onnx
 
 
 def cpu_name() -> str:

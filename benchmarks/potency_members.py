@@ -71,7 +71,7 @@ def kernel_members(task, split) -> dict[str, dict]:
     """Each kernel member's validation, test and out-of-fold (train) predictions."""
     import pandas as pd
 
-    from smiexlm.fingerprints import morgan_fingerprints
+    from smiexlm.chemistry.fingerprints import morgan_fingerprints
     from smiexlm.forests.kernels import KernelInputs, fit_kernel_svr
     from smiexlm.moleculenet.splits import murcko_scaffolds
 

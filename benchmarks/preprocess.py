@@ -125,7 +125,7 @@ def _descriptors(n: int) -> None:
 
     Molecules per CPU second (all processes) is the per-core rate whatever else the machine
     runs; the wall-clock rates, and so the 2-worker speed-up, need otherwise idle cores."""
-    from smiexlm.fingerprints import rdkit2d_descriptors
+    from smiexlm.chemistry.fingerprints import rdkit2d_descriptors
 
     smiles = _moses(n)
     with tempfile.TemporaryDirectory() as tmpdir:

@@ -42,7 +42,7 @@ def per_query_ms(fn, items) -> float:
 def main() -> None:
     import faiss
 
-    from smiexlm.search import SearchIndex, build_index
+    from smiexlm.embedding.search import SearchIndex, build_index
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--embeddings", type=Path, required=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from smiexlm.core import moved
+from smiexlm.core.lazy import lazy_names
 from smiexlm.core.version import __version__
-from smiexlm.lazy import lazy_names
 
 moved.install()  # module paths that moved to another layer still import, with a warning
 
@@ -19,13 +19,13 @@ _LAZY = {
     "SmilesTokenizer": "smiexlm.tokenizer",
     "ExLMConfig": "smiexlm.model.config",
     "ExLMModel": "smiexlm.model.model",
-    "Featurizer": "smiexlm.featurizer",
+    "Featurizer": "smiexlm.embedding.featurizer",
 }
 
 __all__ = ["ExLMConfig", "ExLMModel", "Featurizer", "SmilesTokenizer", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from smiexlm.featurizer import Featurizer
+    from smiexlm.embedding.featurizer import Featurizer
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.model import ExLMModel
     from smiexlm.tokenizer import SmilesTokenizer

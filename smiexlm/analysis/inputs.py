@@ -7,14 +7,11 @@ run on data the model did not train on, as in ExLM Appendix E.2 and MAE-LM §2.2
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from smiexlm.data.readers import iter_smiles
-from smiexlm.errors import DataError
 from smiexlm.modelio.folder import ModelFolder
 from smiexlm.modelio.pretrained import load_pretrained
 from smiexlm.paths import check_not_a_file, data_dir
@@ -32,19 +29,6 @@ def load_model_and_tokenizer(folder: Path):
     reader.config  # noqa: B018 (a folder without config.json fails here, naming it)
     pre = load_pretrained(reader)
     return pre.model.eval(), pre.tokenizer
-
-
-def read_smiles(path: Path, max_molecules: int | None = None) -> list[str]:
-    """The first ``max_molecules`` non-blank SMILES of a file that ``smiexlm preprocess``
-    reads (one per line, optionally gzipped, or a table with a SMILES column)."""
-    smiles = (s for s in iter_smiles(Path(path), what="--smiles-file") if s)
-    out = list(islice(smiles, max_molecules))
-    if not out:
-        raise DataError(
-            f"--smiles-file {str(path)!r}: no SMILES found; expected one per line or a "
-            "table with a SMILES column"
-        )
-    return out
 
 
 def encode(tokenizer, smiles: list[str], max_length: int) -> tuple[Tensor, Tensor]:

@@ -38,7 +38,8 @@ Seed = Annotated[int, typer.Option(help="Seed of the masks.")]
 
 
 def _smiles(path: Path | None, n: int) -> list[str]:
-    from smiexlm.analysis.inputs import default_smiles_file, read_smiles
+    from smiexlm.analysis.inputs import default_smiles_file
+    from smiexlm.data.pipeline import read_smiles
 
     return read_smiles(path or default_smiles_file(), n)
 

@@ -81,7 +81,7 @@ def embed(
     """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv. A folder
     --out is written part by part and resumed by the same command; run it under `torchrun
     --nproc_per_node N` to share the parts among N processes."""
-    from smiexlm.embed import embed_file, embed_parts
+    from smiexlm.embedding.embed import embed_file, embed_parts
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.training.workers import detect
 
@@ -141,7 +141,7 @@ def demo(
     device: Device = "auto",
 ) -> None:
     """Embed 21 well-known drugs and show each one's nearest neighbour."""
-    from smiexlm.demo import format_demo, run_demo
+    from smiexlm.cli.demo import format_demo, run_demo
 
     typer.echo(format_demo(run_demo(checkpoint, device)))
 
@@ -195,7 +195,7 @@ def whiten(
     """Fit the whitening of MODEL's embeddings (each pooling) on a corpus and store it in the
     folder, or in a copy of it with --out (whitening.safetensors): cosine neighbours in the
     corpus's own units."""
-    from smiexlm.whitening.corpus import whiten_model
+    from smiexlm.embedding.whitening_fit import whiten_model
 
     record = whiten_model(model, corpus, rows, default, device=device, pooling=pooling, out=out,
                           layers=layers)  # fmt: skip

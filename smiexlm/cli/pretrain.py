@@ -152,13 +152,13 @@ def export(
     from smiexlm.pretraining.export import export_run
 
     if onnx:  # fail before the export, not after it
-        from smiexlm.serving.onnx_export import require_exporter
+        from smiexlm.embedding.onnx_export import require_exporter
 
         require_exporter()
     commands = run_dir / "command.txt"
     command = commands.read_text().strip() if commands.is_file() else None
     typer.echo(str(export_run(run_dir, out, checkpoint, data, fp16, command, pooling)))
     if onnx:
-        from smiexlm.serving.onnx_export import export_onnx
+        from smiexlm.embedding.onnx_export import export_onnx
 
         typer.echo(str(export_onnx(out, "encoder")))

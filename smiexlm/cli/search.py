@@ -43,7 +43,7 @@ def index(
 ) -> None:
     """Build a similarity-search index over embeddings: an HNSW graph of the cosine
     similarities (FAISS) and the library's ECFP4 fingerprints for exact Tanimoto search."""
-    from smiexlm.search import build_index
+    from smiexlm.embedding.search import build_index
 
     _threads(threads)
     info = build_index(embeddings, out, m, ef_construction)
@@ -76,8 +76,8 @@ def search(
     """The k nearest library molecules of each query, by embedding cosine and ECFP4 Tanimoto."""
     from smiexlm.atomic import atomic_path
     from smiexlm.data.readers import read_table
+    from smiexlm.embedding.search import SearchIndex, format_hits
     from smiexlm.paths import check_output
-    from smiexlm.search import SearchIndex, format_hits
 
     if out is not None:
         check_output(out, "--out")
@@ -94,7 +94,7 @@ def search(
 
 def _threads(threads: int | None) -> None:
     if threads is not None:
-        from smiexlm.search import _faiss
+        from smiexlm.embedding.search import _faiss
 
         _faiss().omp_set_num_threads(threads)
 

@@ -33,8 +33,8 @@ def export_onnx(
 
     Serve it with Featurizer.from_pretrained(FOLDER, backend="onnx") or
     `smiexlm predict --backend onnx`. Needs the onnx extra (onnx, onnxscript, onnxruntime)."""
+    from smiexlm.embedding.onnx_export import export_onnx as write_graph
     from smiexlm.finetuning.ensemble import network_folders
-    from smiexlm.serving.onnx_export import export_onnx as write_graph
 
     for each in network_folders(folder) or [folder]:  # an ensemble: each network member's
         typer.echo(str(write_graph(each, kind)))  # type: ignore[arg-type]

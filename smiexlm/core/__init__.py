@@ -1,5 +1,6 @@
-"""The shared ground every layer stands on: the package's version (the errors, paths, atomic
-writes, settings and device helpers join it as the layers are drawn)."""
+"""The shared ground every layer stands on, with the top-level ``errors``, ``paths``,
+``atomic``, ``settings`` and ``device``: the package's version, lazy public names (``lazy``)
+and the module paths that moved (``moved``)."""
 
 from smiexlm.core.version import __version__
 

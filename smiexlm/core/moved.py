@@ -16,7 +16,28 @@ import warnings
 from types import ModuleType
 
 #: old module path -> where it lives now (the old path goes in the release after the next)
-MOVED = {"smiexlm.moleculenet.configs": "smiexlm.finetuning.config"}
+MOVED: dict[str, str | tuple[str, ...]] = {
+    "smiexlm.moleculenet.configs": "smiexlm.finetuning.config",
+    # the layers drawn: loose modules grouped by layer (docs/architecture.md)
+    "smiexlm.featurizer": "smiexlm.embedding.featurizer",
+    "smiexlm.featurize_report": "smiexlm.embedding.report",
+    "smiexlm.embed": "smiexlm.embedding.embed",
+    "smiexlm.integrations": "smiexlm.embedding.integrations",
+    "smiexlm.search": "smiexlm.embedding.search",
+    "smiexlm.whitening.corpus": "smiexlm.embedding.whitening_fit",
+    "smiexlm.whitening.file": "smiexlm.modelio.whitening_file",
+    "smiexlm.serving.graph": "smiexlm.embedding.onnx_graph",
+    "smiexlm.serving.onnx_export": "smiexlm.embedding.onnx_export",
+    "smiexlm.serving.onnx_runtime": (
+        "smiexlm.embedding.onnx_runtime",
+        "smiexlm.serving.onnx_predictor",
+    ),
+    "smiexlm.fingerprints": "smiexlm.chemistry.fingerprints",
+    "smiexlm.descriptor_stats": "smiexlm.chemistry.descriptor_stats",
+    "smiexlm.chemistry_coverage": "smiexlm.chemistry.coverage",
+    "smiexlm.lazy": "smiexlm.core.lazy",
+    "smiexlm.demo": "smiexlm.cli.demo",
+}
 
 
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -28,11 +49,15 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         new = MOVED[module.__name__]
-        warnings.warn(f"{module.__name__} moved to {new}: import it from there (the old path "
-                      "goes in a later release)", DeprecationWarning, stacklevel=2)  # fmt: skip
-        target = importlib.import_module(new)
-        module.__dict__.update({k: v for k, v in vars(target).items() if not k.startswith("__")})
-        module.__doc__ = target.__doc__
+        homes = (new,) if isinstance(new, str) else new  # a module split in two: both halves
+        warnings.warn(f"{module.__name__} moved to {' and '.join(homes)}: import it from there "
+                      "(the old path goes in a later release)", DeprecationWarning, stacklevel=2)  # fmt: skip
+        for home in homes:
+            target = importlib.import_module(home)
+            module.__dict__.update(
+                {k: v for k, v in vars(target).items() if not k.startswith("__")}
+            )
+        module.__doc__ = importlib.import_module(homes[0]).__doc__
 
 
 def install() -> None:

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from smiexlm.lazy import lazy_names
+from smiexlm.core.lazy import lazy_names
 
 _LAZY = {
     "preprocess": "smiexlm.data.pipeline",

@@ -1,7 +1,7 @@
 """Descriptor targets beside the token shards (``smiexlm preprocess --descriptors rdkit2d``).
 
 Workers compute every RDKit 2D descriptor of each kept molecule's final SMILES with
-:func:`smiexlm.fingerprints.compute_descriptors`, the package's one descriptor code. A value
+:func:`smiexlm.chemistry.fingerprints.compute_descriptors`, the package's one descriptor code. A value
 RDKit cannot compute, an infinity or a value beyond ±``DESCRIPTOR_LIMIT`` is stored as NaN
 (masked by the losses), never dropped; a SMILES RDKit cannot parse (possible with
 ``--no-canonicalize``) gets a row of NaN. NaN values are counted per split and descriptor in
@@ -15,7 +15,7 @@ written with its token shard (to a temporary name, renamed, before the ``.idx``)
 committed by the same ``progress.json`` update, so resume drops or keeps both together.
 
 When every shard is written, robust normalisation statistics are fitted on the train split
-(:mod:`smiexlm.descriptor_stats`) and saved as ``descriptors.json`` in the dataset folder.
+(:mod:`smiexlm.chemistry.descriptor_stats`) and saved as ``descriptors.json`` in the dataset folder.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from smiexlm.chemistry.descriptor_stats import STATS_NAME, fit_descriptor_stats
+from smiexlm.chemistry.fingerprints import descriptor_names, descriptor_version
 from smiexlm.data.shards import locate_row
-from smiexlm.descriptor_stats import STATS_NAME, fit_descriptor_stats
 from smiexlm.errors import DataError
-from smiexlm.fingerprints import descriptor_names, descriptor_version
 from smiexlm.paths import file_sha256
 
 DESC_SUFFIX = "desc"

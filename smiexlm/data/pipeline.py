@@ -23,14 +23,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
+from smiexlm.chemistry.fingerprints import check_descriptor_kind
 from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.data.preprocess_run import SPLITS, PreprocessRun
-from smiexlm.data.readers import detect_format
+from smiexlm.data.readers import detect_format, iter_smiles
 from smiexlm.data.resume import remove_run as _remove_run
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.fingerprints import check_descriptor_kind
 from smiexlm.paths import check_output
 from smiexlm.tokenizer import SmilesTokenizer
 
@@ -187,3 +188,16 @@ def preprocess(
 
 
 __all__ = ["PreprocessConfig", "PreprocessResult", "preprocess"]
+
+
+def read_smiles(path: Path, max_molecules: int | None = None) -> list[str]:
+    """The first ``max_molecules`` non-blank SMILES of a file that ``smiexlm preprocess``
+    reads (one per line, optionally gzipped, or a table with a SMILES column)."""
+    smiles = (s for s in iter_smiles(Path(path), what="--smiles-file") if s)
+    out = list(islice(smiles, max_molecules))
+    if not out:
+        raise DataError(
+            f"--smiles-file {str(path)!r}: no SMILES found; expected one per line or a "
+            "table with a SMILES column"
+        )
+    return out

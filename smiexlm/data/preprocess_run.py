@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from smiexlm.chemistry.fingerprints import compute_descriptors, descriptor_version
 from smiexlm.data.dedup import HashSet64
 from smiexlm.data.descriptors import count_nan, finish_descriptors
 from smiexlm.data.normalize import REJECT_REASONS, NormalizeConfig, process_chunk
@@ -29,7 +30,6 @@ from smiexlm.data.readers import detect_format, read_chunks
 from smiexlm.data.resume import check_resume, drop_uncommitted
 from smiexlm.data.shards import read_hashes, write_shard
 from smiexlm.errors import DataError
-from smiexlm.fingerprints import compute_descriptors, descriptor_version
 from smiexlm.paths import VOCAB_NAME, file_sha256, write_json
 from smiexlm.tokenizer import SmilesTokenizer
 from smiexlm.tokenizer.fast import ChunkEncoder

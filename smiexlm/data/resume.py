@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 from smiexlm.atomic import is_temporary_name, remove_path
+from smiexlm.chemistry.descriptor_stats import STATS_NAME
 from smiexlm.data.shards import SHARD_SUFFIXES, Split
-from smiexlm.descriptor_stats import STATS_NAME
 from smiexlm.errors import ConfigError, DataError, VocabularyMismatchError
 from smiexlm.paths import VOCAB_NAME
 

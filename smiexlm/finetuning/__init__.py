@@ -12,7 +12,7 @@ settings needs no torch."""
 
 from __future__ import annotations
 
-from smiexlm.lazy import lazy_names
+from smiexlm.core.lazy import lazy_names
 
 _LAZY = {
     "Examples": "smiexlm.finetuning.batches",

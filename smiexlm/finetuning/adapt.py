@@ -31,8 +31,8 @@ def adapt_descriptors(
     updates of descriptor regression on ``rows`` (token ids of ``texts``, the model-side
     SMILES of the training molecules); returns the loss of the first and last tenth of the
     updates (normalised units) and the CPU seconds spent."""
+    from smiexlm.chemistry.fingerprints import compute_descriptors
     from smiexlm.finetuning.batches import Examples, bucketed_batches, to_batch
-    from smiexlm.fingerprints import compute_descriptors
 
     stats = model.descriptor_stats
     if model.descriptor_head is None or stats is None:

@@ -94,7 +94,7 @@ def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | N
     if not cfg.features:
         return None, None
     if raw is None:
-        from smiexlm.fingerprints import molecule_features
+        from smiexlm.chemistry.fingerprints import molecule_features
 
         raw = molecule_features(inputs, cfg.features, cache=True)
     scaler = FeatureScaler.fit(raw[np.asarray(split.train)], cfg.features)
@@ -358,7 +358,7 @@ def run_finetune(
         """The hybrid features beside the head (None without): on MUV they take minutes."""
         if not kind:
             return None
-        from smiexlm.fingerprints import molecule_features
+        from smiexlm.chemistry.fingerprints import molecule_features
 
         return molecule_features(texts(), kind, cache=True)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from smiexlm.chemistry.fingerprints import FEATURE_KINDS
 from smiexlm.errors import (
     ConfigError,
     check_choice,
@@ -16,7 +17,6 @@ from smiexlm.errors import (
     check_spellings,
 )
 from smiexlm.finetuning.loop_config import LoopConfig
-from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.forests.blend import DEFAULT_BLEND, check_blend
 from smiexlm.forests.kernels import KERNELS
 from smiexlm.forests.members import COMBINES

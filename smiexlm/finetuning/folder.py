@@ -9,7 +9,7 @@ applicability domain and calibration need, :mod:`smiexlm.trust.reference`), with
 :mod:`smiexlm.forests.forest`), each file's sha256 in ``checksums.json``. It is read, every file checked, by
 :class:`smiexlm.modelio.folder.FinetunedFolder` and loaded by
 :func:`smiexlm.modelio.pretrained.load_finetuned` (torch) or
-:class:`smiexlm.serving.onnx_runtime.OnnxPredictor` (its ONNX graph).
+:class:`smiexlm.serving.onnx_predictor.OnnxPredictor` (its ONNX graph).
 
 ``finetune --save-dir DIR`` writes ``DIR/seed<N>``; :func:`check_free_seed_folders` refuses,
 before any training, to replace one that holds something already. An ensemble names each

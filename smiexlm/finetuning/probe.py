@@ -22,9 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from smiexlm.chemistry.fingerprints import FEATURE_KINDS
 from smiexlm.errors import ConfigError, check_positive_int, check_spellings
 from smiexlm.finetuning.folder import check_free_seed_folders
-from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.forests.features import FeatureScaler
 from smiexlm.model.pooling import pooling_parts
 from smiexlm.moleculenet.metrics import TaskScores, score
@@ -248,7 +248,7 @@ def run_probe(
     x = pooled if whitening is None else whitening(pooled)
     raw = None
     if cfg.features:
-        from smiexlm.fingerprints import molecule_features
+        from smiexlm.chemistry.fingerprints import molecule_features
 
         # filled per split, on its train rows
         raw = molecule_features(inputs, cfg.features, cache=True)

@@ -171,7 +171,7 @@ def frozen_embedding(folder, backend: str = "torch") -> Any:
         return None
 
     def embed(texts: list[str]) -> np.ndarray:
-        from smiexlm.featurizer import Featurizer
+        from smiexlm.embedding.featurizer import Featurizer
 
         return Featurizer.from_pretrained(folder, device="cpu", backend=backend).featurize(texts)
 

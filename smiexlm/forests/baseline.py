@@ -31,8 +31,8 @@ from scipy import sparse
 from tqdm.auto import tqdm
 
 from smiexlm.atomic import atomic_paths
+from smiexlm.chemistry.fingerprints import FEATURE_KINDS, morgan_fingerprints, rdkit2d_descriptors
 from smiexlm.errors import ConfigError
-from smiexlm.fingerprints import FEATURE_KINDS, morgan_fingerprints, rdkit2d_descriptors
 from smiexlm.forests.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
@@ -172,7 +172,7 @@ class ForestFeatures:
     """The raw forest features of every molecule of ``smiles``, computed once: ECFP4 bits
     and/or RDKit 2D descriptors. :meth:`scaler` fits the descriptors' scaling on a split's
     train rows, :meth:`matrix` applies it. ``cache``: a data set's descriptors are kept on
-    disk (:func:`~smiexlm.fingerprints.rdkit2d_descriptors`)."""
+    disk (:func:`~smiexlm.chemistry.fingerprints.rdkit2d_descriptors`)."""
 
     def __init__(self, smiles: Sequence[str], kind: str, radius: int = 2, n_bits: int = 2048,
                  cache: bool = False):  # fmt: skip

@@ -2,7 +2,7 @@
 embedding.
 
 ``--features ecfp4|rdkit2d|both`` computes the raw features
-(:func:`smiexlm.fingerprints.molecule_features`), and a :class:`FeatureScaler` fitted on the
+(:func:`smiexlm.chemistry.fingerprints.molecule_features`), and a :class:`FeatureScaler` fitted on the
 **train split only** fills missing values with the train median, standardises each column
 with the train mean and standard deviation (columns constant on train get std 1, so they stay
 0) and clips to ±``clip`` so a bit seen once in training cannot dominate the head. The scaler

@@ -161,7 +161,7 @@ def _read(path: Path) -> dict:
 def _check_record(record: Any, folder: Path, name: str) -> FeatureScaler | None:
     """The scaler of a ``finetune.json["forest"]`` block (of the file ``name``), every key
     checked."""
-    from smiexlm.fingerprints import FEATURE_KINDS
+    from smiexlm.chemistry.fingerprints import FEATURE_KINDS
 
     where = f"{str(folder / name)!r}: key 'forest'"
     if not isinstance(record, dict):

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from smiexlm.chemistry.fingerprints import bit_tanimoto as tanimoto
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.fingerprints import bit_tanimoto as tanimoto
 
 KERNELS = ("tanimoto", "rbf", "both")
 CS = (0.3, 1.0, 3.0, 10.0, 30.0)

@@ -129,7 +129,7 @@ class KernelMembers:
     @staticmethod
     def inputs(texts: list[str], kinds: list[str], embed: Embed | None) -> KernelInputs:
         """What ``kinds`` read of ``texts``: ECFP4 bits, and the frozen embedding (``embed``)."""
-        from smiexlm.fingerprints import morgan_fingerprints
+        from smiexlm.chemistry.fingerprints import morgan_fingerprints
 
         bits = morgan_fingerprints(texts) if set(kinds) - {"rbf"} else None
         vectors = None
@@ -231,12 +231,14 @@ def member_weights(
 ) -> dict[str, float]:
     """The weights of ``finetune.json["members"]`` (``record``), checked: one a member of
     ``names``, each at least 0, summing to 1; DataError naming the folder's file otherwise."""
+    from smiexlm.modelio.layout import FINETUNE_NAME
+
     weights = record.get("weights")
     ok = (isinstance(weights, dict) and sorted(weights) == sorted(names)
           and all(type(w) in (int, float) and w >= 0 for w in weights.values())
           and abs(sum(weights.values()) - 1.0) < 1e-6)  # fmt: skip
     if not ok:
-        raise DataError(f"{str(Path(folder) / 'finetune.json')!r}: 'members.weights' is "
+        raise DataError(f"{str(Path(folder) / FINETUNE_NAME)!r}: 'members.weights' is "
                         f"{weights!r}: expected one weight of at least 0 for each of "
                         f"{', '.join(names)}, summing to 1")  # fmt: skip
     return {n: float(w) for n, w in weights.items()}

@@ -9,7 +9,7 @@ the search leaves in its folder); ``config`` (:class:`HpoptConfig`, the search's
 
 from __future__ import annotations
 
-from smiexlm.lazy import lazy_names
+from smiexlm.core.lazy import lazy_names
 
 _LAZY = {"run_hpopt": "smiexlm.hpopt.run", "HpoptConfig": "smiexlm.hpopt.config"}
 

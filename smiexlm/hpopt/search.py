@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from smiexlm.chemistry.fingerprints import FEATURE_KINDS
 from smiexlm.errors import DataError
 from smiexlm.finetuning.backbone import Backbone
 from smiexlm.finetuning.config import FinetuneConfig
-from smiexlm.fingerprints import FEATURE_KINDS
 from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.model.pooling import POOLINGS
 from smiexlm.moleculenet.splits import Split
@@ -172,7 +172,7 @@ class Search:
         if kind is None:
             return None
         if kind not in self.features:
-            from smiexlm.fingerprints import molecule_features
+            from smiexlm.chemistry.fingerprints import molecule_features
 
             self.features[kind] = molecule_features(self.inputs, kind, cache=True)
         return self.features[kind]

@@ -123,7 +123,7 @@ class ModelFolder:
     def whitening(self) -> dict[str, Whitening] | None:
         """The corpus whitening of each pooling it stores (None without
         ``whitening.safetensors``), checked against its sha256 and the model's width."""
-        from smiexlm.whitening.file import load_whitening
+        from smiexlm.modelio.whitening_file import load_whitening
 
         return load_whitening(self.path, self.config.d_model)
 

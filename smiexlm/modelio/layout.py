@@ -24,14 +24,14 @@ calibration), ``forest.skops`` (with ``finetune --forest``) and, once exported,
 The names are defined here and nowhere else, so one module says what a folder is; the
 folder's reader is :class:`smiexlm.modelio.folder.ModelFolder`. ``vocab.json`` and
 ``descriptors.json`` are also files of a dataset folder, so their names live lower, beside
-the code that reads them there (:mod:`smiexlm.paths`, :mod:`smiexlm.descriptor_stats`).
+the code that reads them there (:mod:`smiexlm.paths`, :mod:`smiexlm.chemistry.descriptor_stats`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from smiexlm.descriptor_stats import STATS_NAME
+from smiexlm.chemistry.descriptor_stats import STATS_NAME
 from smiexlm.errors import DataError
 from smiexlm.paths import ASSETS_DIR, VOCAB_NAME, check_not_a_file
 

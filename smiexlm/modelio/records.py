@@ -176,7 +176,7 @@ def read_corpus_tokens(folder: Path, vocabulary: Mapping[str, int]) -> np.ndarra
 
 
 def read_onnx_manifest(folder: Path) -> dict[str, Any] | None:
-    """``onnx.json`` of a model folder (the graphs :mod:`smiexlm.serving.onnx_export` wrote),
+    """``onnx.json`` of a model folder (the graphs :mod:`smiexlm.embedding.onnx_export` wrote),
     or None when it has none."""
     path = Path(folder) / ONNX_MANIFEST_NAME
     if not path.is_file():

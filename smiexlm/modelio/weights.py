@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from smiexlm.atomic import write_text_atomic
-from smiexlm.descriptor_stats import STATS_NAME, load_model_descriptor_stats
+from smiexlm.chemistry.descriptor_stats import STATS_NAME, load_model_descriptor_stats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.config import ExLMConfig
 from smiexlm.modelio.integrity import (

@@ -16,7 +16,7 @@ and the baseline take), ``load_dataset`` a MoleculeNet set's table as a DataFram
 
 from __future__ import annotations
 
-from smiexlm.lazy import lazy_names
+from smiexlm.core.lazy import lazy_names
 
 _LAZY = {
     "load_dataset": "smiexlm.moleculenet.loaders",

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from smiexlm.chemistry.fingerprints import bit_tanimoto
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.fingerprints import bit_tanimoto
 
 SIMILARITY = 0.9  # the least similarity by one of the measures
 GAP = 1.0  # log units: tenfold
@@ -38,7 +38,7 @@ def _bits(mols: list, scaffold: bool) -> np.ndarray:
     ring), which is similar to nothing."""
     from rdkit.Chem.Scaffolds import MurckoScaffold
 
-    from smiexlm.fingerprints import morgan_generator
+    from smiexlm.chemistry.fingerprints import morgan_generator
 
     generator = morgan_generator()
     out = np.zeros((len(mols), 2048), dtype=np.uint8)
@@ -57,7 +57,7 @@ def similarities(smiles: Sequence[str]) -> dict[str, np.ndarray]:
     from rapidfuzz.process import cdist
     from rdkit import Chem
 
-    from smiexlm.fingerprints import _parse
+    from smiexlm.chemistry.fingerprints import _parse
 
     mols = [_parse(str(s).strip()) for s in smiles]
     canonical = [Chem.MolToSmiles(m) if m is not None else "" for m in mols]

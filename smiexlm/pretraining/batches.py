@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from smiexlm.chemistry.descriptor_stats import DescriptorStats, load_dataset_stats
 from smiexlm.data.collate import collate
 from smiexlm.data.descriptors import DescriptorTable
 from smiexlm.data.sampler import TokenBudgetSampler
 from smiexlm.data.shards import TokenDataset, read_manifest
-from smiexlm.descriptor_stats import DescriptorStats, load_dataset_stats
 from smiexlm.errors import DataError, VocabularyMismatchError
 from smiexlm.model.masking import mask_tokens
 from smiexlm.paths import VOCAB_NAME

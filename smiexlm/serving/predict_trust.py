@@ -27,7 +27,7 @@ def domain_columns(folders: list, served: list[Served], quantile: float) -> dict
     """The applicability-domain columns on the parsable molecules, ``in_domain`` against the
     ``quantile`` bounds (:class:`~smiexlm.trust.domain.DomainBounds`), or None when a folder
     has no reference."""
-    from smiexlm.fingerprints import ecfp4_packed
+    from smiexlm.chemistry.fingerprints import ecfp4_packed
 
     lacking = [f for f, s in zip(folders, served, strict=True) if s.reference is None]
     for folder in lacking:

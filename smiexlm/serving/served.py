@@ -90,7 +90,7 @@ def serve_one(
     from smiexlm.finetuning import predict as engine_predict
 
     if backend == "onnx":  # the folder's predictor.onnx (smiexlm export-onnx)
-        from smiexlm.serving.onnx_runtime import OnnxPredictor
+        from smiexlm.serving.onnx_predictor import OnnxPredictor
 
         model = OnnxPredictor(FinetunedFolder(folder))
         inputs, meta = model.inputs, model.meta
@@ -220,7 +220,7 @@ def _features(meta: dict, texts: list[str], folder: str) -> np.ndarray | None:
     """The hybrid head's scaled features, or None for a plain head."""
     if not meta.get("feature_scaler"):
         return None
-    from smiexlm.fingerprints import molecule_features
+    from smiexlm.chemistry.fingerprints import molecule_features
     from smiexlm.forests.features import FeatureScaler
 
     scaler = FeatureScaler.from_dict(meta["feature_scaler"], folder)

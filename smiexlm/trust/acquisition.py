@@ -183,7 +183,7 @@ def _diverse(order: np.ndarray, smiles: list, n: int, max_similarity: float) -> 
     one exceeds ``max_similarity``; (kept rows, skipped count)."""
     if max_similarity >= 1:
         return [int(i) for i in order[:n]], 0
-    from smiexlm.fingerprints import ecfp4_packed
+    from smiexlm.chemistry.fingerprints import ecfp4_packed
     from smiexlm.trust.domain import tanimoto_from_counts, unpack_ecfp4
 
     kept: list[int] = []

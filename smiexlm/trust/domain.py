@@ -4,7 +4,7 @@ Two measures of nearness to the training molecules, both exact (every training m
 compared; a training set of MoleculeNet's size is small enough):
 
 - **Tanimoto** similarity of ECFP4 (radius 2, 2,048 bits), the packed fingerprints of
-  ``smiexlm search`` (:func:`smiexlm.fingerprints.ecfp4_packed`); the bit intersections come from one
+  ``smiexlm search`` (:func:`smiexlm.chemistry.fingerprints.ecfp4_packed`); the bit intersections come from one
   matrix product per block of queries, exact in float32 (counts stay below 2**24);
 - **cosine** similarity of the fine-tuned model's own pooled embedding (the features its head
   reads), unit length.

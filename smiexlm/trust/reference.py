@@ -51,7 +51,7 @@ class Reference:
         valid_scores: np.ndarray,
     ) -> Reference:  # fmt: skip
         """From the model-side SMILES and pooled features of the train and validation rows."""
-        from smiexlm.fingerprints import ecfp4_packed
+        from smiexlm.chemistry.fingerprints import ecfp4_packed
 
         train_bits = ecfp4_packed(train_smiles)
         train_embedding = unit_rows(train_pooled)
@@ -67,7 +67,7 @@ class Reference:
         """Nearest and mean-of-k training similarities of other molecules (their model-side
         SMILES and pooled embeddings): ``tanimoto``, ``mean_tanimoto``, ``cosine``,
         ``mean_cosine``."""
-        from smiexlm.fingerprints import ecfp4_packed
+        from smiexlm.chemistry.fingerprints import ecfp4_packed
 
         tanimoto = tanimoto_neighbours(ecfp4_packed(smiles), self.train_ecfp4)
         cosine = cosine_neighbours(pooled, self.train_embedding)

@@ -1,9 +1,9 @@
 """Whitening of a model's embeddings: fitted on a corpus once, stored with the model.
 
-The package is the one home of the concept: the maths here (:class:`Whitening`,
+The concept's maths live here (:class:`Whitening`,
 :func:`fit_whitening`, the keys of a pooling's whitening), the model folder's
-``whitening.safetensors`` in :mod:`smiexlm.whitening.file`, and fitting one on a corpus for a
-model (``smiexlm whiten``) in :mod:`smiexlm.whitening.corpus`.
+``whitening.safetensors`` in :mod:`smiexlm.modelio.whitening_file`, and fitting one on a corpus for a
+model (``smiexlm whiten``) in :mod:`smiexlm.embedding.whitening_fit`.
 
 The pooled states of a small encoder share a few strong directions: every molecule has a
 large component along them, so raw cosine similarities crowd together (0.3-0.94 for the
@@ -28,8 +28,8 @@ with mean pooling (``benchmarks/neighbours.py``).
 
 A model folder keeps the whitening of each pooling in ``whitening.safetensors`` (tensors
 ``{pooling}.mean`` (d,) and ``{pooling}.matrix`` (d, d), float32, with the corpus it was fitted
-on in the metadata; read and written by :mod:`smiexlm.whitening.file`), fitted by
-``smiexlm whiten`` (:func:`smiexlm.whitening.corpus.whiten_model`); its ``embedding.json`` says whether
+on in the metadata; read and written by :mod:`smiexlm.modelio.whitening_file`), fitted by
+``smiexlm whiten`` (:func:`smiexlm.embedding.whitening_fit.whiten_model`); its ``embedding.json`` says whether
 the featurizer whitens by default. A combined pooling such as
 ``cls+mean+max`` may have its own, fitted on the parts side by side (n·d wide): that one
 also decorrelates the parts from each other, which whitening each part alone does not. A

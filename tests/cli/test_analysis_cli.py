@@ -132,8 +132,9 @@ def test_rank_matches_a_direct_computation(setup):
     from smiexlm.analysis import inputs
     from smiexlm.analysis.measures import effective_rank
     from smiexlm.analysis.rank import rank_by_layer
+    from smiexlm.data.pipeline import read_smiles
 
-    smiles = inputs.read_smiles(setup["smiles"], 20)
+    smiles = read_smiles(setup["smiles"], 20)
     result = rank_by_layer([setup["ckpt"]["mlm"]], smiles, progress=False)
     model, tok = inputs.load_model_and_tokenizer(setup["ckpt"]["mlm"])
     ids, mask = inputs.encode(tok, smiles, 256)

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from smiexlm import Featurizer
-from smiexlm.demo import DRUG_PANEL, cosine_matrix, run_demo
-from smiexlm.embed import embed_file, embed_parts
+from smiexlm.cli.demo import DRUG_PANEL, cosine_matrix, run_demo
+from smiexlm.embedding.embed import embed_file, embed_parts
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from tests.unit.featurizer.test_featurizer import make_checkpoint
 from tests.warm_cli import run_smiexlm

@@ -21,6 +21,14 @@ def test_no_import_goes_up_a_layer():
     assert "0 broken" in done.stdout
 
 
+def test_the_top_level_holds_the_shared_ground_and_packages():
+    """Besides ``__init__``, the package's top level keeps the five modules every layer imports
+    (errors, paths, atomic writes, settings, device); everything else sits in the package of
+    its layer (docs/architecture.md)."""
+    loose = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert loose == ["atomic", "device", "errors", "paths", "settings"], loose
+
+
 SPECIAL_NAMES = {
     "PAD_ID", "BOS_ID", "EOS_ID", "MASK_ID", "UNK_ID",
     "SPECIAL_TOKENS", "N_SPECIAL_TOKENS", "IGNORE_INDEX",
@@ -59,14 +67,6 @@ def test_tokenization_is_one_folder():
                 assert getattr(node.operand, "value", None) != 100, (path, node.lineno)
 
 
-def test_tokenizer_package_sits_below_the_rest():
-    allowed = ("smiexlm.tokenizer", "smiexlm.errors", "smiexlm.paths", "smiexlm.atomic")
-    for path, tree in _modules().items():
-        if path.startswith("smiexlm/tokenizer/"):
-            project = {m for m in _imports(tree) if m.startswith("smiexlm")}
-            assert all(m.startswith(allowed) for m in project), (path, project)
-
-
 def test_the_network_reads_and_writes_no_model_folder():
     """``smiexlm.model`` (the network) imports nothing of ``smiexlm.modelio`` (model folders)
     at its top: ``ExLMModel.from_pretrained`` and ``save_pretrained`` import the folder code
@@ -77,12 +77,6 @@ def test_the_network_reads_and_writes_no_model_folder():
             names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
             names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
             assert not any(m.startswith("smiexlm.modelio") for m in names), path
-
-
-def test_training_does_not_import_the_text_adapter():
-    for path, tree in _modules().items():
-        if path.startswith("smiexlm/pretraining/"):
-            assert not any(m.startswith("smiexlm.text") for m in _imports(tree)), path
 
 
 def test_each_helper_has_one_definition():
@@ -108,7 +102,7 @@ def test_each_helper_has_one_definition():
             for node in ast.walk(tree)
         )
     ]
-    assert morgan == ["smiexlm/fingerprints.py"]
+    assert morgan == ["smiexlm/chemistry/fingerprints.py"]
 
 
 def _where(predicate) -> dict[str, list[int]]:
@@ -151,7 +145,7 @@ def test_one_home_loads_a_model_folder():
     assert set(_where(called("load_whitening"))) == {"smiexlm/modelio/folder.py"}
     assert set(_where(called("read_onnx_manifest"))) == {
         "smiexlm/modelio/folder.py",
-        "smiexlm/serving/onnx_export.py",  # the writer keeps the other graphs' records
+        "smiexlm/embedding/onnx_export.py",  # the writer keeps the other graphs' records
     }
     # config.json of a model folder: its reader and the loader (which checks it against the
     # weights before allocating); a training checkpoint's config is read by its own resume.
@@ -247,46 +241,6 @@ def test_imports_form_no_circle_across_packages():
     assert _circles(real) == [], _circles(real)
 
 
-def test_the_corpus_layer_never_reaches_up_to_the_evaluation_layer():
-    """``smiexlm.data`` (reading, preprocessing and widening corpora) imports nothing of
-    ``smiexlm.moleculenet``: widening's exclusion is handed the evaluation molecules
-    (``moleculenet.loaders.evaluation_sets``) by its caller."""
-    graph = _import_graph()
-    up = {m: sorted(t for t in edges if t.startswith("smiexlm.moleculenet"))
-          for m, edges in graph.items() if m.startswith("smiexlm.data")}  # fmt: skip
-    assert {m: t for m, t in up.items() if t} == {}
-
-
-def _reaches(graph: dict[str, dict[str, bool]], start: str, around: set[str]) -> set[str]:
-    """The modules ``start`` imports, directly or through others, not going through ``around``."""
-    seen, todo = set(), [start]
-    while todo:
-        for target in graph[todo.pop()]:
-            if target not in seen:
-                seen.add(target)
-                if target not in around:
-                    todo.append(target)
-    return seen
-
-
-def test_serving_and_moleculenet_do_not_import_each_other():
-    """Serving (``predict`` and ONNX) reads a fine-tuned folder through ``FinetunedFolder``
-    (``smiexlm.modelio``) and its forests and ensembles through their own packages, never
-    through MoleculeNet; MoleculeNet (the sets, splits, scores and reports) imports nothing of
-    serving, and fine-tuning never reaches onnxruntime's wrapper. (The featurizer's own
-    ``backend="onnx"``, asked for by name, is the one way in; fine-tuning may use the
-    featurizer.)"""
-    graph = _import_graph()
-    for module, edges in graph.items():
-        if module.startswith("smiexlm.serving"):
-            assert not any(t.startswith("smiexlm.moleculenet") for t in edges), module
-        if module.startswith(("smiexlm.moleculenet", "smiexlm.finetuning", "smiexlm.forests")):
-            assert not any(t.startswith("smiexlm.serving") for t in edges), module
-    for module in [m for m in graph if m.startswith("smiexlm.finetuning")]:
-        reached = _reaches(graph, module, around={"smiexlm.featurizer"})
-        assert "smiexlm.serving.onnx_runtime" not in reached, module
-
-
 def test_moleculenet_keeps_the_sets_and_their_scores():
     """``smiexlm.moleculenet`` holds the sets, splits, metrics, run cells and
     reports; fine-tuning, forests and serving sit in packages of their own."""
@@ -313,7 +267,10 @@ def test_model_folder_file_names_have_one_home():
     and ``descriptors.json`` are dataset files too, named where the dataset side reads them."""
     from smiexlm.modelio.layout import FILES
 
-    homes = {"vocab.json": "smiexlm/paths.py", "descriptors.json": "smiexlm/descriptor_stats.py"}
+    homes = {
+        "vocab.json": "smiexlm/paths.py",
+        "descriptors.json": "smiexlm/chemistry/descriptor_stats.py",
+    }
     for path, tree in _modules().items():
         for node in _strings(tree):
             if node.value in FILES:
@@ -417,7 +374,7 @@ def test_one_home_reads_tables():
     assert homes == {
         "smiexlm/parts/writing.py": {"pyarrow.parquet.read_schema"},
         "smiexlm/parts/reading.py": {"pyarrow.parquet.read_table", "pyarrow.dataset.dataset"},
-        "smiexlm/search.py": {"pyarrow.parquet.read_table"},
+        "smiexlm/embedding/search.py": {"pyarrow.parquet.read_table"},
         "smiexlm/moleculenet/score_store.py": {"pyarrow.parquet.read_table"},
         "smiexlm/cli/embed.py": {"csv.DictReader"},
         "smiexlm/text/blocks.py": {"gzip.open"},
@@ -519,14 +476,16 @@ def test_one_home_each_for_descriptors_and_their_scaling():
             "descList", "CalcMolDescriptors", "CalcMolDescriptors3D", "rdMolDescriptors",
         }  # fmt: skip
 
-    assert set(_where(computes)) == {"smiexlm/fingerprints.py"}, _where(computes)
+    assert set(_where(computes)) == {"smiexlm/chemistry/fingerprints.py"}, _where(computes)
 
     def makes_stats(node: ast.AST) -> bool:
         return isinstance(node, ast.Call) and ast.unparse(node.func) in {
             "DescriptorStats", "DescriptorStats.load", "DescriptorStats.from_dict",
         }  # fmt: skip
 
-    assert set(_where(makes_stats)) == {"smiexlm/descriptor_stats.py"}, _where(makes_stats)
+    assert set(_where(makes_stats)) == {"smiexlm/chemistry/descriptor_stats.py"}, _where(
+        makes_stats
+    )
 
 
 def test_a_module_exports_only_its_own_names():

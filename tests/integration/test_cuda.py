@@ -229,7 +229,7 @@ def test_one_finetuning_epoch_on_cuda(shared_data):
 
 
 def test_featurizer_on_cuda_matches_cpu():
-    from smiexlm.featurizer import Featurizer
+    from smiexlm.embedding.featurizer import Featurizer
 
     panel = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "C[C@H](N)C(=O)O", "O=C=O", "CCN(CC)CC"]
     cpu = Featurizer.from_pretrained(device="cpu")

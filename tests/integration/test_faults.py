@@ -179,7 +179,7 @@ def test_embed_interrupted_keeps_the_previous_result(tmp_path, small_model, sig)
 
 def test_embed_streams_in_chunks_with_the_same_result(tmp_path, small_model):
     from smiexlm import Featurizer
-    from smiexlm.embed import embed_file
+    from smiexlm.embedding.embed import embed_file
 
     table = _slow_table(tmp_path / "in.csv", n=50)
     one = embed_file(table, tmp_path / "a.npy", checkpoint=small_model, progress=False)

@@ -66,7 +66,7 @@ def test_embed_rejects_a_100k_character_smiles_before_rdkit(tmp_path):
 
 
 def test_embed_lists_every_bad_row_not_only_the_first_ten(tmp_path):
-    from smiexlm.embed import embed_file
+    from smiexlm.embedding.embed import embed_file
 
     smiles = [("CCO" if i % 3 == 0 else f"C1C{i}") for i in range(40)]  # 26 unclosed rings
     table = tmp_path / "in.csv"

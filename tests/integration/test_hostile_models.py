@@ -46,7 +46,7 @@ def test_whiten_leaves_shipped_models_alone_and_writes_a_copy_with_out(shared_da
     from smiexlm.modelio.integrity import read_checksums, verify_checksum
     from smiexlm.modelio.pretrained import load_pretrained
     from smiexlm.modelio.records import read_embedding
-    from smiexlm.whitening.file import whitening_source
+    from smiexlm.modelio.whitening_file import whitening_source
 
     before = _digests(ASSETS_DIR)
     small = tmp_path / "c.csv"

@@ -92,10 +92,10 @@ def test_matmul_matches_reference_in_low_precision(dtype):
 def test_shipped_model_outputs_stay_inside_the_certified_bounds():
     """On a trained ExLM's own emissions and links every sequence takes the fast path."""
     from smiexlm import ExLMModel, SmilesTokenizer
+    from smiexlm.cli.demo import DRUG_PANEL
     from smiexlm.dag import matmul
     from smiexlm.dag.gather import logsoftmax_gather
     from smiexlm.dag.reference import prepare
-    from smiexlm.demo import DRUG_PANEL
     from smiexlm.model.masking import mask_tokens
     from smiexlm.paths import ASSETS_DIR
 

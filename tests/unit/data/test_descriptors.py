@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from smiexlm.chemistry.descriptor_stats import DescriptorStats, fit_descriptor_stats
+from smiexlm.chemistry.fingerprints import descriptor_names, rdkit2d_descriptors
 from smiexlm.data import PreprocessConfig, TokenDataset, preprocess
 from smiexlm.data.descriptors import DescriptorTable
-from smiexlm.descriptor_stats import DescriptorStats, fit_descriptor_stats
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.fingerprints import descriptor_names, rdkit2d_descriptors
 from smiexlm.tokenizer import SmilesTokenizer
 from tests.conftest import kill_after_two_train_shards, require_file
 from tests.warm_cli import run_smiexlm
@@ -95,7 +95,7 @@ def test_descriptors_are_rdkits_own_values(data_file):
     from rdkit import Chem
     from rdkit.Chem import Descriptors
 
-    from smiexlm.fingerprints import DESCRIPTOR_LIMIT
+    from smiexlm.chemistry.fingerprints import DESCRIPTOR_LIMIT
 
     raw = pd.read_csv(data_file("moleculenet/clintox.csv"))["smiles"].astype(str).str.strip()
     smiles = [s for s in raw.tolist()[:120] if Chem.MolFromSmiles(s) is not None]
@@ -111,8 +111,8 @@ def test_descriptors_are_rdkits_own_values(data_file):
 
 
 def test_an_unparsable_smiles_is_a_row_of_nan_for_targets_and_an_error_for_features():
+    from smiexlm.chemistry.fingerprints import compute_descriptors
     from smiexlm.errors import InvalidSmilesError
-    from smiexlm.fingerprints import compute_descriptors
 
     good = rdkit2d_descriptors(["CCO", "c1ccccc1"]).astype(np.float32)
     got = compute_descriptors(["CCO", "C1CC", "c1ccccc1"], "rdkit2d")
@@ -127,7 +127,7 @@ def test_an_unparsable_smiles_is_a_row_of_nan_for_targets_and_an_error_for_featu
 def test_a_data_sets_descriptors_are_kept_and_read_back_bit_for_bit(tmp_path, monkeypatch):
     """``cache=True`` keeps a list's matrix once and reads it back without RDKit; another
     order, another ``unparsable`` rule or a shorter list than the threshold is not that file."""
-    from smiexlm import fingerprints
+    from smiexlm.chemistry import fingerprints
 
     monkeypatch.setenv("SMIEXLM_CACHE", str(tmp_path))
     monkeypatch.setattr(fingerprints, "CACHE_MIN_MOLECULES", 3)
@@ -155,7 +155,7 @@ def test_a_data_sets_descriptors_are_kept_and_read_back_bit_for_bit(tmp_path, mo
 @pytest.mark.parametrize("damage", ["truncated", "wrong shape", "pickled object"])
 def test_a_damaged_kept_matrix_is_computed_again_and_replaced(tmp_path, monkeypatch, caplog,
                                                               damage):  # fmt: skip
-    from smiexlm import fingerprints
+    from smiexlm.chemistry import fingerprints
 
     monkeypatch.setenv("SMIEXLM_CACHE", str(tmp_path))
     monkeypatch.setattr(fingerprints, "CACHE_MIN_MOLECULES", 2)
@@ -168,7 +168,7 @@ def test_a_damaged_kept_matrix_is_computed_again_and_replaced(tmp_path, monkeypa
         np.save(path, fresh[:2])
     else:
         np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    with caplog.at_level("WARNING", logger="smiexlm.fingerprints"):
+    with caplog.at_level("WARNING", logger="smiexlm.chemistry.fingerprints"):
         again = rdkit2d_descriptors(smiles, cache=True)
     np.testing.assert_array_equal(again, fresh)
     assert "computing them again" in caplog.text and str(path) in caplog.text
@@ -176,7 +176,7 @@ def test_a_damaged_kept_matrix_is_computed_again_and_replaced(tmp_path, monkeypa
 
 
 def test_both_features_keep_only_the_descriptors(tmp_path, monkeypatch):
-    from smiexlm import fingerprints
+    from smiexlm.chemistry import fingerprints
 
     monkeypatch.setenv("SMIEXLM_CACHE", str(tmp_path))
     monkeypatch.setattr(fingerprints, "CACHE_MIN_MOLECULES", 2)

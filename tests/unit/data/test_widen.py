@@ -7,7 +7,7 @@ import random
 import pytest
 from rdkit import Chem
 
-from smiexlm.chemistry_coverage import CorpusRange, measure_coverage, molecule_facts
+from smiexlm.chemistry.coverage import CorpusRange, measure_coverage, molecule_facts
 from smiexlm.data.widen.brics import FragmentPool, fragments, recombine
 from smiexlm.data.widen.charges import (
     COUNTER_IONS,

@@ -157,7 +157,7 @@ def test_normalization_record_is_applied(tmp_path):
 
 
 def test_the_folder_pooling_is_the_default_and_travels_to_embed_and_probe(tmp_path):
-    from smiexlm.embed import EmbedOptions
+    from smiexlm.embedding.embed import EmbedOptions
     from smiexlm.finetuning.backbone import Backbone
     from smiexlm.modelio.records import write_embedding
 
@@ -192,7 +192,7 @@ def test_errors_raise_names_first_bad_input_and_index(feat):
 
 def test_errors_nan_fills_rows_and_reports(feat, caplog):
     bad = ["CCO", "C1CC", None, "", "c1ccccc1", float("nan"), "C&C"]
-    with caplog.at_level(logging.WARNING, logger="smiexlm.featurizer"):
+    with caplog.at_level(logging.WARNING, logger="smiexlm.embedding.featurizer"):
         x = feat.featurize(bad, errors="nan")
     assert x.shape == (7, feat.dim)
     nan_rows = np.isnan(x).all(axis=1)
@@ -218,7 +218,7 @@ def test_iter_featurize_streams_chunks_lazily_and_equals_featurize(feat, caplog)
     assert read == []  # nothing read before the first chunk is asked for
     first = next(stream)
     assert first.shape == (4, feat.dim) and read == [0, 1, 2, 3]  # that chunk, no further
-    with caplog.at_level(logging.WARNING, logger="smiexlm.featurizer"):
+    with caplog.at_level(logging.WARNING, logger="smiexlm.embedding.featurizer"):
         rest = list(stream)
     sizes = [len(c) for c in rest]
     assert sum(sizes) == len(bad) - 4 and all(n == 4 for n in sizes[:-1])

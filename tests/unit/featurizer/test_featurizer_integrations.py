@@ -16,7 +16,7 @@ from sklearn.model_selection import cross_val_score
 from sklearn.pipeline import make_pipeline
 
 from smiexlm import Featurizer
-from smiexlm.integrations import ExLMTransformer
+from smiexlm.embedding.integrations import ExLMTransformer
 from tests.unit.featurizer.test_featurizer import PANEL, make_checkpoint
 
 
@@ -76,7 +76,7 @@ def test_transformer_nan_policy(checkpoint):
 
 def test_deepchem_is_imported_lazily():
     code = (
-        "import sys, smiexlm.integrations as m; assert 'deepchem' not in sys.modules; "
+        "import sys, smiexlm.embedding.integrations as m; assert 'deepchem' not in sys.modules; "
         "m.ExLMTransformer(); assert 'deepchem' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -86,7 +86,7 @@ def test_deepchem_is_imported_lazily():
 def test_deepchem_csvloader_and_dataset(checkpoint, bbbp, tmp_path):
     import deepchem as dc
 
-    from smiexlm.integrations import ExLMFeaturizer
+    from smiexlm.embedding.integrations import ExLMFeaturizer
 
     featurizer = ExLMFeaturizer(str(checkpoint), device="cpu")
     assert isinstance(featurizer, dc.feat.MolecularFeaturizer)

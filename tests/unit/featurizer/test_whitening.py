@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from smiexlm import Featurizer
 from smiexlm.cli.main import app
+from smiexlm.embedding.whitening_fit import whiten_model
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.modelio.layout import DEFAULT_MODEL_DIR, WHITENING_NAME
 from smiexlm.modelio.records import EmbeddingSettings, read_embedding, write_embedding
+from smiexlm.modelio.whitening_file import load_whitening, save_whitening, whitening_source
 from smiexlm.whitening import Whitening, fit_whitening
-from smiexlm.whitening.corpus import whiten_model
-from smiexlm.whitening.file import load_whitening, save_whitening, whitening_source
 
 # 225 small molecules the shipped vocabulary covers: ethers and amines of two alkyl chains
 CORPUS = [f"{'C' * i}{x}{'C' * j}" for i in range(1, 16) for j in range(1, 16) for x in "O"]
@@ -173,7 +173,7 @@ def test_whiten_needs_a_stored_whitening(tmp_path):
 
 
 def test_embed_records_and_the_cli_fits_the_whitening(whitened, tmp_path):
-    from smiexlm.embed import EmbedOptions
+    from smiexlm.embedding.embed import EmbedOptions
 
     assert EmbedOptions(checkpoint=whitened).settings()["whiten"] is True
     assert "whiten" not in EmbedOptions(checkpoint=whitened, whiten=False).settings()
@@ -248,7 +248,7 @@ def test_side_by_side_whitening_whitens_each_block_by_its_own():
 
 
 def test_a_combined_pooling_is_served_side_by_side_whitened_and_from_the_folder(whitened, tmp_path):
-    from smiexlm.embed import EmbedOptions
+    from smiexlm.embedding.embed import EmbedOptions
 
     feat = Featurizer.from_pretrained(whitened, device="cpu")
     d = feat.model.config.d_model
@@ -327,7 +327,7 @@ def test_the_last_blocks_side_by_side_have_a_joint_whitening_of_their_own(whiten
     """``whiten --layers 2``: ``cls@2`` is the whitening of the last two blocks' cls states
     side by side, refitted here from the corpus; the folder then serves those two blocks,
     whitened, and ``embed`` records them; one block keeps its own whitening."""
-    from smiexlm.embed import EmbedOptions
+    from smiexlm.embedding.embed import EmbedOptions
 
     smi = tmp_path / "corpus.smi"
     smi.write_text("\n".join(CORPUS) + "\n")

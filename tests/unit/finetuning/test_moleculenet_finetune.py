@@ -325,7 +325,7 @@ def test_finished_runs_are_read_back_without_texts_or_features(tmp_path, monkeyp
     """``--resume`` on a finished fine-tuning gives back its results and computes nothing of
     the set first: neither the model's texts nor the features beside them (the descriptors of
     MUV alone take minutes)."""
-    import smiexlm.fingerprints
+    import smiexlm.chemistry.fingerprints
     from smiexlm.finetuning.backbone import Backbone
 
     torch.set_num_threads(1)
@@ -335,7 +335,7 @@ def test_finished_runs_are_read_back_without_texts_or_features(tmp_path, monkeyp
     def refused(*args, **kwargs):
         raise AssertionError("computed for a finished run")
 
-    monkeypatch.setattr(smiexlm.fingerprints, "molecule_features", refused)
+    monkeypatch.setattr(smiexlm.chemistry.fingerprints, "molecule_features", refused)
     monkeypatch.setattr(Backbone, "model_texts", refused)
     again = _finetune(tmp_path, *args, "--resume", out=tmp_path / "out0")
     assert again[["seed", "valid", "test"]].equals(first[["seed", "valid", "test"]])
@@ -531,7 +531,7 @@ def test_baseline_features_match_a_forest_trained_by_hand(features, tmp_path):
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.metrics import roc_auc_score
 
-    from smiexlm.fingerprints import morgan_fingerprints, rdkit2d_descriptors
+    from smiexlm.chemistry.fingerprints import morgan_fingerprints, rdkit2d_descriptors
     from smiexlm.forests.baseline import DESCRIPTOR_CLIP, BaselineConfig, run_baseline
     from smiexlm.forests.features import FeatureScaler
     from smiexlm.moleculenet.splits import make_split
@@ -587,7 +587,7 @@ def test_predict_with_no_parsable_smiles_gives_nan_rows(tmp_path):
 
 
 def test_both_features_are_the_bits_then_the_descriptors():
-    from smiexlm.fingerprints import molecule_features
+    from smiexlm.chemistry.fingerprints import molecule_features
 
     smiles = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O"]
     both = molecule_features(smiles, "both")

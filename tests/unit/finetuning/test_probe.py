@@ -45,7 +45,9 @@ def test_test_rows_do_not_change_the_fill_of_the_others(monkeypatch):
         raw = feature.copy()
         known = [i for i in test_rows if not np.isnan(raw[i, 0])]
         raw[known, 0] = test_value
-        monkeypatch.setattr("smiexlm.fingerprints.molecule_features", lambda *_, r=raw, **__: r)
+        monkeypatch.setattr(
+            "smiexlm.chemistry.fingerprints.molecule_features", lambda *_, r=raw, **__: r
+        )
         cfg = ProbeConfig(split="random", features="rdkit2d", c_grid=(0.01, 1.0))
         (result,) = run_probe(task, _Backbone(), [0], cfg)
         runs.append(result)
@@ -124,7 +126,7 @@ def test_layers_put_the_last_blocks_side_by_side_as_the_featurizer_pools_them():
     Featurizer's embedding of each block (an independent path: its own batching)."""
     import torch
 
-    from smiexlm.featurizer import Featurizer
+    from smiexlm.embedding.featurizer import Featurizer
     from smiexlm.finetuning.backbone import Backbone
     from smiexlm.finetuning.probe import pooled_embeddings
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from smiexlm.chemistry.fingerprints import bit_tanimoto as tanimoto
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.fingerprints import bit_tanimoto as tanimoto
 from smiexlm.forests.kernels import KernelInputs, KernelSVR, fit_kernel_svr, rbf
 
 

@@ -64,7 +64,7 @@ def test_featurize_reports_and_warns_of_molecules_with_untrained_tokens(caplog):
     from smiexlm import Featurizer
 
     feat = Featurizer.from_pretrained()
-    with caplog.at_level(logging.WARNING, logger="smiexlm.featurizer"):
+    with caplog.at_level(logging.WARNING, logger="smiexlm.embedding.featurizer"):
         feat.featurize(["CCO", SALT, "c1ccccc1[N+](=O)[O-]", "xx"], errors="nan")
     report = feat.last_report
     assert (report.unseen.molecules, report.unseen.holding) == (3, 2)
@@ -72,7 +72,7 @@ def test_featurize_reports_and_warns_of_molecules_with_untrained_tokens(caplog):
     assert "2 with tokens the model never trained" in report.summary()
     assert "2 of 3 molecules hold tokens absent" in caplog.text and "[O-] (2)" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="smiexlm.featurizer"):
+    with caplog.at_level(logging.WARNING, logger="smiexlm.embedding.featurizer"):
         feat.featurize(["CCO", "c1ccccc1"])
     assert feat.last_report.unseen.holding == 0 and not caplog.text
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smiexlm.embed import embed_file, embed_parts
+from smiexlm.embedding.embed import embed_file, embed_parts
 from smiexlm.errors import DataError
 from smiexlm.parts.reading import iter_parts, read_parts
 from tests.conftest import smiexlm_command, torchrun_command

@@ -9,15 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smiexlm.demo import DRUG_PANEL
-from smiexlm.embed import embed_parts
+from smiexlm.cli.demo import DRUG_PANEL
+from smiexlm.embedding.embed import embed_parts
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from tests.unit.featurizer.test_featurizer import make_checkpoint
 
 faiss = pytest.importorskip("faiss")
 
-from smiexlm.fingerprints import ecfp4_packed  # noqa: E402
-from smiexlm.search import SearchIndex, build_index, popcount  # noqa: E402
+from smiexlm.chemistry.fingerprints import ecfp4_packed  # noqa: E402
+from smiexlm.embedding.search import SearchIndex, build_index, popcount  # noqa: E402
 from tests.warm_cli import run_smiexlm  # noqa: E402
 
 TAILS = ["", "C", "CC", "O", "N", "Cl", "CO", "C(=O)O", "c1ccccc1", "CCN"]
@@ -87,7 +87,7 @@ def test_hnsw_finds_what_exact_search_finds_and_skips_failed_rows(index, library
 def test_ecfp4_search_is_rdkits_bulk_tanimoto(index, library):
     from rdkit import Chem, DataStructs
 
-    from smiexlm.fingerprints import morgan_generator
+    from smiexlm.chemistry.fingerprints import morgan_generator
 
     _, smiles = library
     generator = morgan_generator(2, 2048)
@@ -128,7 +128,7 @@ def test_search_table_and_its_errors(index, library, tmp_path):
 def test_packed_fingerprints_and_popcount():
     from rdkit import Chem
 
-    from smiexlm.fingerprints import morgan_fingerprints
+    from smiexlm.chemistry.fingerprints import morgan_fingerprints
 
     smiles = ["CCO", "c1ccccc1O", "not a smiles"]
     packed = ecfp4_packed(smiles)

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+from smiexlm.chemistry.descriptor_stats import DescriptorStats, fit_descriptor_stats
+from smiexlm.chemistry.fingerprints import rdkit2d_descriptors
 from smiexlm.data.pipeline import PreprocessConfig, preprocess
-from smiexlm.descriptor_stats import DescriptorStats, fit_descriptor_stats
 from smiexlm.errors import ConfigError
-from smiexlm.fingerprints import rdkit2d_descriptors
 from smiexlm.model.config import ExLMConfig
 from smiexlm.model.heads import task_loss
 from smiexlm.model.model import ExLMModel

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 import torch
 
+from smiexlm.embedding.featurizer import Featurizer
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.featurizer import Featurizer
 from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
 from tests.conftest import require_file
 from tests.warm_cli import run_smiexlm
@@ -41,7 +41,7 @@ def smiles(shared_data) -> list[str]:
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """A copy of the shipped model folder with its encoder.onnx."""
-    from smiexlm.serving.onnx_export import export_onnx
+    from smiexlm.embedding.onnx_export import export_onnx
 
     path = tmp_path_factory.mktemp("onnx") / "model"
     shutil.copytree(DEFAULT_MODEL_DIR, path)
@@ -80,8 +80,8 @@ def test_featurizer_parity(featurizers, smiles, pooling, n, layer):
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
 def test_onnx_outputs_do_not_depend_on_the_batch(folder, smiles, threads):
+    from smiexlm.embedding.onnx_runtime import OnnxEncoder
     from smiexlm.modelio.folder import ModelFolder
-    from smiexlm.serving.onnx_runtime import OnnxEncoder
 
     feat = Featurizer.from_pretrained(folder, backend="onnx")
     feat._onnx = OnnxEncoder.from_folder(ModelFolder(folder), threads)
@@ -120,7 +120,7 @@ def test_cli_embed_with_the_onnx_backend_matches_torch(folder, tmp_path):
     np.testing.assert_allclose(a[emb].to_numpy(), b[emb].to_numpy(), atol=TOLERANCE, equal_nan=True)
     np.testing.assert_array_equal(b[emb].iloc[0], b[emb].iloc[3])  # normalised: one molecule
 
-    from smiexlm.embed import embed_parts
+    from smiexlm.embedding.embed import embed_parts
 
     parts = tmp_path / "parts"
     embed_parts(table, parts, checkpoint=folder, backend="onnx", progress=False, part_rows=2)
@@ -155,11 +155,11 @@ def test_predictor_graph_of_a_head_on_the_last_three_blocks(pooling, head):
     """A head reading the last three blocks (``layers=3``) of a micro ExLM model: the
     exported graph gives the torch head's logits (cls: the last block on the first two
     positions only, the blocks under it cut to match); a saved probe's linear head too."""
+    from smiexlm.embedding.onnx_export import predictor_onnx
+    from smiexlm.embedding.onnx_runtime import open_session
     from smiexlm.model.config import ExLMConfig
     from smiexlm.model.heads import ExLMForSequencePrediction
     from smiexlm.model.model import ExLMModel
-    from smiexlm.serving.onnx_export import predictor_onnx
-    from smiexlm.serving.onnx_runtime import open_session
     from smiexlm.tokenizer import SmilesTokenizer
 
     tokenizer = SmilesTokenizer()
@@ -192,7 +192,7 @@ def test_graph_sha256_mismatch_is_one_line(folder, tmp_path):
 
 
 def test_encoder_record(folder):
-    from smiexlm.serving.onnx_export import sha256_bytes
+    from smiexlm.embedding.onnx_export import sha256_bytes
 
     record = json.loads((folder / "onnx.json").read_text())["graphs"]["encoder"]
     assert record["inputs"] == ["input_ids", "attention_mask", "cls_only"]
@@ -213,8 +213,8 @@ def test_record_of_an_older_format_is_refused(folder, tmp_path):
 
 
 def test_graph_of_other_weights_is_refused(folder, tmp_path):
+    from smiexlm.embedding.onnx_runtime import read_graph
     from smiexlm.modelio.folder import ModelFolder
-    from smiexlm.serving.onnx_runtime import read_graph
 
     copy = tmp_path / "model"
     shutil.copytree(folder, copy)
@@ -259,8 +259,8 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None,
 
     scaler = None
     if features:
+        from smiexlm.chemistry.fingerprints import molecule_features
         from smiexlm.data.normalize import smiles_problem
-        from smiexlm.fingerprints import molecule_features
 
         parsable = [s for s in smiles if smiles_problem(s) is None]
         parsable = model_texts(parsable, DEFAULT_NORMALIZATION)
@@ -282,7 +282,7 @@ def _finetuned(path, smiles, pooling: str, task_type: str, features: str | None,
 @pytest.mark.data
 @pytest.mark.slow
 def test_predict_parity_cls_classifier_through_the_cli(smiles, tmp_path):
-    from smiexlm.serving.onnx_export import export_onnx
+    from smiexlm.embedding.onnx_export import export_onnx
     from smiexlm.serving.prediction import predict
 
     folder = _finetuned(tmp_path / "seed0", smiles, "cls", "classification", None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from smiexlm.featurizer import Featurizer
+from smiexlm.embedding.featurizer import Featurizer
 from tests.conftest import require_file
 from tests.unit.serving.test_onnx import TOLERANCE
 from tests.warm_cli import run_smiexlm

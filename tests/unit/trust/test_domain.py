@@ -34,7 +34,7 @@ def _rdkit_tanimoto(queries, library):
 @pytest.mark.parametrize("k", [1, 3, 10, 50])
 def test_tanimoto_neighbours_equal_rdkit_brute_force(k, monkeypatch):
     import smiexlm.trust.domain as domain
-    from smiexlm.fingerprints import ecfp4_packed
+    from smiexlm.chemistry.fingerprints import ecfp4_packed
 
     monkeypatch.setattr(domain, "QUERY_BLOCK", 4)  # several blocks of queries
     nearest, mean = tanimoto_neighbours(ecfp4_packed(QUERIES), ecfp4_packed(LIBRARY), k)
@@ -59,7 +59,7 @@ def test_cosine_neighbours_equal_a_loop():
 
 
 def test_unparsable_and_empty_cases():
-    from smiexlm.fingerprints import ecfp4_packed
+    from smiexlm.chemistry.fingerprints import ecfp4_packed
 
     nearest, _ = tanimoto_neighbours(ecfp4_packed(["not a smiles"]), ecfp4_packed(LIBRARY))
     assert nearest.tolist() == [0.0]

@@ -11,7 +11,7 @@ from typing import Any
 from smiexlm.errors import shorten
 from smiexlm.model.inputs import UnseenTokens
 
-logger = logging.getLogger("smiexlm.featurizer")
+logger = logging.getLogger("smiexlm.embedding.featurizer")
 
 
 @dataclass

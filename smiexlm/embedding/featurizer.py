@@ -35,6 +35,7 @@ from smiexlm.data.collate import collate
 from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.data.sampler import length_batches
 from smiexlm.device import resolve_device
+from smiexlm.embedding.report import FeaturizeReport, log_report, progress_bar, release_free_memory
 from smiexlm.errors import (
     ConfigError,
     DataError,
@@ -42,7 +43,6 @@ from smiexlm.errors import (
     VocabularyMismatchError,
     check_positive_int,
 )
-from smiexlm.featurize_report import FeaturizeReport, log_report, progress_bar, release_free_memory
 from smiexlm.model.encoder import batch_invariant, int8_products
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.model.model import ExLMModel
@@ -116,7 +116,7 @@ class Featurizer:
         self.backend, self.int8 = backend, int8
         self._onnx = None
         if backend == "onnx":
-            from smiexlm.serving.onnx_runtime import OnnxEncoder
+            from smiexlm.embedding.onnx_runtime import OnnxEncoder
 
             self._onnx = OnnxEncoder.for_model(model, pretrained.folder)
         self.inputs = pretrained.inputs()

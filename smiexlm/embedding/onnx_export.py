@@ -5,15 +5,15 @@ A pre-trained folder gets ``encoder.onnx``: ``input_ids`` (B, T) int64, ``attent
 float32 out (cls, mean and max of every block, the last first, from one pass); B and T are
 dynamic. One graph serves every pooling, block and combination: the file holds the weights
 once, and with ``cls_only`` the graph runs the last
-block for the first positions only (see :class:`~smiexlm.serving.graph.EncoderGraph`). A fine-tuned
+block for the first positions only (see :class:`~smiexlm.embedding.onnx_graph.EncoderGraph`). A fine-tuned
 folder (``finetune.json``) gets ``predictor.onnx``: ids and mask (plus ``features`` (B, F)
 float32 for a hybrid head) in, ``logits`` (B, n_outputs) out, the head on the pooling it was
 trained with.
 
 ``onnx.json`` records, per graph, its file, sha256, inputs, outputs and the sha256 of the
-weight files it was exported from; the loader (:mod:`smiexlm.serving.onnx_runtime`) checks
+weight files it was exported from; the loader (:mod:`smiexlm.embedding.onnx_runtime`) checks
 both before a session starts. How the graphs compute (float32 attention, batch invariance):
-:mod:`smiexlm.serving.graph`.
+:mod:`smiexlm.embedding.onnx_graph`.
 """
 
 from __future__ import annotations
@@ -140,10 +140,10 @@ def _export(graph: nn.Module, args: tuple, inputs: list[str], outputs: list[str]
 def encoder_onnx(model: ExLMModel) -> bytes:
     """The encoder graph of ``model`` as serialized ONNX: ``input_ids``, ``attention_mask``
     (B, T) int64 and ``cls_only`` () int64 in, ``poolings`` (B, n_layers, 3, d) float32 out
-    (the last block first; rows: :data:`~smiexlm.serving.graph.POOLING_ROWS`)."""
+    (the last block first; rows: :data:`~smiexlm.embedding.onnx_graph.POOLING_ROWS`)."""
     import torch
 
-    from smiexlm.serving.graph import EncoderGraph
+    from smiexlm.embedding.onnx_graph import EncoderGraph
 
     graph = EncoderGraph(_on_cpu_fp32(model))
     args = (*_example_ids(model), torch.tensor(0))
@@ -154,7 +154,7 @@ def predictor_onnx(model: ExLMForSequencePrediction) -> bytes:
     """A fine-tuned model's graph: ids, mask (+ ``features``) -> ``logits`` (B, n_outputs)."""
     import torch
 
-    from smiexlm.serving.graph import PredictorGraph
+    from smiexlm.embedding.onnx_graph import PredictorGraph
 
     graph = PredictorGraph(_on_cpu_fp32(model))
     args: tuple = _example_ids(model.model)
@@ -194,8 +194,8 @@ def export_onnx(folder: Path | str, kind: GraphKind | None = None) -> Path:
         record |= {"inputs": _predictor_inputs(model.n_features), "outputs": ["logits"],
                    "pooling": meta["pooling"], "n_features": model.n_features}  # fmt: skip
     else:
+        from smiexlm.embedding.onnx_graph import POOLING_ROWS
         from smiexlm.modelio.pretrained import load_pretrained
-        from smiexlm.serving.graph import POOLING_ROWS
 
         payload = encoder_onnx(load_pretrained(folder).model)
         record |= {"inputs": ENCODER_INPUTS, "outputs": ["poolings"], "pooling_rows": POOLING_ROWS}

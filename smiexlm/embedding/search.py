@@ -49,8 +49,8 @@ from typing import Any, Literal
 import numpy as np
 
 from smiexlm.atomic import atomic_dir
+from smiexlm.chemistry.fingerprints import ECFP4_BITS, ecfp4_packed
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError, check_positive_int
-from smiexlm.fingerprints import ECFP4_BITS, ecfp4_packed
 from smiexlm.model.pooling import last_blocks
 from smiexlm.paths import check_output, file_problem, file_record, read_json_file
 
@@ -230,7 +230,7 @@ class SearchIndex:
         """The model of the index's embeddings: ``checkpoint`` or the recorded folder, checked
         against the recorded weights' sha256."""
         if self._featurizer is None:
-            from smiexlm.featurizer import Featurizer
+            from smiexlm.embedding.featurizer import Featurizer
 
             self._featurizer = Featurizer.from_pretrained(self.model_folder(), device=self.device)
         return self._featurizer

@@ -7,7 +7,7 @@ neighbours all call these functions. A data set's RDKit 2D descriptors can be ke
 (``cache=True``): they cost minutes (BACE half a minute, ToxCast about 2, MUV about 14 on one
 core), and every fine-tuning run, resumed run, forest and probe of the set needs the same
 matrix. How the values are scaled lives with their users:
-:mod:`smiexlm.descriptor_stats` for pretraining targets, :mod:`smiexlm.forests.features`
+:mod:`smiexlm.chemistry.descriptor_stats` for pretraining targets, :mod:`smiexlm.forests.features`
 for the hybrid heads. RDKit is imported inside the functions so that importing this module
 stays cheap.
 """

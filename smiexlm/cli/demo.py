@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from smiexlm.featurizer import Featurizer
-from smiexlm.fingerprints import tanimoto_matrix
+from smiexlm.chemistry.fingerprints import tanimoto_matrix
+from smiexlm.embedding.featurizer import Featurizer
 
 # name, SMILES, family (members of a family share a scaffold or a mode of action)
 DRUG_PANEL: list[tuple[str, str, str]] = [

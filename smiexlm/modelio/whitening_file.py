@@ -5,7 +5,7 @@ The file holds, for each pooling it whitens, tensors ``{pooling}.mean`` (d,) and
 ``{pooling}@{n}``, n times as wide, for the last n blocks side by side), with the
 corpus it was fitted on in its metadata; its sha256 is recorded in the folder's
 ``checksums.json``. The maths is :mod:`smiexlm.whitening`; fitting one on a corpus is
-``smiexlm whiten`` (:mod:`smiexlm.whitening.corpus`).
+``smiexlm whiten`` (:mod:`smiexlm.embedding.whitening_fit`).
 """
 
 from __future__ import annotations

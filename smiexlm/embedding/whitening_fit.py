@@ -4,7 +4,7 @@ Embeds a corpus with every pooling in one pass, fits the whitening of each pooli
 combined one, jointly) with :func:`smiexlm.whitening.fit_whitening`, and writes
 ``whitening.safetensors`` and ``embedding.json`` into the folder, or into a full copy of it
 (``--out``). The maths is :mod:`smiexlm.whitening`; the file is
-:mod:`smiexlm.whitening.file`.
+:mod:`smiexlm.modelio.whitening_file`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from smiexlm.analysis.inputs import read_smiles
 from smiexlm.atomic import atomic_dir
+from smiexlm.data.pipeline import read_smiles
+from smiexlm.embedding.featurizer import Featurizer
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.featurizer import Featurizer
 from smiexlm.model.pooling import POOLINGS, last_blocks, pooling_parts
 from smiexlm.modelio.folder import ModelFolder
 from smiexlm.modelio.layout import is_shipped
 from smiexlm.modelio.records import write_embedding
+from smiexlm.modelio.whitening_file import save_whitening
 from smiexlm.paths import check_output, file_sha256
 from smiexlm.whitening import DEFAULT_REL_TOL, fit_whitening, whitening_key
-from smiexlm.whitening.file import save_whitening
 
 DEFAULT_CORPUS_ROWS = 20_000
 

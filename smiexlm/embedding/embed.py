@@ -1,7 +1,7 @@
 """Embedding whole files (``smiexlm embed``).
 
 ``embed_file`` reads a CSV/TSV/Parquet table or a ``.smi`` file, embeds its SMILES column with
-a :class:`~smiexlm.featurizer.Featurizer`, and writes either a Parquet table (the kept id
+a :class:`~smiexlm.embedding.featurizer.Featurizer`, and writes either a Parquet table (the kept id
 columns, the SMILES, then ``e0 … e{d-1}``) or a ``.npy`` matrix with the id columns beside it
 in ``<name>.ids.csv``. Rows that fail are NaN, and every one of them is listed with its
 reason in ``<name>.rejects.csv`` (row, smiles, reason; the header alone when none failed).
@@ -24,9 +24,9 @@ import numpy as np
 
 from smiexlm.atomic import atomic_paths
 from smiexlm.data.readers import iter_table
+from smiexlm.embedding.featurizer import Featurizer
+from smiexlm.embedding.report import FeaturizeReport
 from smiexlm.errors import DataError, every_row_failed
-from smiexlm.featurize_report import FeaturizeReport
-from smiexlm.featurizer import Featurizer
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
 from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
@@ -58,7 +58,7 @@ class EmbedOptions:
     :func:`embed_parts`): the model folder (None = the shipped one), the pooling, bad rows as
     NaN or an error, the model's normalisation or SMILES as written, padded tokens per batch,
     the device, the backend (``onnx``: onnxruntime on the CPU) and int8 products (CPU, opt-in:
-    :class:`~smiexlm.featurizer.Featurizer`)."""
+    :class:`~smiexlm.embedding.featurizer.Featurizer`)."""
 
     checkpoint: Path | None = None
     pooling: str | None = None  # "cls", "mean", "max", "cls+max", ...; None: the folder's own

@@ -25,8 +25,8 @@ _LOADED: dict[tuple[str, str], Any] = {}  # (path, device) -> Featurizer, shared
 
 
 def load_featurizer(path: str | Path | None, device: str = "auto") -> Any:
-    """A cached :class:`~smiexlm.featurizer.Featurizer` for ``path`` (None = default model)."""
-    from smiexlm.featurizer import Featurizer
+    """A cached :class:`~smiexlm.embedding.featurizer.Featurizer` for ``path`` (None = default model)."""
+    from smiexlm.embedding.featurizer import Featurizer
 
     key = (str(path) if path is not None else "", device)
     if key not in _LOADED:
