@@ -11,6 +11,7 @@ from smiexlm.errors import ConfigError, check_positive_int
 from smiexlm.settings import check_settings, recorded, setting, settings_of
 
 BUDGET = ("trials", "cpu_minutes")  # a resumed search may be given more of either
+HOW_RUN = ("storage", "workers", "heartbeat")  # where and by how many: not the search itself
 
 
 def _is_int(value: object, low: int, high: float = math.inf) -> bool:
@@ -36,6 +37,16 @@ class HpoptConfig:
     startup_trials: int = setting(8, "TPE draws at random until this many trials count.")
     prune_after: int = setting(4, "Completed trials before the pruner prunes.")
     warmup_epochs: int = setting(3, "Epochs of a trial that are never pruned.")
+    storage: str | None = setting(
+        None, "Where the study lives: none (OUT/study.sqlite, one worker), "
+        "postgresql://USER:PASSWORD@HOST:PORT/DB or journal:PATH; the same command with the "
+        "same --storage on another machine joins the study.",
+    )  # fmt: skip
+    workers: int = setting(1, "Processes that run trials on this machine, sharing --storage.")
+    heartbeat: float = setting(
+        10.0, "Seconds between a running trial's heartbeats with --storage; a trial silent "
+        "for three is taken for dead, marked failed and run again.", within="(0, inf)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_settings(self, as_flags=True)  # types, finite floats, each setting's ``within``
@@ -49,13 +60,19 @@ class HpoptConfig:
         check_positive_int("prune_after", self.prune_after)
         if not _is_int(self.warmup_epochs, 0):
             raise ConfigError("warmup_epochs", self.warmup_epochs, "0 or a positive integer")
+        if not _is_int(self.workers, 1):
+            raise ConfigError("--workers", self.workers, "a positive number of processes")
+        from smiexlm.hpopt.storage import check_storage
+
+        check_storage(self.storage, self.workers)
 
     def identity(self) -> dict[str, Any]:
         """The settings a resumed search must share with the one that started it: all but
         the budget, which a resume may raise; one added later left out where it is at the
         value that does what searches before it did (:func:`smiexlm.settings.recorded`)."""
         values = {s.key: getattr(self, s.name) for s in settings_of(type(self))}
-        return recorded({k: v for k, v in values.items() if k not in BUDGET}, type(self))
+        kept = {k: v for k, v in values.items() if k not in BUDGET + HOW_RUN}
+        return recorded(kept, type(self))
 
     def spent(self, counted: int, cpu_seconds: float) -> str | None:
         """What stops the search now: ``"trials"``, ``"cpu-minutes"``, or None (go on)."""

@@ -131,6 +131,7 @@ class Outputs:
         self.out, self.search, self.hp, self.served = Path(out), search, hp, served
         self.command = command or "run_hpopt(...)"
         self.metric = search.task.metric
+        self.shared = hp.storage is not None  # best.toml once, by the worker that ends the study
 
     def write(self, study, number: int | None = None) -> bool:
         """Rewrite the files after trial ``number`` (None: bring them up to date); whether
@@ -141,10 +142,16 @@ class Outputs:
         plot_history(rows, self.out / PLOT_NAME, title, self.metric)
         best = best_trial(study)
         improved = best is not None and best.number == number
-        if best is not None and (improved or number is None or not (self.out / BEST_NAME).exists()):
+        fresh = improved or number is None or not (self.out / BEST_NAME).exists()
+        if best is not None and fresh and not self.shared:
             self._write_best(best)
         write_text_atomic(self.out / REPORT_NAME, self._report(study, rows, best))
         return improved
+
+    def write_best(self, study) -> None:
+        """``best.toml`` of the study's best trial, if one has completed."""
+        if (best := best_trial(study)) is not None:
+            self._write_best(best)
 
     def _write_best(self, trial) -> None:
         from smiexlm.settings import to_toml

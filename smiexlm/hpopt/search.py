@@ -45,8 +45,6 @@ from smiexlm.moleculenet.splits import Split
 from smiexlm.moleculenet.task import MoleculeTask, check_task
 from smiexlm.paths import json_safe
 
-STUDY_NAME = "hpopt"
-STUDY_FILE = "study.sqlite"
 IDENTITY_FORMAT = "smiexlm-hpopt/1"
 FEATURE_CHOICES: tuple[str, ...] = ("none", *FEATURE_KINDS)
 

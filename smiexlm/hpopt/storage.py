@@ -1,0 +1,176 @@
+"""Where a search's study lives, and how several workers share one.
+
+``--storage`` names it: none (the embedded default, ``OUT/study.sqlite``, one worker, no
+server), ``postgresql://USER:PASSWORD@HOST:PORT/DB`` (a PostgreSQL server, through
+``psycopg``: ``pip install 'smiexlm[postgres]'``), or ``journal:PATH`` (Optuna's journal
+file: append-only, for workers on one machine or on a file system with working locks).
+SQLite under several writers fails, so ``--workers N`` above 1 needs one of the other two.
+
+Workers that share a study see each other only through it:
+
+- **the budget, once**: a worker asks a trial only while the counted, running and queued
+  trials are below ``--trials``, and after asking checks that fewer than ``--trials``
+  trials numbered below its own still count or run; a trial drawn in the same instant as
+  another's last one is given up (failed, noted ``surplus``), so two workers never spend
+  the budget twice. ``--cpu-minutes`` counts finished trials, so each worker may start one
+  trial past it;
+- **heartbeats**: each running trial records the time every ``--heartbeat`` seconds; a
+  trial silent for three of them belongs to a worker that died (SIGKILL, a lost node): any
+  worker marks it failed and queues its point again, so it is retried;
+- **one finisher**: when the budget is spent and no trial runs, the worker that told the
+  last trial to end writes ``best.toml``; the others leave it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from smiexlm.errors import ConfigError, DataError
+
+STUDY_NAME, STUDY_FILE = "hpopt", "study.sqlite"
+JOURNAL = "journal:"
+HEARTBEAT_KEY, WORKER_KEY = "heartbeat", "worker"
+STALE_BEATS = 3  # a trial silent for this many heartbeats is taken for dead
+
+
+def worker_name() -> str:
+    """``host:pid`` of this process, recorded on each trial it runs."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def shown(url: str) -> str:
+    """``url`` without credentials, for messages."""
+    if url.startswith(JOURNAL):
+        return url
+    from sqlalchemy.engine import make_url
+
+    try:
+        parts = make_url(url)
+    except Exception:  # not a URL at all: name only its scheme
+        return url.split("://", 1)[0] + "://..."
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.drivername}://{parts.host or ''}{port}/{parts.database or ''}"
+
+
+def check_storage(storage: str | None, workers: int) -> None:
+    """ConfigError unless ``storage`` is none, a PostgreSQL URL or ``journal:PATH``, and
+    ``workers`` is 1 on the embedded SQLite study."""
+    if storage is not None and not storage.startswith(("postgresql://", "postgresql+", JOURNAL)):
+        raise ConfigError("--storage", shown(storage), "postgresql://USER:PASSWORD@HOST:PORT/DB "
+                          "or journal:PATH (none: the embedded OUT/study.sqlite)")  # fmt: skip
+    if storage is not None and storage.startswith(JOURNAL) and not storage[len(JOURNAL) :]:
+        raise ConfigError("--storage", storage, "journal:PATH, naming the journal file")
+    if workers > 1 and storage is None:
+        raise ConfigError("--workers", workers, "1 with the embedded SQLite study (it takes one "
+                          "writer): give --storage postgresql://... or --storage journal:PATH "
+                          "for several workers")  # fmt: skip
+
+
+def open_storage(storage: str | None, out: Path) -> Any:
+    """The Optuna storage ``storage`` names (see the module docstring), reached once: a
+    server that does not answer is a DataError naming it, without its credentials."""
+    import optuna
+
+    if storage is None:
+        return optuna.storages.RDBStorage(f"sqlite:///{Path(out).resolve() / STUDY_FILE}")
+    if storage.startswith(JOURNAL):
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(storage[len(JOURNAL) :]).expanduser()
+        if not path.parent.is_dir():
+            raise DataError(f"--storage {storage!r}: the folder {str(path.parent)!r} does not "
+                            "exist; expected the journal file's folder")  # fmt: skip
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    try:
+        import psycopg  # noqa: F401  (SQLAlchemy's PostgreSQL driver)
+    except ModuleNotFoundError:
+        raise DataError(f"--storage {shown(storage)!r} needs psycopg: pip install "
+                        "'smiexlm[postgres]'") from None  # fmt: skip
+    try:
+        return optuna.storages.RDBStorage(
+            storage, engine_kwargs={"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+        )
+    except Exception as err:  # sqlalchemy's OperationalError, a bad database name...
+        reason = str(getattr(err, "orig", err)).strip().splitlines()[0]
+        raise DataError(f"--storage {shown(storage)!r}: cannot open the study database "
+                        f"({reason}); expected a PostgreSQL server that answers") from None  # fmt: skip
+
+
+class Heartbeat:
+    """Records ``time.time()`` on a running trial every ``interval`` seconds, from a daemon
+    thread, until :meth:`stop`."""
+
+    def __init__(self, study, trial, interval: float):
+        self.storage, self.trial_id, self.interval = study._storage, trial._trial_id, interval
+        self._stop = threading.Event()
+        self.storage.set_trial_user_attr(self.trial_id, WORKER_KEY, worker_name())
+        self._beat()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hpopt-heartbeat")
+        self._thread.start()
+
+    def _beat(self) -> None:
+        self.storage.set_trial_user_attr(self.trial_id, HEARTBEAT_KEY, time.time())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._beat()
+            except Exception:  # the trial ended meanwhile, or the server blinked: next beat
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def fail_stale_trials(study, interval: float) -> list[int]:
+    """Mark failed each running trial whose heartbeat is older than :data:`STALE_BEATS`
+    ``interval`` s (its worker died) and queue its point again; their numbers."""
+    from optuna.trial import TrialState
+
+    now, failed = time.time(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        beat = trial.user_attrs.get(HEARTBEAT_KEY)
+        if beat is None or now - float(beat) < STALE_BEATS * interval:
+            continue
+        try:
+            study._storage.set_trial_user_attr(
+                trial._trial_id,
+                "error",
+                f"its worker stopped beating ({trial.user_attrs.get(WORKER_KEY)})",
+            )
+            if not study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+                continue
+        except Exception:  # another worker marked it first
+            continue
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number},
+                            skip_if_exists=False)  # fmt: skip
+        failed.append(trial.number)
+    return failed
+
+
+def surplus(study, trial, budget: int | None) -> bool:
+    """Whether ``trial``, just asked, is beyond the ``--trials`` budget: that many trials
+    numbered below it already count or run (drawn by other workers in the same instant)."""
+    if budget is None:
+        return False
+    alive = ("COMPLETE", "PRUNED", "RUNNING")
+    below = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number
+             and t.state.name in alive]  # fmt: skip
+    return len(below) >= budget
+
+
+def finished_last(study, names: set[str]) -> bool:
+    """Whether the trial that ended last (among those that count) ran in one of the workers
+    ``names``: the one that writes ``best.toml``."""
+    ended = [t for t in study.get_trials(deepcopy=False)
+             if t.state.name in ("COMPLETE", "PRUNED") and t.datetime_complete is not None]  # fmt: skip
+    if not ended:
+        return False
+    last = max(ended, key=lambda t: (t.datetime_complete, t.number))
+    return last.user_attrs.get(WORKER_KEY) in names
