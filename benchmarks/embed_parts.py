@@ -9,6 +9,11 @@ runs the real command in fresh processes, each into a new folder of parts:
 - ``1 proc x 2 threads``: the same with ``--threads 2``
 - ``2 procs x 1 thread``: ``python -m torch.distributed.run --nproc_per_node 2 --no-python
   smiexlm embed IN.csv --out DIR --device cpu`` (each rank takes one thread: 2 cores / 2)
+- ``ray 1 node x 1 cpu`` and ``ray 2 nodes x 1 cpu``: ``smiexlm embed IN.csv --out DIR --ray
+  127.0.0.1:PORT`` on a Ray cluster of this machine started for the run (``ray start --head``,
+  then ``ray start --address`` for the second node, one CPU each); the cluster's start-up is
+  timed apart (``startup_s``) and the command's wall time includes joining it and loading the
+  model in each part writer
 
 It reports the wall time, molecules per second, the CPU seconds the command used (user +
 system, all its processes), the machine's 1-minute load average at the start and the end, and
@@ -39,7 +44,38 @@ MODES = {
     "1 proc x 1 thread": (1, 1),
     "1 proc x 2 threads": (1, 2),
     "2 procs x 1 thread": (2, None),
+    "ray 1 node x 1 cpu": ("ray", 1),
+    "ray 2 nodes x 1 cpu": ("ray", 2),
 }
+RAY_ENV = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+
+
+class RayCluster:
+    """``nodes`` Ray nodes of one CPU each on loopback, started on entry, stopped on exit."""
+
+    def __init__(self, nodes: int, port: int):
+        self.nodes, self.port, self.ray = nodes, port, str(Path(sys.executable).with_name("ray"))
+        self.temp = Path(tempfile.mkdtemp(prefix="sxr-"))  # short: Ray's socket paths
+
+    def __enter__(self) -> RayCluster:
+        node = ["--num-cpus", "1", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+        start = time.perf_counter()
+        subprocess.run([self.ray, "start", "--head", "--port", str(self.port), "--temp-dir",
+                        str(self.temp), "--include-dashboard", "false", *node], env=RAY_ENV,
+                       check=True, capture_output=True)  # fmt: skip
+        for _ in range(self.nodes - 1):
+            subprocess.run([self.ray, "start", "--address", self.address, *node], env=RAY_ENV,
+                           check=True, capture_output=True)  # fmt: skip
+        self.startup_s = time.perf_counter() - start
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run([self.ray, "stop", "--force"], env=RAY_ENV, capture_output=True)
+        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 def run(mode: str, table: Path, out: Path, part_rows: int, port: int = 29533) -> dict:
@@ -54,21 +90,31 @@ def run(mode: str, table: Path, out: Path, part_rows: int, port: int = 29533) ->
         "--part-rows",
         str(part_rows),
     ]
+    if procs == "ray":
+        with RayCluster(threads, port) as cluster:
+            row = _timed(mode, [smiexlm_command(), *args, "--ray", cluster.address], out, RAY_ENV)
+        return row | {"startup_s": round(cluster.startup_s, 1)}
     if procs == 1:
         cmd = [smiexlm_command(), *args, "--threads", str(threads)]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
                "--master_addr", "127.0.0.1", "--master_port", str(port), "--no-python",
                smiexlm_command(), *args]  # fmt: skip
+    return _timed(mode, cmd, out)
+
+
+def _timed(mode: str, cmd: list[str], out: Path, env: dict | None = None) -> dict:
+    """One run of ``cmd``: wall and CPU time (the Ray cluster's processes are not its
+    children: their CPU is not counted), load, peak memory from the manifest."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     manifest = json.loads((out / "manifest.json").read_text())
-    peaks = [w["peak_rss_mib"] for w in manifest["last_run"]["workers"]]
+    peaks = [w.get("peak_rss_mib") for w in manifest["last_run"]["workers"]]
     return {"mode": mode, "n": manifest["n_rows"], "wall_s": round(wall, 1),
             "mol_per_s": round(manifest["n_rows"] / wall, 1), "cpu_s": round(cpu, 1),
             "load_start": round(load, 2), "load_end": round(os.getloadavg()[0], 2),
@@ -85,7 +131,7 @@ def embeddings(out: Path) -> tuple[list[str], np.ndarray]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20000, 100000])
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=list(MODES)[:3], choices=list(MODES))
     parser.add_argument("--part-rows", type=int, default=10000)
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the last 2-process folder here"
@@ -109,6 +155,7 @@ def main() -> None:
                     first = (ids, emb)
                 row["same_ids"] = ids == first[0]
                 row["max_abs_diff"] = float(np.nanmax(np.abs(emb - first[1])))
+                row["bitwise"] = bool(np.array_equal(emb, first[1], equal_nan=True))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 if args.keep is not None and mode.startswith("2 procs"):

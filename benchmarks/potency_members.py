@@ -18,12 +18,14 @@ split (the runs' own, checked row for row):
   are fitted on the training rows, ``C`` and ``gamma`` chosen in scaffold-whole folds of them;
 - per seed, the test RMSE, and the RMSE on the test molecules that form activity cliffs
   (:mod:`smiexlm.moleculenet.cliffs`), of each member alone and of the combinations:
-  ``served`` (today's: the network and its forest, half each), ``equal`` (every member the
-  same weight), ``equal-no-network``, ``valid-weights`` (non-negative weights fitted on the
-  validation rows, summing to 1), ``oof-best`` (the member of the lowest out-of-fold RMSE on
-  the training rows, among those that have one: the forest, refitted in the same folds, and
-  the kernels) and ``oof-weights`` (weights fitted on those out-of-fold predictions). The
-  network has none: its own would cost five more fine-tunings a seed.
+  ``fixed`` (the network and its forest, half each), ``equal`` (every member the same
+  weight), ``valid-weights`` (non-negative weights fitted on the validation rows, summing to
+  1), ``oof-best`` (the member of the lowest out-of-fold RMSE on the training rows, among
+  those that have one: the forest, refitted in the same folds, and the kernels),
+  ``oof-weights`` (weights fitted on those out-of-fold predictions), ``gated`` (the served
+  default: those weights, and the network joins at half where it alone beats them on the
+  validation rows) and ``blend-gated`` (a screen: it joins where the blend with it does). The
+  network has no out-of-fold predictions: they would cost five more fine-tunings a seed.
 
 Writes ``<set>.json`` per set (a set done is read back: the job resumes), ``report.md``, and
 ``network/<set>-seed<k>.json``: the network's and its forest's scores of each seed, compact, so
@@ -130,6 +132,7 @@ def seed_rows(task, split, kernels: dict, npz: dict, cliffs: np.ndarray, seed: i
     valids = {n: m["valid"] for n, m in members.items()}
     for rule in COMBINES:
         weights[rule] = combine(rule, oof, y[train], valids, y[valid], 0.5)
+    weights["blend-gated"] = blend_gated(weights["oof-weights"], valids, y[valid], 0.5)
     weights["equal"] = dict.fromkeys(members, 1 / len(members))
     fitted = least_squares_weights(list(valids.values()), y[valid])
     weights["valid-weights"] = dict(zip(members, map(float, fitted), strict=True))
@@ -142,6 +145,20 @@ def seed_rows(task, split, kernels: dict, npz: dict, cliffs: np.ndarray, seed: i
                      "test_cliff": rmse_cliff, "n_cliff": n,
                      "weights": {k: round(x, 4) for k, x in w.items() if x}})  # fmt: skip
     return rows
+
+
+def blend_gated(weights: dict[str, float], valids: dict[str, np.ndarray], y_valid: np.ndarray,
+                network_weight: float) -> dict[str, float]:  # fmt: skip
+    """A screen beside ``gated``: the network joins the out-of-fold weights at
+    ``network_weight`` where the blend with it, not the network alone, scores better on the
+    validation rows than the members without it."""
+    from smiexlm.forests.members import rmse
+
+    others = sum(w * np.asarray(valids[n], np.float64) for n, w in weights.items() if w)
+    joined = network_weight * np.asarray(valids["model"], np.float64) + (1 - network_weight) * others
+    if rmse(y_valid, joined) >= rmse(y_valid, others):
+        return dict(weights)
+    return {n: w * (1 - network_weight) for n, w in weights.items()} | {"model": network_weight}
 
 
 def network_scores(name: str, roots: list[Path], kept: Path) -> dict[int, dict]:

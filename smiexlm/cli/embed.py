@@ -50,6 +50,12 @@ Int8 = Annotated[
     typer.Option(help="Linear layers in int8 on the CPU: faster, still the same for a molecule "
                  "in any batch, close to (not equal to) the fp32 embedding."),
 ]  # fmt: skip
+RayAddress = Annotated[
+    str | None,
+    typer.Option("--ray", help="Embed on a Ray cluster into a folder of parts: local (start "
+                 "one here), auto (the running one) or HOST:PORT of its head; INPUT may then "
+                 "be a folder or a glob of files (pip install 'smiexlm[ray]')."),
+]  # fmt: skip
 EmbedLayers = Annotated[
     int | None,
     typer.Option(
@@ -77,19 +83,31 @@ def embed(
     whiten: Whiten = None,
     layers: EmbedLayers = None,
     int8: Int8 = False,
+    ray: RayAddress = None,
 ) -> None:
     """Embed every SMILES of INPUT; .npy output puts the id columns in <out>.ids.csv. A folder
     --out is written part by part and resumed by the same command; run it under `torchrun
-    --nproc_per_node N` to share the parts among N processes."""
+    --nproc_per_node N` to share the parts among N processes, or give --ray to run it on a
+    Ray cluster."""
     from smiexlm.embedding.embed import embed_file, embed_parts
+    from smiexlm.errors import DataError
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.training.workers import detect
 
     cols = columns(id_cols)
     how = dict(checkpoint=checkpoint, pooling=pooling, errors=errors, canonicalize=canonicalize,
                device=device, backend=backend, whiten=whiten, layers=layers, int8=int8)  # fmt: skip
-    if wants_parts(out, part_rows):  # refuses --part-rows 0 (None: the default)
-        rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
+    parts = wants_parts(out, part_rows)  # refuses --part-rows 0 (None: the default)
+    rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
+    if ray is not None:
+        from smiexlm.embedding.on_ray import embed_parts_on_ray
+
+        if not parts:
+            raise DataError(f"--out {str(out)!r} is a file name, but --ray writes a folder of "
+                            "parts: expected a folder name (no suffix)")  # fmt: skip
+        return echo_parts(embed_parts_on_ray(input, out, ray, smiles_col, cols, part_rows=rows,
+                                             **how))  # fmt: skip
+    if parts:
         return echo_parts(embed_parts(input, out, smiles_col, cols, threads=threads,
                                       part_rows=rows, **how))  # fmt: skip
     if threads is not None:

@@ -31,7 +31,17 @@ SearchOut = Annotated[
 
 #: the settings ``hpopt`` lists in its help: the search's budget and seed, and the base
 #: config's (the rest of both: ``--set``)
-SHOWN = ("trials", "cpu_minutes", "storage", "workers", "seed", "split", "max_train_steps", "precision", "device")
+SHOWN = (
+    "trials",
+    "cpu_minutes",
+    "storage",
+    "workers",
+    "seed",
+    "split",
+    "max_train_steps",
+    "precision",
+    "device",
+)
 
 
 def hpopt(

@@ -26,8 +26,8 @@ Formats:
 
 Every way a file can be unusable (missing, a folder, an unknown suffix, empty, header only,
 not UTF-8, truncated, not the format its suffix says, no SMILES column, a column name given
-twice) raises one
-:class:`~smiexlm.errors.DataError` naming the file, the problem and what was expected.
+twice) raises one :class:`~smiexlm.errors.DataError` naming the file, the problem and what
+was expected. :func:`table_header` gives a CSV/TSV's header as written (Ray's reader too).
 """
 
 from __future__ import annotations
@@ -88,10 +88,8 @@ def detect_format(path: Path, what: str = "input", lmdb: bool = True) -> Format:
     formats = {s: f for s, f in SUFFIXES.items() if lmdb or f != "lmdb"}
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix
     if suffix not in formats:
-        raise DataError(
-            f"{what} {str(path)!r} has suffix {suffix!r}: expected one of {sorted(formats)} "
-            f"(optionally + .gz){' or an LMDB folder' if lmdb else ''}"
-        )
+        raise DataError(f"{what} {str(path)!r} has suffix {suffix!r}: expected one of "
+                        f"{sorted(formats)} (optionally + .gz){' or an LMDB folder' if lmdb else ''}")  # fmt: skip
     return formats[suffix]
 
 
@@ -112,10 +110,8 @@ def smiles_column(
     for name in [] if wanted else names:
         if lowered.count(name.lower()) == 1:
             return columns[lowered.index(name.lower())]
-    raise DataError(
-        f"{what} {str(path)!r} has no SMILES column {wanted or 'smiles'!r}: not found among "
-        f"its columns {columns[:20]!r}; pass --smiles-col with one of them"
-    )
+    raise DataError(f"{what} {str(path)!r} has no SMILES column {wanted or 'smiles'!r}: not "
+                    f"found among its columns {columns[:20]!r}; pass --smiles-col with one of them")  # fmt: skip
 
 
 def _check_unique(names: list[str], path: Path, what: str) -> None:
@@ -179,9 +175,7 @@ def _csv_frames(
         options: dict[str, Any] = {"low_memory": False}
     else:
         options = {"chunksize": chunk_rows, "dtype": str, "keep_default_na": False}
-    with io.TextIOWrapper(_open_binary(path), "utf-8-sig", "surrogateescape", newline="") as text:
-        rows = csv.reader(text, delimiter=sep)  # the header as written, not as pandas renames it
-        header = next((r for r in rows if len(r) > 1 or "".join(r).strip()), [])  # pandas' too
+    header = table_header(path, sep)
     with _open_binary(path) as handle:
         try:
             read = pd.read_csv(handle, sep=sep, encoding="utf-8-sig", **options)
@@ -196,6 +190,13 @@ def _csv_frames(
         finally:
             if chunk_rows is not None:
                 read.close()
+
+
+def table_header(path: Path, sep: str) -> list[str]:
+    """A CSV/TSV's header as written (not as pandas renames it), past blank lines as pandas."""
+    with io.TextIOWrapper(_open_binary(path), "utf-8-sig", "surrogateescape", newline="") as text:
+        rows = csv.reader(text, delimiter=sep)
+        return next((r for r in rows if len(r) > 1 or "".join(r).strip()), [])
 
 
 def _smi_frames(path: Path, smiles_col: str, chunk_rows: int, what: str) -> Iterator[Any]:

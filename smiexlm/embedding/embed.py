@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -151,7 +152,7 @@ def embed_file(
     _check_file_out(out)  # before any compute, not after it
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
-    id_cols = _id_columns(first, smiles_col, id_cols)
+    id_cols = id_columns(first, smiles_col, id_cols)
     feat = how.featurizer()
     width = feat.width(how.chosen_pooling(), feat.last_blocks(how.chosen_layers()))
     report = FeaturizeReport()
@@ -236,28 +237,37 @@ def embed_parts(
     check_output(out, "--out", kind="folder")  # before any compute, not after it
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
-    id_cols = _id_columns(first, smiles_col, id_cols)
+    id_cols = id_columns(first, smiles_col, id_cols)
     with job_workers(threads) as workers:
         feat = how.featurizer(workers.device(how.device))
         settings = {"smiles_col": smiles_col, "id_cols": id_cols, **how.settings()}
         job = PartsJob("embed", input_record(input_path), model_record([feat.source]),
                        settings, part_rows)  # fmt: skip
 
-        def process(frame: Any, start: int) -> ChunkOutput:
-            emb = how.embed(feat, frame[smiles_col], start)
-            report = feat.last_report
-            counts = {"unk_tokens": report.n_unk_tokens,
-                      "changed_by_normalization": report.n_changed_by_normalization}  # fmt: skip
-            if report.unseen is not None:
-                counts["molecules_with_untrained_tokens"] = report.unseen.holding
-            table = _embedding_table(frame[[*id_cols, smiles_col]], emb)
-            return ChunkOutput(table, report.failed, counts)
-
+        process = chunk_embedder(how, feat, smiles_col, id_cols)
         return run_parts(job, out, _chain(first, chunks), process, workers, progress,
                          {"device": str(feat.device)})  # fmt: skip
 
 
-def _id_columns(first: Any, smiles_col: str, id_cols: list[str] | None) -> list[str]:
+def chunk_embedder(how: EmbedOptions, feat: Featurizer, smiles_col: str,
+                   id_cols: list[str]) -> Callable[[Any, int], ChunkOutput]:  # fmt: skip
+    """What a part writer does to each chunk of input rows (a DataFrame whose first row is
+    row ``start`` of the input): its table of embeddings, its bad rows and counts."""
+
+    def process(frame: Any, start: int) -> ChunkOutput:
+        emb = how.embed(feat, frame[smiles_col], start)
+        report = feat.last_report
+        counts = {"unk_tokens": report.n_unk_tokens,
+                  "changed_by_normalization": report.n_changed_by_normalization}  # fmt: skip
+        if report.unseen is not None:
+            counts["molecules_with_untrained_tokens"] = report.unseen.holding
+        table = _embedding_table(frame[[*id_cols, smiles_col]], emb)
+        return ChunkOutput(table, report.failed, counts)
+
+    return process
+
+
+def id_columns(first: Any, smiles_col: str, id_cols: list[str] | None) -> list[str]:
     """The id columns to keep (default: every column but the SMILES), checked."""
     if id_cols is None:
         id_cols = [c for c in first.columns if c != smiles_col]

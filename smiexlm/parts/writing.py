@@ -30,7 +30,7 @@ from smiexlm.paths import REJECTS_HEADER, file_record, read_json_file, write_jso
 from smiexlm.training.workers import Workers, peak_rss_mib
 
 
-class _Slicer:
+class Slicer:
     """(part, first row, DataFrame) pieces of ``chunks``, never across a part boundary."""
 
     def __init__(self, chunks: Iterable[Any], part_rows: int):
@@ -73,11 +73,11 @@ def run_parts(
 
         where = f" (rank 0 of {workers.world_size})" if workers.enabled else ""
         bar = tqdm(unit="mol", desc=f"{job.kind}{where}", smoothing=0.05)
-    slicer, written, rows = _Slicer(chunks, job.part_rows), [], 0
+    slicer, written, rows = Slicer(chunks, job.part_rows), [], 0
     try:
         for index, pieces in groupby(slicer, key=lambda piece: piece[0]):
             if workers.owns(index) and index not in done:
-                rows += _write_part(out, job, index, pieces, process, workers.rank, bar)
+                rows += write_part(out, job, index, pieces, process, workers.rank, bar)
                 written.append(index)
     finally:
         if bar is not None:
@@ -87,17 +87,18 @@ def run_parts(
              "threads": workers.threads, **(worker_info or {})}  # fmt: skip
     everyone = workers.gather(stats)  # also waits for every rank's last part
     if workers.is_main:
-        _finish(out, job, slicer.n_rows, everyone, time.time() - started, len(done))
+        finish_job(out, job, slicer.n_rows, everyone, time.time() - started, len(done))
     workers.barrier()  # the final manifest is there before any rank returns
     _, manifest = read_json_file(out / MANIFEST, "parts manifest", PARTS_FORMAT)
     return PartsResult(out, manifest, len(written), len(done), damaged)
 
 
-def _write_part(
+def write_part(
     out: Path, job: PartsJob, index: int, pieces: Iterable[Any], process: Process, rank: int,
     bar: Any,
 ) -> int:  # fmt: skip
-    """Write part ``index`` (its pieces processed chunk by chunk): record, then Parquet."""
+    """Write part ``index`` (its ``(part, start, frame)`` pieces processed chunk by chunk):
+    record, then Parquet, each under a temporary name until whole; its rows."""
     import pyarrow.parquet as pq
 
     started = time.time()
@@ -130,7 +131,7 @@ def _write_part(
     return rows
 
 
-def _finish(
+def finish_job(
     out: Path, job: PartsJob, n_rows: int, workers: list[dict], seconds: float, resumed: int
 ) -> None:
     """Check that every part is there, write ``rejects.csv`` and the complete manifest."""

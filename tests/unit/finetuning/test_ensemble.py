@@ -193,7 +193,7 @@ def test_export_onnx_of_an_ensemble_exports_each_network(wide, tmp_path, monkeyp
     """``export-onnx`` on an ensemble's folder writes each network member's graph (the graphs
     themselves and ``--backend onnx`` are tested on fine-tuned folders in test_onnx.py)."""
     from smiexlm.cli.main import app
-    from smiexlm.serving import onnx_export
+    from smiexlm.embedding import onnx_export
 
     _, _, _, folder = wide
     written = []

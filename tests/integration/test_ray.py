@@ -1,0 +1,161 @@
+"""``smiexlm embed --ray`` on a real two-node Ray cluster that this module starts on loopback
+(``ray start --head`` and ``ray start --address``, one CPU each) and stops: the parts table is
+bitwise the one-process table, also after a part writer is killed with SIGKILL mid-run; a
+folder of Parquet files works; a second run writes nothing; bad addresses and globs are one
+line; the model serves a Ray Data pipeline of one's own (``EmbedBatches``)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import free_port, smiexlm_command
+
+ENV = os.environ | {"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+NODE = ["--num-cpus", "1", "--object-store-memory", str(256 * 2**20), "--disable-usage-stats",
+        "--node-ip-address", "127.0.0.1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """``127.0.0.1:PORT`` of a head and a second node, one CPU each, stopped after."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    port, temp = free_port(), Path(tempfile.mkdtemp(prefix="sxr-"))  # short: Ray's socket paths
+    head = [ray, "start", "--head", "--port", str(port), "--temp-dir", str(temp),
+            "--include-dashboard", "false", *NODE]  # fmt: skip
+    try:
+        subprocess.run(head, env=ENV, check=True, capture_output=True, timeout=180)
+        subprocess.run([ray, "start", "--address", f"127.0.0.1:{port}", *NODE], env=ENV,
+                       check=True, capture_output=True, timeout=180)  # fmt: skip
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=ENV, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def molecules(shared_data, tmp_path_factory) -> Path:
+    """A CSV of 240 MOSES molecules (an id column, SMILES), one of them unparsable."""
+    path = tmp_path_factory.mktemp("ray") / "in.csv"
+    with gzip.open(shared_data / "pretrain" / "moses_test.smi.gz", "rt") as handle:
+        smiles = [line.split()[0] for line, _ in zip(handle, range(241), strict=False)][1:]
+    smiles[17] = "C1CC(("  # a bad row: NaN, and in rejects.csv
+    pd.DataFrame({"id": [f"m{i}" for i in range(len(smiles))], "smiles": smiles}).to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process(molecules) -> pd.DataFrame:
+    from smiexlm.parts.reading import read_parts
+
+    out = molecules.parent / "local"
+    _embed(molecules, out)
+    return read_parts(out)
+
+
+def _embed(source, out: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([smiexlm_command(), "embed", str(source), "--out", str(out),
+                           "--part-rows", "40", *extra], env=ENV, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert not check or done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_two_nodes_give_the_one_process_table(cluster, molecules, one_process, tmp_path):
+    from smiexlm.parts.reading import read_manifest, read_parts
+
+    out = tmp_path / "ray"
+    _embed(molecules, out, "--ray", cluster)
+    table = read_parts(out)
+    pd.testing.assert_frame_equal(table, one_process, check_exact=True)
+    manifest = read_manifest(out)
+    assert manifest["n_failed"] == 1 and "C1CC((" in (out / "rejects.csv").read_text()
+    assert len({w["worker"] for w in manifest["last_run"]["workers"]}) == 2  # both nodes wrote
+    again = _embed(molecules, out, "--ray", cluster)
+    assert "0 written" in again.stdout or "6 already there" in again.stdout, again.stdout
+
+
+@pytest.mark.slow
+def test_a_part_writer_killed_mid_run_is_restarted(cluster, molecules, one_process, tmp_path):
+    from smiexlm.parts.reading import read_parts
+
+    out = tmp_path / "killed"
+    run = subprocess.Popen([smiexlm_command(), "embed", str(molecules), "--out", str(out),
+                            "--part-rows", "40", "--ray", cluster], env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline, killed = time.time() + 300, False
+    while not killed and time.time() < deadline and run.poll() is None:
+        if any(out.glob("part-*.parquet")):
+            found = subprocess.run(["pgrep", "-f", "ray::PartWriter"], capture_output=True, text=True)
+            pids = [int(p) for p in found.stdout.split()]
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed = True
+        time.sleep(0.05)
+    stdout, stderr = run.communicate(timeout=600)
+    assert killed, "the run ended before a writer could be killed"
+    assert run.returncode == 0, stderr[-3000:]
+    pd.testing.assert_frame_equal(read_parts(out), one_process, check_exact=True)
+
+
+@pytest.mark.slow
+def test_a_folder_of_parquet_files(cluster, molecules, one_process, tmp_path):
+    from smiexlm.parts.reading import read_parts
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    table = pd.read_csv(molecules, dtype=str, keep_default_na=False)
+    for i, start in enumerate(range(0, len(table), 70)):
+        table.iloc[start : start + 70].to_parquet(folder / f"chunk{i}.parquet", index=False)
+    _embed(folder, tmp_path / "out", "--ray", cluster)
+    pd.testing.assert_frame_equal(read_parts(tmp_path / "out"), one_process, check_exact=True)
+
+
+def test_bad_addresses_and_globs_are_one_line(molecules, tmp_path):
+    cases = [
+        ([str(molecules), "--ray", f"127.0.0.1:{free_port()}"], "--ray '127.0.0.1:"),
+        ([str(tmp_path / "none*.parquet"), "--ray", "local"], "matches no file"),
+        ([str(molecules), "--ray", "local", "--out", str(tmp_path / "x.parquet")], "folder of parts"),
+    ]
+    for args, said in cases:
+        out = [] if "--out" in args else ["--out", str(tmp_path / "o")]
+        done = subprocess.run([smiexlm_command(), "embed", *args, *out], env=ENV,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode != 0 and said in lines[-1], done.stderr[-2000:]
+        assert lines[-1].startswith("error:"), lines
+
+
+@pytest.mark.slow
+def test_the_model_in_a_ray_data_pipeline_of_ones_own(cluster, molecules):
+    import numpy as np
+    import ray
+
+    from smiexlm import Featurizer
+    from smiexlm.embedding.on_ray import EmbedBatches
+
+    ray.init(address=cluster, log_to_driver=False)
+    try:
+        table = pd.read_csv(molecules).iloc[:50]
+        ds = ray.data.from_pandas(table).map_batches(
+            EmbedBatches, fn_constructor_kwargs={"smiles_col": "smiles"}, batch_format="pandas",
+            concurrency=1, num_cpus=1, batch_size=16,
+        )  # fmt: skip
+        got = ds.to_pandas()
+    finally:
+        ray.shutdown()
+    expected = Featurizer.from_pretrained().featurize(list(table["smiles"]))
+    columns = [c for c in got.columns if c.startswith("e") and c[1:].isdigit()]
+    assert np.array_equal(got[columns].to_numpy(np.float32), expected, equal_nan=True)
+    assert got.loc[17, "embed_error"] and not got.loc[0, "embed_error"]

@@ -1,0 +1,94 @@
+"""``pretrain`` on two nodes, for real: two torchrun launchers (``--nnodes 2``, node ranks 0
+and 1, one process each, c10d rendezvous on 127.0.0.1) as a cluster's two machines would run
+them. After N updates the weights are those of one node with the same global batch; one node
+killed with SIGKILL mid-run, both resumed from the last checkpoint, the weights are an
+uninterrupted run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import free_port
+from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL, build_dataset, cli_env
+
+# the schedule's horizon fixed, so every run shares one learning-rate curve
+ARGS = ["--config", "mol_tiny_exlm", *MICRO_MODEL, *FAST, "total_steps=400"]
+
+
+def _nodes(data: Path, out: Path, steps: int, *extra: str) -> list[subprocess.Popen]:
+    """The two launchers, each in a process group of its own (so a node dies whole)."""
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                   "--nproc_per_node", "1", "--node_rank", str(rank), "--rdzv_backend", "c10d",
+                   "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "two-nodes",
+                   "--max_restarts", "0", "-m", "smiexlm.cli.main", "pretrain", *ARGS,
+                   "--data", str(data), "--out", str(out), "--max-steps", str(steps),
+                   "update_freq=1", *extra]  # fmt: skip
+        procs.append(subprocess.Popen(command, env=cli_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))  # fmt: skip
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float = 300) -> None:
+    for proc in procs:
+        output = proc.communicate(timeout=timeout)[0]
+        assert proc.returncode == 0, output[-3000:]
+
+
+def _one_node(data: Path, out: Path, steps: int) -> None:
+    """One process with the two nodes' global batch (update_freq 2)."""
+    command = [sys.executable, "-m", "smiexlm.cli.main", "pretrain", *ARGS, "--data", str(data),
+               "--out", str(out), "--max-steps", str(steps), "update_freq=2"]  # fmt: skip
+    done = subprocess.run(command, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / "last" / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_and_resume_after_a_node_dies(shared_data, tmp_path):
+    data = build_dataset(shared_data / "pretrain" / "moses_test.smi.gz", tmp_path / "ds", n=300)
+    steps = 12
+    two, one = tmp_path / "two", tmp_path / "one"
+    _wait(_nodes(data, two, steps, "save_every=1000"))
+    _one_node(data, one, steps)
+    a, b = _weights(two), _weights(one)
+    assert a.keys() == b.keys()
+    for key in a:  # DDP's all-reduced mean against one process's summed micro-batches
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+    # node 1 dies with SIGKILL after the checkpoint of step 4; node 0 then fails on its own
+    cut = tmp_path / "cut"
+    procs = _nodes(data, cut, steps, "save_every=4")
+    deadline = time.time() + 240
+    while not (cut / "checkpoints" / "step_000004").is_dir():
+        assert time.time() < deadline and procs[0].poll() is None, procs[0].communicate()[0][-3000:]
+        time.sleep(0.05)
+    os.killpg(procs[1].pid, signal.SIGKILL)
+    procs[1].wait()
+    try:
+        procs[0].communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # still waiting on its lost peer: a cluster would kill it
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        procs[0].communicate()
+    assert procs[0].returncode != 0
+    state = json.loads((cut / "checkpoints" / "last" / "trainer_state.json").read_text())
+    assert 4 <= state["state"]["step"] < steps
+    _wait(_nodes(data, cut, steps, "save_every=4", "--resume"))
+    resumed, straight = _weights(cut), _weights(two)
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)  # bitwise
