@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import resource
+import secrets
 import shutil
 import subprocess
 import sys
@@ -47,7 +48,9 @@ MODES = {
     "ray 1 node x 1 cpu": ("ray", 1),
     "ray 2 nodes x 1 cpu": ("ray", 2),
 }
-RAY_ENV = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+# a token for the cluster, as Ray's own default asks; the command holds it too
+RAY_ENV = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
+                        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # fmt: skip
 
 
 class RayCluster:

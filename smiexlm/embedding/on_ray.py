@@ -55,6 +55,8 @@ def connect(address: str) -> None:
         return
     quiet = {"log_to_driver": False, "include_dashboard": False, "configure_logging": False}
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address not in ("local", "auto"):
+        _check_reachable(address)  # Ray itself would wait for the head without end
     try:
         ray.init(**quiet) if address == "local" else ray.init(address=address, **quiet)
     except Exception as err:  # ConnectionError, a timeout, a malformed address...
@@ -62,6 +64,19 @@ def connect(address: str) -> None:
         raise DataError(f"--ray {address!r}: no Ray cluster answers there ({reason[:200]}); "
                         "expected local, auto or the HOST:PORT of a head started with "
                         "`ray start --head`") from None  # fmt: skip
+
+
+def _check_reachable(address: str, seconds: float = 10.0) -> None:
+    """DataError unless something accepts a TCP connection at ``HOST:PORT``."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise DataError(f"--ray {address!r}: expected local, auto or HOST:PORT of a Ray head")
+    try:
+        with socket.create_connection((host, int(port)), timeout=seconds):
+            return
+    except OSError as err:
+        raise DataError(f"--ray {address!r}: no Ray head answers there ({err.strerror or err}); "
+                        "expected the HOST:PORT of a head started with `ray start --head`") from None  # fmt: skip
 
 
 def input_paths(spec: Path | str) -> list[Path]:
@@ -112,7 +127,9 @@ def read_dataset(paths: list[Path], smiles_col: str) -> Any:
     kind = detect_format(paths[0], "input", lmdb=False)
     files = [str(p) for p in paths]
     # reading claims no CPU: the part writers hold one each, and would starve it otherwise
-    free = {"num_cpus": 0}
+    import pyarrow.fs
+
+    free = {"num_cpus": 0, "filesystem": pyarrow.fs.LocalFileSystem()}  # the files are local
     gz = {"arrow_open_stream_args": {"compression": "gzip"}} if files[0].endswith(".gz") else {}
     if kind == "parquet":
         return ray.data.read_parquet(files, **free)
