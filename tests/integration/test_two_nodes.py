@@ -56,29 +56,29 @@ def _one_node(data: Path, out: Path, steps: int) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "checkpoints" / "last" / "model.safetensors"))
+def _weights(run: Path, checkpoint: str = "last") -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / checkpoint / "model.safetensors"))
 
 
 @pytest.mark.slow
 def test_two_nodes_train_as_one_and_resume_after_a_node_dies(shared_data, tmp_path):
     data = build_dataset(shared_data / "pretrain" / "moses_test.smi.gz", tmp_path / "ds", n=300)
-    steps = 12
-    two, one = tmp_path / "two", tmp_path / "one"
-    _wait(_nodes(data, two, steps, "save_every=1000"))
-    _one_node(data, one, steps)
-    a, b = _weights(two), _weights(one)
+    steps, early = 120, 12
+    straight, one = tmp_path / "straight", tmp_path / "one"
+    _wait(_nodes(data, straight, steps, f"save_every={early}", "keep_last=100"))
+    _one_node(data, one, early)
+    a, b = _weights(straight, f"step_{early:06d}"), _weights(one)
     assert a.keys() == b.keys()
     for key in a:  # DDP's all-reduced mean against one process's summed micro-batches
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
-    # node 1 dies with SIGKILL after the checkpoint of step 4; node 0 then fails on its own
+    # node 1 dies with SIGKILL after the checkpoint of step 10; node 0 then fails on its own
     cut = tmp_path / "cut"
-    procs = _nodes(data, cut, steps, "save_every=4")
+    procs = _nodes(data, cut, steps, "save_every=10")
     deadline = time.time() + 240
-    while not (cut / "checkpoints" / "step_000004").is_dir():
+    while not (cut / "checkpoints" / "step_000010").is_dir():
         assert time.time() < deadline and procs[0].poll() is None, procs[0].communicate()[0][-3000:]
-        time.sleep(0.05)
+        time.sleep(0.01)
     os.killpg(procs[1].pid, signal.SIGKILL)
     procs[1].wait()
     try:
@@ -88,7 +88,7 @@ def test_two_nodes_train_as_one_and_resume_after_a_node_dies(shared_data, tmp_pa
         procs[0].communicate()
     assert procs[0].returncode != 0
     state = json.loads((cut / "checkpoints" / "last" / "trainer_state.json").read_text())
-    assert 4 <= state["state"]["step"] < steps
-    _wait(_nodes(data, cut, steps, "save_every=4", "--resume"))
-    resumed, straight = _weights(cut), _weights(two)
-    assert all(torch.equal(resumed[k], straight[k]) for k in straight)  # bitwise
+    assert 10 <= state["state"]["step"] < steps
+    _wait(_nodes(data, cut, steps, "save_every=10", "--resume"))
+    resumed, uninterrupted = _weights(cut), _weights(straight)
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)  # bitwise
