@@ -11,9 +11,10 @@ runs the real command in fresh processes, each into a new folder of parts:
   smiexlm embed IN.csv --out DIR --device cpu`` (each rank takes one thread: 2 cores / 2)
 - ``ray 1 node x 1 cpu`` and ``ray 2 nodes x 1 cpu``: ``smiexlm embed IN.csv --out DIR --ray
   127.0.0.1:PORT`` on a Ray cluster of this machine started for the run (``ray start --head``,
-  then ``ray start --address`` for the second node, one CPU each); the cluster's start-up is
-  timed apart (``startup_s``) and the command's wall time includes joining it and loading the
-  model in each part writer
+  then ``ray start --address`` for the second node, one CPU each, on loopback:
+  ``tests.conftest.LoopbackRayCluster``, root only); the cluster's start-up is timed apart
+  (``startup_s``) and the command's wall time includes joining it and loading the model in
+  each part writer
 
 It reports the wall time, molecules per second, the CPU seconds the command used (user +
 system, all its processes), the machine's 1-minute load average at the start and the end, and
@@ -28,7 +29,6 @@ import json
 import os
 import platform
 import resource
-import secrets
 import shutil
 import subprocess
 import sys
@@ -48,37 +48,6 @@ MODES = {
     "ray 1 node x 1 cpu": ("ray", 1),
     "ray 2 nodes x 1 cpu": ("ray", 2),
 }
-# a token for the cluster, as Ray's own default asks; the command holds it too
-RAY_ENV = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
-                        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # fmt: skip
-
-
-class RayCluster:
-    """``nodes`` Ray nodes of one CPU each on loopback, started on entry, stopped on exit."""
-
-    def __init__(self, nodes: int, port: int):
-        self.nodes, self.port, self.ray = nodes, port, str(Path(sys.executable).with_name("ray"))
-        self.temp = Path(tempfile.mkdtemp(prefix="sxr-"))  # short: Ray's socket paths
-
-    def __enter__(self) -> RayCluster:
-        node = ["--num-cpus", "1", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
-        start = time.perf_counter()
-        subprocess.run([self.ray, "start", "--head", "--port", str(self.port), "--temp-dir",
-                        str(self.temp), "--include-dashboard", "false", *node], env=RAY_ENV,
-                       check=True, capture_output=True)  # fmt: skip
-        for _ in range(self.nodes - 1):
-            subprocess.run([self.ray, "start", "--address", self.address, *node], env=RAY_ENV,
-                           check=True, capture_output=True)  # fmt: skip
-        self.startup_s = time.perf_counter() - start
-        return self
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc) -> None:
-        subprocess.run([self.ray, "stop", "--force"], env=RAY_ENV, capture_output=True)
-        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 def run(mode: str, table: Path, out: Path, part_rows: int, port: int = 29533) -> dict:
@@ -94,8 +63,12 @@ def run(mode: str, table: Path, out: Path, part_rows: int, port: int = 29533) ->
         str(part_rows),
     ]
     if procs == "ray":
-        with RayCluster(threads, port) as cluster:
-            row = _timed(mode, [smiexlm_command(), *args, "--ray", cluster.address], out, RAY_ENV)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.conftest import LoopbackRayCluster  # one CPU a node, on loopback alone
+
+        with LoopbackRayCluster(nodes=threads, object_store_mib=1024) as cluster:
+            command = cluster.command([smiexlm_command(), *args, "--ray", cluster.address])
+            row = _timed(mode, command, out, cluster.env)
         return row | {"startup_s": round(cluster.startup_s, 1)}
     if procs == 1:
         cmd = [smiexlm_command(), *args, "--threads", str(threads)]

@@ -12,6 +12,7 @@ workers share the cores instead of fighting over them; ``-n 0`` runs in one proc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -118,3 +119,97 @@ def kill_after_two_train_shards(proc, out: Path, timeout: float = 60) -> None:
         time.sleep(0.005)
     proc.wait()
     assert proc.returncode == -9, "the run finished before it could be killed"
+
+
+def stop_processes_of(marker: str, timeout: float = 30) -> None:
+    """End every process whose command line holds ``marker`` (a Ray cluster's temporary
+    folder: its GCS, raylets and agents), with their children (the workers Ray renamed
+    ``ray::...``): SIGTERM, then SIGKILL what is left. Unlike ``ray stop``, it leaves any
+    other Ray cluster of the machine alone."""
+    import signal
+    import time
+
+    def table() -> dict[int, tuple[int, bytes]]:
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    found[int(entry.name)] = (ppid, (entry / "cmdline").read_bytes())
+                except (OSError, IndexError, ValueError):
+                    continue
+        return found
+
+    procs = table()
+    chosen = {pid for pid, (_, cmd) in procs.items() if marker.encode() in cmd}
+    grown = True
+    while grown:  # and their descendants
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in chosen} - chosen
+        chosen |= more
+        grown = bool(more)
+    chosen.discard(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in chosen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.time() + timeout / 2
+        while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in chosen):
+            time.sleep(0.2)
+
+
+class LoopbackRayCluster:
+    """A Ray cluster of ``nodes`` nodes (``cpus`` each) on one machine, for tests and
+    benchmarks: ``ray start --head`` and ``ray start --address``, all inside a network
+    namespace of its own that holds only the loopback device, so that Ray, which takes a
+    node's outward address where it can, talks over 127.0.0.1 alone. ``command(args)``
+    runs a command inside it; ``env`` holds the cluster's token (Ray's own default asks for
+    one). Needs root (``ip netns``); stopped (its processes only) and removed on exit."""
+
+    def __init__(self, nodes: int = 2, cpus: int = 1, object_store_mib: int = 256):
+        import secrets
+        import shutil
+        import tempfile
+
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            raise RuntimeError("a loopback Ray cluster needs root and iproute2 (ip netns)")
+        self.nodes, self.cpus, self.store = nodes, cpus, object_store_mib
+        self.port, self.netns = free_port(), f"sxr{os.getpid()}-{secrets.token_hex(3)}"
+        self.temp = Path(tempfile.mkdtemp(prefix="sxr-"))  # short: Ray's socket paths
+        self.env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
+                                 "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # fmt: skip
+        self.address = f"127.0.0.1:{self.port}"
+
+    def command(self, args: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *args]
+
+    def __enter__(self) -> LoopbackRayCluster:
+        import subprocess
+        import time
+
+        subprocess.run(["ip", "netns", "add", self.netns], check=True)
+        subprocess.run(self.command(["ip", "link", "set", "lo", "up"]), check=True)
+        ray = str(Path(sys.executable).with_name("ray"))
+        node = ["--num-cpus", str(self.cpus), "--object-store-memory", str(self.store << 20),
+                "--disable-usage-stats"]  # fmt: skip
+        start = time.perf_counter()
+        try:
+            subprocess.run(self.command([ray, "start", "--head", "--port", str(self.port),
+                                         "--temp-dir", str(self.temp), "--include-dashboard",
+                                         "false", *node]), env=self.env, check=True,
+                           capture_output=True, timeout=180)  # fmt: skip
+            for _ in range(self.nodes - 1):
+                subprocess.run(self.command([ray, "start", "--address", self.address, *node]),
+                               env=self.env, check=True, capture_output=True, timeout=180)  # fmt: skip
+        except BaseException:
+            self.__exit__()
+            raise
+        self.startup_s = time.perf_counter() - start
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import shutil
+        import subprocess
+
+        stop_processes_of(str(self.temp))
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+        shutil.rmtree(self.temp, ignore_errors=True)

@@ -143,6 +143,11 @@ SMOKE: dict[str, list[Step]] = {
              expect=("gain/gain.md", "gain/bace/search/best.toml", "t8/bace/seed0/result.json"),
              prints="| bace | Table 8 |"),
     ],
+    "hpopt_workers": [
+        Step("hpopt_workers.py", ("--task", "bace", "--trials", "2", "--max-train-steps", "2",
+             "--out", "{tmp}/scale"), expect=("scale/hpopt_workers.md",), prints="ratio:",
+             data=("moleculenet/bace.csv",)),
+    ],
     "embed_resume+search": [
         Step("embed_resume.py", ("--n", "200", "--part-rows", "10", "--kill-after", "2",
              "--check", "20", "--keep", "{tmp}/emb", "--port", "{port}", "--json",

@@ -8,42 +8,25 @@ from __future__ import annotations
 
 import gzip
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from tests.conftest import free_port, smiexlm_command
+from tests.conftest import LoopbackRayCluster, free_port, smiexlm_command
 
-# the cluster takes a token, as Ray's own default asks; every process of the test holds it
-ENV = os.environ | {"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-                    "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # fmt: skip
-NODE = ["--num-cpus", "1", "--object-store-memory", str(256 * 2**20), "--disable-usage-stats",
-        "--node-ip-address", "127.0.0.1"]  # fmt: skip
+ENV = os.environ | {"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """``127.0.0.1:PORT`` of a head and a second node, one CPU each, stopped after."""
-    ray = str(Path(sys.executable).with_name("ray"))
-    port, temp = free_port(), Path(tempfile.mkdtemp(prefix="sxr-"))  # short: Ray's socket paths
-    head = [ray, "start", "--head", "--port", str(port), "--temp-dir", str(temp),
-            "--include-dashboard", "false", *NODE]  # fmt: skip
-    try:
-        subprocess.run(head, env=ENV, check=True, capture_output=True, timeout=180)
-        subprocess.run([ray, "start", "--address", f"127.0.0.1:{port}", *NODE], env=ENV,
-                       check=True, capture_output=True, timeout=180)  # fmt: skip
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([ray, "stop", "--force"], env=ENV, capture_output=True, timeout=120)
-        shutil.rmtree(temp, ignore_errors=True)
+    """A head and a second node, one CPU each, on loopback (:class:`LoopbackRayCluster`)."""
+    with LoopbackRayCluster(nodes=2) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +51,20 @@ def one_process(molecules) -> pd.DataFrame:
     return read_parts(out).to_pandas()
 
 
-def _embed(source, out: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([smiexlm_command(), "embed", str(source), "--out", str(out),
-                           "--part-rows", "40", *extra], env=ENV, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    assert not check or done.returncode == 0, done.stderr[-3000:]
+def _command(source, out: Path, cluster: LoopbackRayCluster | None) -> tuple[list[str], dict]:
+    """``smiexlm embed`` of ``source`` into parts of 40 rows: here, or on ``cluster``."""
+    args = [smiexlm_command(), "embed", str(source), "--out", str(out), "--part-rows", "40"]
+    if cluster is None:
+        return args, ENV
+    return cluster.command([*args, "--ray", cluster.address]), cluster.env | ENV
+
+
+def _embed(
+    source, out: Path, cluster: LoopbackRayCluster | None = None
+) -> subprocess.CompletedProcess:
+    args, env = _command(source, out, cluster)
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     return done
 
 
@@ -81,13 +73,13 @@ def test_two_nodes_give_the_one_process_table(cluster, molecules, one_process, t
     from smiexlm.parts.reading import read_manifest, read_parts
 
     out = tmp_path / "ray"
-    _embed(molecules, out, "--ray", cluster)
+    _embed(molecules, out, cluster)
     table = read_parts(out).to_pandas()
     pd.testing.assert_frame_equal(table, one_process, check_exact=True)
     manifest = read_manifest(out)
     assert manifest["n_failed"] == 1 and "C1CC((" in (out / "rejects.csv").read_text()
     assert len({w["worker"] for w in manifest["last_run"]["workers"]}) == 2  # both nodes wrote
-    again = _embed(molecules, out, "--ray", cluster)
+    again = _embed(molecules, out, cluster)
     assert "nothing to do" in again.stdout, again.stdout
 
 
@@ -96,16 +88,18 @@ def test_a_part_writer_killed_mid_run_is_restarted(cluster, molecules, one_proce
     from smiexlm.parts.reading import read_parts
 
     out = tmp_path / "killed"
-    run = subprocess.Popen([smiexlm_command(), "embed", str(molecules), "--out", str(out),
-                            "--part-rows", "40", "--ray", cluster], env=ENV,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    args, env = _command(molecules, out, cluster)
+    run = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, killed = time.time() + 300, False
     while not killed and time.time() < deadline and run.poll() is None:
         if any(out.glob("part-*.parquet")):
-            found = subprocess.run(
-                ["pgrep", "-f", "ray::PartWriter"], capture_output=True, text=True
+            found = subprocess.run(["pgrep", "-f", "ray::PartWriter"], capture_output=True,
+                                   text=True)  # fmt: skip
+            ours = subprocess.run(["ip", "netns", "pids", cluster.netns], capture_output=True,
+                                  text=True)  # fmt: skip
+            pids = sorted(
+                {int(p) for p in found.stdout.split()} & {int(p) for p in ours.stdout.split()}
             )
-            pids = [int(p) for p in found.stdout.split()]
             if pids:
                 os.kill(pids[0], signal.SIGKILL)
                 killed = True
@@ -125,7 +119,7 @@ def test_a_folder_of_parquet_files(cluster, molecules, one_process, tmp_path):
     table = pd.read_csv(molecules, dtype=str, keep_default_na=False)
     for i, start in enumerate(range(0, len(table), 70)):
         table.iloc[start : start + 70].to_parquet(folder / f"chunk{i}.parquet", index=False)
-    _embed(folder, tmp_path / "out", "--ray", cluster)
+    _embed(folder, tmp_path / "out", cluster)
     pd.testing.assert_frame_equal(
         read_parts(tmp_path / "out").to_pandas(), one_process, check_exact=True
     )
@@ -171,8 +165,9 @@ def test_the_model_in_a_ray_data_pipeline_of_ones_own(cluster, molecules, tmp_pa
     from smiexlm import Featurizer
 
     out = tmp_path / "mine.parquet"
-    done = subprocess.run([sys.executable, "-c", _PIPELINE, cluster, str(molecules), str(out)],
-                          env=ENV, capture_output=True, text=True, timeout=600)  # fmt: skip
+    args = cluster.command([sys.executable, "-c", _PIPELINE, cluster.address, str(molecules),
+                            str(out)])  # fmt: skip
+    done = subprocess.run(args, env=cluster.env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = pd.read_parquet(out)
     expected = Featurizer.from_pretrained().featurize(list(got["smiles"]), errors="nan")
