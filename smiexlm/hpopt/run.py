@@ -130,7 +130,7 @@ def work(study, search: Search, hp: HpoptConfig, progress: bool = False,
         if not waiting and (stop is not None or counted + running >= (hp.trials or math.inf)):
             if stop is not None and not running:
                 return stop
-            time.sleep(min(hp.heartbeat, 5.0))  # the running trials end, or are retried
+            time.sleep(min(hp.heartbeat, 1.0))  # the running trials end, or are retried
             continue
         number = one_trial(study, search, hp, progress)
         if number is not None and after is not None:
