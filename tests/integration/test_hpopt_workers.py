@@ -124,7 +124,9 @@ def test_a_worker_killed_mid_trial_on_postgresql(postgres_url, toy_csv, tmp_path
     dead = trials[killed]
     assert dead.state.name == "FAIL" and "stopped beating" in dead.user_attrs["error"]
     retried = [t for t in trials if t.user_attrs.get("retry_of") == killed]
-    assert retried and retried[0].params == dead.params and retried[0].state.name != "FAIL"
+    # its point, drawn again (it may have been cut before all of it was drawn)
+    assert retried and dead.params.items() <= retried[0].params.items()
+    assert retried[0].state.name != "FAIL"
     assert (b / "best.toml").is_file() and not (a / "best.toml").exists()
 
 

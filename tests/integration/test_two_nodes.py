@@ -63,7 +63,7 @@ def _weights(run: Path, checkpoint: str = "last") -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_two_nodes_train_as_one_and_resume_after_a_node_dies(shared_data, tmp_path):
     data = build_dataset(shared_data / "pretrain" / "moses_test.smi.gz", tmp_path / "ds", n=300)
-    steps, early = 120, 12
+    steps, early = 400, 12  # 400 updates: seconds to kill a node in, even on a busy machine
     straight, one = tmp_path / "straight", tmp_path / "one"
     _wait(_nodes(data, straight, steps, f"save_every={early}", "keep_last=100"))
     _one_node(data, one, early)
@@ -79,6 +79,7 @@ def test_two_nodes_train_as_one_and_resume_after_a_node_dies(shared_data, tmp_pa
     while not (cut / "checkpoints" / "step_000010").is_dir():
         assert time.time() < deadline and procs[0].poll() is None, procs[0].communicate()[0][-3000:]
         time.sleep(0.01)
+    assert procs[1].poll() is None, "node 1 ended before it could be killed"
     os.killpg(procs[1].pid, signal.SIGKILL)
     procs[1].wait()
     try:
