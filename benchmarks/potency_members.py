@@ -155,7 +155,9 @@ def blend_gated(weights: dict[str, float], valids: dict[str, np.ndarray], y_vali
     from smiexlm.forests.members import rmse
 
     others = sum(w * np.asarray(valids[n], np.float64) for n, w in weights.items() if w)
-    joined = network_weight * np.asarray(valids["model"], np.float64) + (1 - network_weight) * others
+    joined = (
+        network_weight * np.asarray(valids["model"], np.float64) + (1 - network_weight) * others
+    )
     if rmse(y_valid, joined) >= rmse(y_valid, others):
         return dict(weights)
     return {n: w * (1 - network_weight) for n, w in weights.items()} | {"model": network_weight}
