@@ -27,6 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +230,7 @@ def embed_parts_on_ray(
     connect(address)
     ds = read_dataset(paths, smiles_col)
     batches = ds.iter_batches(batch_size=chunk_rows, batch_format="pandas")
-    chunks = _nonempty(batches)
+    chunks = (batch for batch in batches if len(batch))  # Ray may hand out empty blocks
     first = next(chunks, None)
     if first is None:
         raise DataError(f"input {str(input)!r} has no rows: expected at least one SMILES")
@@ -242,7 +243,7 @@ def embed_parts_on_ray(
     done, damaged = finished_parts(out, job)
     if manifest.get("complete") and len(done) == manifest.get("n_parts"):
         return PartsResult(out, manifest, 0, len(done))
-    stats, n_rows = _write_parts(out, job, _chain(first, chunks), done, how, smiles_col, id_cols,
+    stats, n_rows = _write_parts(out, job, chain([first], chunks), done, how, smiles_col, id_cols,
                                  progress)  # fmt: skip
     finish_job(out, job, n_rows, stats, time.time() - started, len(done))
     _, manifest = read_json_file(out / MANIFEST, "parts manifest", PARTS_FORMAT)
@@ -301,14 +302,3 @@ def _bar(progress: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(unit="mol", desc="embed (ray)", smoothing=0.05)
-
-
-def _nonempty(batches: Any) -> Iterator[Any]:
-    for batch in batches:
-        if len(batch):
-            yield batch
-
-
-def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smiexlm.errors import ConfigError, check_positive_int
+from smiexlm.hpopt.storage import check_storage
 from smiexlm.settings import check_settings, recorded, setting, settings_of
 
 BUDGET = ("trials", "cpu_minutes")  # a resumed search may be given more of either
@@ -62,8 +63,6 @@ class HpoptConfig:
             raise ConfigError("warmup_epochs", self.warmup_epochs, "0 or a positive integer")
         if not _is_int(self.workers, 1):
             raise ConfigError("--workers", self.workers, "a positive number of processes")
-        from smiexlm.hpopt.storage import check_storage
-
         check_storage(self.storage, self.workers)
 
     def identity(self) -> dict[str, Any]:

@@ -105,16 +105,16 @@ class Heartbeat:
     """Records ``time.time()`` on a running trial every ``interval`` seconds, from a daemon
     thread, until :meth:`stop`."""
 
-    def __init__(self, study, trial, interval: float):
-        self.storage, self.trial_id, self.interval = study._storage, trial._trial_id, interval
+    def __init__(self, trial, interval: float):
+        self.trial, self.interval = trial, interval
         self._stop = threading.Event()
-        self.storage.set_trial_user_attr(self.trial_id, WORKER_KEY, worker_name())
+        trial.set_user_attr(WORKER_KEY, worker_name())
         self._beat()
         self._thread = threading.Thread(target=self._run, daemon=True, name="hpopt-heartbeat")
         self._thread.start()
 
     def _beat(self) -> None:
-        self.storage.set_trial_user_attr(self.trial_id, HEARTBEAT_KEY, time.time())
+        self.trial.set_user_attr(HEARTBEAT_KEY, time.time())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -129,7 +129,7 @@ def one_trial(study, search: Search, hp: HpoptConfig, progress: bool = False) ->
         study.tell(trial, state=TrialState.FAIL)
         return None
     study.sampler = sampler_for(hp.seed, counted, hp.startup_trials, trial.number)
-    beat = Heartbeat(study, trial, hp.heartbeat)
+    beat = Heartbeat(trial, hp.heartbeat)
     try:
         return _run_and_tell(study, trial, search, progress)
     except UpdateFinishedTrialError:  # taken for dead (silent too long) and queued again
