@@ -121,6 +121,42 @@ def kill_after_two_train_shards(proc, out: Path, timeout: float = 60) -> None:
     assert proc.returncode == -9, "the run finished before it could be killed"
 
 
+def _process_table() -> dict[int, tuple[int, bytes]]:
+    """Every process of the machine: pid -> (parent pid, command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                found[int(entry.name)] = (ppid, (entry / "cmdline").read_bytes())
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _with_descendants(chosen: set[int]) -> set[int]:
+    procs = _process_table()
+    chosen = set(chosen)
+    grown = True
+    while grown:
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in chosen} - chosen
+        chosen |= more
+        grown = bool(more)
+    chosen.discard(os.getpid())
+    return chosen
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant at once, as a machine that dies would: also
+    the children that left its session (torchrun starts each worker in a session of its
+    own, so killing the launcher's group leaves its worker running)."""
+    import signal
+
+    for each in _with_descendants({pid}):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)
+
+
 def stop_processes_of(marker: str, timeout: float = 30) -> None:
     """End every process whose command line holds ``marker`` (a Ray cluster's temporary
     folder: its GCS, raylets and agents), with their children (the workers Ray renamed
@@ -129,25 +165,8 @@ def stop_processes_of(marker: str, timeout: float = 30) -> None:
     import signal
     import time
 
-    def table() -> dict[int, tuple[int, bytes]]:
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                    found[int(entry.name)] = (ppid, (entry / "cmdline").read_bytes())
-                except (OSError, IndexError, ValueError):
-                    continue
-        return found
-
-    procs = table()
-    chosen = {pid for pid, (_, cmd) in procs.items() if marker.encode() in cmd}
-    grown = True
-    while grown:  # and their descendants
-        more = {pid for pid, (ppid, _) in procs.items() if ppid in chosen} - chosen
-        chosen |= more
-        grown = bool(more)
-    chosen.discard(os.getpid())
+    marked = {pid for pid, (_, cmd) in _process_table().items() if marker.encode() in cmd}
+    chosen = _with_descendants(marked)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in chosen:
             with contextlib.suppress(ProcessLookupError):

@@ -7,8 +7,6 @@ uninterrupted run's."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import free_port
+from tests.conftest import free_port, kill_tree
 from tests.unit.pretraining.test_training_support import FAST, MICRO_MODEL, build_dataset, cli_env
 
 # the schedule's horizon fixed, so every run shares one learning-rate curve
@@ -26,7 +24,7 @@ ARGS = ["--config", "mol_tiny_exlm", *MICRO_MODEL, *FAST, "total_steps=400"]
 
 
 def _nodes(data: Path, out: Path, steps: int, *extra: str) -> list[subprocess.Popen]:
-    """The two launchers, each in a process group of its own (so a node dies whole)."""
+    """The two launchers, each in a session of its own."""
     port = free_port()
     procs = []
     for rank in (0, 1):
@@ -80,12 +78,12 @@ def test_two_nodes_train_as_one_and_resume_after_a_node_dies(shared_data, tmp_pa
         assert time.time() < deadline and procs[0].poll() is None, procs[0].communicate()[0][-3000:]
         time.sleep(0.01)
     assert procs[1].poll() is None, "node 1 ended before it could be killed"
-    os.killpg(procs[1].pid, signal.SIGKILL)
+    kill_tree(procs[1].pid)  # the launcher and its worker: the whole node
     procs[1].wait()
     try:
         procs[0].communicate(timeout=120)
     except subprocess.TimeoutExpired:  # still waiting on its lost peer: a cluster would kill it
-        os.killpg(procs[0].pid, signal.SIGKILL)
+        kill_tree(procs[0].pid)
         procs[0].communicate()
     assert procs[0].returncode != 0
     state = json.loads((cut / "checkpoints" / "last" / "trainer_state.json").read_text())
