@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from smiexlm.core import moved
+from smiexlm.core import hooks, moved
 from smiexlm.core.lazy import lazy_names
 from smiexlm.core.version import __version__
 
 moved.install()  # module paths that moved to another layer still import, with a warning
+# the network's doors to its folders, a layer above it (ExLMModel.save_/from_pretrained)
+hooks.provide("save_model_folder", "smiexlm.modelio.weights:save_model_folder")
+hooks.provide("load_model_folder", "smiexlm.modelio.weights:load_model_folder")
 
 # public name -> module that defines it
 _LAZY = {

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from smiexlm.core import hooks
 from smiexlm.dag import dag_logits_log_likelihood, dag_loss
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.model.config import ExLMConfig
@@ -378,14 +379,13 @@ class ExLMModel(nn.Module):
         pooled = torch.cat([pool(h, out_mask, pooling) for h in parts], dim=-1)
         return EncoderOutput(hidden, pooled, out_mask)
 
-    # model folders (smiexlm.modelio, imported in each call: the network itself reads no file)
+    # model folders: smiexlm.modelio, a layer above, answers through smiexlm.core.hooks
     def save_pretrained(
         self, directory: Path | str, tokenizer: Any = None, dtype: torch.dtype | None = None
     ) -> Path:
         """Write ``config.json``, ``vocab.json`` and ``model.safetensors`` into ``directory``."""
-        from smiexlm.modelio.weights import save_model_folder
-
-        return save_model_folder(self, Path(directory), tokenizer=tokenizer, dtype=dtype)
+        save = hooks.provider("save_model_folder")
+        return save(self, Path(directory), tokenizer=tokenizer, dtype=dtype)
 
     @classmethod
     def from_pretrained(
@@ -395,6 +395,4 @@ class ExLMModel(nn.Module):
         (vocabulary, config sizes, shapes, sha256, finite weights): the weights alone. With
         its tokenizer, normalisation and embedding settings, a folder (or a shipped model by
         name) loads with :func:`smiexlm.modelio.pretrained.load_pretrained`, which calls this."""
-        from smiexlm.modelio.weights import load_model_folder
-
-        return load_model_folder(cls, Path(directory), map_location=map_location)
+        return hooks.provider("load_model_folder")(cls, Path(directory), map_location=map_location)

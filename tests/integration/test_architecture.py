@@ -68,14 +68,14 @@ def test_tokenization_is_one_folder():
 
 
 def test_the_network_reads_and_writes_no_model_folder():
-    """``smiexlm.model`` (the network) imports nothing of ``smiexlm.modelio`` (model folders)
-    at its top: ``ExLMModel.from_pretrained`` and ``save_pretrained`` import the folder code
-    inside themselves, so building and running a network loads no file reader."""
+    """``smiexlm.model`` (the network) imports nothing of ``smiexlm.modelio`` (model folders),
+    not even in a function: ``ExLMModel.from_pretrained`` and ``save_pretrained`` ask
+    :mod:`smiexlm.core.hooks` for the folder code, which the package root names."""
     for path, tree in _modules().items():
         if path.startswith("smiexlm/model/"):
-            top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-            names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
-            names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+            found = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            names = {a.name for n in found if isinstance(n, ast.Import) for a in n.names}
+            names |= {n.module for n in found if isinstance(n, ast.ImportFrom) and n.module}
             assert not any(m.startswith("smiexlm.modelio") for m in names), path
 
 
@@ -239,6 +239,12 @@ def test_imports_form_no_circle_across_packages():
     assert across == [], across
     real = {m: {t for t, typing in graph[m].items() if not typing} & set(every) for m in every}
     assert _circles(real) == [], _circles(real)
+    packages: dict[str, set[str]] = {}  # and no circle of packages: they stack up
+    for module, edges in every.items():
+        packages.setdefault(_package(module), set()).update(
+            _package(t) for t in edges if _package(t) != _package(module)
+        )
+    assert _circles(packages) == [], _circles(packages)
 
 
 def test_moleculenet_keeps_the_sets_and_their_scores():
