@@ -14,6 +14,7 @@ from smiexlm.cli.params import (
     ModelFolder,
     PartRows,
     Pooling,
+    RayAddress,
     SmilesCol,
     Threads,
     columns,
@@ -50,12 +51,6 @@ Int8 = Annotated[
     typer.Option(help="Linear layers in int8 on the CPU: faster, still the same for a molecule "
                  "in any batch, close to (not equal to) the fp32 embedding."),
 ]  # fmt: skip
-RayAddress = Annotated[
-    str | None,
-    typer.Option("--ray", help="Embed on a Ray cluster into a folder of parts: local (start "
-                 "one here), auto (the running one) or HOST:PORT of its head; INPUT may then "
-                 "be a folder or a glob of files (pip install 'smiexlm[ray]')."),
-]  # fmt: skip
 EmbedLayers = Annotated[
     int | None,
     typer.Option(
@@ -90,7 +85,6 @@ def embed(
     --nproc_per_node N` to share the parts among N processes, or give --ray to run it on a
     Ray cluster."""
     from smiexlm.embedding.embed import embed_file, embed_parts
-    from smiexlm.errors import DataError
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.training.workers import detect
 
@@ -102,9 +96,7 @@ def embed(
     if ray is not None:
         from smiexlm.embedding.on_ray import embed_parts_on_ray
 
-        if not parts:
-            raise DataError(f"--out {str(out)!r} is a file name, but --ray writes a folder of "
-                            "parts: expected a folder name (no suffix)")  # fmt: skip
+        ray_needs_parts(parts, out)
         return echo_parts(embed_parts_on_ray(input, out, ray, smiles_col, cols, part_rows=rows,
                                              **how))  # fmt: skip
     if parts:
@@ -113,6 +105,15 @@ def embed(
     if threads is not None:
         detect(threads)
     echo_embedded(embed_file(input, out, smiles_col, cols, **how))
+
+
+def ray_needs_parts(parts: bool, out: Path) -> None:
+    """--ray writes a folder of parts: a DataError for a file --out."""
+    from smiexlm.errors import DataError
+
+    if not parts:
+        raise DataError(f"--out {str(out)!r} is a file name, but --ray writes a folder of "
+                        "parts: expected a folder name (no suffix)")  # fmt: skip
 
 
 def echo_embedded(result) -> None:

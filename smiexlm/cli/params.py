@@ -46,6 +46,12 @@ PartRows = Annotated[
         show_default=False,
     ),
 ]
+RayAddress = Annotated[
+    str | None,
+    typer.Option("--ray", help="Run on a Ray cluster into a folder of parts: local (start "
+                 "one here), auto (the running one) or HOST:PORT of its head; the input may "
+                 "then be a folder or a glob of files (pip install 'smiexlm[ray]')."),
+]  # fmt: skip
 Threads = Annotated[
     int | None,
     typer.Option(

@@ -10,9 +10,9 @@ from typing import Annotated
 
 import typer
 
-from smiexlm.cli.embed import echo_parts
+from smiexlm.cli.embed import echo_parts, ray_needs_parts
 from smiexlm.cli.options import multi_value
-from smiexlm.cli.params import OutputAlias, PartRows, SmilesCol, Threads, columns
+from smiexlm.cli.params import OutputAlias, PartRows, RayAddress, SmilesCol, Threads, columns
 
 FinetunedDirs = Annotated[
     list[Path],
@@ -96,12 +96,13 @@ def predict(
     mondrian: Mondrian = False,
     conformal_method: ConformalMethod = None,
     domain_quantile: DomainQuantile = 0.05,
+    ray: RayAddress = None,
 ) -> None:
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES, with the applicability domain (nearness to the training molecules)
     and, on request, calibrated probabilities and conformal sets or intervals. A folder --out
     is written part by part and resumed by the same command; under `torchrun
-    --nproc_per_node N` N processes share the parts."""
+    --nproc_per_node N` N processes share the parts, and with --ray a Ray cluster writes them."""
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.serving.predict_parts import predict_file, predict_parts
     from smiexlm.training.workers import detect
@@ -111,8 +112,15 @@ def predict(
     how = {"backend": backend, "tta": tta, "calibrate": calibrate,
            "conformal_alpha": conformal_alpha, "mondrian": mondrian,
            "conformal_method": conformal_method, "domain_quantile": domain_quantile}  # fmt: skip
-    if wants_parts(output, part_rows):  # refuses --part-rows 0 (None: the default)
-        rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
+    parts = wants_parts(output, part_rows)  # refuses --part-rows 0 (None: the default)
+    rows = DEFAULT_PART_ROWS if part_rows is None else part_rows
+    if ray is not None:
+        from smiexlm.serving.on_ray import predict_parts_on_ray
+
+        ray_needs_parts(parts, output)
+        return echo_parts(predict_parts_on_ray(checkpoint, input, output, ray, smiles_col, cols,
+                                               rows, how=how))  # fmt: skip
+    if parts:
         return echo_parts(predict_parts(checkpoint, input, output, smiles_col, cols, rows,
                                         threads=threads, how=how))  # fmt: skip
     if threads is not None:

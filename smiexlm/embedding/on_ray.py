@@ -1,158 +1,19 @@
-"""Embedding on a Ray cluster (``smiexlm embed INPUT --out PARTS --ray ADDRESS``), and the
-model as a callable class for Ray Data pipelines of one's own (:class:`EmbedBatches`).
-
-``ADDRESS`` is ``local`` (a cluster of this machine, started for the run), ``auto`` (the
-cluster this machine belongs to, as ``ray start`` left it) or ``HOST:PORT`` of a head. The
-input (one file, a folder, or a glob of CSV, TSV, Parquet or SMILES files, all of one kind)
-is read with Ray Data in blocks, in order, and never held whole by one process. The driver
-cuts the rows into parts of ``--part-rows`` and hands each unfinished part to one of the
-cluster's part writers, one actor a CPU, which loads the model once and writes the part and
-its record straight into the folder (which every node must see: a shared file system), each
-under a temporary name until whole. The folder is the one ``embed_parts`` writes (manifest,
-part records with sha256, ``rejects.csv``): ``read_parts``, ``select``, ``search`` and a
-resume, on Ray or not, work on it unchanged, and since served embeddings do not depend on the
-batch a molecule sits in, its table is bitwise the one-process table. An actor whose process
-dies is started again by Ray and its part written again.
-
-Ray is an optional extra: ``pip install 'smiexlm[ray]'``.
+"""Embedding on a Ray cluster (``smiexlm embed INPUT --out PARTS --ray ADDRESS``, on the
+engine of :mod:`smiexlm.parts.on_ray`), and the model as a callable class for Ray Data
+pipelines of one's own (:class:`EmbedBatches`). Ray is an optional extra: ``pip install
+'smiexlm[ray]'``.
 """
 
 from __future__ import annotations
 
-import glob
-import hashlib
-import json
-import logging
-import os
-import socket
-import time
-from collections.abc import Iterator
-from itertools import chain
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from smiexlm.data.readers import detect_format, smiles_column, split_smiles_line, table_header
 from smiexlm.embedding.embed import EmbedOptions, chunk_embedder, id_columns
-from smiexlm.errors import DataError
-from smiexlm.parts.job import DEFAULT_PART_ROWS, PartsJob, PartsResult, input_record, model_record
+from smiexlm.parts.job import DEFAULT_PART_ROWS, PartsJob, PartsResult, model_record
+from smiexlm.parts.on_ray import inputs_record, ray_input, run_parts_on_ray
 from smiexlm.paths import check_output
-
-INSTALL = "pip install 'smiexlm[ray]'"
-
-
-def import_ray() -> Any:
-    try:
-        import ray
-    except ModuleNotFoundError:
-        raise DataError(f"--ray needs Ray, which is not installed: {INSTALL}") from None
-    return ray
-
-
-def connect(address: str) -> None:
-    """Join (``auto``, ``HOST:PORT``) or start (``local``) the Ray cluster; a DataError
-    naming ``address`` when no cluster answers there."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return
-    quiet = {"log_to_driver": False, "include_dashboard": False, "configure_logging": False}
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address not in ("local", "auto"):
-        _check_reachable(address)  # Ray itself would wait for the head without end
-    try:
-        ray.init(**quiet) if address == "local" else ray.init(address=address, **quiet)
-    except Exception as err:  # ConnectionError, a timeout, a malformed address...
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DataError(f"--ray {address!r}: no Ray cluster answers there ({reason[:200]}); "
-                        "expected local, auto or the HOST:PORT of a head started with "
-                        "`ray start --head`") from None  # fmt: skip
-
-
-def _check_reachable(address: str, seconds: float = 10.0) -> None:
-    """DataError unless something accepts a TCP connection at ``HOST:PORT``."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise DataError(f"--ray {address!r}: expected local, auto or HOST:PORT of a Ray head")
-    try:
-        with socket.create_connection((host, int(port)), timeout=seconds):
-            return
-    except OSError as err:
-        raise DataError(f"--ray {address!r}: no Ray head answers there ({err.strerror or err}); "
-                        "expected the HOST:PORT of a head started with `ray start --head`") from None  # fmt: skip
-
-
-def input_paths(spec: Path | str) -> list[Path]:
-    """The files of ``spec``: itself, a folder's files (hidden ones left out) or a glob's
-    matches, sorted; a DataError when none, or when their kinds differ."""
-    text = str(spec)
-    if any(c in text for c in "*?["):
-        paths = [Path(p) for p in sorted(glob.glob(text)) if Path(p).is_file()]
-    elif Path(text).is_dir():
-        paths = sorted(
-            p for p in Path(text).iterdir() if p.is_file() and not p.name.startswith(".")
-        )
-    else:
-        paths = [Path(text)]
-    if not paths:
-        raise DataError(f"input {text!r} matches no file: expected a file, a folder or a glob "
-                        "of CSV, TSV, Parquet or SMILES files")  # fmt: skip
-    kinds = {detect_format(p, "input", lmdb=False) for p in paths}
-    if len(kinds) > 1:
-        raise DataError(f"input {text!r} mixes {sorted(kinds)} files: expected one kind")
-    return paths
-
-
-def inputs_record(paths: list[Path]) -> dict[str, Any]:
-    """What a parts folder records of its input: the file's own record (so that a run on Ray
-    and one without resume each other), or, for several, each file's and one digest."""
-    if len(paths) == 1:
-        return input_record(paths[0])
-    files = [input_record(p) for p in paths]
-    digest = hashlib.sha256(json.dumps([f["sha256"] for f in files]).encode()).hexdigest()
-    return {"path": str(Path(paths[0]).parent.resolve()), "sha256": digest,
-            "bytes": sum(f["bytes"] for f in files), "files": files}  # fmt: skip
-
-
-def read_dataset(paths: list[Path], smiles_col: str) -> Any:
-    """A Ray Data dataset of the rows of ``paths``, in order, typed as ``smiexlm embed``
-    reads them: table cells as text (empty cells as empty text), ``.smi`` lines as
-    ``smiles`` and ``name``."""
-    import_ray()
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import ray.data
-
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True
-    context.enable_progress_bars = False  # the run's own bar counts the molecules
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    kind = detect_format(paths[0], "input", lmdb=False)
-    files = [str(p) for p in paths]
-    # reading claims no CPU: the part writers hold one each, and would starve it otherwise
-    import pyarrow.fs
-
-    free = {"num_cpus": 0, "filesystem": pyarrow.fs.LocalFileSystem()}  # the files are local
-    gz = {"arrow_open_stream_args": {"compression": "gzip"}} if files[0].endswith(".gz") else {}
-    if kind == "parquet":
-        return ray.data.read_parquet(files, **free)
-    if kind == "smi":
-        return ray.data.read_text(files, **gz, **free).map_batches(
-            _smi_rows, batch_format="pandas", fn_kwargs={"smiles_col": smiles_col}, num_cpus=0
-        )
-    sep = "\t" if kind == "tsv" else ","
-    header = table_header(paths[0], sep)
-    smiles_column(header, smiles_col, paths[0], "input")
-    convert = pacsv.ConvertOptions(column_types=dict.fromkeys(header, pa.string()),
-                                   strings_can_be_null=False)  # fmt: skip
-    return ray.data.read_csv(files, parse_options=pacsv.ParseOptions(delimiter=sep),
-                             convert_options=convert, **gz, **free)  # fmt: skip
-
-
-def _smi_rows(batch: Any, smiles_col: str) -> Any:
-    import pandas as pd
-
-    rows = [split_smiles_line(line) for line in batch["text"]]
-    rows = [row for row in rows if row[0]]
-    return pd.DataFrame({smiles_col: [r[0] for r in rows], "name": [r[1] for r in rows]})
 
 
 class EmbedBatches:
@@ -181,29 +42,6 @@ class EmbedBatches:
         return batch.reset_index(drop=True).assign(**columns, embed_error=errors)
 
 
-class PartWriter:
-    """One CPU of the cluster writing parts of a job (a Ray actor)."""
-
-    def __init__(self, options: dict[str, Any], smiles_col: str, id_cols: list[str]):
-        import torch
-
-        torch.set_num_threads(1)
-        how = EmbedOptions(**{**options, "device": "cpu"})
-        self.process = chunk_embedder(how, how.featurizer(), smiles_col, id_cols)
-        self.where = f"{socket.gethostname()}:{os.getpid()}"
-
-    def write(self, out: str, job: PartsJob, index: int, frames: list[Any]) -> dict[str, Any]:
-        from smiexlm.parts.writing import write_part
-        from smiexlm.training.workers import peak_rss_mib
-
-        started = time.time()
-        rows = write_part(Path(out), job, index, ((index, None, f) for f in frames), self.process,
-                          rank=0, bar=None)  # fmt: skip
-        return {"part": index, "rows": rows, "worker": self.where,
-                "seconds": round(time.time() - started, 2),
-                "peak_rss_mib": round(peak_rss_mib(), 1)}  # fmt: skip
-
-
 def embed_parts_on_ray(
     input: Path | str,
     out: Path,
@@ -216,89 +54,21 @@ def embed_parts_on_ray(
     part_rows: int = DEFAULT_PART_ROWS,
     **options: Any,
 ) -> PartsResult:
-    """:func:`~smiexlm.embedding.embed.embed_parts` on the Ray cluster at ``address`` (see
-    the module docstring); ``options`` are :class:`EmbedOptions` fields."""
-    from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
-    from smiexlm.parts.resume import finished_parts, prepare_folder
-    from smiexlm.parts.writing import finish_job
-    from smiexlm.paths import read_json_file
-    from smiexlm.training.workers import detect
-
-    how, out, started = EmbedOptions(**options), Path(out), time.time()
+    """:func:`~smiexlm.embedding.embed.embed_parts` on the Ray cluster at ``address``
+    (:mod:`smiexlm.parts.on_ray`); ``options`` are :class:`EmbedOptions` fields."""
+    how, out = EmbedOptions(**options), Path(out)
     check_output(out, "--out", kind="folder")
-    paths = input_paths(input)
-    connect(address)
-    ds = read_dataset(paths, smiles_col)
-    batches = ds.iter_batches(batch_size=chunk_rows, batch_format="pandas")
-    chunks = (batch for batch in batches if len(batch))  # Ray may hand out empty blocks
-    first = next(chunks, None)
-    if first is None:
-        raise DataError(f"input {str(input)!r} has no rows: expected at least one SMILES")
+    paths, first, chunks = ray_input(input, address, smiles_col, chunk_rows)
     id_cols = id_columns(first, smiles_col, id_cols)
     settings = {"smiles_col": smiles_col, "id_cols": id_cols, **how.settings()}
     job = PartsJob("embed", inputs_record(paths), model_record([how.folder.path]), settings,
                    part_rows)  # fmt: skip
-    workers = detect()
-    manifest = prepare_folder(out, job, workers)
-    done, damaged = finished_parts(out, job)
-    if manifest.get("complete") and len(done) == manifest.get("n_parts"):
-        return PartsResult(out, manifest, 0, len(done))
-    stats, n_rows = _write_parts(out, job, chain([first], chunks), done, how, smiles_col, id_cols,
-                                 progress)  # fmt: skip
-    finish_job(out, job, n_rows, stats, time.time() - started, len(done))
-    _, manifest = read_json_file(out / MANIFEST, "parts manifest", PARTS_FORMAT)
-    return PartsResult(out, manifest, sum(len(s["parts"]) for s in stats), len(done), damaged)
+    fields = {k: getattr(how, k) for k in how.__dataclass_fields__}
+    return run_parts_on_ray(job, out, chunks, partial(_embedder, fields, smiles_col, id_cols),
+                            progress=progress, desc="embed (ray)")  # fmt: skip
 
 
-def _write_parts(out: Path, job: PartsJob, chunks: Iterator[Any], done: dict, how: EmbedOptions,
-                 smiles_col: str, id_cols: list[str], progress: bool) -> tuple[list[dict], int]:  # fmt: skip
-    """Every unfinished part handed to the cluster's writers, one a writer at a time, as the
-    input streams in; (one stats record a writer, input rows)."""
-    from itertools import groupby
-
-    from ray.util import ActorPool
-
-    from smiexlm.parts.writing import Slicer
-
-    ray = import_ray()
-    n = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1)(PartWriter)
-    options = {k: getattr(how, k) for k in how.__dataclass_fields__}
-    pool = ActorPool([actor.remote(options, smiles_col, id_cols) for _ in range(n)])
-    bar = _bar(progress)
-    slicer, results = Slicer(chunks, job.part_rows), []
-    for index, pieces in groupby(slicer, key=lambda piece: piece[0]):
-        frames = [frame for _, _, frame in pieces]
-        if index in done:
-            continue
-        while not pool.has_free():
-            results.append(_take(pool, bar))
-        pool.submit(lambda a, v: a.write.remote(str(out), job, *v), (index, frames))
-    while pool.has_next():
-        results.append(_take(pool, bar))
-    if bar is not None:
-        bar.close()
-    by_worker: dict[str, dict[str, Any]] = {}
-    for r in sorted(results, key=lambda r: r["part"]):
-        w = by_worker.setdefault(r["worker"], {"rank": len(by_worker), "worker": r["worker"],
-                                               "parts": [], "rows": 0, "seconds": 0.0})  # fmt: skip
-        w["parts"].append(r["part"])
-        w["rows"] += r["rows"]
-        w["seconds"] = round(w["seconds"] + r["seconds"], 2)
-        w["peak_rss_mib"] = max(w.get("peak_rss_mib", 0.0), r["peak_rss_mib"])
-    return list(by_worker.values()) or [{"rank": 0, "parts": [], "rows": 0}], slicer.n_rows
-
-
-def _take(pool: Any, bar: Any) -> dict[str, Any]:
-    result = pool.get_next_unordered()
-    if bar is not None:
-        bar.update(result["rows"])
-    return result
-
-
-def _bar(progress: bool) -> Any:
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(unit="mol", desc="embed (ray)", smoothing=0.05)
+def _embedder(options: dict[str, Any], smiles_col: str, id_cols: list[str]) -> Any:
+    """A part writer's chunk processor: the model loaded once, on the CPU."""
+    how = EmbedOptions(**{**options, "device": "cpu"})
+    return chunk_embedder(how, how.featurizer(), smiles_col, id_cols)

@@ -116,6 +116,7 @@ class ChunkOutput:
 
 
 Process = Callable[[Any, int], ChunkOutput]  # (DataFrame of rows, index of its first row)
+MakeProcess = Callable[[], Process]  # builds one, in the process that runs it (a Ray actor)
 
 
 @dataclass

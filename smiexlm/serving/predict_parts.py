@@ -13,10 +13,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
+from smiexlm.parts.job import (
+    DEFAULT_PART_ROWS,
+    ChunkOutput,
+    MakeProcess,
+    PartsJob,
+    PartsResult,
+    Process,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +101,8 @@ def predict_parts(
     every input column but the SMILES) are kept, under ``input_<name>``
     where predict writes a column of that name; ``how`` as in
     :func:`predict_file`."""
-    import pyarrow as pa
-
     from smiexlm.data.readers import iter_table
-    from smiexlm.parts.job import PartsJob, input_record, model_record
+    from smiexlm.parts.job import input_record
     from smiexlm.parts.writing import run_parts
     from smiexlm.paths import check_output
     from smiexlm.serving.prediction import served_folders
@@ -108,22 +114,47 @@ def predict_parts(
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     with job_workers(threads) as workers:
-        how = how or {}
-        outputs = _output_columns(folders, how)
-        keep = _id_columns(first, smiles_col, outputs, id_cols)
-        settings = {"smiles_col": smiles_col, "id_cols": keep,
-                    "backend": how.get("backend", "torch")}  # fmt: skip
-        # a folder of parts is one kind of prediction throughout (options at their default
-        # are left out, so that a job started before they existed resumes)
-        settings |= {k: v for k, v in how.items() if k != "backend" and v}
-        job = PartsJob("predict", input_record(input_path), model_record(map(Path, folders)),
-                       settings, part_rows)  # fmt: skip
+        job, process = predict_job(folders, input_record(input_path), first, smiles_col, id_cols,
+                                   part_rows, how or {})  # fmt: skip
+        return run_parts(job, out, _chain(first, chunks), process(), workers, progress)
 
-        def process(frame: Any, start: int) -> ChunkOutput:
-            table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, start, how)
-            return ChunkOutput(pa.Table.from_pandas(table, preserve_index=False), rejects)
 
-        return run_parts(job, out, _chain(first, chunks), process, workers, progress)
+def predict_job(
+    folders: list, input: dict[str, Any], first: Any, smiles_col: str,
+    id_cols: list[str] | None, part_rows: int, how: How,
+) -> tuple[PartsJob, MakeProcess]:  # fmt: skip
+    """The parts job of predicting ``input`` (its record; ``first``: its first rows) with
+    ``folders``, and what builds its chunk processor (:func:`chunk_predictor`)."""
+    from smiexlm.parts.job import model_record
+
+    keep, make = chunk_predictor(folders, first, smiles_col, id_cols, how)
+    settings = {"smiles_col": smiles_col, "id_cols": keep, "backend": how.get("backend", "torch")}
+    # a folder of parts is one kind of prediction throughout (options at their default are
+    # left out, so that a job started before they existed resumes)
+    settings |= {k: v for k, v in how.items() if k != "backend" and v}
+    job = PartsJob("predict", input, model_record(map(Path, folders)), settings, part_rows)
+    return job, make
+
+
+def chunk_predictor(folders: list, first: Any, smiles_col: str, id_cols: list[str] | None,
+                    how: How) -> tuple[dict[str, str], MakeProcess]:  # fmt: skip
+    """The id columns kept (input name -> output name, see :func:`_id_columns`) of a table
+    whose first rows are ``first``, and what builds, in the process that runs it, the
+    processor of its chunks: ``process(frame, start)`` gives the output rows and bad rows."""
+    outputs = _output_columns(folders, how)
+    keep = _id_columns(first, smiles_col, outputs, id_cols)
+    return keep, partial(_chunk_predictor, folders, smiles_col, keep, outputs, how)
+
+
+def _chunk_predictor(folders: list, smiles_col: str, keep: dict[str, str],
+                     outputs: dict[str, Any], how: How) -> Process:  # fmt: skip
+    import pyarrow as pa
+
+    def process(frame: Any, start: int) -> ChunkOutput:
+        table, rejects = _predict_chunk(folders, frame, smiles_col, keep, outputs, start, how)
+        return ChunkOutput(pa.Table.from_pandas(table, preserve_index=False), rejects)
+
+    return process
 
 
 def _output_columns(folders: list, how: How) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""``smiexlm embed --ray`` on a real two-node Ray cluster that this module starts on loopback
-(``ray start --head`` and ``ray start --address``, one CPU each) and stops: the parts table is
-bitwise the one-process table, also after a part writer is killed with SIGKILL mid-run; a
-folder of Parquet files works; a second run writes nothing; bad addresses and globs are one
-line; the model serves a Ray Data pipeline of one's own (``EmbedBatches``)."""
+"""``smiexlm embed --ray`` and ``predict --ray`` on a real two-node Ray cluster that this
+module starts on loopback (``ray start --head`` and ``ray start --address``, one CPU each) and
+stops: the parts table is bitwise the one-process table, also after a part writer is killed
+with SIGKILL mid-run; a folder of Parquet files works; a second run writes nothing; bad
+addresses and globs are one line; the models serve a Ray Data pipeline of one's own
+(``EmbedBatches``, ``PredictBatches``)."""
 
 from __future__ import annotations
 
@@ -51,18 +52,35 @@ def one_process(molecules) -> pd.DataFrame:
     return read_parts(out).to_pandas()
 
 
-def _command(source, out: Path, cluster: LoopbackRayCluster | None) -> tuple[list[str], dict]:
-    """``smiexlm embed`` of ``source`` into parts of 40 rows: here, or on ``cluster``."""
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory) -> Path:
+    """A fine-tuned folder (two updates of a random network, with its forest)."""
+    from tests.unit.finetuning.test_moleculenet_finetune import _finetune_cli, _small_csv
+
+    root = tmp_path_factory.mktemp("finetuned")
+    path, _ = _small_csv(root)
+    _finetune_cli(path, root / "run", "--random-init", "--seeds", "0", "--save-dir",
+                  str(root / "model"), forest=None)  # fmt: skip
+    return root / "model"
+
+
+def _command(source, out: Path, cluster: LoopbackRayCluster | None,
+             model: Path | None = None) -> tuple[list[str], dict]:  # fmt: skip
+    """``smiexlm embed`` of ``source`` into parts of 40 rows (``predict`` with ``model``):
+    here, or on ``cluster``."""
     args = [smiexlm_command(), "embed", str(source), "--out", str(out), "--part-rows", "40"]
+    if model is not None:
+        args = [smiexlm_command(), "predict", "--checkpoint", str(model), "--input",
+                str(source), "--out", str(out), "--part-rows", "40"]  # fmt: skip
     if cluster is None:
         return args, ENV
     return cluster.command([*args, "--ray", cluster.address]), cluster.env | ENV
 
 
 def _embed(
-    source, out: Path, cluster: LoopbackRayCluster | None = None
+    source, out: Path, cluster: LoopbackRayCluster | None = None, model: Path | None = None
 ) -> subprocess.CompletedProcess:
-    args, env = _command(source, out, cluster)
+    args, env = _command(source, out, cluster, model)
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -81,6 +99,21 @@ def test_two_nodes_give_the_one_process_table(cluster, molecules, one_process, t
     assert len({w["worker"] for w in manifest["last_run"]["workers"]}) == 2  # both nodes wrote
     again = _embed(molecules, out, cluster)
     assert "nothing to do" in again.stdout, again.stdout
+
+
+@pytest.mark.slow
+def test_predict_on_two_nodes_gives_the_one_process_table(cluster, molecules, finetuned,
+                                                          tmp_path):  # fmt: skip
+    from smiexlm.parts.reading import read_manifest, read_parts
+
+    _embed(molecules, tmp_path / "local", model=finetuned)
+    _embed(molecules, tmp_path / "ray", cluster, finetuned)
+    table = read_parts(tmp_path / "ray").to_pandas()
+    assert {"y", "y_model", "y_forest", "in_domain"} <= set(table.columns)
+    pd.testing.assert_frame_equal(table, read_parts(tmp_path / "local").to_pandas(),
+                                  check_exact=True)  # fmt: skip
+    manifest = read_manifest(tmp_path / "ray")
+    assert manifest["n_failed"] == 1 and len(manifest["last_run"]["workers"]) == 2
 
 
 @pytest.mark.slow
@@ -125,19 +158,35 @@ def test_a_folder_of_parquet_files(cluster, molecules, one_process, tmp_path):
     )
 
 
-def test_bad_addresses_and_globs_are_one_line(molecules, tmp_path):
+_WITHOUT_RAY = """
+import sys
+sys.modules["ray"] = None  # as if Ray were not installed
+from smiexlm.cli.main import main
+sys.argv[0] = "smiexlm"
+main()
+"""
+
+
+def test_bad_addresses_globs_and_no_ray_are_one_line(molecules, finetuned, tmp_path):
+    predict = ["predict", "--checkpoint", str(finetuned), "--input"]
+    out = ["--out", str(tmp_path / "o")]
+    unreachable = ["--ray", f"127.0.0.1:{free_port()}"]
     cases = [
-        ([str(molecules), "--ray", f"127.0.0.1:{free_port()}"], "--ray '127.0.0.1:"),
-        ([str(tmp_path / "none*.parquet"), "--ray", "local"], "matches no file"),
-        (
-            [str(molecules), "--ray", "local", "--out", str(tmp_path / "x.parquet")],
-            "folder of parts",
-        ),
-    ]
+        ([smiexlm_command(), "embed", str(molecules), *out, *unreachable], "--ray '127.0.0.1:"),
+        ([smiexlm_command(), *predict, str(molecules), *out, *unreachable], "--ray '127.0.0.1:"),
+        ([smiexlm_command(), "embed", str(tmp_path / "none*.parquet"), *out, "--ray", "local"],
+         "matches no file"),
+        ([smiexlm_command(), *predict, str(tmp_path / "none*.csv"), *out, "--ray", "local"],
+         "matches no file"),
+        ([smiexlm_command(), "embed", str(molecules), "--out", str(tmp_path / "x.parquet"),
+          "--ray", "local"], "folder of parts"),
+        ([sys.executable, "-c", _WITHOUT_RAY, "embed", str(molecules), *out, "--ray", "local"],
+         "pip install 'smiexlm[ray]'"),
+        ([sys.executable, "-c", _WITHOUT_RAY, *predict, str(molecules), *out, "--ray", "auto"],
+         "pip install 'smiexlm[ray]'"),
+    ]  # fmt: skip
     for args, said in cases:
-        out = [] if "--out" in args else ["--out", str(tmp_path / "o")]
-        done = subprocess.run([smiexlm_command(), "embed", *args, *out], env=ENV,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=300)
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode != 0 and said in lines[-1], done.stderr[-2000:]
         assert lines[-1].startswith("error:"), lines
@@ -146,31 +195,43 @@ def test_bad_addresses_and_globs_are_one_line(molecules, tmp_path):
 _PIPELINE = """
 import sys, pandas as pd, ray
 from smiexlm.embedding.on_ray import EmbedBatches
-address, source, out = sys.argv[1:]
+from smiexlm.serving.on_ray import PredictBatches
+address, source, model, out = sys.argv[1:]
 ray.init(address=address, log_to_driver=False)
 table = pd.read_csv(source).iloc[:50]
 ds = ray.data.from_pandas(table).map_batches(
     EmbedBatches, fn_constructor_kwargs={"smiles_col": "smiles"}, batch_format="pandas",
     concurrency=1, num_cpus=1, batch_size=16)
-ds.to_pandas().to_parquet(out)
+ds.to_pandas().to_parquet(out + ".emb.parquet")
+ds = ray.data.from_pandas(table).map_batches(
+    PredictBatches, fn_constructor_kwargs={"checkpoint": model}, batch_format="pandas",
+    concurrency=1, num_cpus=1, batch_size=16)
+ds.to_pandas().to_parquet(out + ".pred.parquet")
 """
 
 
 @pytest.mark.slow
-def test_the_model_in_a_ray_data_pipeline_of_ones_own(cluster, molecules, tmp_path):
-    """``EmbedBatches`` in a user's own ``map_batches``, in a driver of its own (Ray reads
-    its token from the environment when it is imported)."""
+def test_the_models_in_a_ray_data_pipeline_of_ones_own(cluster, molecules, finetuned, tmp_path):
+    """``EmbedBatches`` and ``PredictBatches`` in a user's own ``map_batches``, in a driver
+    of its own (Ray reads its token from the environment when it is imported)."""
     import numpy as np
 
     from smiexlm import Featurizer
+    from smiexlm.serving.prediction import predict
 
-    out = tmp_path / "mine.parquet"
+    out = tmp_path / "mine"
     args = cluster.command([sys.executable, "-c", _PIPELINE, cluster.address, str(molecules),
-                            str(out)])  # fmt: skip
+                            str(finetuned), str(out)])  # fmt: skip
     done = subprocess.run(args, env=cluster.env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    got = pd.read_parquet(out)
+    got = pd.read_parquet(f"{out}.emb.parquet")
     expected = Featurizer.from_pretrained().featurize(list(got["smiles"]), errors="nan")
     columns = [c for c in got.columns if c.startswith("e") and c[1:].isdigit()]
     assert np.array_equal(got[columns].to_numpy(np.float32), expected, equal_nan=True)
     assert got.loc[17, "embed_error"] and not got.loc[0, "embed_error"]
+    got = pd.read_parquet(f"{out}.pred.parquet")
+    expected = predict(finetuned, list(got["smiles"]))
+    assert got["id"].tolist() == [f"m{i}" for i in range(50)]
+    assert np.array_equal(got["y"].to_numpy(float), expected["y"].to_numpy(float), equal_nan=True)
+    assert got["valid"].tolist() == expected["valid"].tolist()
+    assert got.loc[17, "predict_error"] and not got.loc[0, "predict_error"]
