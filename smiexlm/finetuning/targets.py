@@ -101,7 +101,14 @@ class RunScores:
         import pandas as pd
 
         from smiexlm.finetuning.config import kernel_kinds
-        from smiexlm.forests.members import KernelMembers, blended, combine, forest_oof, rmse
+        from smiexlm.forests.members import (
+            FOREST,
+            KernelMembers,
+            blended,
+            combine,
+            forest_oof,
+            rmse,
+        )
         from smiexlm.moleculenet.splits import murcko_scaffolds
 
         kinds = [k for k in kernel_kinds(cfg) if embedder is not None or k == "tanimoto"]
@@ -115,7 +122,7 @@ class RunScores:
             self.parts = {"valid_model": self.valid, "test_model": self.test}
         oof = {}
         if self.forest is not None:
-            oof["forest"] = forest_oof(inputs, y, train, groups, seed, cfg.forest,
+            oof[FOREST] = forest_oof(inputs, y, train, groups, seed, cfg.forest,
                                        cfg.forest_trees)  # fmt: skip
         self.kernels, scores, kernel_oof = KernelMembers.fit(
             kinds, inputs, y, train, valid, groups, embedder, frozen_embedding(embedder)

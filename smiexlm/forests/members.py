@@ -19,7 +19,11 @@ How the members are weighted (:data:`COMBINES`, :func:`combine`), without the te
 - ``gated``: ``oof-weights``, and the network joins at ``forest_weight`` (the others scaled
   to the rest) when its RMSE on the validation molecules is below theirs combined: one
   decision taken on the validation molecules, which chose the network's epoch already, in
-  place of weights fitted on them.
+  place of weights fitted on them;
+- ``picked`` (the default): of ``fixed``, ``gated`` and the forest alone, the one of the
+  lowest RMSE on the validation molecules: three candidates, few enough for a small
+  validation part to choose among without being fitted to it. Chosen on BACE's pIC50, ESOL
+  and FreeSolv, checked on Lipophilicity (``benchmarks/results/potency``).
 
 A fine-tuned folder keeps the kernels in ``kernels.safetensors`` (each member's support
 molecules, dual coefficients and scaling, and its scores of the validation molecules), the
@@ -41,7 +45,8 @@ import numpy as np
 from smiexlm.errors import ConfigError, DataError, check_choice
 from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelSVR, _folds, fit_kernel_svr
 
-COMBINES = ("fixed", "oof-best", "oof-weights", "gated")
+COMBINES = ("fixed", "oof-best", "oof-weights", "gated", "picked")
+FOREST = "forest"  # the forest's name among the members
 KERNELS_NAME = "kernels.safetensors"
 EMBEDDER_DIR = "embedder"
 #: the frozen embedding of model-side SMILES, (N, D): a pretrained folder served as
@@ -75,6 +80,12 @@ def combine(rule: str, oof: dict[str, np.ndarray], y_train: np.ndarray,
     forest first, then the kernels); ``valid``: every member's scores of the validation
     molecules, the network's as ``"model"``."""
     check_choice("combine", rule, COMBINES)
+    if rule == "picked":
+        candidates = [combine(r, oof, y_train, valid, y_valid, network_weight)
+                      for r in ("fixed", "gated")]  # fmt: skip
+        if FOREST in oof:
+            candidates.append({n: float(n == FOREST) for n in ["model", *oof]})
+        return min(candidates, key=lambda w: rmse(y_valid, blended(w, valid)))  # first of ties
     names = list(oof)
     weights = dict.fromkeys(["model", *names], 0.0)
     if rule == "fixed" or not names:
