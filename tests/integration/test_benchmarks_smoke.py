@@ -192,6 +192,11 @@ SMOKE: dict[str, list[Step]] = {
              "5", "--out", "{tmp}/potency"), expect=("potency/report.md", "potency/freesolv.json"),
              prints="| oof-best |"),
     ],
+    "members_cost": [
+        Step("members_cost.py", ("--task", "freesolv", "--predict-rows", "20", "--set",
+             "max_train_steps=2", "--set", "forest_trees=10", "--out", "{tmp}/cost"),
+             expect=("cost/members_cost.md",), prints="| served: + kernels |"),
+    ],
     "tokenizer": [Step("tokenizer.py", ("--n", "200", "--repeats", "1"), prints="DeepChem")],
     "featurize": [
         Step("featurize.py", ("--n", "40", "--repeats", "1", "--threads", "1"),
