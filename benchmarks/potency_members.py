@@ -96,7 +96,8 @@ def kernel_members(task, split) -> dict[str, dict]:
     return out
 
 
-def forest(task, split, groups: np.ndarray, seed: int, n_trees: int, npz: dict) -> dict:
+def forest(task, split, groups: np.ndarray, seed: int, n_trees: int, npz: dict,
+           oof_trees: int) -> dict:  # fmt: skip
     """The served forest (RDKit 2D, the run's seed): its validation and test scores (the
     run's own where it kept a forest, else fitted here on the training rows), and its
     out-of-fold predictions of the training rows in the kernels' scaffold-whole folds."""
@@ -113,12 +114,13 @@ def forest(task, split, groups: np.ndarray, seed: int, n_trees: int, npz: dict) 
                              BaselineConfig("rdkit2d", n_trees=n_trees))  # fmt: skip
         out = {p: forest_scores(fitted, x[np.asarray(rows)], "regression")
                for p, rows in (("valid", split.valid), ("test", split.test))}  # fmt: skip
-    oof = forest_oof(texts, y, np.asarray(split.train), groups, seed, "rdkit2d", n_trees)
+    oof = forest_oof(texts, y, np.asarray(split.train), groups, seed, "rdkit2d",
+                     min(n_trees, oof_trees))  # fmt: skip
     return out | {"oof": oof}
 
 
 def seed_rows(task, split, kernels: dict, npz: dict, cliffs: np.ndarray, seed: int,
-              n_trees: int) -> list[dict]:  # fmt: skip
+              n_trees: int, oof_trees: int) -> list[dict]:  # fmt: skip
     """Every member and combination of one seed (see the module docstring)."""
     from smiexlm.forests.members import COMBINES, combine, least_squares_weights, rmse
     from smiexlm.moleculenet.cliffs import cliff_rmse
@@ -127,8 +129,8 @@ def seed_rows(task, split, kernels: dict, npz: dict, cliffs: np.ndarray, seed: i
     train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
     groups, kernels = kernels["groups"], {k: v for k, v in kernels.items() if k != "groups"}
     network = {p: npz.get(f"{p}_model", npz[p]) for p in ("valid", "test")}  # alone or blended
-    members = {"model": network, "forest": forest(task, split, groups, seed, n_trees, npz),
-               **kernels}  # fmt: skip
+    forest_scores = forest(task, split, groups, seed, n_trees, npz, oof_trees)
+    members = {"model": network, "forest": forest_scores, **kernels}
     weights = {name: {name: 1.0} for name in members}
     oof = {n: m["oof"] for n, m in members.items() if "oof" in m}
     valids = {n: m["valid"] for n, m in members.items()}
@@ -201,7 +203,7 @@ def network_scores(name: str, roots: list[Path], kept: Path) -> dict[int, dict]:
     return dict(sorted(found.items()))
 
 
-def run_set(name: str, roots: list[Path], out: Path, n_trees: int = 500) -> dict:
+def run_set(name: str, roots: list[Path], out: Path, n_trees: int, oof_trees: int) -> dict:
     from smiexlm.moleculenet.cliffs import task_cliffs
     from smiexlm.moleculenet.splits import make_split
 
@@ -216,8 +218,10 @@ def run_set(name: str, roots: list[Path], out: Path, n_trees: int = 500) -> dict
     for seed, npz in network_scores(task.name, roots, out / "network").items():
         if not np.array_equal(npz["test_rows"], split.test):
             sys.exit(f"{task.name} seed {seed}: its test rows are not the scaffold split's")
-        seeds[f"seed{seed}"] = seed_rows(task, split, kernels, npz, cliffs, seed, n_trees)
-    doc = {"set": name, "sizes": list(split.sizes), "n_cliff_molecules": int(cliffs.any(1).sum()),
+        seeds[f"seed{seed}"] = seed_rows(task, split, kernels, npz, cliffs, seed, n_trees,
+                                          oof_trees)  # fmt: skip
+    doc = {"set": name, "sizes": list(split.sizes), "oof_trees": min(n_trees, oof_trees),
+           "n_cliff_molecules": int(cliffs.any(1).sum()),
            "kernels": {k: {"cv_rmse": v["cv_rmse"], "chosen": v["chosen"], "cpu_s": v["cpu_s"]}
                        for k, v in kernels.items() if k != "groups"},
            "seeds": seeds}  # fmt: skip
@@ -293,8 +297,14 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=["bace_pic50"])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/potency"))
     parser.add_argument("--n-trees", type=int, default=500, help="trees of each forest")
+    parser.add_argument("--oof-trees", type=int, default=None,
+                        help="trees of the forests refitted for out-of-fold predictions "
+                        "(default: as fine-tuning, OOF_TREES)")  # fmt: skip
     args = parser.parse_args()
-    docs = [run_set(name, args.runs, args.out, args.n_trees) for name in args.sets]
+    from smiexlm.forests.members import OOF_TREES
+
+    oof_trees = OOF_TREES if args.oof_trees is None else args.oof_trees
+    docs = [run_set(name, args.runs, args.out, args.n_trees, oof_trees) for name in args.sets]
     text = report(docs, "python benchmarks/potency_members.py " + " ".join(sys.argv[1:]))
     (args.out / "report.md").write_text(text)
     print(text)

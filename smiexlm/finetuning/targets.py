@@ -103,6 +103,7 @@ class RunScores:
         from smiexlm.finetuning.config import kernel_kinds
         from smiexlm.forests.members import (
             FOREST,
+            OOF_TREES,
             KernelMembers,
             blended,
             combine,
@@ -123,7 +124,7 @@ class RunScores:
         oof = {}
         if self.forest is not None:
             oof[FOREST] = forest_oof(inputs, y, train, groups, seed, cfg.forest,
-                                       cfg.forest_trees)  # fmt: skip
+                                     min(cfg.forest_trees, OOF_TREES))  # fmt: skip
         self.kernels, scores, kernel_oof = KernelMembers.fit(
             kinds, inputs, y, train, valid, groups, embedder, frozen_embedding(embedder)
         )

@@ -7,7 +7,9 @@ frozen embedding (the pretrained model as it was before fine-tuning, served as
 :class:`~smiexlm.Featurizer` serves it), ``both``. Each is fitted on the training molecules,
 its ``C`` (and ``gamma``) chosen in scaffold-whole folds of them, which also give every
 training molecule an out-of-fold prediction; the forest is refitted in the same folds for its
-own (:func:`forest_oof`). The network has none: its own would cost five more fine-tunings.
+own (:func:`forest_oof`, at most :data:`OOF_TREES` trees: they only weigh the members, and
+the served forest keeps its own). The network has none: its own would cost five more
+fine-tunings.
 
 How the members are weighted (:data:`COMBINES`, :func:`combine`), without the test rows:
 
@@ -47,6 +49,9 @@ from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelSVR, _folds, fi
 
 COMBINES = ("fixed", "oof-best", "oof-weights", "gated", "picked")
 FOREST = "forest"  # the forest's name among the members
+#: trees of each forest refitted for out-of-fold predictions (ESOL: 11 CPU s for the five
+#: folds against 60 at 500 trees, benchmarks/results/potency/members_cost.md)
+OOF_TREES = 100
 KERNELS_NAME = "kernels.safetensors"
 EMBEDDER_DIR = "embedder"
 #: the frozen embedding of model-side SMILES, (N, D): a pretrained folder served as
