@@ -22,6 +22,7 @@ NAMES = [
     "02_property_prediction",
     "03_exlm_case_study",
     "04_trustworthy_predictions",
+    "05_potency_table",
 ]
 
 
