@@ -6,8 +6,9 @@ cluster this machine belongs to, as ``ray start`` left it) or ``HOST:PORT`` of a
 input (one file, a folder, or a glob of CSV, TSV, Parquet or SMILES files, all of one kind)
 is read with Ray Data in blocks, in order, and never held whole by one process. The driver
 cuts the rows into parts of ``--part-rows`` and hands each unfinished part to one of the
-cluster's part writers, one actor a CPU, which builds the job's chunk processor once (the
-model loaded once an actor) and writes the part and its record straight into the folder
+cluster's part writers, one actor a CPU, which builds the job's chunk processor once (embed
+loads its model there; predict reads its folders again at each chunk, about 0.3 s) and
+writes the part and its record straight into the folder
 (which every node must see: a shared file system), each under a temporary name until whole.
 The folder is the one a run without Ray writes (manifest, part records with sha256,
 ``rejects.csv``): ``read_parts``, ``select``, ``search`` and a resume, on Ray or not, work on
