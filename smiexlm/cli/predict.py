@@ -101,8 +101,10 @@ def predict(
     """Predict with a fine-tuned model or an ensemble of seeds: one row per input, NaN for
     unparsable SMILES, with the applicability domain (nearness to the training molecules)
     and, on request, calibrated probabilities and conformal sets or intervals. A folder --out
-    is written part by part and resumed by the same command; under `torchrun
-    --nproc_per_node N` N processes share the parts, and with --ray a Ray cluster writes them."""
+    is written part by part and resumed by the same command.
+
+    Under `torchrun --nproc_per_node N` N processes share the parts; with --ray a Ray cluster
+    writes them."""
     from smiexlm.parts.job import DEFAULT_PART_ROWS, wants_parts
     from smiexlm.serving.predict_parts import predict_file, predict_parts
     from smiexlm.training.workers import detect
