@@ -114,9 +114,9 @@ def predict_parts(
     chunks = iter_table(input_path, smiles_col, chunk_rows)
     first = next(chunks)  # raises DataError for an empty or unreadable input
     with job_workers(threads) as workers:
-        job, process = predict_job(folders, input_record(input_path), first, smiles_col, id_cols,
-                                   part_rows, how or {})  # fmt: skip
-        return run_parts(job, out, _chain(first, chunks), process(), workers, progress)
+        job, make = predict_job(folders, input_record(input_path), first, smiles_col, id_cols,
+                                part_rows, how or {})  # fmt: skip
+        return run_parts(job, out, _chain(first, chunks), make(), workers, progress)
 
 
 def predict_job(
