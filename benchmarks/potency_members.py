@@ -24,8 +24,8 @@ split (the runs' own, checked row for row):
   those that have one: the forest, refitted in the same folds, and the kernels),
   ``oof-weights`` (weights fitted on those out-of-fold predictions), ``gated`` (the served
   default before ``picked``: those weights, and the network joins at half where it alone beats
-  them on the validation rows), ``picked`` (the served default: of ``fixed``, ``gated`` and the
-  forest alone, the lowest validation RMSE) and ``blend-gated`` (a screen: the network joins
+  them on the validation rows), ``picked`` (the served default: of ``fixed``, ``gated``, the
+  forest alone and ``oof-best``, the lowest validation RMSE) and ``blend-gated`` (a screen: the network joins
   where the blend with it does). The network has no out-of-fold predictions: they would cost
   five more fine-tunings a seed.
 
@@ -170,11 +170,13 @@ def blend_gated(weights: dict[str, float], valids: dict[str, np.ndarray], y_vali
 def with_picked(doc: dict) -> dict:
     """``doc`` with a ``picked`` row in each seed where a set measured before the rule existed
     lacks one: the rule's blend is one of its candidates' (``fixed``, ``gated``, the forest
-    alone), the first of the lowest validation RMSE, so its row is that candidate's row."""
+    alone, ``oof-best``), the first of the lowest validation RMSE, so its row is that
+    candidate's row."""
     for rows in doc["seeds"].values():
         by = {row["combination"]: row for row in rows}
         if "picked" not in by:
-            best = min((by["fixed"], by["gated"], by["forest"]), key=lambda r: r["valid"])
+            candidates = (by["fixed"], by["gated"], by["forest"], by["oof-best"])
+            best = min(candidates, key=lambda r: r["valid"])
             rows.insert(rows.index(by["gated"]) + 1, best | {"combination": "picked"})
     return doc
 

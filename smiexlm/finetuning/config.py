@@ -170,8 +170,8 @@ class FinetuneConfig:
         "forest_weight, the forest the rest) | oof-best (the member of the lowest out-of-fold "
         "RMSE on the training molecules) | oof-weights (weights fitted on those out-of-fold "
         "predictions) | gated (oof-weights, and the model joins at forest_weight where it "
-        "beats them on the validation molecules) | picked (of fixed, gated and the forest "
-        "alone, the lowest RMSE on the validation molecules).",
+        "beats them on the validation molecules) | picked (of fixed, gated, the forest alone "
+        "and oof-best, the lowest RMSE on the validation molecules).",
     )  # fmt: skip
     class_weight: str = setting(
         "none", "none | balanced: weigh each task's two classes in the loss inversely to their "

@@ -22,10 +22,10 @@ How the members are weighted (:data:`COMBINES`, :func:`combine`), without the te
   to the rest) when its RMSE on the validation molecules is below theirs combined: one
   decision taken on the validation molecules, which chose the network's epoch already, in
   place of weights fitted on them;
-- ``picked`` (the default): of ``fixed``, ``gated`` and the forest alone, the one of the
-  lowest RMSE on the validation molecules: three candidates, few enough for a small
-  validation part to choose among without being fitted to it. Chosen on BACE's pIC50, ESOL
-  and FreeSolv, checked on Lipophilicity (``benchmarks/results/potency``).
+- ``picked`` (the default): of ``fixed``, ``gated``, the forest alone and ``oof-best``, the
+  one of the lowest RMSE on the validation molecules: four candidates, few enough for a
+  small validation part to choose among without being fitted to it. Chosen on BACE's pIC50,
+  ESOL and FreeSolv, checked on Lipophilicity (``benchmarks/results/potency``).
 
 A fine-tuned folder keeps the kernels in ``kernels.safetensors`` (each member's support
 molecules, dual coefficients and scaling, and its scores of the validation molecules), the
@@ -90,6 +90,8 @@ def combine(rule: str, oof: dict[str, np.ndarray], y_train: np.ndarray,
                       for r in ("fixed", "gated")]  # fmt: skip
         if FOREST in oof:
             candidates.append({n: float(n == FOREST) for n in ["model", *oof]})
+        if oof:
+            candidates.append(combine("oof-best", oof, y_train, valid, y_valid, network_weight))
         return min(candidates, key=lambda w: rmse(y_valid, blended(w, valid)))  # first of ties
     names = list(oof)
     weights = dict.fromkeys(["model", *names], 0.0)

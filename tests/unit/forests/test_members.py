@@ -53,17 +53,19 @@ def test_each_rule_weighs_the_members_as_computed_by_hand():
     assert joined["svr_tanimoto"] == pytest.approx(0.6 * fitted["svr_tanimoto"])
     # ... and stays out where it does not
     assert combine("gated", oof, y, valid | {"model": yv + 3.0}, yv, 0.4) == fitted
-    # picked: of fixed, gated and the forest alone, the lowest validation RMSE
-    for model, forest, want in ((yv + 0.05, yv + 0.05, "fixed"), (yv + 3.0, yv + 0.5, "gated"),
-                                (yv + 3.0, yv + 0.01, "forest alone")):  # fmt: skip
-        scores = {"model": model, "forest": forest, "svr_tanimoto": valid["svr_tanimoto"]}
+    # picked: of fixed, gated, the forest alone and oof-best, the lowest validation RMSE
+    cases = ((yv + 0.05, yv + 0.05, yv + 0.2, "fixed"), (yv - 0.2, yv + 0.5, yv + 0.2, "gated"),
+             (yv + 3.0, yv + 0.01, yv + 0.2, "forest alone"),
+             (yv + 3.0, yv + 3.0, yv + 0.01, "oof-best"))  # fmt: skip
+    for model, forest, svr, want in cases:
+        scores = {"model": model, "forest": forest, "svr_tanimoto": svr}
         picked = combine("picked", oof, y, scores, yv, 0.5)
-        candidates = {"fixed": combine("fixed", oof, y, scores, yv, 0.5),
-                      "gated": combine("gated", oof, y, scores, yv, 0.5),
-                      "forest alone": {"model": 0.0, "forest": 1.0, "svr_tanimoto": 0.0}}  # fmt: skip
+        candidates = {rule: combine(rule, oof, y, scores, yv, 0.5)
+                      for rule in ("fixed", "gated", "oof-best")}  # fmt: skip
+        candidates["forest alone"] = {"model": 0.0, "forest": 1.0, "svr_tanimoto": 0.0}
         errors = {k: rmse(yv, sum(w[n] * scores[n] for n in w)) for k, w in candidates.items()}
         assert min(errors, key=errors.get) == want and picked == candidates[want], errors
-    no_forest = {"svr_tanimoto": oof["svr_tanimoto"]}  # then fixed or gated
+    no_forest = {"svr_tanimoto": oof["svr_tanimoto"]}  # then fixed, gated or the kernel alone
     assert combine("picked", no_forest, y, valid | {"model": yv + 3.0}, yv, 0.5) == combine(
         "gated", no_forest, y, valid | {"model": yv + 3.0}, yv, 0.5
     )
