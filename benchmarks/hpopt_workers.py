@@ -26,10 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def smiexlm_command() -> str:
-    beside = Path(sys.executable).with_name("smiexlm")
-    return str(beside) if beside.is_file() else "smiexlm"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from embed_memory import smiexlm_command  # noqa: E402  (the one way to find the command)
 
 
 def run(task: str, trials: int, steps: int, workers: int, folder: Path) -> dict:

@@ -28,12 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from embed_memory import smiexlm_command  # noqa: E402  (the one way to find the command)
+
 VARIANTS = {"before: network + forest": ["--set", "kernels=none"], "served: + kernels": []}
-
-
-def smiexlm_command() -> str:
-    beside = Path(sys.executable).with_name("smiexlm")
-    return str(beside) if beside.is_file() else "smiexlm"
 
 
 def timed(args: list[str]) -> tuple[float, float]:

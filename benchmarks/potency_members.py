@@ -25,9 +25,9 @@ split (the runs' own, checked row for row):
   ``oof-weights`` (weights fitted on those out-of-fold predictions), ``gated`` (the served
   default before ``picked``: those weights, and the network joins at half where it alone beats
   them on the validation rows), ``picked`` (the served default: of ``fixed``, ``gated``, the
-  forest alone and ``oof-best``, the lowest validation RMSE) and ``blend-gated`` (a screen: the network joins
-  where the blend with it does). The network has no out-of-fold predictions: they would cost
-  five more fine-tunings a seed.
+  forest alone and ``oof-best``, the lowest validation RMSE) and ``blend-gated`` (a screen:
+  the network joins where the blend with it does). The network has no out-of-fold
+  predictions: they would cost five more fine-tunings a seed.
 
 Writes ``<set>.json`` per set (a set done is read back: the job resumes), ``report.md``, and
 ``network/<set>-seed<k>.json``: the network's and its forest's scores of each seed, compact, so
@@ -167,20 +167,6 @@ def blend_gated(weights: dict[str, float], valids: dict[str, np.ndarray], y_vali
     return {n: w * (1 - network_weight) for n, w in weights.items()} | {"model": network_weight}
 
 
-def with_picked(doc: dict) -> dict:
-    """``doc`` with a ``picked`` row in each seed where a set measured before the rule existed
-    lacks one: the rule's blend is one of its candidates' (``fixed``, ``gated``, the forest
-    alone, ``oof-best``), the first of the lowest validation RMSE, so its row is that
-    candidate's row."""
-    for rows in doc["seeds"].values():
-        by = {row["combination"]: row for row in rows}
-        if "picked" not in by:
-            candidates = (by["fixed"], by["gated"], by["forest"], by["oof-best"])
-            best = min(candidates, key=lambda r: r["valid"])
-            rows.insert(rows.index(by["gated"]) + 1, best | {"combination": "picked"})
-    return doc
-
-
 def network_scores(name: str, roots: list[Path], kept: Path) -> dict[int, dict]:
     """Each finished seed's validation and test scores of the network (and its forest) on
     set ``name``: from the run folders under ``roots``, kept compact in ``kept`` (a JSON a
@@ -211,7 +197,7 @@ def run_set(name: str, roots: list[Path], out: Path, n_trees: int, oof_trees: in
 
     path = out / f"{name}.json"
     if path.is_file():
-        return with_picked(json.loads(path.read_text()))
+        return json.loads(path.read_text())
     task = load(name)
     split = make_split(task.smiles, "scaffold")
     kernels = kernel_members(task, split)
@@ -232,7 +218,7 @@ def run_set(name: str, roots: list[Path], out: Path, n_trees: int, oof_trees: in
     return doc
 
 
-MEMBERS = ("model", "forest", "svr_tanimoto", "svr_rbf", "svr_both")
+MEMBERS = ("model", "forest", *(f"svr_{kind}" for kind in KINDS))
 CHEMPROP_MEAN = 1.311  # chemprop's mean test RMSE over ESOL, FreeSolv, Lipophilicity (scaffold)
 
 

@@ -119,6 +119,7 @@ def read_dataset(paths: list[Path], smiles_col: str) -> Any:
     import_ray()
     import pyarrow as pa
     import pyarrow.csv as pacsv
+    import pyarrow.fs
     import ray.data
 
     context = ray.data.DataContext.get_current()
@@ -128,8 +129,6 @@ def read_dataset(paths: list[Path], smiles_col: str) -> Any:
     kind = detect_format(paths[0], "input", lmdb=False)
     files = [str(p) for p in paths]
     # reading claims no CPU: the part writers hold one each, and would starve it otherwise
-    import pyarrow.fs
-
     free = {"num_cpus": 0, "filesystem": pyarrow.fs.LocalFileSystem()}  # the files are local
     gz = {"arrow_open_stream_args": {"compression": "gzip"}} if files[0].endswith(".gz") else {}
     if kind == "parquet":

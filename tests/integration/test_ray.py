@@ -48,7 +48,7 @@ def one_process(molecules) -> pd.DataFrame:
     from smiexlm.parts.reading import read_parts
 
     out = molecules.parent / "local"
-    _embed(molecules, out)
+    _run(molecules, out)
     return read_parts(out).to_pandas()
 
 
@@ -77,7 +77,7 @@ def _command(source, out: Path, cluster: LoopbackRayCluster | None,
     return cluster.command([*args, "--ray", cluster.address]), cluster.env | ENV
 
 
-def _embed(
+def _run(
     source, out: Path, cluster: LoopbackRayCluster | None = None, model: Path | None = None
 ) -> subprocess.CompletedProcess:
     args, env = _command(source, out, cluster, model)
@@ -91,13 +91,13 @@ def test_two_nodes_give_the_one_process_table(cluster, molecules, one_process, t
     from smiexlm.parts.reading import read_manifest, read_parts
 
     out = tmp_path / "ray"
-    _embed(molecules, out, cluster)
+    _run(molecules, out, cluster)
     table = read_parts(out).to_pandas()
     pd.testing.assert_frame_equal(table, one_process, check_exact=True)
     manifest = read_manifest(out)
     assert manifest["n_failed"] == 1 and "C1CC((" in (out / "rejects.csv").read_text()
     assert len({w["worker"] for w in manifest["last_run"]["workers"]}) == 2  # both nodes wrote
-    again = _embed(molecules, out, cluster)
+    again = _run(molecules, out, cluster)
     assert "nothing to do" in again.stdout, again.stdout
 
 
@@ -106,8 +106,8 @@ def test_predict_on_two_nodes_gives_the_one_process_table(cluster, molecules, fi
                                                           tmp_path):  # fmt: skip
     from smiexlm.parts.reading import read_manifest, read_parts
 
-    _embed(molecules, tmp_path / "local", model=finetuned)
-    _embed(molecules, tmp_path / "ray", cluster, finetuned)
+    _run(molecules, tmp_path / "local", model=finetuned)
+    _run(molecules, tmp_path / "ray", cluster, finetuned)
     table = read_parts(tmp_path / "ray").to_pandas()
     assert {"y", "y_model", "y_forest", "in_domain"} <= set(table.columns)
     pd.testing.assert_frame_equal(table, read_parts(tmp_path / "local").to_pandas(),
@@ -152,7 +152,7 @@ def test_a_folder_of_parquet_files(cluster, molecules, one_process, tmp_path):
     table = pd.read_csv(molecules, dtype=str, keep_default_na=False)
     for i, start in enumerate(range(0, len(table), 70)):
         table.iloc[start : start + 70].to_parquet(folder / f"chunk{i}.parquet", index=False)
-    _embed(folder, tmp_path / "out", cluster)
+    _run(folder, tmp_path / "out", cluster)
     pd.testing.assert_frame_equal(
         read_parts(tmp_path / "out").to_pandas(), one_process, check_exact=True
     )
