@@ -58,14 +58,16 @@ def load(name: str):
 
 
 def embedding(task) -> np.ndarray:
-    """The shipped model's served embedding of the set, kept in the cache (regenerable)."""
-    from smiexlm import Featurizer
+    """The shipped model's embedding of the set as the kernel members read it, kept in the
+    cache (regenerable)."""
+    from smiexlm.finetuning.targets import frozen_embedding
+    from smiexlm.modelio.layout import DEFAULT_MODEL_DIR
     from smiexlm.paths import cache_dir
 
     path = cache_dir() / "potency" / f"{task.sha256}-{len(task.smiles)}.npy"
     if path.is_file():
         return np.load(path)
-    vectors = Featurizer.from_pretrained().featurize(list(task.smiles)).astype(np.float32)
+    vectors = frozen_embedding(DEFAULT_MODEL_DIR)(list(task.smiles)).astype(np.float32)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, vectors)
     return vectors
@@ -90,7 +92,7 @@ def kernel_members(task, split) -> dict[str, dict]:
         member, oof = fit_kernel_svr(kind, inputs.take(train), y[train], groups)
         out[f"svr_{kind}"] = {
             "valid": member.predict(inputs.take(valid)), "test": member.predict(inputs.take(test)),
-            "oof": oof, "cv_rmse": member.cv_rmse, "chosen": member.record(),
+            "oof": oof, "cv_rmse": member.cv_score, "chosen": member.record(),
             "cpu_s": round(time.process_time() - t0, 1),
         }  # fmt: skip
     return out

@@ -113,8 +113,8 @@ class Featurizer:
         self.pretrained = pretrained
         self.device = resolve_device("cpu" if backend == "onnx" or int8 else device)
         model.to(self.device).eval()
-        self.backend, self.int8 = backend, int8
-        self._onnx = None
+        self.backend, self.int8, self._onnx = backend, int8, None
+        self.cut_at: int | None = None  # tokens: a longer molecule is cut (EOS kept), not failed
         if backend == "onnx":
             from smiexlm.embedding.onnx_runtime import OnnxEncoder
 
@@ -341,7 +341,7 @@ class Featurizer:
     ) -> tuple[list[list[int] | None], list[str | None], int]:
         """Normalise and tokenize: ids (with BOS/EOS) or None per input, the reason of each
         failure (None where it worked), and how many inputs normalisation rewrote."""
-        prepared = self.inputs.prepare(smiles, canonicalize)
+        prepared = self.inputs.prepare(smiles, canonicalize, self.cut_at)
         return prepared.rows, prepared.reasons, prepared.n_changed
 
     def _featurize_chunk(self, chunk: list[Any], offset: int, options: FeaturizeOptions,

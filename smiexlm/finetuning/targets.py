@@ -174,13 +174,16 @@ class RunScores:
 def frozen_embedding(folder, backend: str = "torch") -> Any:
     """The embedding of the pretrained model folder ``folder`` as it serves it (the
     ``Featurizer``'s, on the CPU and ``backend``), loaded when first called; None without a
-    folder. What the kernel members read, when fitted and when served."""
+    folder. What the kernel members read, when fitted and when served: a molecule longer
+    than the model's positions is cut to them, as the network beside it reads a cut one."""
     if folder is None:
         return None
 
     def embed(texts: list[str]) -> np.ndarray:
         from smiexlm.embedding.featurizer import Featurizer
 
-        return Featurizer.from_pretrained(folder, device="cpu", backend=backend).featurize(texts)
+        featurizer = Featurizer.from_pretrained(folder, device="cpu", backend=backend)
+        featurizer.cut_at = featurizer.model.config.max_positions
+        return featurizer.featurize(texts)
 
     return embed

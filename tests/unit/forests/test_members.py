@@ -19,6 +19,9 @@ SMILES = [f"{head}{'C' * n}{tail}" for n in range(1, 11)
           for head, tail in (("C", "O"), ("c1ccccc1", ""), ("C", "N"), ("c1ccncc1", "O"),
                              ("CC(C)", "Cl"), ("c1ccoc1", "C"))]  # fmt: skip
 VALUES = [0.3 * len(s) - 2.0 * ("c1" in s) + 0.5 * ("O" in s) for s in SMILES]
+LONG = "C" * 600 + "O"  # more tokens than the model's 512 positions: cut, as the network cuts it
+SMILES.append(LONG)
+VALUES.append(1.0)
 MEMBERS = ["model", "forest", "svr_tanimoto", "svr_rbf", "svr_both"]
 
 
@@ -141,6 +144,9 @@ def test_predict_serves_every_member_as_fine_tuning_scored_it(kept):
         key = f"test{name}"
         np.testing.assert_allclose(frame[f"y{name}"][:-1], npz[key][:, 0], rtol=1e-5, atol=1e-5)
     assert frame.iloc[-1][["y", "y_svr_both"]].isna().all()
+    long = predict(folder, [LONG, "C" * 700])  # the same first 511 tokens, then EOS
+    assert long["truncated"].all() and np.isfinite(long.filter(like="y").to_numpy()).all()
+    assert long["y_svr_rbf"].nunique() == 1
 
 
 def test_the_kernel_file_loads_without_pickle_and_a_damaged_folder_is_refused(kept, tmp_path):
