@@ -1,6 +1,7 @@
-"""Support-vector regression with a kernel on fingerprints, on an embedding, or on both: the
+"""Support-vector machines with a kernel on fingerprints, on an embedding, or on both: the
 member that small potency sets are known to favour (kernel methods on ECFP4 beat most deep
-models on a few hundred to a few thousand molecules).
+models on a few hundred to a few thousand molecules), for regression (SVR) and for
+classification (SVC, balanced class weights).
 
 Kernels (:data:`KERNELS`), between molecules ``a`` and ``b``:
 
@@ -9,17 +10,20 @@ Kernels (:data:`KERNELS`), between molecules ``a`` and ``b``:
   the training molecules (gamma of :data:`GAMMAS`);
 - ``both``: the mean of the two, each in [0, 1].
 
-The values are standardised on the training molecules (per label) and each label gets its
-own :class:`sklearn.svm.SVR` on the precomputed kernel. ``C`` (and ``gamma``) are chosen by
-cross-validation on the training molecules alone, in folds that keep each Murcko scaffold
-whole (:func:`fit_kernel_svr`), as the test molecules of a scaffold split are of scaffolds
-the training ones do not hold; the same folds give every training molecule a prediction from
-a model that did not see it (out-of-fold), which a combination of members is fitted on.
+Each label gets its own :class:`sklearn.svm.SVR` on the precomputed kernel, its values
+standardised on the training molecules, or its own :class:`sklearn.svm.SVC` (scores: the
+decision values, which a classification blend replaces by their quantiles). ``C`` (and
+``gamma``) are chosen by cross-validation on the training molecules alone, in folds that keep
+each Murcko scaffold whole (:func:`fit_kernel_member`): the lowest out-of-fold RMSE, or the
+highest out-of-fold ROC-AUC averaged over the labels, as the test molecules of a scaffold
+split are of scaffolds the training ones do not hold; the same folds give every training
+molecule a score from a model that did not see it (out-of-fold), which a combination of
+members is fitted on.
 
 A fitted member is its support molecules' bits or embeddings, one dual coefficient per
-support molecule and label, and the intercepts: :meth:`KernelSVR.predict` is one kernel
-matrix and one product, and :meth:`KernelSVR.tensors` is what a model folder stores of it
-(safetensors, no pickle), beside :meth:`KernelSVR.record` (JSON).
+support molecule and label, and the intercepts: :meth:`KernelMember.predict` is one kernel
+matrix and one product, and :meth:`KernelMember.tensors` is what a model folder stores of it
+(safetensors, no pickle), beside :meth:`KernelMember.record` (JSON).
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from typing import Any
 import numpy as np
 
 from smiexlm.chemistry.fingerprints import bit_tanimoto as tanimoto
-from smiexlm.errors import ConfigError, DataError
+from smiexlm.errors import ConfigError, DataError, check_choice
 
 KERNELS = ("tanimoto", "rbf", "both")
-CS = (0.3, 1.0, 3.0, 10.0, 30.0)
+CS = (0.3, 1.0, 3.0, 10.0, 30.0)  # regression
+CLASSIFY_CS = (0.1, 0.3, 1.0, 3.0, 10.0)
 GAMMAS = (0.1, 0.3, 1.0)  # times 1 / D
 EPSILON = 0.1  # the SVR's tube, in standard deviations of the training values
 FOLDS = 5
@@ -73,11 +78,13 @@ def kernel_matrix(kind: str, a: KernelInputs, b: KernelInputs, gamma: float | No
 
 
 @dataclass
-class KernelSVR:
+class KernelMember:
     """A fitted member (see the module docstring): ``support`` the support molecules'
     inputs, ``coef`` (S, T) their dual coefficients per label (0 where a molecule supports
     another label only), ``intercept`` (T,), in standardised units undone by ``y_mean`` and
-    ``y_std``; ``vector_mean`` and ``vector_scale`` standardise an embedding."""
+    ``y_std`` (0 and 1 for classification); ``vector_mean`` and ``vector_scale`` standardise
+    an embedding. ``cv_score``: the chosen setting's out-of-fold RMSE (labels' units) or
+    ROC-AUC (mean over the labels); ``tried``: each setting's."""
 
     kernel: str
     C: float
@@ -89,8 +96,13 @@ class KernelSVR:
     y_std: np.ndarray
     vector_mean: np.ndarray | None = None
     vector_scale: np.ndarray | None = None
-    cv_rmse: float = float("nan")  # the chosen setting's out-of-fold RMSE (labels' units)
-    tried: dict[str, float] = field(default_factory=dict)  # "C=1,gamma=0.3" -> CV RMSE
+    task_type: str = "regression"
+    cv_score: float = float("nan")
+    tried: dict[str, float] = field(default_factory=dict)  # "C=1,gamma=0.3" -> CV score
+
+    @property
+    def cv_metric(self) -> str:
+        return "rmse" if self.task_type == "regression" else "roc_auc"
 
     def standardised(self, inputs: KernelInputs) -> KernelInputs:
         if inputs.vectors is None or self.vector_mean is None:
@@ -98,7 +110,7 @@ class KernelSVR:
         return KernelInputs(inputs.bits, (inputs.vectors - self.vector_mean) / self.vector_scale)
 
     def predict(self, inputs: KernelInputs) -> np.ndarray:
-        """(N, T) float64 values in the labels' units."""
+        """(N, T) float64 values in the labels' units, or decision values (classification)."""
         inputs = self.standardised(inputs)
         out = np.empty((len(inputs), self.coef.shape[1]), dtype=np.float64)
         for start in range(0, len(inputs), CHUNK):
@@ -109,9 +121,10 @@ class KernelSVR:
 
     def record(self) -> dict[str, Any]:
         """What JSON keeps of the member (its arrays: :meth:`tensors`)."""
-        return {"kernel": self.kernel, "C": self.C, "gamma": self.gamma,
-                "cv_rmse": self.cv_rmse, "tried": self.tried,
-                "n_support": int(len(self.coef))}  # fmt: skip
+        doc = {"kernel": self.kernel, "C": self.C, "gamma": self.gamma,
+               f"cv_{self.cv_metric}": self.cv_score, "tried": self.tried,
+               "n_support": int(len(self.coef))}  # fmt: skip
+        return doc | ({} if self.task_type == "regression" else {"task_type": self.task_type})
 
     def tensors(self) -> dict[str, np.ndarray]:
         arrays = {"coef": self.coef, "intercept": self.intercept, "y_mean": self.y_mean,
@@ -125,7 +138,7 @@ class KernelSVR:
 
     @classmethod
     def from_stored(cls, record: dict[str, Any], arrays: dict[str, np.ndarray],
-                    where: str) -> KernelSVR:  # fmt: skip
+                    where: str) -> KernelMember:  # fmt: skip
         """The member of :meth:`record` and :meth:`tensors`; DataError naming ``where`` for
         a kernel, an array or a shape that is not a member's."""
         kind = record.get("kernel")
@@ -145,10 +158,12 @@ class KernelSVR:
         ):
             raise DataError(f"{where}: {len(support)} support molecules and coefficients of "
                             f"shape {coef.shape}: expected one row of coefficients each")  # fmt: skip
+        task_type = record.get("task_type", "regression")
+        cv = record.get("cv_rmse" if task_type == "regression" else "cv_roc_auc", float("nan"))
         return cls(kind, float(record["C"]), record.get("gamma"), support, coef,
                    arrays["intercept"], arrays["y_mean"], arrays["y_std"],
-                   arrays.get("vector_mean"), arrays.get("vector_scale"),
-                   float(record.get("cv_rmse", float("nan"))), dict(record.get("tried", {})))  # fmt: skip
+                   arrays.get("vector_mean"), arrays.get("vector_scale"), task_type, float(cv),
+                   dict(record.get("tried", {})))  # fmt: skip
 
 
 def _folds(groups: np.ndarray, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -162,61 +177,96 @@ def _folds(groups: np.ndarray, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return list(KFold(n_splits=min(FOLDS, n), shuffle=True, random_state=0).split(np.zeros(n)))
 
 
-def _fit_labels(k_fit: np.ndarray, y: np.ndarray, C: float) -> tuple[np.ndarray, np.ndarray]:
-    """Dual coefficients (n, T) and intercepts (T,) of one SVR a label, on a precomputed
-    kernel between the ``n`` molecules; a label's missing values take no part."""
-    from sklearn.svm import SVR
+def _fit_labels(k_fit: np.ndarray, y: np.ndarray, C: float,
+                task_type: str) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Dual coefficients (n, T) and intercepts (T,) of one SVR (or balanced SVC) a label, on a
+    precomputed kernel between the ``n`` molecules; a label's missing values take no part, and
+    a classification label of one class among them scores that class's sign everywhere."""
+    from sklearn.svm import SVC, SVR
 
     coef, intercept = np.zeros(y.shape), np.zeros(y.shape[1])
     for t in range(y.shape[1]):
         rows = np.flatnonzero(~np.isnan(y[:, t]))
-        svr = SVR(kernel="precomputed", C=C, epsilon=EPSILON).fit(k_fit[np.ix_(rows, rows)],
-                                                                  y[rows, t])  # fmt: skip
-        coef[rows[svr.support_], t] = svr.dual_coef_[0]
-        intercept[t] = svr.intercept_[0]
+        if task_type == "classification" and len(np.unique(y[rows, t])) < 2:
+            intercept[t] = 1.0 if len(rows) and y[rows[0], t] > 0.5 else -1.0
+            continue
+        machine = (SVR(kernel="precomputed", C=C, epsilon=EPSILON) if task_type == "regression"
+                   else SVC(kernel="precomputed", C=C, class_weight="balanced"))  # fmt: skip
+        machine.fit(k_fit[np.ix_(rows, rows)], y[rows, t])
+        coef[rows[machine.support_], t] = machine.dual_coef_[0]
+        intercept[t] = machine.intercept_[0]
     return coef, intercept
 
 
-def fit_kernel_svr(
-    kind: str, inputs: KernelInputs, y: np.ndarray, groups: np.ndarray
-) -> tuple[KernelSVR, np.ndarray]:
+def _cv_score(y: np.ndarray, oof: np.ndarray, task_type: str) -> float:
+    """Out-of-fold RMSE over the labelled cells, or ROC-AUC averaged over the labels that hold
+    both classes."""
+    if task_type == "regression":
+        return float(np.sqrt(np.nanmean((oof - y) ** 2)))
+    from sklearn.metrics import roc_auc_score
+
+    aucs = []
+    for t in range(y.shape[1]):
+        rows = ~np.isnan(y[:, t])
+        if len(np.unique(y[rows, t])) == 2:
+            aucs.append(roc_auc_score(y[rows, t], oof[rows, t]))
+    return float(np.mean(aucs)) if aucs else float("nan")
+
+
+def fit_kernel_member(
+    kind: str, inputs: KernelInputs, y: np.ndarray, groups: np.ndarray,
+    task_type: str = "regression",
+) -> tuple[KernelMember, np.ndarray]:  # fmt: skip
     """The member of kernel ``kind`` fitted on all of ``inputs`` and ``y`` ((N, T), NaN =
-    missing), ``C`` and ``gamma`` those of the lowest out-of-fold RMSE in scaffold-whole folds
-    (``groups``: one scaffold id a molecule); and its (N, T) out-of-fold predictions."""
+    missing; 0/1 for classification), ``C`` and ``gamma`` those of the best out-of-fold
+    score in scaffold-whole folds (``groups``: one scaffold id a molecule); and its (N, T)
+    out-of-fold predictions."""
     if kind not in KERNELS:
         raise ConfigError("kernel", kind, f"one of {', '.join(KERNELS)}")
+    check_choice("task_type", task_type, ("regression", "classification"))
     inputs = KernelInputs(
         inputs.bits if kind != "rbf" else None, inputs.vectors if kind != "tanimoto" else None
     )  # what it reads
     if (kind != "rbf" and inputs.bits is None) or (kind != "tanimoto" and inputs.vectors is None):
         raise ConfigError("kernel", kind, "inputs with the bits and the embedding it reads")
     y = np.asarray(y, np.float64).reshape(len(inputs), -1)
-    y_mean, y_std = np.nanmean(y, axis=0), np.nanstd(y, axis=0) + 1e-12
+    regression = task_type == "regression"
+    y_mean = np.nanmean(y, axis=0) if regression else np.zeros(y.shape[1])
+    y_std = np.nanstd(y, axis=0) + 1e-12 if regression else np.ones(y.shape[1])
     scaled = (y - y_mean) / y_std
     vector_mean = vector_scale = None
     if inputs.vectors is not None:
         vector_mean = inputs.vectors.mean(axis=0)
         vector_scale = inputs.vectors.std(axis=0) + 1e-6
-    probe = KernelSVR(kind, 1.0, None, inputs, np.zeros((0, 1)), np.zeros(1), y_mean, y_std,
-                      vector_mean, vector_scale)  # fmt: skip
+    probe = KernelMember(kind, 1.0, None, inputs, np.zeros((0, 1)), np.zeros(1), y_mean, y_std,
+                         vector_mean, vector_scale)  # fmt: skip
     inputs = probe.standardised(inputs)
     folds = _folds(np.asarray(groups), len(inputs))
+    sign = 1.0 if regression else -1.0  # lower is better
     best, tried = None, {}
     for gamma in (None,) if kind == "tanimoto" else GAMMAS:
         k = kernel_matrix(kind, inputs, inputs, gamma)
-        for C in CS:
+        for C in CS if regression else CLASSIFY_CS:
             oof = np.full(y.shape, np.nan)
             for fit_rows, held in folds:
-                coef, b = _fit_labels(k[np.ix_(fit_rows, fit_rows)], scaled[fit_rows], C)
+                coef, b = _fit_labels(k[np.ix_(fit_rows, fit_rows)], scaled[fit_rows], C,
+                                      task_type)  # fmt: skip
                 oof[held] = k[np.ix_(held, fit_rows)] @ coef + b
             oof = oof * y_std + y_mean
-            rmse = float(np.sqrt(np.nanmean((oof - y) ** 2)))
-            tried[f"C={C:g}" + ("" if gamma is None else f",gamma={gamma:g}")] = round(rmse, 5)
-            if best is None or rmse < best[0]:
-                best = (rmse, C, gamma, k, oof)
-    rmse, C, gamma, k, oof = best  # type: ignore[misc]
-    coef, intercept = _fit_labels(k, scaled, C)
+            score = _cv_score(y, oof, task_type)
+            tried[f"C={C:g}" + ("" if gamma is None else f",gamma={gamma:g}")] = round(score, 5)
+            if best is None or sign * score < sign * best[0]:
+                best = (score, C, gamma, k, oof)
+    score, C, gamma, k, oof = best  # type: ignore[misc]
+    coef, intercept = _fit_labels(k, scaled, C, task_type)
     keep = np.flatnonzero(np.abs(coef).sum(axis=1) > 0)
-    member = KernelSVR(kind, C, gamma, inputs.take(keep), coef[keep], intercept, y_mean, y_std,
-                       vector_mean, vector_scale, rmse, tried)  # fmt: skip
+    member = KernelMember(kind, C, gamma, inputs.take(keep), coef[keep], intercept, y_mean,
+                          y_std, vector_mean, vector_scale, task_type, score, tried)  # fmt: skip
     return member, oof
+
+
+def fit_kernel_svr(
+    kind: str, inputs: KernelInputs, y: np.ndarray, groups: np.ndarray
+) -> tuple[KernelMember, np.ndarray]:
+    """:func:`fit_kernel_member` for regression."""
+    return fit_kernel_member(kind, inputs, y, groups, "regression")

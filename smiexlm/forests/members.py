@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError, check_choice
-from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelSVR, _folds, fit_kernel_svr
+from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelMember, _folds, fit_kernel_svr
 
 COMBINES = ("fixed", "oof-best", "oof-weights", "gated", "picked")
 FOREST = "forest"  # the forest's name among the members
@@ -140,7 +140,7 @@ class KernelMembers:
     """The kernel members of one fine-tuned run: each member, its scores of the validation
     molecules, and the model folder of the frozen embedding (None when no member reads one)."""
 
-    members: dict[str, KernelSVR]  # "svr_tanimoto", "svr_rbf", "svr_both"
+    members: dict[str, KernelMember]  # "svr_tanimoto", "svr_rbf", "svr_both"
     valid_scores: dict[str, np.ndarray]  # (n_valid, T) each
     embedder: Path | None
 
@@ -239,7 +239,7 @@ class KernelMembers:
             if "valid" not in own:
                 raise DataError(f"{str(path)!r}: no validation scores of member {name!r}")
             valid[name] = own.pop("valid")
-            members[name] = KernelSVR.from_stored(rec, own, f"{str(path)!r} member {name!r}")
+            members[name] = KernelMember.from_stored(rec, own, f"{str(path)!r} member {name!r}")
         embedder = _checked_embedder(folder, meta["members"])
         return cls(members, valid, embedder)
 

@@ -8,7 +8,7 @@ import pytest
 
 from smiexlm.chemistry.fingerprints import bit_tanimoto as tanimoto
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.forests.kernels import KernelInputs, KernelSVR, fit_kernel_svr, rbf
+from smiexlm.forests.kernels import KernelInputs, KernelMember, fit_kernel_svr, rbf
 
 
 def _data(n: int = 80, seed: int = 0):
@@ -36,8 +36,8 @@ def test_the_member_predicts_as_an_svr_on_the_same_kernel(kind):
     inputs, y, groups = _data()
     member, oof = fit_kernel_svr(kind, inputs, y, groups)
     assert oof.shape == y.shape and not np.isnan(oof).any()
-    assert member.cv_rmse == pytest.approx(float(np.sqrt(np.mean((oof - y) ** 2))))
-    assert min(member.tried.values()) == pytest.approx(member.cv_rmse, abs=1e-5)
+    assert member.cv_score == pytest.approx(float(np.sqrt(np.mean((oof - y) ** 2))))
+    assert min(member.tried.values()) == pytest.approx(member.cv_score, abs=1e-5)
     new, _, _ = _data(20, seed=1)
     z = member.standardised(inputs)
     k = kernel_matrix(kind, z, z, member.gamma)
@@ -47,7 +47,7 @@ def test_the_member_predicts_as_an_svr_on_the_same_kernel(kind):
     np.testing.assert_allclose(
         member.predict(new)[:, 0], expected * std + mean, rtol=1e-9, atol=1e-9
     )
-    stored = KernelSVR.from_stored(member.record(), member.tensors(), "member")
+    stored = KernelMember.from_stored(member.record(), member.tensors(), "member")
     np.testing.assert_array_equal(stored.predict(new), member.predict(new))
 
 
@@ -72,4 +72,4 @@ def test_bad_kernels_and_damaged_members_are_refused():
     arrays = member.tensors()
     del arrays["bits"]
     with pytest.raises(DataError, match="expected a kernel member"):
-        KernelSVR.from_stored(member.record(), arrays, "x.safetensors")
+        KernelMember.from_stored(member.record(), arrays, "x.safetensors")
