@@ -53,6 +53,26 @@ ROWS = {
     "the three forests": (["rf_rdkit2d", "rf_both", "rf_ecfp4"], None),
 }
 SERVED, WIDE_ROW = list(ROWS)[1], list(ROWS)[3]
+#: rows with the classification kernel members (``kernels``), read with ``--kernels ROOT``
+KERNEL_ROWS = {
+    "the default + SVC-Tanimoto": (["default", "rf_rdkit2d", "svc_tanimoto"], None),
+    "the default + SVC-both": (["default", "rf_rdkit2d", "svc_both"], None),
+    "wide + SVC-Tanimoto": ([*WIDE.values(), "svc_tanimoto"], None),
+    "wide + SVC-both": ([*WIDE.values(), "svc_both"], None),
+    "wide + SVC-Tanimoto, -RBF, -both": (
+        [*WIDE.values(), "svc_tanimoto", "svc_rbf", "svc_both"],
+        None,
+    ),
+    "the three SVCs": (["svc_tanimoto", "svc_rbf", "svc_both"], None),
+}
+#: (A, B) pairs of rows a paired bootstrap compares
+PAIRS = [(WIDE_ROW, SERVED)]
+KERNEL_PAIRS = [
+    ("the default + SVC-Tanimoto", SERVED),
+    ("the default + SVC-both", SERVED),
+    ("wide + SVC-Tanimoto", WIDE_ROW),
+    ("wide + SVC-both", WIDE_ROW),
+]
 
 
 def _cell(row: Path, task, seed: int) -> tuple[dict, dict]:
@@ -78,28 +98,55 @@ def _std(values: list[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
+def _bootstrap(a: str, b: str, args, labels: dict, tests: dict, small: list[str]) -> list[str]:
+    """The lines of a paired bootstrap of row ``a`` against row ``b``, set by set and over
+    the sets."""
+    from smiexlm.moleculenet.compare import mean_over_sets, paired_bootstrap
+
+    lines = ["", f"Paired bootstrap of {a} (A) against {b} (B): {args.draws:,} draws of each "
+             "set's test molecules, 95 % intervals.", "",
+             "| set | A | B | A − B | interval | draws with A better |", "|---|---|---|---|---|---|"]  # fmt: skip
+    parts = []
+    for s in args.sets:
+        d = paired_bootstrap("classification", labels[s], tests[a][s], tests[b][s], args.draws)
+        parts.append(d)
+        lines.append(f"| {s} | {100 * d.a:.1f} | {100 * d.b:.1f} | {100 * d.diff:+.1f} | "
+                     f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] | {100 * d.a_better:.0f} % |")  # fmt: skip
+    for name, group in ((f"the {len(small)} small sets",
+                         [p for s, p in zip(args.sets, parts, strict=True) if s in small]),
+                        (f"all {len(parts)} sets", parts)):  # fmt: skip
+        if not group:
+            continue
+        d = mean_over_sets(group, True)
+        lines.append(f"| mean of {name} | {100 * d.a:.1f} | {100 * d.b:.1f} | {100 * d.diff:+.1f} | "
+                     f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] | {100 * d.a_better:.0f} % |")  # fmt: skip
+    return lines
+
+
 def table(args: argparse.Namespace) -> None:
     from smiexlm.forests.blend import blend_members
-    from smiexlm.moleculenet.compare import mean_over_sets, paired_bootstrap
     from smiexlm.moleculenet.loaders import load_task
     from smiexlm.moleculenet.metrics import score
 
-    figures = {name: {} for name in ROWS}  # row -> set -> [test per seed]
-    valid_figures = {name: {} for name in ROWS}
-    seconds = {name: {} for name in ROWS}
-    served_tests: dict[str, dict[str, list]] = {name: {} for name in ROWS}
+    table_rows = ROWS | (KERNEL_ROWS if args.kernels else {})
+    pairs = PAIRS + (KERNEL_PAIRS if args.kernels else [])
+    figures = {name: {} for name in table_rows}  # row -> set -> [test per seed]
+    valid_figures = {name: {} for name in table_rows}
+    seconds = {name: {} for name in table_rows}
+    served_tests: dict[str, dict[str, list]] = {name: {} for name in table_rows}
     labels = {}
     for set_name in args.sets:
         task = load_task(set_name)
         for seed in args.seeds:
             cells = {}
-            for row in {r for rows, _ in ROWS.values() for r in rows}:
-                cells[row] = _cell(getattr(args, row) or args.root / row, task, seed)
+            for row in {r for rows, _ in table_rows.values() for r in rows}:
+                where = args.kernels / row if row.startswith("svc_") else args.root / row
+                cells[row] = _cell(getattr(args, row, None) or where, task, seed)
             if set_name == "toxcast" and args.with_toxcast_forest is not None:
                 cells["rf_rdkit2d@served"] = _cell(args.with_toxcast_forest, task, seed)
             rows = cells["default"][0]["test_rows"]
             labels[set_name] = task.labels[rows]
-            for name, (members, weights) in ROWS.items():
+            for name, (members, weights) in table_rows.items():
                 picked = [("rf_rdkit2d@served" if name == SERVED and m == "rf_rdkit2d"
                            and "rf_rdkit2d@served" in cells else m) for m in members]  # fmt: skip
                 kept = [cells[m][0] for m in picked]
@@ -131,27 +178,13 @@ def table(args: argparse.Namespace) -> None:
              "averaged (equal weights unless said); no choice made on test.", "",
              "| served | " + " | ".join(args.sets) + f" | {len(small)} small sets | {len(args.sets)} sets | valid, {len(args.sets)} sets |",
              "|---|" + "---|" * (len(args.sets) + 3)]  # fmt: skip
-    for name in ROWS:
+    for name in table_rows:
         lines.append(f"| {name} | " + " | ".join(cell(name, s) for s in args.sets)
                      + f" | {mean([np.mean(figures[name][s]) for s in small])}"
                      f" | {mean([np.mean(figures[name][s]) for s in args.sets])}"
                      f" | {mean([np.mean(valid_figures[name][s]) for s in args.sets])} |")  # fmt: skip
-    lines += ["", "Paired bootstrap of the wide ensemble (A) against what `finetune` serves (B): "
-              f"{args.draws:,} draws of each set's test molecules, 95 % intervals.", "",
-              "| set | A | B | A − B | interval | draws with A better |", "|---|---|---|---|---|---|"]  # fmt: skip
-    parts = []
-    for s in args.sets:
-        d = paired_bootstrap("classification", labels[s], served_tests[WIDE_ROW][s],
-                             served_tests[SERVED][s], args.draws)  # fmt: skip
-        parts.append(d)
-        lines.append(f"| {s} | {100 * d.a:.1f} | {100 * d.b:.1f} | {100 * d.diff:+.1f} | "
-                     f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] | {100 * d.a_better:.0f} % |")  # fmt: skip
-    for name, group in ((f"the {len(small)} small sets",
-                         [p for s, p in zip(args.sets, parts, strict=True) if s in small]),
-                        (f"all {len(parts)} sets", parts)):  # fmt: skip
-        d = mean_over_sets(group, True)
-        lines.append(f"| mean of {name} | {100 * d.a:.1f} | {100 * d.b:.1f} | {100 * d.diff:+.1f} | "
-                     f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] | {100 * d.a_better:.0f} % |")  # fmt: skip
+    for a, b in pairs:
+        lines += _bootstrap(a, b, args, labels, served_tests, small)
     lines += ["", "One-thread seconds of fine-tuning a seed, as the cells recorded them (mean over "
               "the seeds that kept a record; a fine-tuning cell's `train_cpu_seconds`, a forest "
               "cell's wall seconds):", "",
@@ -163,7 +196,7 @@ def table(args: argparse.Namespace) -> None:
         return float(np.mean(kept)) if kept else float("nan")
 
     base = sum(secs(SERVED, s) for s in args.sets)
-    for name in ROWS:
+    for name in table_rows:
         total = sum(secs(name, s) for s in args.sets)
         lines.append(f"| {name} | " + " | ".join(f"{secs(name, s):,.0f}" for s in args.sets)
                      + f" | {total:,.0f} | {total / base:.2f} |")  # fmt: skip
@@ -171,6 +204,58 @@ def table(args: argparse.Namespace) -> None:
     write_table(
         args.out, "table", lines, {"test": figures, "valid": valid_figures, "seconds": seconds}
     )
+
+
+def kernels(args: argparse.Namespace) -> None:
+    """Cells of the classification kernel members (:func:`smiexlm.forests.kernels.fit_kernel_member`
+    on the training rows of each (set, seed) of ``--root``'s default row): their validation and
+    test decision values as ``OUT/svc_<kind>/<set>/seed<k>/predictions.npz``, and a
+    ``result.json`` with the chosen setting, its out-of-fold ROC-AUC and the one-thread
+    seconds of the fit (ECFP4 and the embedding included). A (set, kind) done is read back."""
+    import pandas as pd
+    from potency_members import embedding
+
+    from smiexlm.chemistry.fingerprints import morgan_fingerprints
+    from smiexlm.forests.kernels import KernelInputs, fit_kernel_member
+    from smiexlm.moleculenet.loaders import load_task
+    from smiexlm.moleculenet.runs import write_predictions
+    from smiexlm.moleculenet.splits import Split, murcko_scaffolds
+
+    for set_name in args.sets:
+        task = load_task(set_name)
+        texts = [s.strip() for s in task.smiles]
+        inputs, fitted = None, {}  # (kind, split's rows) -> scores and record: seeds share a split
+        for seed in args.seeds:
+            kept, _ = _cell(args.root / "default", task, seed)
+            valid, test = kept["valid_rows"], kept["test_rows"]
+            train = np.setdiff1d(np.arange(len(task)), np.concatenate([valid, test]))
+            for kind in args.kinds:
+                folder = args.out_root / f"svc_{kind}" / set_name / f"seed{seed}"
+                if (folder / "result.json").is_file():
+                    continue
+                key = (kind, valid.tobytes(), test.tobytes())
+                if key not in fitted:
+                    t0 = time.process_time()
+                    if inputs is None:
+                        inputs = KernelInputs(morgan_fingerprints(texts), embedding(task))
+                    scaffolds = murcko_scaffolds([texts[i] for i in train])
+                    groups = pd.factorize(pd.Series(scaffolds).fillna(""))[0]
+                    member, _ = fit_kernel_member(kind, inputs.take(train), task.labels[train],
+                                                  groups, "classification")  # fmt: skip
+                    scores = {p: member.predict(inputs.take(rows))
+                              for p, rows in (("valid", valid), ("test", test))}  # fmt: skip
+                    record = {"model": f"SVC-{kind}", "dataset": set_name,
+                              "wall_s": time.process_time() - t0, "config": {}} | member.record()  # fmt: skip
+                    fitted[key] = scores, record
+                    print(f"{set_name} svc_{kind}: C={member.C:g} gamma={member.gamma} cv ROC-AUC "
+                          f"{member.cv_score:.4f}, {record['wall_s']:.0f} CPU s", flush=True)  # fmt: skip
+                scores, record = fitted[key]
+                folder.mkdir(parents=True, exist_ok=True)
+                write_predictions(folder, Split("scaffold", None, list(train), list(valid), list(test)),
+                                  scores["valid"], scores["test"])  # fmt: skip
+                (folder / "result.json").write_text(
+                    json.dumps({"result": record | {"seed": seed}}, indent=1)
+                )
 
 
 def cost(args: argparse.Namespace) -> None:
@@ -225,7 +310,20 @@ def main() -> None:
                              metavar="ROW", help=f"the {row} row (default: ROOT/{row})")  # fmt: skip
     p_table.add_argument("--draws", type=int, default=1000)
     p_table.add_argument("--with-toxcast-forest", type=Path, default=None, metavar="ROOT")
+    p_table.add_argument(
+        "--kernels",
+        type=Path,
+        default=None,
+        metavar="ROOT",
+        help="add the rows with the kernel members' cells of ROOT (`kernels`)",
+    )
     p_table.add_argument("--out", type=Path, required=True)
+    p_kernels = sub.add_parser("kernels", help="cells of the kernel members (SVC)")
+    p_kernels.add_argument("--root", type=Path, default=Path("benchmarks/results/table1"))
+    p_kernels.add_argument("--sets", nargs="+", default=SMALL)
+    p_kernels.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    p_kernels.add_argument("--kinds", nargs="+", default=["tanimoto", "both"])
+    p_kernels.add_argument("--out-root", type=Path, default=Path("runs/kernels"))
     p_cost = sub.add_parser("cost", help="predict's cost per 1,000 molecules, default vs wide")
     p_cost.add_argument("--task", default="bbbp")
     p_cost.add_argument("--molecules", type=int, default=1000)
@@ -234,7 +332,7 @@ def main() -> None:
     p_cost.add_argument("--workdir", type=Path, default=Path("runs/wide_cost"))
     p_cost.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    {"table": table, "cost": cost}[args.command](args)
+    {"table": table, "kernels": kernels, "cost": cost}[args.command](args)
 
 
 if __name__ == "__main__":

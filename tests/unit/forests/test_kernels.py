@@ -73,3 +73,33 @@ def test_bad_kernels_and_damaged_members_are_refused():
     del arrays["bits"]
     with pytest.raises(DataError, match="expected a kernel member"):
         KernelMember.from_stored(member.record(), arrays, "x.safetensors")
+
+
+def test_the_classifier_scores_as_a_balanced_svc_and_is_chosen_by_roc_auc():
+    from sklearn.metrics import roc_auc_score
+    from sklearn.svm import SVC
+
+    from smiexlm.forests.kernels import fit_kernel_member, kernel_matrix
+
+    inputs, y, groups = _data()
+    labels = np.hstack([(y > np.median(y)).astype(float), np.zeros_like(y)])  # 2nd: one class
+    labels[:5, 0] = np.nan
+    member, oof = fit_kernel_member("tanimoto", inputs, labels, groups, "classification")
+    assert member.task_type == "classification" and member.cv_metric == "roc_auc"
+    rows = ~np.isnan(labels[:, 0])
+    assert member.cv_score == pytest.approx(roc_auc_score(labels[rows, 0], oof[rows, 0]))
+    assert max(member.tried.values()) == pytest.approx(member.cv_score, abs=1e-5)
+    new, _, _ = _data(20, seed=1)
+    k = kernel_matrix(
+        "tanimoto", inputs.take(np.flatnonzero(rows)), inputs.take(np.flatnonzero(rows)), None
+    )
+    svc = SVC(kernel="precomputed", C=member.C, class_weight="balanced").fit(k, labels[rows, 0])
+    expected = svc.decision_function(
+        kernel_matrix("tanimoto", new, inputs.take(np.flatnonzero(rows)), None)
+    )
+    scores = member.predict(new)
+    np.testing.assert_allclose(scores[:, 0], expected, rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(scores[:, 1], -1.0)  # a label of one class: its sign
+    stored = KernelMember.from_stored(member.record(), member.tensors(), "member")
+    assert (stored.task_type, stored.cv_score) == ("classification", member.cv_score)
+    np.testing.assert_array_equal(stored.predict(new), scores)
