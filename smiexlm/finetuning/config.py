@@ -44,7 +44,9 @@ AUTO_FOREST = {"classification": "rdkit2d", "regression": "rdkit2d"}
 FOREST_TREE_BUDGET = 100_000
 MIN_FOREST_TREES = 50
 # ``kernels = "auto"``: the kernel members a regression run keeps beside its network and forest
-# (smiexlm.forests.members; benchmarks/results/potency), none for classification
+# (smiexlm.forests.members; benchmarks/results/potency); none for classification, where SVCs
+# on the same kernels measured no gain beside the default or the wide ensemble
+# (benchmarks/results/ensemble.md), and which refuses them
 AUTO_KERNELS = {"classification": "none", "regression": "tanimoto,rbf,both"}
 
 
@@ -52,7 +54,11 @@ def resolve_forest(cfg: FinetuneConfig, task_type: str, n_labels: int) -> Finetu
     """``cfg`` as it runs on a task: ``forest = "auto"`` made :data:`AUTO_FOREST`'s kind for
     ``task_type`` (no forest of its own in a wide ensemble, whose members hold theirs), and
     the forest's trees a label capped at :data:`FOREST_TREE_BUDGET` over ``n_labels`` labels
-    (never below :data:`MIN_FOREST_TREES`)."""
+    (never below :data:`MIN_FOREST_TREES`). ConfigError for kernel members named on a
+    classification task."""
+    if task_type == "classification" and cfg.kernels not in (AUTO, "none"):
+        raise ConfigError("kernels", cfg.kernels, "auto or none for a classification task "
+                          "(kernel members serve regression)")  # fmt: skip
     forest = AUTO_FOREST[task_type] if cfg.forest == AUTO else cfg.forest
     kernels = AUTO_KERNELS[task_type] if cfg.kernels == AUTO else cfg.kernels
     if cfg.ensemble != "none":

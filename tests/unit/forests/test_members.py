@@ -87,6 +87,11 @@ def test_kernel_and_combine_settings_are_checked():
             finetune_config("esol", **{key: value})
     with pytest.raises(ConfigError, match="kernels"):
         finetune_config("esol", ensemble="wide", kernels="tanimoto")
+    from smiexlm.finetuning.config import resolve_forest
+
+    assert resolve_forest(finetune_config("bbbp"), "classification", 1).kernels == "none"
+    with pytest.raises(ConfigError, match="kernels.*classification"):  # not silently dropped
+        resolve_forest(finetune_config("bbbp", kernels="tanimoto"), "classification", 1)
 
 
 @pytest.fixture(scope="module")
