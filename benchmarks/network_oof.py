@@ -38,11 +38,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import potency_members as pm  # noqa: E402
 
-POTENCY = Path("benchmarks/results/potency")
-REGRESSION = Path("benchmarks/results/regression/default/runs")
+POTENCY = Path(__file__).resolve().parent / "results" / "potency"
+REGRESSION = POTENCY.parent / "regression" / "default" / "runs"
 
 
-def network_oof(task, split, groups: np.ndarray, seed: int, work: Path) -> tuple[np.ndarray, float]:
+def network_oof(task, split, groups: np.ndarray, seed: int, work: Path,
+                max_train_steps: int | None) -> tuple[np.ndarray, float]:  # fmt: skip
     """(n_train, T) out-of-fold predictions of the network, and the folds' one-thread seconds."""
     from smiexlm.finetuning.adapter import finetune_once
     from smiexlm.finetuning.backbone import Backbone
@@ -51,7 +52,8 @@ def network_oof(task, split, groups: np.ndarray, seed: int, work: Path) -> tuple
     from smiexlm.moleculenet import runs
     from smiexlm.moleculenet.splits import Split
 
-    cfg = dataclasses.replace(finetune_config(task.name), forest=None, kernels="none")
+    cfg = finetune_config(task.name, max_train_steps=max_train_steps)
+    cfg = dataclasses.replace(cfg, forest=None, kernels="none")
     backbone = Backbone()
     train = np.asarray(split.train)
     oof = np.full((len(train), task.labels.shape[1]), np.nan)
@@ -70,10 +72,11 @@ def network_oof(task, split, groups: np.ndarray, seed: int, work: Path) -> tuple
     return oof, seconds
 
 
-def run_seed(name: str, seed: int, work: Path, out: Path) -> dict:
+def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
     from smiexlm.forests.members import combine, least_squares_weights, rmse
     from smiexlm.moleculenet.splits import make_split
 
+    out = args.out
     path = out / f"{name}-seed{seed}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -82,10 +85,10 @@ def run_seed(name: str, seed: int, work: Path, out: Path) -> dict:
     kernels = pm.kernel_members(task, split)
     groups = kernels.pop("groups")
     npz = pm.network_scores(name, [], POTENCY / "network")[seed]
-    net_oof, seconds = network_oof(task, split, groups, seed, work)
+    net_oof, seconds = network_oof(task, split, groups, seed, args.work, args.max_train_steps)
     y = task.labels.astype(np.float64)
     train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
-    forest = pm.forest(task, split, groups, seed, 500, npz, 100)
+    forest = pm.forest(task, split, groups, seed, args.n_trees, npz, 100)
     network = {p: npz.get(f"{p}_model", npz[p]) for p in ("valid", "test")} | {"oof": net_oof}
     members = {"model": network, "forest": forest, **kernels}
     valids = {n: m["valid"] for n, m in members.items()}
@@ -144,8 +147,10 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--work", type=Path, default=Path("runs/network_oof"))
     parser.add_argument("--out", type=Path, default=POTENCY / "network_oof")
+    parser.add_argument("--n-trees", type=int, default=500, help="trees of the served forest")
+    parser.add_argument("--max-train-steps", type=int, default=None, help="a short run's cap")
     args = parser.parse_args()
-    docs = [run_seed(name, seed, args.work, args.out) for name in args.sets for seed in args.seeds]
+    docs = [run_seed(name, seed, args) for name in args.sets for seed in args.seeds]
     text = report(docs, "python benchmarks/network_oof.py " + " ".join(sys.argv[1:]))
     (args.out / "report.md").write_text(text)
     print(text)

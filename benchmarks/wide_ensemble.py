@@ -94,6 +94,11 @@ def _seconds(record: dict | None) -> float:
     return float(record["wall_s"] if record["model"].startswith("RF-") or cpu is None else cpu)
 
 
+def _figure(value: float, spec: str) -> str:
+    """``value`` formatted, or "n/a" where a cell kept no record of it."""
+    return "n/a" if np.isnan(value) else format(value, spec)
+
+
 def _std(values: list[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
@@ -198,8 +203,8 @@ def table(args: argparse.Namespace) -> None:
     base = sum(secs(SERVED, s) for s in args.sets)
     for name in table_rows:
         total = sum(secs(name, s) for s in args.sets)
-        lines.append(f"| {name} | " + " | ".join(f"{secs(name, s):,.0f}" for s in args.sets)
-                     + f" | {total:,.0f} | {total / base:.2f} |")  # fmt: skip
+        lines.append(f"| {name} | " + " | ".join(_figure(secs(name, s), ",.0f") for s in args.sets)
+                     + f" | {_figure(total, ',.0f')} | {_figure(total / base, '.2f')} |")  # fmt: skip
     lines += ["", f"`python benchmarks/wide_ensemble.py {' '.join(sys.argv[1:])}`"]
     write_table(
         args.out, "table", lines, {"test": figures, "valid": valid_figures, "seconds": seconds}
@@ -207,9 +212,10 @@ def table(args: argparse.Namespace) -> None:
 
 
 def kernels(args: argparse.Namespace) -> None:
-    """Cells of the classification kernel members (:func:`smiexlm.forests.kernels.fit_kernel_member`
-    on the training rows of each (set, seed) of ``--root``'s default row): their validation and
-    test decision values as ``OUT/svc_<kind>/<set>/seed<k>/predictions.npz``, and a
+    """Cells of the classification kernel members
+    (:func:`smiexlm.forests.kernels.fit_kernel_member`, on the training rows of each (set,
+    seed) of the default's row, ``--default`` or ``ROOT/default``): their validation and test
+    decision values as ``OUT/svc_<kind>/<set>/seed<k>/predictions.npz``, and a
     ``result.json`` with the chosen setting, its out-of-fold ROC-AUC and the one-thread
     seconds of the fit (ECFP4 and the embedding included). A (set, kind) done is read back."""
     import pandas as pd
@@ -226,7 +232,7 @@ def kernels(args: argparse.Namespace) -> None:
         texts = [s.strip() for s in task.smiles]
         inputs, fitted = None, {}  # (kind, split's rows) -> scores and record: seeds share a split
         for seed in args.seeds:
-            kept, _ = _cell(args.root / "default", task, seed)
+            kept, _ = _cell(args.default or args.root / "default", task, seed)
             valid, test = kept["valid_rows"], kept["test_rows"]
             train = np.setdiff1d(np.arange(len(task)), np.concatenate([valid, test]))
             for kind in args.kinds:
@@ -322,7 +328,8 @@ def main() -> None:
     p_kernels.add_argument("--root", type=Path, default=Path("benchmarks/results/table1"))
     p_kernels.add_argument("--sets", nargs="+", default=SMALL)
     p_kernels.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
-    p_kernels.add_argument("--kinds", nargs="+", default=["tanimoto", "both"])
+    p_kernels.add_argument("--default", type=Path, default=None, metavar="ROW")
+    p_kernels.add_argument("--kinds", nargs="+", default=["tanimoto", "rbf", "both"])
     p_kernels.add_argument("--out-root", type=Path, default=Path("runs/kernels"))
     p_cost = sub.add_parser("cost", help="predict's cost per 1,000 molecules, default vs wide")
     p_cost.add_argument("--task", default="bbbp")

@@ -110,6 +110,14 @@ SMOKE: dict[str, list[Step]] = {
              "--rf-ecfp4", "{tmp}/forests/ecfp4_5trees", "--sets", "bace", "--seeds", "0",
              "--draws", "20", "--out", "{tmp}/wide"), expect=("wide/table.md",),
              prints="| mean of all 1 sets |"),
+        # the classification kernel members' cells, and the rows with them
+        Step("wide_ensemble.py", ("kernels", "--default", "{tmp}/run", "--sets", "bace",
+             "--seeds", "0", "--out-root", "{tmp}/kernels")),
+        Step("wide_ensemble.py", ("table", "--root", "{tmp}", "--default", "{tmp}/run",
+             "--default-rdkit2d", "{tmp}/run", "--rf-rdkit2d", "{tmp}/rf", "--rf-both", "{tmp}/rf",
+             "--rf-ecfp4", "{tmp}/forests/ecfp4_5trees", "--kernels", "{tmp}/kernels", "--sets",
+             "bace", "--seeds", "0", "--draws", "20", "--out", "{tmp}/wide_kernels"),
+             expect=("wide_kernels/table.md",), prints="| wide + SVC-both |"),
         # a fine-tuned row against a forest kept by forest_blend.py (<set>/seed<k>/ layout)
         Step(MN, ("compare", "{tmp}/run", "{tmp}/forests/ecfp4_5trees", "--tasks", "bace",
              "--seeds", "0", "--draws", "20", "--out", "{tmp}/compare.md"),
@@ -191,6 +199,18 @@ SMOKE: dict[str, list[Step]] = {
         Step("potency_members.py", ("--runs", "{tmp}/reg", "--sets", "freesolv", "--n-trees",
              "5", "--out", "{tmp}/potency"), expect=("potency/report.md", "potency/freesolv.json"),
              prints="| oof-best |"),
+    ],
+    "network_oof": [
+        # the network fine-tuned in each of five folds (2 steps), against the kept scores
+        Step("network_oof.py", ("--sets", "freesolv", "--seeds", "0", "--max-train-steps", "2",
+             "--n-trees", "5", "--work", "{tmp}/work", "--out", "{tmp}/oof"),
+             expect=("oof/report.md", "oof/freesolv-seed0.json"), prints="| freesolv | 0 |"),
+    ],
+    "potency_screens": [
+        Step("potency_screens.py", ("gp-spread", "--sets", "freesolv", "--out", "{tmp}/screens"),
+             expect=("screens/gp_spread.md",)),
+        Step("potency_screens.py", ("descriptors", "--sets", "freesolv", "--out",
+             "{tmp}/screens"), expect=("screens/descriptors/report.md",)),
     ],
     "members_cost": [
         Step("members_cost.py", ("--task", "freesolv", "--predict-rows", "20", "--set",
