@@ -18,9 +18,9 @@ them, beside the served rule ``picked`` (kept in ``benchmarks/results/potency``)
   out-of-fold predictions, the network's included;
 - ``picked+net``: of ``picked``'s four candidates and those two, the lowest validation RMSE.
 
-The cost is the folds' one-thread seconds against the seed's own fine-tuning
-(``train_cpu_seconds`` of its run in ``benchmarks/results/regression``, where kept). Each
-fold's run is kept in ``--work`` (resumable: a finished fold is read back);
+The cost is the folds' one-thread seconds against those of the seed's own fine-tuning on the
+whole split, run beside them in this process. Each run is kept in ``--work`` (resumable: a
+finished one is read back);
 ``<set>-seed<k>.json`` in ``--out`` holds the figures, and ``report.md`` the table.
 """
 
@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import potency_members as pm  # noqa: E402
 
 POTENCY = Path(__file__).resolve().parent / "results" / "potency"
-REGRESSION = POTENCY.parent / "regression" / "default" / "runs"
 
 
 def network_oof(task, split, groups: np.ndarray, seed: int, work: Path,
-                max_train_steps: int | None) -> tuple[np.ndarray, float]:  # fmt: skip
-    """(n_train, T) out-of-fold predictions of the network, and the folds' one-thread seconds."""
+                max_train_steps: int | None) -> tuple[np.ndarray, float, float]:  # fmt: skip
+    """(n_train, T) out-of-fold predictions of the network, the folds' one-thread seconds, and
+    those of the seed's own fine-tuning on the whole split, run here beside them."""
     from smiexlm.finetuning.adapter import finetune_once
     from smiexlm.finetuning.backbone import Backbone
     from smiexlm.finetuning.config import finetune_config
@@ -55,21 +55,24 @@ def network_oof(task, split, groups: np.ndarray, seed: int, work: Path,
     cfg = finetune_config(task.name, max_train_steps=max_train_steps)
     cfg = dataclasses.replace(cfg, forest=None, kernels="none")
     backbone = Backbone()
+
+    def cpu_seconds(part: Split, where: Path) -> float:
+        """One fine-tuning on ``part`` in ``where`` (read back when finished): its seconds."""
+        if runs.finished(where) is None:
+            c0 = time.process_time()
+            finetune_once(task, part, cfg, seed, backbone, run_dir=where, progress=False)
+            (where / "cpu_seconds.json").write_text(json.dumps(time.process_time() - c0))
+        return json.loads((where / "cpu_seconds.json").read_text())
+
     train = np.asarray(split.train)
     oof = np.full((len(train), task.labels.shape[1]), np.nan)
-    seconds = 0.0
+    seconds, root = 0.0, work / task.name / f"seed{seed}"
     for k, (fit_rows, held) in enumerate(_folds(groups, len(train))):
         fold = Split("scaffold", None, list(train[fit_rows]), list(split.valid), list(train[held]))
-        where = work / task.name / f"seed{seed}" / f"fold{k}"
-        done = runs.finished(where)
-        if done is None:
-            c0 = time.process_time()
-            finetune_once(task, fold, cfg, seed, backbone, run_dir=where, progress=False)
-            (where / "cpu_seconds.json").write_text(json.dumps(time.process_time() - c0))
-        seconds += json.loads((where / "cpu_seconds.json").read_text())
-        oof[held] = runs.read_predictions(where, task)["test"]
+        seconds += cpu_seconds(fold, root / f"fold{k}")
+        oof[held] = runs.read_predictions(root / f"fold{k}", task)["test"]
         print(f"{task.name} seed {seed} fold {k}: done", flush=True)
-    return oof, seconds
+    return oof, seconds, cpu_seconds(split, root / "whole")
 
 
 def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
@@ -85,7 +88,8 @@ def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
     kernels = pm.kernel_members(task, split)
     groups = kernels.pop("groups")
     npz = pm.network_scores(name, [], POTENCY / "network")[seed]
-    net_oof, seconds = network_oof(task, split, groups, seed, args.work, args.max_train_steps)
+    net_oof, seconds, whole = network_oof(task, split, groups, seed, args.work,
+                                          args.max_train_steps)  # fmt: skip
     y = task.labels.astype(np.float64)
     train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
     forest = pm.forest(task, split, groups, seed, args.n_trees, npz, 100)
@@ -106,16 +110,13 @@ def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
     weights["picked+net"] = min(
         candidates, key=lambda w: rmse(y[valid], _blend(w, members, "valid"))
     )
-    own = REGRESSION / name / f"seed{seed}" / "result.json"  # the seed's own fine-tuning
     doc = {"set": name, "seed": seed, "folds_cpu_seconds": round(seconds, 1),
+           "fine_tuning_cpu_seconds": round(whole, 1),
            "network_oof_rmse": rmse(y[train], net_oof),
            "rows": {c: {"valid": rmse(y[valid], _blend(w, members, "valid")),
                         "test": rmse(y[test], _blend(w, members, "test")),
                         "weights": {k: round(v, 4) for k, v in w.items() if v}}
                     for c, w in weights.items()}}  # fmt: skip
-    if own.is_file():
-        result = json.loads(own.read_text())["result"]
-        doc["fine_tuning_cpu_seconds"] = result["config"]["train_cpu_seconds"]
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1))
     return doc
@@ -132,8 +133,7 @@ def report(docs: list[dict], command: str) -> str:
              "the folds' CPU s | × the seed's fine-tuning |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for d in docs:
         r = d["rows"]
-        ratio = (f"{d['folds_cpu_seconds'] / d['fine_tuning_cpu_seconds']:.1f}"
-                 if d.get("fine_tuning_cpu_seconds") else "n/a")  # fmt: skip
+        ratio = f"{d['folds_cpu_seconds'] / d['fine_tuning_cpu_seconds']:.1f}"
         lines.append(f"| {d['set']} | {d['seed']} | " + " | ".join(
             f"{r[c]['test']:.3f}" for c in ("picked", "oof-best+net", "oof-weights+net", "picked+net"))
             + f" | {d['folds_cpu_seconds']:,.0f} | {ratio} |")  # fmt: skip

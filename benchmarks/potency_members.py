@@ -27,7 +27,7 @@ split (the runs' own, checked row for row):
   them on the validation rows), ``picked`` (the served default: of ``fixed``, ``gated``, the
   forest alone and ``oof-best``, the lowest validation RMSE) and ``blend-gated`` (a screen:
   the network joins where the blend with it does). The network has no out-of-fold
-  predictions: they would cost five more fine-tunings a seed.
+  predictions (``network_oof.py`` measures what they would cost and buy).
 
 Writes ``<set>.json`` per set (a set done is read back: the job resumes), ``report.md``, and
 ``network/<set>-seed<k>.json``: the network's and its forest's scores of each seed, compact, so

@@ -8,8 +8,9 @@ frozen embedding (the pretrained model as it was before fine-tuning, served as
 its ``C`` (and ``gamma``) chosen in scaffold-whole folds of them, which also give every
 training molecule an out-of-fold prediction; the forest is refitted in the same folds for its
 own (:func:`forest_oof`, at most :data:`OOF_TREES` trees: they only weigh the members, and
-the served forest keeps its own). The network has none: its own would cost five more
-fine-tunings.
+the served forest keeps its own). The network has none: fine-tuned once a fold, it costs
+about four times its own fine-tuning and changed no served blend
+(``benchmarks/results/potency/network_oof``).
 
 How the members are weighted (:data:`COMBINES`, :func:`combine`), without the test rows:
 
