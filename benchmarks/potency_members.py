@@ -78,7 +78,7 @@ def kernel_members(task, split) -> dict[str, dict]:
     import pandas as pd
 
     from smiexlm.chemistry.fingerprints import morgan_fingerprints
-    from smiexlm.forests.kernels import KernelInputs, fit_kernel_svr
+    from smiexlm.forests.kernels import KernelInputs, fit_kernel_member
     from smiexlm.moleculenet.splits import murcko_scaffolds
 
     train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
@@ -89,7 +89,7 @@ def kernel_members(task, split) -> dict[str, dict]:
     out = {"groups": groups}
     for kind in KINDS:
         t0 = time.process_time()
-        member, oof = fit_kernel_svr(kind, inputs.take(train), y[train], groups)
+        member, oof = fit_kernel_member(kind, inputs.take(train), y[train], groups)
         out[f"svr_{kind}"] = {
             "valid": member.predict(inputs.take(valid)), "test": member.predict(inputs.take(test)),
             "oof": oof, "cv_rmse": member.cv_score, "chosen": member.record(),

@@ -242,7 +242,7 @@ def fit_kernel_member(
                          vector_mean, vector_scale)  # fmt: skip
     inputs = probe.standardised(inputs)
     folds = _folds(np.asarray(groups), len(inputs))
-    sign = 1.0 if regression else -1.0  # lower is better
+    sign = 1.0 if regression else -1.0  # the lower sign * score, the better
     best, tried = None, {}
     for gamma in (None,) if kind == "tanimoto" else GAMMAS:
         k = kernel_matrix(kind, inputs, inputs, gamma)
@@ -263,10 +263,3 @@ def fit_kernel_member(
     member = KernelMember(kind, C, gamma, inputs.take(keep), coef[keep], intercept, y_mean,
                           y_std, vector_mean, vector_scale, task_type, score, tried)  # fmt: skip
     return member, oof
-
-
-def fit_kernel_svr(
-    kind: str, inputs: KernelInputs, y: np.ndarray, groups: np.ndarray
-) -> tuple[KernelMember, np.ndarray]:
-    """:func:`fit_kernel_member` for regression."""
-    return fit_kernel_member(kind, inputs, y, groups, "regression")

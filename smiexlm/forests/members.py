@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from smiexlm.errors import ConfigError, DataError, check_choice
-from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelMember, _folds, fit_kernel_svr
+from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelMember, _folds, fit_kernel_member
 
 COMBINES = ("fixed", "oof-best", "oof-weights", "gated", "picked")
 FOREST = "forest"  # the forest's name among the members
@@ -173,7 +173,7 @@ class KernelMembers:
         members, scores, oof = {}, {}, {}
         for kind in kinds:
             name = f"svr_{kind}"
-            members[name], oof[name] = fit_kernel_svr(kind, inputs.take(train), labels[train],
+            members[name], oof[name] = fit_kernel_member(kind, inputs.take(train), labels[train],
                                                       groups)  # fmt: skip
             scores[name] = members[name].predict(inputs)
         kept = cls(members, {n: s[valid] for n, s in scores.items()},

@@ -8,7 +8,7 @@ import pytest
 
 from smiexlm.chemistry.fingerprints import bit_tanimoto as tanimoto
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.forests.kernels import KernelInputs, KernelMember, fit_kernel_svr, rbf
+from smiexlm.forests.kernels import KernelInputs, KernelMember, fit_kernel_member, rbf
 
 
 def _data(n: int = 80, seed: int = 0):
@@ -34,7 +34,7 @@ def test_the_member_predicts_as_an_svr_on_the_same_kernel(kind):
     from smiexlm.forests.kernels import EPSILON, kernel_matrix
 
     inputs, y, groups = _data()
-    member, oof = fit_kernel_svr(kind, inputs, y, groups)
+    member, oof = fit_kernel_member(kind, inputs, y, groups)
     assert oof.shape == y.shape and not np.isnan(oof).any()
     assert member.cv_score == pytest.approx(float(np.sqrt(np.mean((oof - y) ** 2))))
     assert min(member.tried.values()) == pytest.approx(member.cv_score, abs=1e-5)
@@ -60,15 +60,15 @@ def test_folds_keep_each_scaffold_whole_and_missing_labels_take_no_part():
     inputs, y, groups = _data()
     y = np.hstack([y, y * 2])
     y[:10, 1] = np.nan
-    member, oof = fit_kernel_svr("tanimoto", inputs, y, groups)
+    member, oof = fit_kernel_member("tanimoto", inputs, y, groups)
     assert member.coef.shape[1] == 2 and np.isfinite(member.predict(inputs)).all()
 
 
 def test_bad_kernels_and_damaged_members_are_refused():
     inputs, y, groups = _data(30)
     with pytest.raises(ConfigError, match="kernel"):
-        fit_kernel_svr("linear", inputs, y, groups)
-    member, _ = fit_kernel_svr("tanimoto", inputs, y, groups)
+        fit_kernel_member("linear", inputs, y, groups)
+    member, _ = fit_kernel_member("tanimoto", inputs, y, groups)
     arrays = member.tensors()
     del arrays["bits"]
     with pytest.raises(DataError, match="expected a kernel member"):
