@@ -5,6 +5,7 @@ kept predictions, and what it costs to fine-tune and to serve.
     python benchmarks/wide_ensemble.py table --root benchmarks/results/table1 \\
         --out benchmarks/results/ensemble
     python benchmarks/wide_ensemble.py cost --out benchmarks/results/ensemble
+    python benchmarks/wide_ensemble.py kernels --sets bace bbbp clintox sider tox21
 
 ``table``: for each set and seed, the members' rows of ``--root`` (``default``,
 ``default_rdkit2d``, ``rf_rdkit2d``, ``rf_both``, ``rf_ecfp4``: each cell's ``predictions.npz``)
@@ -19,6 +20,11 @@ recorded them (a fine-tuning cell's ``train_cpu_seconds``, a forest cell's wall 
 features and fit). ``--with-toxcast-forest ROOT`` reads ToxCast's RF-RDKit2D of the default's
 blend from ``ROOT`` (the forest of 162 trees a label that ``finetune`` keeps, see
 ``forest_cost.md``) instead of the 500-tree row. Writes ``table.md`` and ``table.json``.
+
+``kernels``: the classification kernel members' cells (an SVC a label on each kernel of
+:mod:`smiexlm.forests.kernels`, fitted on each (set, seed)'s training rows), which ``table
+--kernels ROOT`` adds as rows beside the default and the wide ensemble, each with its paired
+bootstrap (``ensemble.md``, "Kernel members for classification").
 
 ``cost``: one short fine-tuning of each kind on BBBP (``--max-train-steps``, forests of 500
 trees, as the defaults keep them), then ``predict`` of ``--molecules`` of its molecules by the
