@@ -152,6 +152,10 @@ def test_predict_serves_every_member_as_fine_tuning_scored_it(kept):
     long = predict(folder, [LONG, "C" * 700])  # the same first 511 tokens, then EOS
     assert long["truncated"].all() and np.isfinite(long.filter(like="y").to_numpy()).all()
     assert long["y_svr_rbf"].nunique() == 1
+    both = smiles[:4] + [LONG]  # the ONNX path serves every member as torch does
+    by_torch, by_onnx = predict(folder, both), predict(folder, both, backend="onnx")
+    for name in ["", *(f"_{n}" for n in MEMBERS)]:
+        np.testing.assert_allclose(by_onnx[f"y{name}"], by_torch[f"y{name}"], rtol=1e-4, atol=1e-4)
 
 
 def test_the_kernel_file_loads_without_pickle_and_a_damaged_folder_is_refused(kept, tmp_path):
