@@ -31,6 +31,7 @@ from smiexlm.atomic import write_bytes_atomic, write_text_atomic
 from smiexlm.errors import ConfigError, DataError
 from smiexlm.modelio.layout import (
     CONFIG_NAME,
+    EMBEDDER_DIR,
     FINETUNE_NAME,
     GRAPH_FILES,
     GRAPH_SOURCES,
@@ -168,7 +169,9 @@ def export_onnx(folder: Path | str, kind: GraphKind | None = None) -> Path:
     ``onnx.json``; returns the graph's path.
 
     ``kind`` defaults to ``predictor`` for a fine-tuned folder (``finetune.json``), else
-    ``encoder``. Re-exporting replaces the graph and its record; other records are kept.
+    ``encoder``; a fine-tuned folder's kernel members get the encoder graph of their frozen
+    embedding (``embedder/``) too. Re-exporting replaces the graph and its record; other
+    records are kept.
     """
     folder = check_not_a_file(folder)
     if not (folder / CONFIG_NAME).is_file():
@@ -210,4 +213,6 @@ def export_onnx(folder: Path | str, kind: GraphKind | None = None) -> Path:
     manifest = read_onnx_manifest(folder) or {"format": ONNX_MANIFEST_FORMAT, "graphs": {}}
     manifest["graphs"][kind] = record
     write_text_atomic(folder / ONNX_MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+    if kind == "predictor" and (folder / EMBEDDER_DIR / CONFIG_NAME).is_file():
+        export_onnx(folder / EMBEDDER_DIR, "encoder")  # the kernel members' frozen embedding
     return path

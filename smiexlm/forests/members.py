@@ -47,14 +47,14 @@ import numpy as np
 
 from smiexlm.errors import ConfigError, DataError, check_choice
 from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelMember, _folds, fit_kernel_member
+from smiexlm.modelio.layout import EMBEDDER_DIR, FINETUNE_NAME, KERNELS_NAME, WEIGHTS_NAME
+from smiexlm.paths import file_sha256
 
 COMBINES = ("fixed", "oof-best", "oof-weights", "gated", "picked")
 FOREST = "forest"  # the forest's name among the members
 #: trees of each forest refitted for out-of-fold predictions (ESOL: 11 CPU s for the five
 #: folds against 60 at 500 trees, benchmarks/results/potency/members_cost.md)
 OOF_TREES = 100
-KERNELS_NAME = "kernels.safetensors"
-EMBEDDER_DIR = "embedder"
 #: the frozen embedding of model-side SMILES, (N, D): a pretrained folder served as
 #: ``Featurizer`` serves it, given by the layer that loads one (fine-tuning, serving)
 Embed = Callable[[list[str]], np.ndarray]
@@ -190,13 +190,9 @@ class KernelMembers:
 
     def record(self) -> dict[str, Any]:
         """What ``finetune.json["members"]`` keeps of the kernels (the weights are added)."""
-        from smiexlm.paths import file_sha256
-
         doc: dict[str, Any] = {"file": KERNELS_NAME,
                                "kernels": {n: m.record() for n, m in self.members.items()}}  # fmt: skip
         if self.embedder is not None:
-            from smiexlm.modelio.layout import WEIGHTS_NAME
-
             doc["embedder"] = EMBEDDER_DIR
             doc["embedder_sha256"] = file_sha256(Path(self.embedder) / WEIGHTS_NAME)
         return doc
@@ -250,8 +246,6 @@ def member_weights(
 ) -> dict[str, float]:
     """The weights of ``finetune.json["members"]`` (``record``), checked: one a member of
     ``names``, each at least 0, summing to 1; DataError naming the folder's file otherwise."""
-    from smiexlm.modelio.layout import FINETUNE_NAME
-
     weights = record.get("weights")
     ok = (isinstance(weights, dict) and sorted(weights) == sorted(names)
           and all(type(w) in (int, float) and w >= 0 for w in weights.values())
@@ -265,9 +259,6 @@ def member_weights(
 
 def _checked_embedder(folder: Path, record: dict[str, Any]) -> Path | None:
     """The folder's ``embedder/``, its weights checked against the record; None without."""
-    from smiexlm.modelio.layout import WEIGHTS_NAME
-    from smiexlm.paths import file_sha256
-
     if "embedder" not in record:
         return None
     path = folder / record["embedder"]

@@ -138,7 +138,7 @@ def test_the_run_records_each_member_and_the_weights_it_chose(kept):
     assert (folder / "embedder" / "model.safetensors").is_file()
 
 
-def test_predict_serves_every_member_as_fine_tuning_scored_it(kept):
+def test_predict_serves_every_member_as_fine_tuning_scored_it(kept, tmp_path):
     from smiexlm.serving.prediction import predict
 
     _, npz, folder = kept
@@ -152,8 +152,12 @@ def test_predict_serves_every_member_as_fine_tuning_scored_it(kept):
     long = predict(folder, [LONG, "C" * 700])  # the same first 511 tokens, then EOS
     assert long["truncated"].all() and np.isfinite(long.filter(like="y").to_numpy()).all()
     assert long["y_svr_rbf"].nunique() == 1
-    both = smiles[:4] + [LONG]  # the ONNX path serves every member as torch does
-    by_torch, by_onnx = predict(folder, both), predict(folder, both, backend="onnx")
+    from smiexlm.embedding.onnx_export import export_onnx
+
+    shutil.copytree(folder, tmp_path / "onnx")  # the ONNX path serves every member as torch does
+    export_onnx(tmp_path / "onnx")
+    both = smiles[:4] + [LONG]
+    by_torch, by_onnx = predict(folder, both), predict(tmp_path / "onnx", both, backend="onnx")
     for name in ["", *(f"_{n}" for n in MEMBERS)]:
         np.testing.assert_allclose(by_onnx[f"y{name}"], by_torch[f"y{name}"], rtol=1e-4, atol=1e-4)
 
