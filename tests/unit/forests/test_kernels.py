@@ -90,13 +90,10 @@ def test_the_classifier_scores_as_a_balanced_svc_and_is_chosen_by_roc_auc():
     assert member.cv_score == pytest.approx(roc_auc_score(labels[rows, 0], oof[rows, 0]))
     assert max(member.tried.values()) == pytest.approx(member.cv_score, abs=1e-5)
     new, _, _ = _data(20, seed=1)
-    k = kernel_matrix(
-        "tanimoto", inputs.take(np.flatnonzero(rows)), inputs.take(np.flatnonzero(rows)), None
-    )
+    labelled = inputs.take(np.flatnonzero(rows))
+    k = kernel_matrix("tanimoto", labelled, labelled, None)
     svc = SVC(kernel="precomputed", C=member.C, class_weight="balanced").fit(k, labels[rows, 0])
-    expected = svc.decision_function(
-        kernel_matrix("tanimoto", new, inputs.take(np.flatnonzero(rows)), None)
-    )
+    expected = svc.decision_function(kernel_matrix("tanimoto", new, labelled, None))
     scores = member.predict(new)
     np.testing.assert_allclose(scores[:, 0], expected, rtol=1e-9, atol=1e-9)
     np.testing.assert_array_equal(scores[:, 1], -1.0)  # a label of one class: its sign

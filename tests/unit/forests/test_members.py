@@ -78,7 +78,7 @@ def test_each_rule_weighs_the_members_as_computed_by_hand():
 
 
 def test_kernel_and_combine_settings_are_checked():
-    from smiexlm.finetuning.config import finetune_config
+    from smiexlm.finetuning.config import finetune_config, resolve_forest
 
     assert finetune_config("esol", kernels="tanimoto,both").kernels == "tanimoto,both"
     for key, value in (("kernels", "linear"), ("kernels", "tanimoto,tanimoto"),
@@ -87,8 +87,6 @@ def test_kernel_and_combine_settings_are_checked():
             finetune_config("esol", **{key: value})
     with pytest.raises(ConfigError, match="kernels"):
         finetune_config("esol", ensemble="wide", kernels="tanimoto")
-    from smiexlm.finetuning.config import resolve_forest
-
     assert resolve_forest(finetune_config("bbbp"), "classification", 1).kernels == "none"
     with pytest.raises(ConfigError, match="kernels.*classification"):  # not silently dropped
         resolve_forest(finetune_config("bbbp", kernels="tanimoto"), "classification", 1)
