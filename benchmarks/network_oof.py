@@ -83,15 +83,15 @@ def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
     path = out / f"{name}-seed{seed}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    task = pm.load(name)
-    split = make_split(task.smiles, "scaffold")
-    kernels = pm.kernel_members(task, split)
-    groups = kernels.pop("groups")
     kept = pm.network_scores(name, [], POTENCY / "network")
     if seed not in kept:
         sys.exit(f"{name} seed {seed}: no kept scores of the network in {POTENCY / 'network'} "
                  f"(seeds kept: {sorted(kept)}); run potency_members.py first")  # fmt: skip
     npz = kept[seed]
+    task = pm.load(name)
+    split = make_split(task.smiles, "scaffold")
+    kernels = pm.kernel_members(task, split)
+    groups = kernels.pop("groups")
     net_oof, seconds, whole = network_oof(task, split, groups, seed, args.work,
                                           args.max_train_steps)  # fmt: skip
     y = task.labels.astype(np.float64)
