@@ -74,28 +74,35 @@ def embedding(task) -> np.ndarray:
 
 
 def kernel_members(task, split) -> dict[str, dict]:
-    """Each kernel member's validation, test and out-of-fold (train) predictions."""
+    """Each kernel member's validation, test and out-of-fold (train) predictions, and the
+    scaffold ids of the training rows (``groups``) its folds keep whole."""
     import pandas as pd
 
     from smiexlm.chemistry.fingerprints import morgan_fingerprints
-    from smiexlm.forests.kernels import KernelInputs, fit_kernel_member
+    from smiexlm.forests.kernels import KernelInputs
     from smiexlm.moleculenet.splits import murcko_scaffolds
 
-    train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
     inputs = KernelInputs(morgan_fingerprints([s.strip() for s in task.smiles]), embedding(task))
-    scaffolds = murcko_scaffolds([task.smiles[i] for i in train])
+    scaffolds = murcko_scaffolds([task.smiles[i] for i in split.train])
     groups = pd.factorize(pd.Series(scaffolds).fillna(""))[0]
-    y = task.labels.astype(np.float64)
-    out = {"groups": groups}
-    for kind in KINDS:
-        t0 = time.process_time()
-        member, oof = fit_kernel_member(kind, inputs.take(train), y[train], groups)
-        out[f"svr_{kind}"] = {
-            "valid": member.predict(inputs.take(valid)), "test": member.predict(inputs.take(test)),
-            "oof": oof, "cv_rmse": member.cv_score, "chosen": member.record(),
-            "cpu_s": round(time.process_time() - t0, 1),
-        }  # fmt: skip
-    return out
+    return {"groups": groups} | {f"svr_{kind}": fitted_member(kind, inputs, task, split, groups)
+                                 for kind in KINDS}  # fmt: skip
+
+
+def fitted_member(kind: str, inputs, task, split, groups: np.ndarray) -> dict:
+    """The kernel member ``kind`` on ``inputs`` (every row's), fitted on the training rows:
+    its validation, test and out-of-fold predictions, chosen setting and one-thread seconds."""
+    from smiexlm.forests.kernels import fit_kernel_member
+
+    train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
+    t0 = time.process_time()
+    member, oof = fit_kernel_member(kind, inputs.take(train),
+                                    task.labels[train].astype(np.float64), groups)  # fmt: skip
+    return {
+        "valid": member.predict(inputs.take(valid)), "test": member.predict(inputs.take(test)),
+        "oof": oof, "cv_rmse": member.cv_score, "chosen": member.record(),
+        "cpu_s": round(time.process_time() - t0, 1),
+    }  # fmt: skip
 
 
 def forest(task, split, groups: np.ndarray, seed: int, n_trees: int, npz: dict,
@@ -193,7 +200,11 @@ def network_scores(name: str, roots: list[Path], kept: Path) -> dict[int, dict]:
     return dict(sorted(found.items()))
 
 
-def run_set(name: str, roots: list[Path], out: Path, n_trees: int, oof_trees: int) -> dict:
+def run_set(name: str, roots: list[Path], out: Path, n_trees: int, oof_trees: int,
+            members_of=None, kept: Path | None = None) -> dict:  # fmt: skip
+    """One set measured (read back when ``out`` holds it): ``members_of(task, split)`` gives
+    the kernel members (:func:`kernel_members` when None), ``kept`` the folder of the network's
+    compact scores (``out/network`` when None)."""
     from smiexlm.moleculenet.cliffs import task_cliffs
     from smiexlm.moleculenet.splits import make_split
 
@@ -202,10 +213,10 @@ def run_set(name: str, roots: list[Path], out: Path, n_trees: int, oof_trees: in
         return json.loads(path.read_text())
     task = load(name)
     split = make_split(task.smiles, "scaffold")
-    kernels = kernel_members(task, split)
+    kernels = (members_of or kernel_members)(task, split)
     cliffs = task_cliffs(task)
     seeds = {}
-    for seed, npz in network_scores(task.name, roots, out / "network").items():
+    for seed, npz in network_scores(task.name, roots, kept or out / "network").items():
         if not np.array_equal(npz["test_rows"], split.test):
             sys.exit(f"{task.name} seed {seed}: its test rows are not the scaffold split's")
         seeds[f"seed{seed}"] = seed_rows(task, split, kernels, npz, cliffs, seed, n_trees,
@@ -220,7 +231,6 @@ def run_set(name: str, roots: list[Path], out: Path, n_trees: int, oof_trees: in
     return doc
 
 
-MEMBERS = ("model", "forest", *(f"svr_{kind}" for kind in KINDS))
 CHEMPROP_MEAN = 1.311  # chemprop's mean test RMSE over ESOL, FreeSolv, Lipophilicity (scaffold)
 
 
@@ -248,7 +258,7 @@ def summary(docs: list[dict]) -> list[str]:
     served = {}
     for doc in docs:
         by = _by_combination(doc)
-        best = min(MEMBERS, key=lambda m: by[m]["test"].mean())
+        best = min(["model", "forest", *doc["kernels"]], key=lambda m: by[m]["test"].mean())
         served[doc["set"]] = by["picked"]["test"].mean()
         lines.append(f"| {doc['set']} | " + " | ".join(
             f"{by[c]['test'].mean():.3f} ({by[c]['test_cliff'].mean():.3f})"

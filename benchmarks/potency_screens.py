@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,33 +40,17 @@ NOISES = (0.03, 0.1, 0.3, 1.0)  # the GP's noise variance, in the standardised l
 def descriptors(args: argparse.Namespace) -> None:
     """potency_members with the descriptor SVR among the kernel members."""
     from smiexlm.forests.baseline import ForestFeatures
-    from smiexlm.forests.kernels import KernelInputs, fit_kernel_member
-
-    kernel_members = pm.kernel_members
+    from smiexlm.forests.kernels import KernelInputs
 
     def with_descriptor_svr(task, split) -> dict[str, dict]:
-        out = kernel_members(task, split)
-        train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
-        t0 = time.process_time()
+        out = pm.kernel_members(task, split)
         table = ForestFeatures([s.strip() for s in task.smiles], "rdkit2d", cache=True)
-        inputs = KernelInputs(None, table.matrix(table.scaler(train)).astype(np.float64))
-        member, oof = fit_kernel_member("rbf", inputs.take(train), task.labels[train],
-                                        out["groups"])  # fmt: skip
-        out["svr_rdkit2d"] = {
-            "valid": member.predict(inputs.take(valid)), "test": member.predict(inputs.take(test)),
-            "oof": oof, "cv_rmse": member.cv_score, "chosen": member.record(),
-            "cpu_s": round(time.process_time() - t0, 1),
-        }  # fmt: skip
+        inputs = KernelInputs(None, table.matrix(table.scaler(split.train)).astype(np.float64))
+        out["svr_rdkit2d"] = pm.fitted_member("rbf", inputs, task, split, out["groups"])
         return out
 
-    pm.kernel_members = with_descriptor_svr  # the screen's one change
-    pm.MEMBERS = (*pm.MEMBERS, "svr_rdkit2d")
     out = args.out / "descriptors"
-    (out / "network").mkdir(parents=True, exist_ok=True)  # the kept scores run_set reads
-    for path in NETWORK.glob("*.json"):
-        (out / "network" / path.name).write_bytes(path.read_bytes())
-    docs = [pm.run_set(name, [], out, 500, 100) for name in args.sets]
-    shutil.rmtree(out / "network")
+    docs = [pm.run_set(name, [], out, 500, 100, with_descriptor_svr, NETWORK) for name in args.sets]
     command = "python benchmarks/potency_screens.py " + " ".join(sys.argv[1:])
     (out / "report.md").write_text(pm.report(docs, command))
 
@@ -92,8 +73,9 @@ def _gp(k_train: np.ndarray, y: np.ndarray, noise: float):
 
 def _conformal(y_valid, p_valid, s_valid, y_test, p_test, s_test) -> tuple[float, float]:
     """(mean width, test coverage) of split-conformal intervals at 1 - ALPHA, spread ``s``."""
-    scores = np.sort(np.abs(y_valid - p_valid) / s_valid)
-    q = scores[min(math.ceil((len(scores) + 1) * (1 - ALPHA)), len(scores)) - 1]
+    from smiexlm.trust.conformal import conformal_quantile
+
+    q = conformal_quantile(np.abs(y_valid - p_valid) / s_valid, ALPHA)
     return float(np.mean(2 * q * s_test)), float(np.mean(np.abs(y_test - p_test) <= q * s_test))
 
 
@@ -103,6 +85,7 @@ def gp_spread(args: argparse.Namespace) -> None:
     from smiexlm.chemistry.fingerprints import bit_tanimoto, morgan_fingerprints
     from smiexlm.forests.kernels import _folds
     from smiexlm.moleculenet.splits import make_split, murcko_scaffolds
+    from smiexlm.trust.conformal import difficulty
 
     docs = []
     for name in args.sets:
@@ -131,7 +114,7 @@ def gp_spread(args: argparse.Namespace) -> None:
             blend = {p: 0.5 * (a + b) for p, (a, b) in part.items()}
             spreads = {"constant": (np.ones(len(valid)), np.ones(len(test))),
                        "gp": (gp_valid, gp_test),
-                       "members": tuple(np.abs(a - b) / 2 + 0.01 for a, b in part.values())}  # fmt: skip
+                       "members": tuple(difficulty([a, b])[:, 0] for a, b in part.values())}  # fmt: skip
             doc["seeds"][seed] = {
                 s: _conformal(y[valid], blend["valid"], sv, y[test], blend["test"], st)
                 for s, (sv, st) in spreads.items()

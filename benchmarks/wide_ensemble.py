@@ -236,7 +236,7 @@ def kernels(args: argparse.Namespace) -> None:
     for set_name in args.sets:
         task = load_task(set_name)
         texts = [s.strip() for s in task.smiles]
-        inputs, fitted = None, {}  # (kind, split's rows) -> scores and record: seeds share a split
+        inputs, fitted, groups_of = None, {}, {}  # keyed by the split's rows: seeds share one
         for seed in args.seeds:
             kept, _ = _cell(args.default or args.root / "default", task, seed)
             valid, test = kept["valid_rows"], kept["test_rows"]
@@ -245,13 +245,16 @@ def kernels(args: argparse.Namespace) -> None:
                 folder = args.out_root / f"svc_{kind}" / set_name / f"seed{seed}"
                 if (folder / "result.json").is_file():
                     continue
-                key = (kind, valid.tobytes(), test.tobytes())
+                split_rows = (valid.tobytes(), test.tobytes())
+                key = (kind, *split_rows)
                 if key not in fitted:
                     t0 = time.process_time()
                     if inputs is None:
                         inputs = KernelInputs(morgan_fingerprints(texts), embedding(task))
-                    scaffolds = murcko_scaffolds([texts[i] for i in train])
-                    groups = pd.factorize(pd.Series(scaffolds).fillna(""))[0]
+                    if split_rows not in groups_of:  # the scaffold ids of the training rows
+                        scaffolds = murcko_scaffolds([texts[i] for i in train])
+                        groups_of[split_rows] = pd.factorize(pd.Series(scaffolds).fillna(""))[0]
+                    groups = groups_of[split_rows]
                     member, _ = fit_kernel_member(kind, inputs.take(train), task.labels[train],
                                                   groups, "classification")  # fmt: skip
                     scores = {p: member.predict(inputs.take(rows))

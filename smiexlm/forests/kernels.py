@@ -203,14 +203,9 @@ def _cv_score(y: np.ndarray, oof: np.ndarray, task_type: str) -> float:
     both classes."""
     if task_type == "regression":
         return float(np.sqrt(np.nanmean((oof - y) ** 2)))
-    from sklearn.metrics import roc_auc_score
+    from smiexlm.moleculenet.metrics import multitask_roc_auc
 
-    aucs = []
-    for t in range(y.shape[1]):
-        rows = ~np.isnan(y[:, t])
-        if len(np.unique(y[rows, t])) == 2:
-            aucs.append(roc_auc_score(y[rows, t], oof[rows, t]))
-    return float(np.mean(aucs)) if aucs else float("nan")
+    return multitask_roc_auc(y, oof).mean
 
 
 def fit_kernel_member(
