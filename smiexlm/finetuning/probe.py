@@ -188,7 +188,9 @@ def probe_split(
     """The probe on one split. ``features`` (N, F), the raw hybrid features (NaN = not
     computable), go beside ``x`` with each missing value the train median (:meth:`FeatureScaler.fill`); every column is then standardised
     with the train mean and standard deviation: no statistic reads a valid or test row."""
-    train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
+    train, valid, test = (
+        np.asarray(p, dtype=np.intp) for p in (split.train, split.valid, split.test)
+    )
     if features is not None:
         fill = FeatureScaler.fit(features[train], cfg.features or "features")
         x = np.hstack([x, fill.fill(features)])
@@ -314,7 +316,7 @@ def save_probe(folder: Path, backbone, task: MoleculeTask, split, seed: int, cfg
     with torch.no_grad():
         model.head.out_proj.weight.copy_(torch.from_numpy(weight))
         model.head.out_proj.bias.copy_(torch.from_numpy(bias))
-    train, valid = np.asarray(split.train), np.asarray(split.valid)
+    train, valid = np.asarray(split.train, np.intp), np.asarray(split.valid, np.intp)
     logits = pooled[valid].astype(np.float64) @ weight.T + bias
     zeros, ones = np.zeros(n, dtype=np.float32), np.ones(n, dtype=np.float32)
     reference = Reference.build(

@@ -115,7 +115,8 @@ class RunScores:
         kinds = [k for k in kernel_kinds(cfg) if embedder is not None or k == "tanimoto"]
         if not kinds:
             return
-        train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
+        train, valid, test = (np.asarray(p, dtype=np.intp)
+                              for p in (split.train, split.valid, split.test))  # fmt: skip
         y = task.labels.astype(np.float64)
         scaffolds = pd.Series(murcko_scaffolds([inputs[i] for i in train])).fillna("")
         groups = pd.factorize(scaffolds)[0]

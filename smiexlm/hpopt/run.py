@@ -65,6 +65,7 @@ def run_hpopt(
     out = check_output(out, "--out", "folder")
     # trials score the network alone: a forest (or a wide ensemble) beside it would cost each
     # trial its fit and hide what the search moves; best.toml keeps both for the final fit
+    # (and the kernel members, which Search.run leaves out of every trial)
     served = {"forest": base.forest or "none", "ensemble": base.ensemble}
     base = dataclasses.replace(base, forest=None, ensemble="none")
     search = Search.build(task, base, backbone or Backbone(), hp.seed)

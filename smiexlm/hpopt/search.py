@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +181,8 @@ class Search:
 
         from smiexlm.finetuning.adapter import finetune_once
 
-        cfg = self.config(self.space.suggest(trial))
+        # the network alone (run_hpopt leaves out the forest): no kernel members either
+        cfg = replace(self.config(self.space.suggest(trial)), kernels="none")
         scale = self.task.scale
 
         def report(epoch: int, value: float) -> None:

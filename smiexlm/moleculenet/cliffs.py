@@ -134,7 +134,9 @@ def cliff_molecules(
 def cliff_rmse(y_true: np.ndarray, y_pred: np.ndarray, cliffs: np.ndarray) -> tuple[float, int]:
     """The RMSE over the molecules ``cliffs`` marks ((N, T) bool, labelled entries only),
     the mean over label columns that have any, and how many (molecule, label) entries it
-    covers; (NaN, 0) where none is a cliff molecule."""
+    covers; (NaN, 0) where none is a cliff molecule (or there is no molecule)."""
+    if len(cliffs) == 0:
+        return float("nan"), 0
     y = np.asarray(y_true, dtype=np.float64).reshape(len(cliffs), -1)
     p = np.asarray(y_pred, dtype=np.float64).reshape(len(cliffs), -1)
     per, count = [], 0

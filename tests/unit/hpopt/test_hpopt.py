@@ -184,6 +184,24 @@ def test_resumed_in_steps_the_study_ends_as_a_straight_one(tmp_path):
     assert "never read" in (tmp_path / "steps" / "report.md").read_text()
 
 
+def test_a_regression_search_runs_blind_to_its_empty_test_part(tmp_path):
+    """A regression table with the served default's forest and kernel members: the trials fit
+    the network alone (the search's test part is empty), and best.toml keeps both members for
+    the final fit; with neither, the search runs too."""
+    import tomllib
+
+    from smiexlm.moleculenet.task import MoleculeTask
+
+    frame = toy_frame()
+    task = MoleculeTask("toy", frame["smi"].tolist(), frame[["smi"]].map(len).to_numpy(float) / 4,
+                        ["y"], "regression")  # fmt: skip
+    result = search(tmp_path / "served", 1, task, toy_base(forest="auto", kernels="auto"))
+    assert result.counted == 1 and result.best_value is not None
+    best = tomllib.loads((tmp_path / "served" / "best.toml").read_text())
+    assert (best["forest"], best["kernels"]) == ("auto", "auto")
+    assert search(tmp_path / "alone", 1, task, toy_base(kernels="none")).counted == 1
+
+
 def test_a_trial_left_running_is_marked_failed_and_not_counted(tmp_path):
     """A study whose last trial was left RUNNING (its process killed) is resumed: that trial
     fails, the next one draws the same point, and the budget counts the others only."""
