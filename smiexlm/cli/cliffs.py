@@ -20,7 +20,7 @@ def cliffs(
     out: Annotated[Path, typer.Option("--out", help="CSV of the pairs, largest gap first.")],
     smiles_col: Annotated[str, typer.Option("--smiles-col", help="SMILES column.")] = "smiles",
     similarity: Annotated[
-        float, typer.Option(help="Least similarity by ECFP4, generic scaffold or SMILES edit.")
+        float, typer.Option(help="Least similarity by one of --measures.")
     ] = 0.9,  # fmt: skip
     gap: Annotated[
         float,
@@ -29,27 +29,76 @@ def cliffs(
             "log unit; another for other units)."
         ),
     ] = 1.0,  # fmt: skip
+    measures: Annotated[
+        str,
+        typer.Option(
+            help="The similarities that make a pair, comma-separated: ecfp4, scaffold (ECFP4 "
+            "of the generic Murcko scaffolds: every one-ring molecule is the same core), "
+            "smiles (edit similarity)."
+        ),
+    ] = "ecfp4,scaffold,smiles",  # fmt: skip
 ) -> None:
     """List the pairs of near-identical molecules whose values differ by more than --gap
-    (activity cliffs): their rows, SMILES, values and similarities."""
+    (activity cliffs): their rows, SMILES, values and similarities. Rows without a parsable
+    SMILES or a finite value take part in no pair and are listed with the reason in
+    OUT.rejects.csv."""
     import pandas as pd
 
-    from smiexlm.atomic import atomic_path
+    from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.cliffs import cliff_pairs
+    from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
 
-    frame = read_table(table, smiles_col, "TABLE", infer_types=True)
+    out = check_output(out, "--out")
+    listed = check_output(rejects_beside(out), "--out rejects file")
+    frame = read_table(table, smiles_col, "TABLE")  # text cells; a blank cell is ""
     if label_col not in frame.columns:
         raise DataError(f"--label-col {label_col!r} is not a column of {str(table)!r}: "
                         f"expected one of its columns {list(map(str, frame.columns))[:20]!r}")  # fmt: skip
-    values = pd.to_numeric(frame[label_col], errors="coerce").to_numpy(dtype=float)
-    pairs = cliff_pairs(frame[smiles_col].astype(str).tolist(), values, similarity, gap)
-    with atomic_path(out) as tmp:
+    smiles = frame[smiles_col].astype(str).str.strip().tolist()
+    values, rejects = _values(smiles, frame[label_col].astype(str).str.strip().tolist(), label_col)
+    if len(rejects) == len(frame):
+        first = "; ".join(f"row {r}: {why}" for r, _, why in rejects[:3])
+        raise DataError(f"{str(table)!r}: none of its {len(frame):,} rows has a parsable SMILES "
+                        f"and a finite {label_col!r} ({first}); expected a column of numbers")  # fmt: skip
+    pairs = cliff_pairs(smiles, values, similarity, gap, measures.split(","))
+    with atomic_paths(out, listed) as (tmp, tmp_listed):
         pairs.to_csv(tmp, index=False)
+        pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp_listed, index=False)
     molecules = len(set(pairs["i"]) | set(pairs["j"]))
     typer.echo(f"{len(pairs):,} cliff pairs among {len(frame):,} molecules ({molecules:,} "
-               f"molecules in at least one) -> {out}")  # fmt: skip
+               f"molecules in at least one) -> {out}"
+               + (f"; {len(rejects):,} rows in no pair -> {listed}" if rejects else ""))  # fmt: skip
+
+
+def _values(smiles: list[str], cells: list[str], label_col: str) -> tuple[list[float], list]:
+    """Each row's value (NaN where it takes part in no pair) and the rejected rows as
+    (row, SMILES, reason)."""
+    import math
+
+    from smiexlm.chemistry.fingerprints import _parse
+
+    values, rejects = [], []
+    for row, (text, cell) in enumerate(zip(smiles, cells, strict=True)):
+        try:
+            value = float(cell)
+        except ValueError:
+            value = math.nan
+        if not text:
+            reason = "no SMILES"
+        elif _parse(text) is None:
+            reason = "RDKit cannot parse the SMILES"
+        elif cell.lower() in ("", "nan", "none", "null", "na", "n/a"):
+            reason = f"no value in {label_col!r}"
+        elif not math.isfinite(value):
+            reason = f"{label_col!r} = {cell!r}: expected a finite number"
+        else:
+            reason = None
+        values.append(math.nan if reason else value)
+        if reason:
+            rejects.append((row, text, reason))
+    return values, rejects
 
 
 def register(app: typer.Typer) -> None:

@@ -38,6 +38,7 @@ from smiexlm.finetuning.config import FinetuneConfig, kernel_kinds, resolve_fore
 from smiexlm.finetuning.folder import check_free_seed_folders
 from smiexlm.finetuning.outputs import write_outputs
 from smiexlm.finetuning.targets import RunScores, Targets
+from smiexlm.forests.members import check_kernel_rows
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.modelio.seed_record import record_seeds
 from smiexlm.moleculenet import runs
@@ -242,7 +243,10 @@ def finetune_once(
 
     t0 = time.perf_counter()
     task = check_task(task)
-    cfg = with_backbone_blocks(resolve_forest(cfg, task.task_type, len(task.label_cols)), backbone)
+    cfg = resolve_forest(cfg, task.task_type, len(task.label_cols), backbone.folder is not None)
+    cfg = with_backbone_blocks(cfg, backbone)
+    if not task.is_classification and kernel_kinds(cfg):
+        check_kernel_rows(task.labels[np.asarray(split.train, np.intp)], task.label_cols)
     run = _setup(task, split, cfg, seed, backbone, inputs, raw_features)
     (train, valid, _), targets = run.parts, run.targets
     loop = loop_config(cfg, higher_is_better=task.is_classification)

@@ -48,19 +48,31 @@ MIN_FOREST_TREES = 50
 # on the same kernels measured no gain beside the default or the wide ensemble
 # (benchmarks/results/ensemble.md), and which refuses them
 AUTO_KERNELS = {"classification": "none", "regression": "tanimoto,rbf,both"}
+DEFAULT_COMBINE = "picked"
 
 
-def resolve_forest(cfg: FinetuneConfig, task_type: str, n_labels: int) -> FinetuneConfig:
+def resolve_forest(cfg: FinetuneConfig, task_type: str, n_labels: int,
+                   embedding: bool = True) -> FinetuneConfig:  # fmt: skip
     """``cfg`` as it runs on a task: ``forest = "auto"`` made :data:`AUTO_FOREST`'s kind for
     ``task_type`` (no forest of its own in a wide ensemble, whose members hold theirs), and
     the forest's trees a label capped at :data:`FOREST_TREE_BUDGET` over ``n_labels`` labels
-    (never below :data:`MIN_FOREST_TREES`). ConfigError for kernel members named on a
-    classification task."""
+    (never below :data:`MIN_FOREST_TREES`); without a pretrained ``embedding`` (a random
+    init), ``kernels = "auto"`` keeps the kernels that read none. ConfigError for kernel
+    members named on a classification task, or named without the embedding they read."""
     if task_type == "classification" and cfg.kernels not in (AUTO, "none"):
         raise ConfigError("kernels", cfg.kernels, "auto or none for a classification task "
                           "(kernel members serve regression)")  # fmt: skip
+    if task_type == "classification" and cfg.combine != DEFAULT_COMBINE:
+        raise ConfigError("combine", cfg.combine, f"{DEFAULT_COMBINE} (the default) for a "
+                          "classification task (it weighs the regression members)")  # fmt: skip
     forest = AUTO_FOREST[task_type] if cfg.forest == AUTO else cfg.forest
     kernels = AUTO_KERNELS[task_type] if cfg.kernels == AUTO else cfg.kernels
+    if not embedding and kernels != "none":
+        kept = [k for k in kernels.split(",") if k == "tanimoto"]  # rbf and both read it
+        if cfg.kernels != AUTO and kept != kernels.split(","):
+            raise ConfigError("kernels", cfg.kernels, "tanimoto alone without a pretrained "
+                              "model (rbf and both read its frozen embedding)")  # fmt: skip
+        kernels = ",".join(kept) or "none"
     if cfg.ensemble != "none":
         forest, kernels = None, "none"
     trees = cfg.forest_trees
@@ -172,7 +184,7 @@ class FinetuneConfig:
         "scaffold-whole folds of them.", since="none", with_=("combine",),
     )  # fmt: skip
     combine: str = setting(
-        "picked", "How the members are weighted, without the test molecules: fixed (the model "
+        DEFAULT_COMBINE, "How the members are weighted, without the test molecules: fixed (the model "
         "forest_weight, the forest the rest) | oof-best (the member of the lowest out-of-fold "
         "RMSE on the training molecules) | oof-weights (weights fitted on those out-of-fold "
         "predictions) | gated (oof-weights, and the model joins at forest_weight where it "

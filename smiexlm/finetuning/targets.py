@@ -112,7 +112,7 @@ class RunScores:
         )
         from smiexlm.moleculenet.splits import murcko_scaffolds
 
-        kinds = [k for k in kernel_kinds(cfg) if embedder is not None or k == "tanimoto"]
+        kinds = kernel_kinds(cfg)  # resolved: none that read an embedding without one
         if not kinds:
             return
         train, valid, test = (np.asarray(p, dtype=np.intp)

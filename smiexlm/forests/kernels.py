@@ -28,6 +28,7 @@ matrix and one product, and :meth:`KernelMember.tensors` is what a model folder 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,12 +159,40 @@ class KernelMember:
         ):
             raise DataError(f"{where}: {len(support)} support molecules and coefficients of "
                             f"shape {coef.shape}: expected one row of coefficients each")  # fmt: skip
-        task_type = record.get("task_type", "regression")
-        cv = record.get("cv_rmse" if task_type == "regression" else "cv_roc_auc", float("nan"))
-        return cls(kind, float(record["C"]), record.get("gamma"), support, coef,
+        task_type, cv, gamma, tried = _checked_settings(record, kind, where)
+        return cls(kind, float(record["C"]), gamma, support, coef,
                    arrays["intercept"], arrays["y_mean"], arrays["y_std"],
-                   arrays.get("vector_mean"), arrays.get("vector_scale"), task_type, float(cv),
-                   dict(record.get("tried", {})))  # fmt: skip
+                   arrays.get("vector_mean"), arrays.get("vector_scale"), task_type, cv,
+                   dict(tried))  # fmt: skip
+
+
+def _checked_settings(record: dict[str, Any], kind: str, where: str) -> tuple:
+    """(task_type, cv score, gamma, tried) of a stored member's ``record``; DataError naming
+    ``where`` and the field for a value fitting never records."""
+    task_type = record.get("task_type", "regression")
+    cv = record.get("cv_rmse" if task_type == "regression" else "cv_roc_auc")
+    gamma, tried = record.get("gamma"), record.get("tried", {})
+    positive = "a number above 0"
+    for name, value, ok, expected in (
+        ("C", record.get("C"), _positive(record.get("C")), positive),
+        ("gamma", gamma, gamma is None if kind == "tanimoto" else _positive(gamma),
+         "none" if kind == "tanimoto" else positive),
+        ("task_type", task_type, task_type in ("regression", "classification"),
+         "regression or classification"),
+        ("its cv score", cv, cv is None or _number(cv), "a number"),
+        ("tried", tried, isinstance(tried, dict), "a table"),
+    ):  # fmt: skip
+        if not ok:
+            raise DataError(f"{where}: {name} = {value!r}: expected {expected}")
+    return task_type, float("nan") if cv is None else float(cv), gamma, tried
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def _positive(value: Any) -> bool:
+    return _number(value) and math.isfinite(value) and value > 0
 
 
 def _folds(groups: np.ndarray, n: int) -> list[tuple[np.ndarray, np.ndarray]]:

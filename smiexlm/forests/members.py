@@ -52,12 +52,24 @@ from smiexlm.paths import file_sha256
 
 COMBINES = ("fixed", "oof-best", "oof-weights", "gated", "picked")
 FOREST = "forest"  # the forest's name among the members
+MIN_KERNEL_ROWS = 2  # labelled training molecules a label needs: the folds hold out one
 #: trees of each forest refitted for out-of-fold predictions (ESOL: 11 CPU s for the five
 #: folds against 60 at 500 trees, benchmarks/results/potency/members_cost.md)
 OOF_TREES = 100
 #: the frozen embedding of model-side SMILES, (N, D): a pretrained folder served as
 #: ``Featurizer`` serves it, given by the layer that loads one (fine-tuning, serving)
 Embed = Callable[[list[str]], np.ndarray]
+
+
+def check_kernel_rows(train_labels: np.ndarray, label_cols: list[str]) -> None:
+    """DataError unless every label holds :data:`MIN_KERNEL_ROWS` labelled training molecules
+    ((n_train, T), NaN = missing): the members' folds need them."""
+    counts = (~np.isnan(np.asarray(train_labels, np.float64))).sum(axis=0)
+    for col, n in zip(label_cols, counts.tolist(), strict=True):
+        if n < MIN_KERNEL_ROWS:
+            raise DataError(f"label {col!r}: {n} labelled training molecule(s); expected at "
+                            f"least {MIN_KERNEL_ROWS} for the kernel members' folds (use more "
+                            "training data, or --set kernels=none)")  # fmt: skip
 
 
 def rmse(y: np.ndarray, p: np.ndarray) -> float:
@@ -221,11 +233,19 @@ class KernelMembers:
 
         from smiexlm.modelio.integrity import verify_checksum
 
-        record = (meta.get("members") or {}).get("kernels")
+        folder = Path(folder)
+        members_record = meta.get("members") or {}
+        _check_record(folder, "members", members_record, dict, "a table")
+        record = members_record.get("kernels")
         if not record:
             return None
-        folder = Path(folder)
-        path = folder / meta["members"].get("file", KERNELS_NAME)
+        _check_record(folder, "members.kernels", record, dict, "a table of members")
+        for name, rec in record.items():
+            _check_record(folder, f"members.kernels.{name}", rec, dict, "a table")
+        for key, own in (("file", KERNELS_NAME), ("embedder", EMBEDDER_DIR)):
+            if members_record.get(key, own) != own:  # the folder's own, never a path elsewhere
+                raise _record_error(folder, f"members.{key}", members_record[key], repr(own))
+        path = folder / KERNELS_NAME
         if not path.is_file():
             raise DataError(f"{str(path)!r}: no such file, which finetune.json's 'members' names")
         verify_checksum(path, required=True)
@@ -257,11 +277,23 @@ def member_weights(
     return {n: float(w) for n, w in weights.items()}
 
 
+def _record_error(folder: Path, field: str, value: Any, expected: str) -> DataError:
+    return DataError(f"{str(folder / FINETUNE_NAME)!r}: {field!r} = {str(value)[:60]!r}: "
+                     f"expected {expected}")  # fmt: skip
+
+
+def _check_record(folder: Path, field: str, value: Any, kind: type, expected: str) -> None:
+    """DataError naming the folder's ``finetune.json`` and ``field`` unless ``value`` is a
+    ``kind``."""
+    if not isinstance(value, kind):
+        raise _record_error(folder, field, value, expected)
+
+
 def _checked_embedder(folder: Path, record: dict[str, Any]) -> Path | None:
     """The folder's ``embedder/``, its weights checked against the record; None without."""
     if "embedder" not in record:
         return None
-    path = folder / record["embedder"]
+    path = folder / EMBEDDER_DIR
     weights = path / WEIGHTS_NAME
     if not weights.is_file() or file_sha256(weights) != record.get("embedder_sha256"):
         raise DataError(f"{str(weights)!r}: missing, or not the frozen embedding the kernel "

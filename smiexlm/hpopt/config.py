@@ -50,6 +50,8 @@ class HpoptConfig:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
+        if self.storage == "none":  # as the help spells the embedded default
+            self.storage = None
         check_settings(self, as_flags=True)  # types, finite floats, each setting's ``within``
         if self.trials is None and self.cpu_minutes is None:
             raise ConfigError("--trials", None, "a budget: --trials N, --cpu-minutes M or both")

@@ -44,17 +44,29 @@ def worker_name() -> str:
 
 
 def shown(url: str) -> str:
-    """``url`` without credentials, for messages."""
+    """``url`` without credentials or query, for messages: ``SCHEME://HOST:PORT/DB``; the
+    host is what follows the last ``@``, so a password holding one is not shown either."""
     if url.startswith(JOURNAL):
         return url
-    from sqlalchemy.engine import make_url
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # not a URL at all: what comes before a colon (a password may follow it)
+        head = url.split(":", 1)[0]
+        return head + (":..." if head != url else "")
+    netloc, _, path = rest.partition("/")
+    return f"{scheme}://{netloc.rpartition('@')[2]}/{path.split('?', 1)[0]}"
 
-    try:
-        parts = make_url(url)
-    except Exception:  # not a URL at all: name only its scheme
-        return url.split("://", 1)[0] + "://..."
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.drivername}://{parts.host or ''}{port}/{parts.database or ''}"
+
+def _without_secrets(reason: str, url: str) -> str:
+    """A driver's ``reason`` for failing on ``url``, or a hint in its place where it quotes a
+    piece of the URL's password (an unescaped ``@`` makes the driver read the rest as the
+    host)."""
+    userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+    password = userinfo.partition(":")[2]
+    pieces = [p for p in password.replace(":", "@").split("@") if p]
+    if any(piece in reason for piece in pieces):
+        return ("the driver's reason quotes the password; a password holding @, : or / must "
+                "be percent-encoded in the URL")  # fmt: skip
+    return reason
 
 
 def check_storage(storage: str | None, workers: int) -> None:
@@ -83,8 +95,9 @@ def open_storage(storage: str | None, out: Path) -> Any:
 
         path = Path(storage[len(JOURNAL) :]).expanduser()
         if not path.parent.is_dir():
-            raise DataError(f"--storage {storage!r}: the folder {str(path.parent)!r} does not "
-                            "exist; expected the journal file's folder")  # fmt: skip
+            why = "is not a folder" if path.parent.exists() else "does not exist"
+            raise DataError(f"--storage {storage!r}: {str(path.parent)!r} {why}; expected "
+                            "the journal file's folder")  # fmt: skip
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     try:
         import psycopg  # noqa: F401  (SQLAlchemy's PostgreSQL driver)
@@ -96,7 +109,7 @@ def open_storage(storage: str | None, out: Path) -> Any:
             storage, engine_kwargs={"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
         )
     except Exception as err:  # sqlalchemy's OperationalError, a bad database name...
-        reason = str(getattr(err, "orig", err)).strip().splitlines()[0]
+        reason = _without_secrets(str(getattr(err, "orig", err)).strip().splitlines()[0], storage)
         raise DataError(f"--storage {shown(storage)!r}: cannot open the study database "
                         f"({reason}); expected a PostgreSQL server that answers") from None  # fmt: skip
 

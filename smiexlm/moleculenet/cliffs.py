@@ -10,7 +10,11 @@ definition of MoleculeACE (van Tilborg, Alenicheva and Grisoni, 2022):
 - ``smiles``: their canonical SMILES' edit similarity, 1 - Levenshtein distance / the longer
   length (one substituent moved or swapped);
 
-each at least ``similarity`` (0.9). A *cliff molecule* is one that belongs to such a pair
+each at least ``similarity`` (0.9). The scaffold measure sees every molecule of one ring as
+the same core (the generic scaffold of a benzene and of a cyclopropane ester is a bare ring,
+whose ECFP4 bits do not tell its size), so on a table of small one-ring molecules it pairs
+most of them; ``measures`` leaves it out where a chemist would rather not (the shipped
+reports keep MoleculeACE's three). A *cliff molecule* is one that belongs to such a pair
 with any molecule of the table; the RMSE over the test molecules that are cliff molecules
 (:func:`cliff_rmse`) is where a model that only interpolates between neighbours fails, and
 what a chemist most needs predicted right. The measures are computed over the whole table,
@@ -70,18 +74,21 @@ def similarities(smiles: Sequence[str]) -> dict[str, np.ndarray]:
             "smiles": edit}  # fmt: skip
 
 
-def _near(smiles: Sequence[str], similarity: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(N, N) bool: the pairs similar by any measure (never a molecule with itself), and the
-    measures."""
+def _near(smiles: Sequence[str], similarity: float,
+          measures: Sequence[str] = MEASURES) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # fmt: skip
+    """(N, N) bool: the pairs similar by any of ``measures`` (never a molecule with itself),
+    and every measure."""
     sims = similarities(smiles)
     near = np.zeros((len(smiles), len(smiles)), dtype=bool)
-    for matrix in sims.values():
-        near |= matrix >= similarity
+    for name in measures:
+        near |= sims[name] >= similarity
     np.fill_diagonal(near, False)
     return near, sims
 
 
-def _check(similarity: float, gap: float) -> None:
+def _check(similarity: float, gap: float, measures: Sequence[str] = MEASURES) -> None:
+    if isinstance(measures, str) or not measures or not set(measures) <= set(MEASURES):
+        raise ConfigError("measures", measures, f"some of {', '.join(MEASURES)}")
     if not isinstance(similarity, (int, float)) or not 0 < similarity <= 1:
         raise ConfigError("similarity", similarity, "a finite number in (0, 1]")
     if not isinstance(gap, (int, float)) or not 0 < gap < np.inf:
@@ -91,27 +98,29 @@ def _check(similarity: float, gap: float) -> None:
 
 def cliff_pairs(
     smiles: Sequence[str], values: Sequence[float], similarity: float = SIMILARITY,
-    gap: float = GAP,
+    gap: float = GAP, measures: Sequence[str] = MEASURES,
 ) -> pd.DataFrame:  # fmt: skip
-    """Every cliff of the table (see the module docstring), one row a pair ``i < j``: their
-    row numbers, SMILES and values, the gap between the values, each measure's similarity
-    and ``by``, the measures that reach ``similarity``; largest gap first. Rows whose value
-    is NaN take part in no pair."""
-    _check(similarity, gap)
+    """Every cliff of the table (see the module docstring) by ``measures``, one row a pair
+    ``i < j``: their row numbers, SMILES and values, the gap between the values, each
+    measure's similarity, ``by`` (the measures that reach ``similarity``) and
+    ``same_molecule`` (one molecule measured twice: its canonical SMILES twice); largest gap
+    first. Rows whose value is NaN take part in no pair."""
+    _check(similarity, gap, measures)
     y = np.asarray(values, dtype=np.float64)
     if y.ndim != 1 or len(y) != len(smiles):
         raise DataError(f"values: {y.shape} for {len(smiles)} SMILES; expected one value each")
-    near, sims = _near(smiles, similarity)
+    near, sims = _near(smiles, similarity, measures)
     apart = np.abs(y[:, None] - y[None, :]) > gap  # NaN compares False: never a pair
     i, j = np.nonzero(np.triu(near & apart, k=1))
     pairs = pd.DataFrame({
         "i": i, "j": j, "smiles_i": np.asarray(smiles, dtype=object)[i],
         "smiles_j": np.asarray(smiles, dtype=object)[j], "value_i": y[i], "value_j": y[j],
-        "gap": np.abs(y[i] - y[j]),
+        "gap": np.round(np.abs(y[i] - y[j]), 9),  # 10.21, not 10.209999999999999
         **{name: np.round(sims[name][i, j], 4) for name in MEASURES},
     })  # fmt: skip
-    reached = {name: sims[name][i, j] >= similarity for name in MEASURES}
-    pairs["by"] = ["+".join(m for m in MEASURES if reached[m][k]) for k in range(len(i))]
+    reached = {name: sims[name][i, j] >= similarity for name in measures}
+    pairs["by"] = ["+".join(m for m in measures if reached[m][k]) for k in range(len(i))]
+    pairs["same_molecule"] = sims["smiles"][i, j] == 1.0
     return pairs.sort_values(["gap", "i", "j"], ascending=[False, True, True], ignore_index=True)
 
 

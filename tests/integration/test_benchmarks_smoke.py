@@ -211,6 +211,8 @@ SMOKE: dict[str, list[Step]] = {
              expect=("screens/gp_spread.md",)),
         Step("potency_screens.py", ("descriptors", "--sets", "freesolv", "--out",
              "{tmp}/screens"), expect=("screens/descriptors/report.md",)),
+        Step("potency_screens.py", ("trees", "--member", "extra", "--sets", "freesolv", "--out",
+             "{tmp}/screens"), expect=("screens/trees-extra/report.md",)),
     ],
     "members_cost": [
         Step("members_cost.py", ("--task", "freesolv", "--predict-rows", "20", "--set",

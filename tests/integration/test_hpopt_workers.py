@@ -136,6 +136,9 @@ def test_several_workers_on_sqlite_and_bad_urls_are_one_line(toy_csv, tmp_path):
         (["--trials", "2", "--storage", f"postgresql://me:secret@127.0.0.1:{free_port()}/x"],
          "postgresql://127.0.0.1"),
         (["--trials", "2", "--storage", "mysql://me:secret@host/x"], "--storage"),
+        (["--trials", "2", "--storage",  # an unescaped @ in the password, a query
+          f"postgresql://me:my@secret@127.0.0.1:{free_port()}/x?sslmode=secret"],
+         "postgresql://127.0.0.1"),
     ]  # fmt: skip
     for extra, named in cases:
         done = subprocess.run([smiexlm_command(), *_args(toy_csv, tmp_path / "o", *extra)],

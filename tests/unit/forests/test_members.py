@@ -90,6 +90,32 @@ def test_kernel_and_combine_settings_are_checked():
     assert resolve_forest(finetune_config("bbbp"), "classification", 1).kernels == "none"
     with pytest.raises(ConfigError, match="kernels.*classification"):  # not silently dropped
         resolve_forest(finetune_config("bbbp", kernels="tanimoto"), "classification", 1)
+    with pytest.raises(ConfigError, match="combine.*classification"):  # not silently ignored
+        resolve_forest(finetune_config("bbbp", combine="oof-best"), "classification", 1)
+    # without a pretrained model (a random init): auto keeps tanimoto, rbf named is refused
+    random_init = resolve_forest(finetune_config("esol"), "regression", 1, embedding=False)
+    assert random_init.kernels == "tanimoto"
+    with pytest.raises(ConfigError, match="kernels.*without a pretrained model"):
+        resolve_forest(finetune_config("esol", kernels="rbf"), "regression", 1, embedding=False)
+
+
+def test_a_training_part_too_small_for_the_folds_is_refused_before_training(tmp_path):
+    from smiexlm.finetuning.adapter import finetune_once
+    from smiexlm.finetuning.backbone import Backbone
+    from smiexlm.finetuning.config import finetune_config
+    from smiexlm.forests.members import check_kernel_rows
+    from smiexlm.moleculenet.splits import Split
+    from smiexlm.moleculenet.task import MoleculeTask
+
+    check_kernel_rows(np.array([[1.0, 2.0], [0.5, 3.0]]), ["a", "b"])
+    with pytest.raises(DataError, match=r"label 'a': 1 labelled training molecule"):
+        check_kernel_rows(np.array([[1.0, 2.0], [np.nan, 3.0]]), ["a", "b"])
+    task = MoleculeTask("mini", SMILES[:12], np.array(VALUES[:12])[:, None], ["y"], "regression")
+    split = Split("column:part", None, [0], list(range(1, 6)), list(range(6, 12)))
+    cfg = finetune_config(None, kernels="tanimoto", forest="none", device="cpu")
+    with pytest.raises(DataError, match=r"label 'y': 1 labelled training molecule.*kernels=none"):
+        finetune_once(task, split, cfg, 0, Backbone(), progress=False, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before a run began
 
 
 @pytest.fixture(scope="module")
@@ -194,4 +220,30 @@ def test_the_kernel_file_loads_without_pickle_and_a_damaged_folder_is_refused(ke
     (copy / "finetune.json").write_text(json.dumps(meta))
     record_checksums(copy, "finetune.json")  # a record edited by hand, its sha256 redone
     with pytest.raises(DataError, match="members.weights"):
+        predict(copy, SMILES[:2])
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m.update(members="nonsense"), "'members'"),
+    (lambda m: m["members"].update(kernels=[1, 2]), "'members.kernels'"),
+    (lambda m: m["members"]["kernels"].update(svr_rbf="x"), "'members.kernels.svr_rbf'"),
+    (lambda m: m["members"]["kernels"]["svr_rbf"].update(C="abc"), "svr_rbf.*C = 'abc'"),
+    (lambda m: m["members"]["kernels"]["svr_rbf"].update(gamma=None), "svr_rbf.*gamma = None"),
+    (lambda m: m["members"]["kernels"]["svr_tanimoto"].update(gamma=2.0), "gamma = 2.0.*none"),
+    (lambda m: m["members"].update(file="../other/kernels.safetensors"), "'members.file'"),
+    (lambda m: m["members"].update(embedder="/elsewhere/embedder"), "'members.embedder'"),
+])  # fmt: skip
+def test_a_members_record_edited_to_nonsense_is_refused_in_one_line(kept, tmp_path, edit, field):
+    """finetune.json's sha256 redone after the edit: the record itself is checked, field by
+    field, and its paths are the folder's own."""
+    from smiexlm.modelio.integrity import record_checksums
+    from smiexlm.serving.prediction import predict
+
+    copy = tmp_path / "copy"
+    shutil.copytree(kept[2], copy)
+    meta = json.loads((copy / "finetune.json").read_text())
+    edit(meta)
+    (copy / "finetune.json").write_text(json.dumps(meta))
+    record_checksums(copy, "finetune.json")
+    with pytest.raises(DataError, match=field):
         predict(copy, SMILES[:2])

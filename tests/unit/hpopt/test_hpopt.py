@@ -283,3 +283,16 @@ def test_a_study_knows_its_backbone_by_its_weights_and_older_studies_still_resum
         search(tmp_path, 2)
     set_saved(lambda identity: identity.pop("backbone_sha256"))  # kept before the key existed
     assert search(tmp_path, 2).counted == 2
+
+
+def test_storage_none_is_the_embedded_study_and_a_url_is_shown_without_its_secrets():
+    from smiexlm.hpopt.config import HpoptConfig
+    from smiexlm.hpopt.storage import shown
+
+    assert HpoptConfig(trials=1, storage="none").storage is None  # as the help spells it
+    assert (
+        shown("postgresql://al:S3c@ret@db.lan:5999/study?sslmode=x")
+        == "postgresql://db.lan:5999/study"
+    )
+    assert shown("journal:/runs/j.log") == "journal:/runs/j.log"
+    assert (shown("me:secret"), shown("plain")) == ("me:...", "plain")

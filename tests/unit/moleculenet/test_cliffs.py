@@ -96,3 +96,44 @@ def test_bad_thresholds_are_refused_and_the_cli_writes_the_pairs(tmp_path):
     bad = CliRunner().invoke(app, ["cliffs", str(table), "--label-col", "pic50", "--out",
                                    str(tmp_path / "p.csv")])  # fmt: skip
     assert bad.exit_code != 0 and "'pic50' is not a column" in str(bad.exception)
+
+
+def test_the_cli_lists_the_rows_in_no_pair_and_the_measures_can_be_chosen(tmp_path):
+    """Rows without a parsable SMILES or a finite value go to OUT.rejects.csv with their
+    reason; a molecule measured twice is flagged; --measures leaves the scaffold out (one-ring
+    molecules are then no longer one core); a folder as --out, a column of text, refused."""
+    from typer.testing import CliRunner
+
+    from smiexlm.cli.main import app
+
+    rows = [("c1ccccc1CCO", "5.0"), ("OCCc1ccccc1", "7.0"), ("CN(C)C(=O)c1ccc(cc1)OC", "2.0"),
+            ("CC1CCCCC1C", "4.5"), ("CCCCCCCCO", "abc"), ("CCCCCCCCCO", "inf"), ("C1CC", "3"),
+            ("", "3"), ("CCCCCCO", "")]  # fmt: skip
+    table = tmp_path / "t.csv"
+    pd.DataFrame(rows, columns=["smiles", "y"]).to_csv(table, index=False)
+
+    def run(*extra: str):
+        return CliRunner().invoke(app, ["cliffs", str(table), "--label-col", "y", *extra])
+
+    done = run("--out", str(tmp_path / "all.csv"))
+    assert done.exit_code == 0, done.output
+    rejects = pd.read_csv(tmp_path / "all.rejects.csv", keep_default_na=False)
+    assert rejects["row"].tolist() == [4, 5, 6, 7, 8]
+    assert [r.split(":")[0] for r in rejects["reason"]] == [
+        "'y' = 'abc'", "'y' = 'inf'", "RDKit cannot parse the SMILES", "no SMILES",
+        "no value in 'y'"]  # fmt: skip
+    pairs = pd.read_csv(tmp_path / "all.csv")
+    twice = pairs[pairs["same_molecule"]]  # rows 0 and 1: one molecule, two values
+    assert (twice.i.tolist(), twice.j.tolist(), twice.gap.tolist()) == ([0], [1], [2.0])
+    assert ((pairs.i == 2) & (pairs.j == 3) & (pairs.by == "scaffold")).any()  # one ring each
+    done = run("--out", str(tmp_path / "two.csv"), "--measures", "ecfp4,smiles")
+    assert done.exit_code == 0, done.output
+    assert set(pd.read_csv(tmp_path / "two.csv")["by"]) <= {"ecfp4", "smiles", "ecfp4+smiles"}
+    assert len(pd.read_csv(tmp_path / "two.csv")) == 1
+    for extra, words in ((("--measures", "ecfp6"), "measures"),
+                         (("--out", str(tmp_path)), "is a directory"),
+                         (("--out", str(tmp_path / "x.csv"), "--label-col", "smiles"),
+                          "none of its 9 rows")):  # fmt: skip
+        args = ["--out", str(tmp_path / "x.csv"), *extra] if extra[0] != "--out" else extra
+        bad = run(*args)
+        assert bad.exit_code != 0 and words in str(bad.exception), bad.output
