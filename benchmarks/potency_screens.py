@@ -1,15 +1,23 @@
-"""Two screens beside the regression members (:mod:`smiexlm.forests.members`), neither kept.
+"""Three screens beside the regression members (:mod:`smiexlm.forests.members`), none kept.
 
     export SMIEXLM_DATA=../shared/data OMP_NUM_THREADS=1
     python benchmarks/potency_screens.py descriptors --sets freesolv esol \\
         --out benchmarks/results/potency/screens
     python benchmarks/potency_screens.py gp-spread --sets freesolv esol bace_pic50 lipophilicity \\
         --out benchmarks/results/potency/screens
+    python benchmarks/potency_screens.py trees --member boosted \\
+        --sets freesolv esol lipophilicity bace_pic50 --out benchmarks/results/potency/screens
 
 ``descriptors``: :mod:`potency_members` with a fourth kernel member, an RBF SVR on the
 forest's scaled RDKit 2D features (``svr_rdkit2d``; ``C`` and ``gamma`` chosen in the same
 scaffold-whole folds), every combination measured again with it among the members; writes
 ``descriptors/<set>.json`` and ``descriptors/report.md``.
+
+``trees``: :mod:`potency_members` with a fourth member of trees on the forest's scaled RDKit
+2D features, fitted on the training rows (fixed settings, seed 0) and refitted in the kernels'
+scaffold-whole folds for its out-of-fold predictions: ``boosted`` (histogram gradient
+boosting, 500 rounds at rate 0.05) or ``extra`` (500 extremely randomised trees); writes
+``trees-<member>/<set>.json`` and ``trees-<member>/report.md``.
 
 ``gp-spread``: whether a Gaussian process on the Tanimoto kernel of ECFP4 (noise chosen by
 out-of-fold RMSE in the same folds) gives conformal intervals a useful spread: split-conformal
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +60,46 @@ def descriptors(args: argparse.Namespace) -> None:
 
     out = args.out / "descriptors"
     docs = [pm.run_set(name, [], out, 500, 100, with_descriptor_svr, NETWORK) for name in args.sets]
+    command = "python benchmarks/potency_screens.py " + " ".join(sys.argv[1:])
+    (out / "report.md").write_text(pm.report(docs, command))
+
+
+def _trees(member: str):
+    from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor
+
+    if member == "boosted":
+        return HistGradientBoostingRegressor(max_iter=500, learning_rate=0.05, random_state=0)
+    return ExtraTreesRegressor(500, n_jobs=1, random_state=0)
+
+
+def trees(args: argparse.Namespace) -> None:
+    """potency_members with a member of boosted or extra trees on RDKit 2D features."""
+    from smiexlm.forests.baseline import ForestFeatures
+    from smiexlm.forests.kernels import _folds
+    from smiexlm.forests.members import rmse
+
+    def with_trees(task, split) -> dict[str, dict]:
+        out = pm.kernel_members(task, split)
+        table = ForestFeatures([s.strip() for s in task.smiles], "rdkit2d", cache=True)
+        train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
+        y = task.labels[:, 0].astype(np.float64)
+        t0 = time.process_time()
+        x = table.matrix(table.scaler(train))
+        fitted = _trees(args.member).fit(x[train], y[train])
+        oof = np.full((len(train), 1), np.nan)
+        for fit, held in _folds(out["groups"], len(train)):
+            x_fold = table.matrix(table.scaler(train[fit]))
+            oof[held, 0] = _trees(args.member).fit(x_fold[train[fit]], y[train[fit]]).predict(
+                x_fold[train[held]])  # fmt: skip
+        out[args.member] = {
+            "valid": fitted.predict(x[valid])[:, None], "test": fitted.predict(x[test])[:, None],
+            "oof": oof, "cv_rmse": rmse(y[train], oof[:, 0]), "chosen": {},
+            "cpu_s": round(time.process_time() - t0, 1),
+        }  # fmt: skip
+        return out
+
+    out = args.out / f"trees-{args.member}"
+    docs = [pm.run_set(name, [], out, 500, 100, with_trees, NETWORK) for name in args.sets]
     command = "python benchmarks/potency_screens.py " + " ".join(sys.argv[1:])
     (out / "report.md").write_text(pm.report(docs, command))
 
@@ -140,12 +189,14 @@ def gp_spread(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("descriptors", "gp-spread"):
+    for name in ("descriptors", "gp-spread", "trees"):
         p = sub.add_parser(name)
         p.add_argument("--sets", nargs="+", default=["freesolv", "esol"])
         p.add_argument("--out", type=Path, default=Path("benchmarks/results/potency/screens"))
+        if name == "trees":
+            p.add_argument("--member", choices=("boosted", "extra"), default="boosted")
     args = parser.parse_args()
-    {"descriptors": descriptors, "gp-spread": gp_spread}[args.command](args)
+    {"descriptors": descriptors, "gp-spread": gp_spread, "trees": trees}[args.command](args)
 
 
 if __name__ == "__main__":
