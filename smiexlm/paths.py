@@ -158,6 +158,37 @@ def check_outputs_apart(outputs: dict[str, Any], inputs: dict[str, Any]) -> None
                         )
 
 
+def side_outputs(outputs: dict[str, Any]) -> dict[str, list[Path]]:
+    """What a one-file job may write beside each output file (option name -> path, or list of
+    paths) of ``outputs``: its rejects list (:func:`rejects_beside`) and a ``.npy``'s ids
+    (``emb.ids.csv``), each a path an input must not be either."""
+    found = {}
+    for name, value in outputs.items():
+        files = [p for p in _named_paths(value) if p.suffix]
+        if files:
+            found[f"{name} side file"] = [side for p in files
+                                          for side in (rejects_beside(p), p.with_suffix(".ids.csv"))]  # fmt: skip
+    return found
+
+
+def check_inputs_outside(folders: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """DataError when an input (option name -> path, or list of paths) lies inside one of the
+    output ``folders`` a job owns (a parts folder, a preprocessed dataset), which it fills
+    with files of its own names and clears of what an unfinished run left: the input could be
+    written over or removed."""
+    for out_name, out_value in folders.items():
+        for out in _named_paths(out_value):
+            folder = out.resolve()
+            for in_name, in_value in inputs.items():
+                for source in _named_paths(in_value):
+                    if source.exists() and source.resolve().is_relative_to(folder):
+                        raise DataError(
+                            f"the input {in_name} {str(source)!r} lies inside {out_name} "
+                            f"{str(out)!r}, a folder the job fills with files of its own: it "
+                            "could be written over; expected an input outside it"
+                        )
+
+
 def check_outputs_outside(outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
     """DataError when an output (option name -> path, or list of paths), existing or not
     yet, lies inside an input that is an existing folder (a model, dataset, run or parts

@@ -65,6 +65,9 @@ _one_line_summaries(app)
 
 OUTPUT_PARAMETERS = ("out", "output", "save_dir")  # the options that name what a command writes
 PARTS_COMMANDS = ("embed", "predict", "widen")  # a folder output goes on when run again
+# Commands whose folder output is theirs alone: filled with files of their own names and
+# cleared of an unfinished run's, so no input may lie inside it.
+FOLDER_OWNERS = (*PARTS_COMMANDS, "preprocess")
 # Input folders a command writes inside by design, left out of the check that an output lies
 # outside every input folder: plot-run draws RUN/loss.png by default, a picture beside the
 # run's metrics that nothing of the run reads.
@@ -102,7 +105,12 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(*args: Any, **kwargs: Any) -> Any:
         from smiexlm.cli.params import distinct_columns
         from smiexlm.errors import storage_error
-        from smiexlm.paths import check_outputs_apart, check_outputs_outside
+        from smiexlm.paths import (
+            check_inputs_outside,
+            check_outputs_apart,
+            check_outputs_outside,
+            side_outputs,
+        )
         from smiexlm.training.runlock import hold_outputs
 
         values = signature.bind_partial(*args, **kwargs).arguments
@@ -111,8 +119,12 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
             resumable = "the same command goes on from its finished parts"
         outputs = {shown[k]: v for k, v in values.items() if k in OUTPUT_PARAMETERS}
         inputs = {shown[k]: v for k, v in values.items() if k not in OUTPUT_PARAMETERS}
-        check_outputs_apart(outputs, inputs)
-        check_outputs_outside(outputs, {shown[k]: v for k, v in values.items() if k in path_inputs})
+        check_outputs_apart(outputs | side_outputs(outputs), inputs)
+        path_values = {shown[k]: v for k, v in values.items() if k in path_inputs}
+        check_outputs_outside(outputs, path_values)
+        if callback.__name__ in FOLDER_OWNERS:
+            owned = {k: v for k, v in outputs.items() if v and not Path(v).suffix}
+            check_inputs_outside(owned, path_values)
         for name, value in values.items():
             if name.endswith("_cols") and value:
                 distinct_columns(shown[name], value)

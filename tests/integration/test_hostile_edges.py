@@ -153,6 +153,30 @@ def test_an_output_naming_an_input_is_refused_before_any_compute(tmp_path, table
     assert {p: p.read_bytes() for p in kept} == kept
 
 
+def test_an_input_named_as_a_side_file_or_inside_an_owned_folder_is_refused(tmp_path, table,
+                                                                            finetuned):  # fmt: skip
+    """The rejects file beside a one-file output, a .npy's ids, and any file of a parts or
+    dataset folder the job fills are outputs too: an input there is refused, kept as it was."""
+    rejects, ids = tmp_path / "e.rejects.csv", tmp_path / "n.ids.csv"
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    inside = owned / "rejects.csv"
+    for path in (rejects, ids, inside):
+        path.write_bytes(table.read_bytes())
+    kept = {p: p.read_bytes() for p in (rejects, ids, inside)}
+    cases = [
+        (["embed", rejects, "--out", tmp_path / "e.parquet"], "side file", "would replace it"),
+        (["predict", "--checkpoint", finetuned, "--input", rejects, "--out", tmp_path / "e.csv"],
+         "side file", "would replace it"),
+        (["embed", ids, "--out", tmp_path / "n.npy", "--id-cols", "y"], "side file"),
+        (["embed", inside, "--out", owned], "lies inside --out", "could be written over"),
+        (["preprocess", inside, "--out", owned], "lies inside --out", "could be written over"),
+    ]  # fmt: skip
+    for args, *needles in cases:
+        assert_one_line_error(run_cli(*args), *needles)
+    assert {p: p.read_bytes() for p in kept} == kept
+
+
 # ---------------------------------------------------------------------- 4. labels past float32
 @pytest.mark.parametrize("value", ["1e39", "1e308", "-3.5e38"])
 def test_a_regression_label_past_float32_is_refused_naming_its_line(tmp_path, value):
