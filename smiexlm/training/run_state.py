@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 
 from smiexlm.atomic import atomic_dir
 from smiexlm.errors import DataError, SmiexlmError, VocabularyMismatchError
-from smiexlm.modelio.integrity import load_tensors
+from smiexlm.modelio.integrity import load_tensors, record_checksums, verify_checksum
 from smiexlm.modelio.layout import CONFIG_NAME, WEIGHTS_NAME
 from smiexlm.paths import read_json_file
 
@@ -148,6 +148,7 @@ def save_training_state(
         }
         (tmp / STATE_FILE).write_text(json.dumps(payload, indent=1))
         (tmp / CONFIG_FILE).write_text(json.dumps(train_config, indent=2))
+        record_checksums(tmp, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, CONFIG_FILE)  # and weights'
     return Path(folder)
 
 
@@ -182,14 +183,18 @@ def check_model_config(folder: Path, saved: dict[str, Any], model) -> None:
 def restore_training_state(folder: Path, model, optimizer: torch.optim.Optimizer) -> TrainerState:
     """Restore weights, optimiser and RNG state in place; returns the trainer state.
 
-    Every file is read and checked before anything is restored, so a bad checkpoint raises
-    :class:`CheckpointError` (naming the folder and the file) and leaves the model and the
-    optimiser untouched."""
+    Every file is read and checked (against the sha256 the folder records of it) before
+    anything is restored, so a bad checkpoint raises :class:`CheckpointError` (naming the
+    folder and the file) and leaves the model and the optimiser untouched. A checkpoint
+    written before the training files' sha256 were recorded is checked by its weights'."""
     folder = Path(folder)
     try:
         for name in (CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_FILE, STATE_FILE):
             if not (folder / name).is_file():
                 raise DataError(f"{name} is missing")
+        for name in (WEIGHTS_NAME, OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
+            if (folder / name).is_file():
+                verify_checksum(folder / name, required=name == WEIGHTS_NAME)
         _, saved_config = read_json_file(folder / CONFIG_NAME, f"checkpoint {CONFIG_NAME}")
         weights = load_tensors(folder / WEIGHTS_NAME)
         _, payload = read_json_file(folder / STATE_FILE, STATE_FILE)

@@ -330,8 +330,11 @@ def test_damaged_dataset_is_one_line(dataset, tmp_path, damage, problem):
     assert_one_line_error(res, culprit, problem)
 
 
-@pytest.mark.parametrize("damage", ["truncated_weights", "state_not_json"])
+@pytest.mark.parametrize("damage", ["truncated_weights", "state_not_json", "flipped_weights",
+                                    "flipped_optimizer"])  # fmt: skip
 def test_resume_from_a_bad_checkpoint(dataset, tmp_path, damage):
+    """A damaged newest checkpoint, whether it still reads (a flipped bit: its sha256) or not,
+    is named with the older one, and --skip-bad-checkpoints resumes from that."""
     from smiexlm.pretraining.trainer import pretrain
     from tests.unit.pretraining.test_training import _config
 
@@ -341,11 +344,18 @@ def test_resume_from_a_bad_checkpoint(dataset, tmp_path, damage):
     if damage == "truncated_weights":
         weights = newest / "model.safetensors"
         os.truncate(weights, weights.stat().st_size // 3)
-    else:
+    elif damage == "state_not_json":
         (newest / "trainer_state.json").write_text('{"format": "smiexlm-trainer-state/1", "st')
+    else:  # a bit of the last tensor's data flipped: the file still reads
+        damaged = newest / ("model" if damage == "flipped_weights" else "optimizer")
+        data = bytearray(damaged.with_suffix(".safetensors").read_bytes())
+        data[-5] ^= 0x10
+        damaged.with_suffix(".safetensors").write_bytes(bytes(data))
     res = run_cli(*_pretrain_args(dataset, run, "--max-steps", "10", "--resume"))
     line = assert_one_line_error(res, "step_000008", "--skip-bad-checkpoints", "step_000004")
-    assert "model.safetensors" in line or "trainer_state.json" in line
+    named = {"truncated_weights": "model.safetensors", "state_not_json": "trainer_state.json",
+             "flipped_weights": "model.safetensors", "flipped_optimizer": "optimizer.safetensors"}  # fmt: skip
+    assert named[damage] in line and ("sha256" in line or "flipped" not in damage), line
     res = run_cli(*_pretrain_args(dataset, run, "--max-steps", "10", "--resume",
                                   "--skip-bad-checkpoints"))  # fmt: skip
     assert res.returncode == 0, res.stderr
