@@ -62,6 +62,7 @@ SUFFIXES: dict[str, Format] = {
 SMILES_COLUMNS = ("smiles", "SMILES", "Smiles", "mol", "canonical_smiles", "smi")
 
 _FIELD_SEPARATOR = re.compile(r"[ \t]+")
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first
 _UNDECODED = re.compile(r"[\udc80-\udcff]")  # bytes that surrogateescape kept undecoded
 
 
@@ -186,6 +187,12 @@ def _csv_frames(
             for number, frame in enumerate(frames):
                 if number == 0:
                     smiles_column(header, smiles_col, path, what)
+                if not isinstance(frame.index, pd.RangeIndex):  # pandas' index of extra fields
+                    raise DataError(
+                        f"{what} {str(path)!r}: its rows hold more fields than its header's "
+                        f"{len(header)} ({', '.join(header)}); expected one field a column (a "
+                        "column without a name in the header, or a delimiter inside a field?)"
+                    )
                 yield frame
         finally:
             if chunk_rows is not None:
@@ -260,6 +267,8 @@ def _smi_chunks(path: Path, chunk_size: int) -> Iterator[Chunk]:
     with _open_binary(path) as handle:
         line = 1
         while rows := list(islice(handle, chunk_size)):
+            if line == 1 and rows[0].startswith(BOM):  # as utf-8-sig reads a CSV
+                rows[0] = rows[0][len(BOM) :]
             yield list(range(line, line + len(rows))), rows
             line += len(rows)
 

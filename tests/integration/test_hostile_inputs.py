@@ -175,6 +175,21 @@ def test_embed_out_that_is_a_directory_is_one_line(tmp_path):
     assert_one_line_error(res, "--out", "is a directory")
 
 
+def test_rows_of_more_fields_than_the_header_and_a_bom_in_a_smi_file(tmp_path):
+    """Every row one field more than the header (pandas would make the first an index and
+    shift the rest) is one line; a .smi file's byte-order mark is not part of its first SMILES."""
+    from smiexlm.data.readers import iter_smiles, read_table
+
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("smiles,alt\nCCO,CCN,O\nCCC,CCCl,C\n")
+    with pytest.raises(DataError, match="more fields than its header's 2"):
+        read_table(ragged)
+    bom = tmp_path / "bom.smi"
+    bom.write_bytes(b"\xef\xbb\xbfCCO first\nc1ccccc1\n")
+    assert read_table(bom)["smiles"].tolist() == ["CCO", "c1ccccc1"]
+    assert list(iter_smiles(bom)) == ["CCO", "c1ccccc1"]  # the pretraining corpus's reader
+
+
 # ---------------------------------------------------------------------- 3. labels
 def test_regression_labels_all_nan_fail_in_finetune_and_baseline(tmp_path):
     data = _labelled(tmp_path / "d.csv", [float("nan")] * 12)
