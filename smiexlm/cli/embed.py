@@ -136,12 +136,14 @@ def echo_parts(result, shown: int = 10) -> None:
     """The summary of a folder of parts and its first ``shown`` rejects (rank 0 only)."""
     import csv
 
+    from smiexlm.data.readers import allow_long_fields
     from smiexlm.errors import shorten
     from smiexlm.parts.job import REJECTS
     from smiexlm.training.ranks import detect
 
     if not detect().is_main:
         return
+    allow_long_fields()
     for reason in result.parts_damaged.values():
         typer.echo(f"  {reason}: written again", err=True)
     with open(result.out / REJECTS, encoding="utf-8", newline="") as handle:

@@ -63,6 +63,14 @@ SMILES_COLUMNS = ("smiles", "SMILES", "Smiles", "mol", "canonical_smiles", "smi"
 
 _FIELD_SEPARATOR = re.compile(r"[ \t]+")
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first
+
+
+def allow_long_fields() -> None:
+    """Let Python's csv module read a field of any length (its default stops at 131,072
+    characters): a SMILES may be megabytes long, and a rejects list keeps it whole."""
+    csv.field_size_limit(2**31 - 1)
+
+
 _UNDECODED = re.compile(r"[\udc80-\udcff]")  # bytes that surrogateescape kept undecoded
 
 
@@ -201,6 +209,7 @@ def _csv_frames(
 
 def table_header(path: Path, sep: str) -> list[str]:
     """A CSV/TSV's header as written (not as pandas renames it), past blank lines as pandas."""
+    allow_long_fields()
     with io.TextIOWrapper(_open_binary(path), "utf-8-sig", "surrogateescape", newline="") as text:
         rows = csv.reader(text, delimiter=sep)
         return next((r for r in rows if len(r) > 1 or "".join(r).strip()), [])
@@ -280,6 +289,7 @@ def _csv_chunks(
     with io.TextIOWrapper(
         _open_binary(path), encoding="utf-8-sig", errors="surrogateescape", newline=""
     ) as text:
+        allow_long_fields()
         reader = csv.reader(text, delimiter=delimiter)
         header = next(reader, None)
         if header is None:

@@ -63,6 +63,14 @@ def test_embed_rejects_a_100k_character_smiles_before_rdkit(tmp_path):
     assert "row 1:" in res.stderr and "longer than 8,192 characters" in res.stderr
     rejects = pd.read_csv(tmp_path / "e.rejects.csv")
     assert rejects["row"].tolist() == [1] and rejects["reason"][0].startswith("longer than")
+    huge = tmp_path / "huge.csv"  # past the csv module's 131,072-character field
+    huge.write_text(f"smiles\nCCO\n{'C' * 200_000}\n")
+    for args in (("embed", huge, "--out", tmp_path / "parts"), ("preprocess", huge, "--out",
+                 tmp_path / "ds", "--no-progress")):  # fmt: skip
+        res = run_cli(*args, timeout=120)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    kept = pd.read_csv(tmp_path / "parts" / "rejects.csv")["smiles"]
+    assert kept.str.len().tolist() == [200_000]  # listed whole
 
 
 def test_embed_lists_every_bad_row_not_only_the_first_ten(tmp_path):
