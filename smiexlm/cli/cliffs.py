@@ -45,7 +45,7 @@ def cliffs(
     import pandas as pd
 
     from smiexlm.atomic import atomic_paths
-    from smiexlm.data.readers import read_table
+    from smiexlm.data.readers import read_table, write_table
     from smiexlm.errors import DataError
     from smiexlm.moleculenet.cliffs import cliff_pairs
     from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
@@ -64,7 +64,7 @@ def cliffs(
                         f"and a finite {label_col!r} ({first}); expected a column of numbers")  # fmt: skip
     pairs = cliff_pairs(smiles, values, similarity, gap, measures.split(","))
     with atomic_paths(out, listed) as (tmp, tmp_listed):
-        pairs.to_csv(tmp, index=False)
+        write_table(pairs, tmp)
         pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp_listed, index=False)
     molecules = len(set(pairs["i"]) | set(pairs["j"]))
     typer.echo(f"{len(pairs):,} cliff pairs among {len(frame):,} molecules ({molecules:,} "

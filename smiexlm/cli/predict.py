@@ -181,7 +181,7 @@ def select(
     """Pick the molecules to test next from predict's output: the highest acquisition score
     first, none too similar to one picked before it."""
     from smiexlm.atomic import atomic_path
-    from smiexlm.data.readers import read_table
+    from smiexlm.data.readers import read_table, write_table
     from smiexlm.parts.reading import read_parts
     from smiexlm.paths import check_output
     from smiexlm.trust.acquisition import select as choose
@@ -191,7 +191,7 @@ def select(
              else read_table(input, smiles_col, "input", infer_types=True))  # fmt: skip
     chosen = choose(frame, n, by, task, max_similarity, smiles_col, lowest, kappa)
     with atomic_path(out) as tmp:
-        chosen.picks.to_csv(tmp, index=False)
+        write_table(chosen.picks, tmp)
     typer.echo(f"{chosen.summary()}; wrote {out}")
 
 

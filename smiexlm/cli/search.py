@@ -75,7 +75,7 @@ def search(
 ) -> None:
     """The k nearest library molecules of each query, by embedding cosine and ECFP4 Tanimoto."""
     from smiexlm.atomic import atomic_path
-    from smiexlm.data.readers import read_table
+    from smiexlm.data.readers import read_table, write_table
     from smiexlm.embedding.search import SearchIndex, format_hits
     from smiexlm.paths import check_output
 
@@ -88,7 +88,7 @@ def search(
     typer.echo(format_hits(hits, settings["id_cols"], settings["smiles_col"]))
     if out is not None:
         with atomic_path(out) as tmp:
-            hits.to_csv(tmp, index=False)
+            write_table(hits, tmp)
         typer.echo(f"wrote {len(hits)} hits to {out}")
 
 

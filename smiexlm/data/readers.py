@@ -65,6 +65,17 @@ _FIELD_SEPARATOR = re.compile(r"[ \t]+")
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first
 
 
+def write_table(frame: Any, path: Path) -> None:
+    """Write ``frame`` (a DataFrame, no index) to ``path`` in the format its suffix names (an
+    atomic temporary keeps the final name's): Parquet for ``.parquet``, tab-separated for
+    ``.tsv``, CSV otherwise."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        frame.to_parquet(path, index=False)
+    else:
+        frame.to_csv(path, index=False, sep="\t" if suffix == ".tsv" else ",")
+
+
 def allow_long_fields() -> None:
     """Let Python's csv module read a field of any length (its default stops at 131,072
     characters): a SMILES may be megabytes long, and a rejects list keeps it whole."""

@@ -61,7 +61,7 @@ def predict_file(
     import pandas as pd
 
     from smiexlm.atomic import atomic_paths
-    from smiexlm.data.readers import read_table
+    from smiexlm.data.readers import read_table, write_table
     from smiexlm.errors import DataError, every_row_failed
     from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
     from smiexlm.serving.prediction import served_folders
@@ -79,7 +79,7 @@ def predict_file(
     if len(rejects) == len(table):  # all NaN: nothing under the final name
         raise every_row_failed("predict", smiles_col, input_path, len(table), rejects)
     with atomic_paths(out, listed) as (tmp, tmp_listed):  # a reader never sees half a file
-        table.to_csv(tmp, index=False)
+        write_table(table, tmp)
         pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp_listed, index=False)
     return PredictedFile(out, len(table), rejects, listed)
 

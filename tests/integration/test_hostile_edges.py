@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -265,6 +266,18 @@ def test_predict_keeps_every_input_column_and_select_reads_its_output(tmp_path, 
     line = assert_one_line_error(run_cli("select", tmp_path / "p.csv", "--task", "smiles"),
                                  "--task 'smiles'", "holds text", "expected numbers")  # fmt: skip
     assert len(line) < 200
+
+    # a .parquet name is written as Parquet, which select reads and writes again
+    res = run_cli("predict", "--checkpoint", finetuned, "--input", source, "--out",
+                  tmp_path / "p.parquet")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    written = pd.read_parquet(tmp_path / "p.parquet")  # the input's cells kept as text
+    assert written.columns.tolist() == preds.columns.tolist()
+    assert written["smiles"].tolist() == preds["smiles"].tolist()
+    np.testing.assert_allclose(written["y"], preds["y"], rtol=1e-6)
+    res = run_cli("select", tmp_path / "p.parquet", "-n", 3, "--out", tmp_path / "s.parquet")
+    assert res.returncode == 0, res.stderr
+    assert pd.read_parquet(tmp_path / "s.parquet")["smiles"].tolist() == pd.read_csv(tmp_path / "s.csv")["smiles"].tolist()  # fmt: skip
 
 
 # ---------------------------------------------------------------------- 11. empty vocabularies
