@@ -24,8 +24,9 @@ InputCsv = Annotated[
 ]
 OutputCsv = Annotated[
     Path,
-    typer.Option("--out", "-o", help="Predictions CSV, or a folder (a name without suffix) of "
-                 "resumable Parquet parts with a manifest.json: for large inputs and torchrun."),
+    typer.Option("--out", "-o", help="Predictions CSV (Parquet for a .parquet name), or a "
+                 "folder (a name without suffix) of resumable Parquet parts with a "
+                 "manifest.json: for large inputs and torchrun."),
 ]  # fmt: skip
 IdCols = Annotated[
     str | None,
