@@ -136,9 +136,10 @@ def seed_rows(task, split, kernels: dict, npz: dict, cliffs: np.ndarray, seed: i
 
     y = task.labels.astype(np.float64)
     train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
-    groups, kernels = kernels["groups"], {k: v for k, v in kernels.items() if k != "groups"}
+    groups, in_place = kernels["groups"], kernels.get("forest")  # a screen's forest, if any
+    kernels = {k: v for k, v in kernels.items() if k not in ("groups", "forest")}
     network = {p: npz.get(f"{p}_model", npz[p]) for p in ("valid", "test")}  # alone or blended
-    forest_scores = forest(task, split, groups, seed, n_trees, npz, oof_trees)
+    forest_scores = in_place or forest(task, split, groups, seed, n_trees, npz, oof_trees)
     members = {"model": network, "forest": forest_scores, **kernels}
     weights = {name: {name: 1.0} for name in members}
     oof = {n: m["oof"] for n, m in members.items() if "oof" in m}
