@@ -52,6 +52,15 @@ def _to_smiles_list(X: Any) -> list[Any]:
     return list(X.tolist() if hasattr(X, "tolist") else X)
 
 
+def _weights_sha256(featurizer: Any) -> str | None:
+    """The sha256 of the weights a featurizer's folder holds (None for a model in memory)."""
+    from smiexlm.modelio.layout import WEIGHTS_NAME
+    from smiexlm.paths import file_sha256
+
+    folder = featurizer.source
+    return None if folder is None else file_sha256(Path(folder) / WEIGHTS_NAME)
+
+
 class ExLMTransformer(TransformerMixin, BaseEstimator):
     """SMILES -> (n, d) embeddings, for scikit-learn pipelines.
 
@@ -87,11 +96,24 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
 
     @property
     def featurizer_(self) -> Any:
-        featurizer = self.__dict__.get("_featurizer")
-        if featurizer is None:
+        """The model of ``checkpoint`` on ``device``, loaded again when either was set anew
+        (``set_params``); a pipeline read back from a pickle checks that the folder still
+        holds the weights it was pickled with."""
+        key = (str(self.checkpoint), self.device)
+        loaded = self.__dict__.get("_featurizer")
+        if loaded is None or loaded[0] != key:
             featurizer = load_featurizer(self.checkpoint, self.device)
-            self.__dict__["_featurizer"] = featurizer
-        return featurizer
+            expected = self.__dict__.pop("_weights_sha256", None)
+            if expected is not None and _weights_sha256(featurizer) != expected:
+                from smiexlm.errors import DataError
+
+                raise DataError(
+                    f"ExLMTransformer: the model folder {str(self.checkpoint)!r} no longer holds "
+                    "the weights this estimator was pickled with (their sha256 differs); "
+                    "expected the same model (a pickle keeps the path, not the weights)"
+                )
+            self.__dict__["_featurizer"] = loaded = (key, featurizer)
+        return loaded[1]
 
     def fit(self, X: Any, y: Any = None) -> ExLMTransformer:
         """Nothing to learn: loads the model and records the embedding width."""
@@ -115,7 +137,9 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
-        state.pop("_featurizer", None)  # pickles by path: the weights stay on disk
+        loaded = state.pop("_featurizer", None)  # pickles by path: the weights stay on disk
+        if loaded is not None:  # and their digest, checked when read back
+            state["_weights_sha256"] = _weights_sha256(loaded[1])
         return state
 
     def __sklearn_tags__(self):  # scikit-learn >= 1.6

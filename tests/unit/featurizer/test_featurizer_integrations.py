@@ -55,6 +55,25 @@ def test_clone_and_pickle_by_path(checkpoint):
     np.testing.assert_allclose(restored.transform(PANEL), tr.transform(PANEL), atol=1e-6)
 
 
+def test_set_params_loads_the_new_model_and_a_pickle_refuses_other_weights(checkpoint, tmp_path):
+    import shutil
+
+    from smiexlm.errors import DataError
+
+    tr = ExLMTransformer(str(checkpoint), device="cpu")
+    first = tr.fit_transform(PANEL)
+    tr.set_params(checkpoint=None)  # the shipped default: another width
+    assert tr.fit_transform(PANEL).shape[1] != first.shape[1]
+    copy = tmp_path / "model"
+    shutil.copytree(checkpoint, copy)
+    fitted = ExLMTransformer(str(copy), device="cpu").fit(PANEL)
+    blob = pickle.dumps(fitted)
+    shutil.rmtree(copy)
+    shutil.copytree(Featurizer.from_pretrained(None).source, copy)  # other weights, same path
+    with pytest.raises(DataError, match="no longer holds the weights"):
+        pickle.loads(blob).transform(PANEL)
+
+
 def test_pipeline_cross_val_score(checkpoint, bbbp):
     pipe = make_pipeline(
         ExLMTransformer(str(checkpoint), device="cpu"), LogisticRegression(max_iter=500)
