@@ -268,9 +268,9 @@ def chunk_embedder(how: EmbedOptions, feat: Featurizer, smiles_col: str,
 
 
 def id_columns(first: Any, smiles_col: str, id_cols: list[str] | None) -> list[str]:
-    """The id columns to keep (default: every column but the SMILES), checked."""
-    if id_cols is None:
-        id_cols = [c for c in first.columns if c != smiles_col]
+    """The id columns to keep (default: every column but the SMILES, which is kept in any
+    case: naming it adds nothing), checked."""
+    id_cols = [c for c in (first.columns if id_cols is None else id_cols) if c != smiles_col]
     missing = [c for c in id_cols if c not in first.columns]
     if missing:
         raise DataError(

@@ -71,6 +71,9 @@ def test_embed_bad_input_is_one_clear_line(checkpoint, table, tmp_path):
         embed_file(table, tmp_path / "x.npy", checkpoint=checkpoint, errors="raise", progress=False)
     with pytest.raises(DataError, match="id columns"):
         embed_file(table, tmp_path / "x.npy", id_cols=["nope"], checkpoint=checkpoint)
+    kept = embed_file(table, tmp_path / "s.parquet", id_cols=["smiles", "mol_id"],
+                      checkpoint=checkpoint, errors="nan", progress=False)  # fmt: skip
+    assert kept.id_columns == ["mol_id"]  # the SMILES column is kept in any case, once
 
 
 @pytest.mark.parametrize("layers", [99, 3])
