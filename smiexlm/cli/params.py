@@ -17,8 +17,8 @@ ModelFolder = Annotated[
     typer.Option(
         "--checkpoint",
         "-c",
-        help="Model folder, or a shipped model's name (exlm, mlm, maelm, "
-        "mtr; default: the shipped default model).",
+        help="Model folder, or a shipped model's name (exlm, exlm_desc, mlm, maelm; default: "
+        "the shipped default model, an MTR model).",
     ),
 ]
 SmilesCol = Annotated[
