@@ -4,6 +4,7 @@ from the damaged ones, which are written again."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from smiexlm.parts.reading import MANIFEST, PARTS_FORMAT
 from smiexlm.paths import check_output, file_problem, read_json_file, write_json
 from smiexlm.training.runlock import LOCK_FILE
 from smiexlm.training.workers import Workers
+
+logger = logging.getLogger(__name__)
 
 
 def _mismatch(out: Path, field_name: str, there: Any, here: Any) -> DataError:
@@ -44,14 +47,24 @@ def check_manifest(out: Path, doc: dict[str, Any], job: PartsJob) -> None:
 
 def prepare_folder(out: Path, job: PartsJob, workers: Workers) -> dict[str, Any]:
     """The folder's manifest: the saved one when it matches ``job``, else a new one (written
-    by rank 0). Every rank checks for itself, so every rank refuses a mismatch alike."""
+    by rank 0). Every rank checks for itself, so every rank refuses a mismatch alike. A saved
+    manifest that cannot be read (cut short, edited) is made again, once the part records,
+    which name their job, show that the folder holds this job's parts alone."""
     out = check_output(out, "--out", kind="folder")
     path = out / MANIFEST
-    if path.is_file():
-        _, doc = read_json_file(path, "parts manifest", PARTS_FORMAT)
-        check_manifest(out, doc, job)
+    try:
+        _, doc = (
+            read_json_file(path, "parts manifest", PARTS_FORMAT) if path.is_file() else (None, None)
+        )
+    except DataError as err:
+        finished_parts(out, job, verify=False)  # DataError for another job's records
+        logger.warning("%s; made again from the part records", err)
+        doc = None
     else:
-        entries = list(out.iterdir()) if out.is_dir() else []
+        if doc is not None:
+            check_manifest(out, doc, job)
+    if doc is None:
+        entries = list(out.iterdir()) if out.is_dir() and not path.is_file() else []
         strays = [p.name for p in entries  # the lock is this job's own (training.runlock)
                   if not is_temporary_name(p.name) and p.name != LOCK_FILE]  # fmt: skip
         if strays:

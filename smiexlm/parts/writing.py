@@ -64,7 +64,12 @@ def run_parts(
     done, damaged = finished_parts(out, job)
     workers.barrier()  # every rank has checked the parts before any rank writes one again
     if manifest.get("complete") and len(done) == manifest.get("n_parts"):
-        return PartsResult(out, manifest, 0, len(done))
+        parts = manifest.get("parts")
+        listed = [p.get("sha256") if isinstance(p, dict) else None
+                  for p in (parts if isinstance(parts, list) else [])]  # fmt: skip
+        if listed == [done[i]["sha256"] for i in sorted(done)]:
+            return PartsResult(out, manifest, 0, len(done))
+        # a manifest that disagrees with its parts' records: made again from them below
     if damaged and manifest.get("complete") and workers.is_main:
         write_json(job.document(), out / MANIFEST)  # unfinished until they are written again
     bar = None

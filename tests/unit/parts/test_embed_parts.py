@@ -114,6 +114,32 @@ def test_parts_read_back_as_the_single_file_with_rejects_and_counts(model, table
     assert "(all already there: nothing to do)" in again.summary()
 
 
+def test_a_manifest_edited_or_cut_short_is_made_again_from_the_part_records(model, tmp_path):
+    out, small = tmp_path / "emb", tmp_path / "small.csv"
+    small.write_text("mol_id,smiles\na,CCO\nb,c1ccccc1\nc,CCN\n")
+
+    def embed(path=small):
+        return embed_parts(path, out, checkpoint=model, device="cpu", progress=False,
+                           part_rows=2)  # fmt: skip
+
+    embed()
+    whole = (out / "manifest.json").read_text()
+    edited = json.loads(whole)
+    edited["parts"][1]["sha256"] = "0" * 64  # an edit: read_parts names the part
+    (out / "manifest.json").write_text(json.dumps(edited))
+    with pytest.raises(DataError, match="part-00001.parquet"):
+        read_parts(out)
+    again = embed()
+    assert again.parts_written == 0 and json.loads((out / "manifest.json").read_text())["parts"] == json.loads(whole)["parts"]  # fmt: skip
+    (out / "manifest.json").write_text(whole[:100])  # cut short
+    assert embed().parts_written == 0 and read_parts(out).num_rows == 3
+    other = tmp_path / "other.csv"  # a cut manifest does not hide a folder of another job
+    other.write_text("mol_id,smiles\na,CCCl\n")
+    (out / "manifest.json").write_text(whole[:100])
+    with pytest.raises(DataError, match="mixes two jobs"):
+        embed(other)
+
+
 def test_sigkill_then_the_same_command_resumes_by_part(model, table, reference, tmp_path):
     out = tmp_path / "emb"
     args = ["embed", table, "--out", out, "-c", model, "--device", "cpu", "--part-rows", "60"]
