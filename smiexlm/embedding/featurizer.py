@@ -392,9 +392,19 @@ class Featurizer:
 
 
 def _as_list(smiles: Any) -> list[Any]:
-    if isinstance(smiles, str):
-        raise DataError(f"featurize expects a sequence of SMILES, got one str {smiles[:40]!r}: "
+    """The SMILES of a list, tuple, iterator, 1-D array or Series; DataError for one SMILES,
+    a table or a mapping (whose iteration gives its column names or keys) or a non-sequence."""
+    if isinstance(smiles, (str, bytes)) or getattr(smiles, "ndim", 1) == 0:
+        raise DataError(f"featurize expects a sequence of SMILES, got one {str(smiles)[:40]!r}: "
                         "wrap it in a list")  # fmt: skip
+    if isinstance(smiles, Mapping) or getattr(smiles, "ndim", 1) > 1:
+        kind = type(smiles).__name__
+        raise DataError(f"featurize expects a sequence of SMILES, got a {kind} (it would be "
+                        "read by its keys or column names): pass its SMILES column")  # fmt: skip
     if hasattr(smiles, "tolist") and hasattr(smiles, "dtype"):  # pandas Series, numpy array
         return list(smiles.tolist())
-    return list(smiles)
+    try:
+        return list(smiles)
+    except TypeError:
+        raise DataError(f"featurize expects a sequence of SMILES, got {type(smiles).__name__} "
+                        f"{str(smiles)[:40]!r}") from None  # fmt: skip

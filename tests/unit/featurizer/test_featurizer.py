@@ -79,8 +79,16 @@ def test_empty_input(feat):
 
 
 def test_single_string_is_rejected(feat):
-    with pytest.raises(DataError, match="wrap it in a list"):
-        feat.featurize("CCO")
+    for one in ("CCO", np.array("CCO"), b"CCO"):
+        with pytest.raises(DataError, match="wrap it in a list"):
+            feat.featurize(one)
+    for table in ({"CCO": 1}, pd.DataFrame({"smiles": ["CCO"]}), np.array([["CCO"]])):
+        with pytest.raises(DataError, match="pass its SMILES column"):
+            feat.featurize(table)
+    for other in (5, None):
+        with pytest.raises(DataError, match="expects a sequence of SMILES"):
+            feat.featurize(other)
+    assert feat.featurize(iter(["CCO"])).shape == (1, feat.dim)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean", "max"])
