@@ -36,6 +36,7 @@ from smiexlm.modelio.layout import (
     GRAPH_FILES,
     GRAPH_SOURCES,
     ONNX_MANIFEST_NAME,
+    shipped_models,
 )
 from smiexlm.modelio.records import ONNX_MANIFEST_FORMAT, read_onnx_manifest
 from smiexlm.paths import check_not_a_file, file_sha256
@@ -175,9 +176,11 @@ def export_onnx(folder: Path | str, kind: GraphKind | None = None) -> Path:
     """
     folder = check_not_a_file(folder)
     if not (folder / CONFIG_NAME).is_file():
+        shipped = " (the shipped models are read-only: copy the folder first)" if str(folder) in shipped_models() else ""  # fmt: skip
+        why = f"has no {CONFIG_NAME}" if folder.is_dir() else "does not exist"
         raise DataError(
-            f"model folder {str(folder)!r} has no {CONFIG_NAME}: expected a folder written "
-            "by `smiexlm export` or `smiexlm finetune --save-dir`"
+            f"model folder {str(folder)!r} {why}: expected a folder written by `smiexlm "
+            f"export` or `smiexlm finetune --save-dir`{shipped}"
         )
     finetuned = (folder / FINETUNE_NAME).is_file()
     kind = kind or ("predictor" if finetuned else "encoder")
