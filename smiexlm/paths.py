@@ -166,8 +166,9 @@ def side_outputs(outputs: dict[str, Any]) -> dict[str, list[Path]]:
     for name, value in outputs.items():
         files = [p for p in _named_paths(value) if p.suffix]
         if files:
-            found[f"{name} side file"] = [side for p in files
-                                          for side in (rejects_beside(p), p.with_suffix(".ids.csv"))]  # fmt: skip
+            found[f"{name} side file"] = [
+                side for p in files for side in (rejects_beside(p), p.with_suffix(".ids.csv"))
+            ]
     return found
 
 

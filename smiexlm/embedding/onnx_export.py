@@ -176,7 +176,9 @@ def export_onnx(folder: Path | str, kind: GraphKind | None = None) -> Path:
     """
     folder = check_not_a_file(folder)
     if not (folder / CONFIG_NAME).is_file():
-        shipped = " (the shipped models are read-only: copy the folder first)" if str(folder) in shipped_models() else ""  # fmt: skip
+        shipped = ""
+        if str(folder) in shipped_models():
+            shipped = " (the shipped models are read-only: copy the folder first)"
         why = f"has no {CONFIG_NAME}" if folder.is_dir() else "does not exist"
         raise DataError(
             f"model folder {str(folder)!r} {why}: expected a folder written by `smiexlm "
