@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smiexlm.errors import as_os_error
+from smiexlm.errors import DataError, as_os_error
 
 
 # Every output is first written under a temporary name beside its final one. Those names live
@@ -251,6 +251,28 @@ def _naming_faults(path: Path) -> Iterator[None]:
         raise fault from err
 
 
+_INPUTS: list[Path] = []  # the input files of the running command: never written over
+
+
+def protect_inputs(paths: list[Path]) -> None:
+    """Make the atomic writers refuse to replace any of ``paths`` (a command's input files),
+    whatever name the command writes under: the last guard where a check of the output
+    options cannot know every file a job writes into its folder."""
+    _INPUTS[:] = [Path(p) for p in paths if Path(p).is_file()]
+
+
+def _check_not_an_input(final: Path) -> None:
+    for source in _INPUTS:
+        try:
+            same = os.path.samefile(final, source)
+        except OSError:  # one of them does not exist: not the same file
+            continue
+        if same:
+            raise DataError(f"{str(final)!r} is the input {str(source)!r}: writing the result "
+                            "there would replace it, so nothing was written over it; expected "
+                            "an input outside the output folder")  # fmt: skip
+
+
 @contextmanager
 def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     """Temporary names to write ``paths`` under; renamed into place together on success.
@@ -267,6 +289,7 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     """
     finals = [Path(p) for p in paths]
     for final in finals:
+        _check_not_an_input(final)
         final.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(final)
     write = _begin()
@@ -295,6 +318,11 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     rename, so the folder appears complete or not at all (each file with the mode the umask
     gives). On error or a signal, at any moment, it is removed."""
     final = Path(final)
+    for source in _INPUTS:  # a folder replaced whole takes what it held with it
+        if final.is_dir() and source.resolve().is_relative_to(final.resolve()):
+            raise DataError(f"{str(final)!r} holds the input {str(source)!r}: replacing the "
+                            "folder would remove it, so nothing was written; expected an input "
+                            "outside the output folder")  # fmt: skip
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final)
     write = _begin()

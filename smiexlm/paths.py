@@ -135,7 +135,7 @@ def same_place(a: str | Path, b: str | Path) -> bool:
         return False
 
 
-def _named_paths(value: Any) -> list[Path]:
+def named_paths(value: Any) -> list[Path]:
     """The paths an option's value names: one path, or each of a list of them."""
     values = value if isinstance(value, (list, tuple)) else [value]
     return [Path(v).expanduser() for v in values if isinstance(v, (str, Path))]
@@ -147,9 +147,9 @@ def check_outputs_apart(outputs: dict[str, Any], inputs: dict[str, Any]) -> None
     the input with the result (``predict --input t.csv --out t.csv``), so every command
     checks this before any compute."""
     for out_name, out_value in outputs.items():
-        for out in _named_paths(out_value):
+        for out in named_paths(out_value):
             for in_name, in_value in inputs.items():
-                for source in _named_paths(in_value):
+                for source in named_paths(in_value):
                     if same_place(out, source):
                         raise DataError(
                             f"{out_name} {str(out)!r} is the input {in_name} {str(source)!r}"
@@ -164,7 +164,7 @@ def side_outputs(outputs: dict[str, Any]) -> dict[str, list[Path]]:
     (``emb.ids.csv``), each a path an input must not be either."""
     found = {}
     for name, value in outputs.items():
-        files = [p for p in _named_paths(value) if p.suffix]
+        files = [p for p in named_paths(value) if p.suffix]
         if files:
             found[f"{name} side file"] = [
                 side for p in files for side in (rejects_beside(p), p.with_suffix(".ids.csv"))
@@ -178,10 +178,10 @@ def check_inputs_outside(folders: dict[str, Any], inputs: dict[str, Any]) -> Non
     with files of its own names and clears of what an unfinished run left: the input could be
     written over or removed."""
     for out_name, out_value in folders.items():
-        for out in _named_paths(out_value):
+        for out in named_paths(out_value):
             folder = out.resolve()
             for in_name, in_value in inputs.items():
-                for source in _named_paths(in_value):
+                for source in named_paths(in_value):
                     if source.exists() and source.resolve().is_relative_to(folder):
                         raise DataError(
                             f"the input {in_name} {str(source)!r} lies inside {out_name} "
@@ -200,12 +200,12 @@ def check_outputs_outside(outputs: dict[str, Any], inputs: dict[str, Any]) -> No
     output such as ``predictions.csv`` would land in it. Every command checks this before
     any compute; inputs that are not folders (files, shipped models' names) are skipped."""
     for in_name, in_value in inputs.items():
-        for source in _named_paths(in_value):
+        for source in named_paths(in_value):
             if not source.is_dir():
                 continue
             folder = source.resolve()
             for out_name, out_value in outputs.items():
-                for out in _named_paths(out_value):
+                for out in named_paths(out_value):
                     if out.resolve().is_relative_to(folder):
                         raise DataError(
                             f"{out_name} {str(out)!r} lies inside the input {in_name} "

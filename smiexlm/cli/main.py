@@ -103,12 +103,14 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(callback)
     def guarded(*args: Any, **kwargs: Any) -> Any:
+        from smiexlm.atomic import protect_inputs
         from smiexlm.cli.params import distinct_columns
         from smiexlm.errors import storage_error
         from smiexlm.paths import (
             check_inputs_outside,
             check_outputs_apart,
             check_outputs_outside,
+            named_paths,
             side_outputs,
         )
         from smiexlm.training.runlock import hold_outputs
@@ -122,6 +124,7 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
         check_outputs_apart(outputs | side_outputs(outputs), inputs)
         path_values = {shown[k]: v for k, v in values.items() if k in path_inputs}
         check_outputs_outside(outputs, path_values)
+        protect_inputs([p for value in path_values.values() for p in named_paths(value)])
         if callback.__name__ in FOLDER_OWNERS:
             owned = {k: v for k, v in outputs.items() if v and not Path(v).suffix}
             check_inputs_outside(owned, path_values)

@@ -178,6 +178,22 @@ def test_an_input_named_as_a_side_file_or_inside_an_owned_folder_is_refused(tmp_
     assert {p: p.read_bytes() for p in kept} == kept
 
 
+def test_an_input_under_a_name_a_job_writes_in_its_folder_is_never_written_over(tmp_path,
+                                                                                table):  # fmt: skip
+    """finetune and baseline write results.csv (and more) into --out: an input of that name
+    there is refused when the result would replace it, and is kept as it was."""
+    project = tmp_path / "project"
+    project.mkdir()
+    data = project / "results.csv"
+    data.write_bytes(table.read_bytes())
+    for args in (["baseline", "--data", data, "--label-cols", "y", "--seeds", "0", "--n-trees",
+                  "5", "--split", "random", "--out", project],
+                 ["finetune", "mine", "--data", data, "--label-cols", "y", *FINETUNE, "--split",
+                  "random", "--out", project]):  # fmt: skip
+        assert_one_line_error(run_cli(*args), "results.csv", "would replace it")
+        assert data.read_bytes() == table.read_bytes()
+
+
 # ---------------------------------------------------------------------- 4. labels past float32
 @pytest.mark.parametrize("value", ["1e39", "1e308", "-3.5e38"])
 def test_a_regression_label_past_float32_is_refused_naming_its_line(tmp_path, value):
