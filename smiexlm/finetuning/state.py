@@ -13,7 +13,8 @@
   *identity*: the loop settings, seed, split sizes, process count and what the caller adds
   (data, backbone, features). A state is restored only into a run of the same identity.
 
-No pickle. Restoring puts back exactly what the next epoch reads, so a resumed run takes the
+``checksums.json`` records the sha256 of each, and a file that no longer matches is refused
+by name. No pickle. Restoring puts back exactly what the next epoch reads, so a resumed run takes the
 same batches, masks and updates as one that was never stopped: the same best epoch and the
 same weights.
 """
@@ -30,6 +31,7 @@ from safetensors.torch import save_file
 
 from smiexlm.atomic import atomic_dir
 from smiexlm.errors import DataError, SmiexlmError
+from smiexlm.modelio.integrity import load_tensors, record_checksums, verify_checksum
 from smiexlm.modelio.layout import WEIGHTS_NAME
 from smiexlm.paths import read_json_file
 
@@ -40,6 +42,7 @@ BEST_FILE = "best.safetensors"
 AVERAGE_FILE = "average.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
+STATE_FILES = (STATE_JSON, MODEL_FILE, BEST_FILE, AVERAGE_FILE, OPTIMIZER_FILE, RNG_FILE)
 
 
 class StateMismatchError(SmiexlmError, ValueError):
@@ -88,6 +91,7 @@ def save_state(
         save_file(rng, str(tmp / RNG_FILE))
         doc = {"format": FORMAT, **state.__dict__}
         (tmp / STATE_JSON).write_text(json.dumps(doc, indent=1))
+        record_checksums(tmp, *(p.name for p in tmp.iterdir()))
     return Path(folder)
 
 
@@ -107,11 +111,12 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
     """The state in ``folder`` (None when there is none), refused with
     :class:`StateMismatchError` when it was saved by a run of another ``identity``, and
     with a DataError naming the file when it is damaged."""
-    from smiexlm.modelio.integrity import load_tensors
-
     folder = Path(folder)
     if not (folder / STATE_JSON).is_file():
         return None
+    for name in STATE_FILES:  # against the sha256 it records (a state kept before: unchecked)
+        if (folder / name).is_file():
+            verify_checksum(folder / name, required=False)
     _, doc = read_json_file(folder / STATE_JSON, "fine-tuning state", FORMAT)
     try:
         state = EpochState(**{k: v for k, v in doc.items() if k != "format"})

@@ -87,6 +87,18 @@ def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path):
     assert_resumes_exactly(tmp_path, patience=None)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.safetensors", STATE_JSON])
+def test_a_state_file_changed_since_it_was_kept_is_refused_by_name(tmp_path, name):
+    torch.set_num_threads(1)
+    _run(tmp_path, stop_after=2)
+    path = tmp_path / name
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # still readable: only its sha256 tells
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=f"{name}.*sha256"):
+        _run(tmp_path)
+
+
 def test_a_finished_state_only_selects_and_returns(tmp_path):
     torch.set_num_threads(1)
     model, first = _run(tmp_path)
@@ -147,6 +159,9 @@ def test_a_state_of_other_settings_or_damaged_is_refused(tmp_path):
     with pytest.raises(StateMismatchError, match=r"loop\.lr: 0\.001 then, 0\.002 now"):
         _run(tmp_path, lr=2e-3)
     (tmp_path / STATE_JSON).write_text("{")
+    with pytest.raises(DataError, match="state.json.*sha256"):
+        _run(tmp_path)
+    (tmp_path / "checksums.json").unlink()  # a state kept before its files' sha256 were
     with pytest.raises(DataError, match="not valid JSON"):
         _run(tmp_path)
 
