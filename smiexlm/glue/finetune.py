@@ -34,7 +34,8 @@ from smiexlm.device import resolve_device
 from smiexlm.errors import ConfigError, check_fraction, check_positive_int
 from smiexlm.glue.metrics import compute_metrics, majority_baseline
 from smiexlm.glue.tasks import GlueSplit, GlueTask, get_task, load_task
-from smiexlm.paths import PACKAGE_DIR, file_sha256, write_json
+from smiexlm.moleculenet.task import check_seeds
+from smiexlm.paths import PACKAGE_DIR, check_output, file_sha256, write_json
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "glue.toml"
 
@@ -100,6 +101,7 @@ class GlueConfig:
         self.adam_betas = tuple(float(b) for b in self.adam_betas)
         if not self.seeds:
             raise ConfigError("seeds", self.seeds, "at least one seed")
+        check_seeds(self.seeds)  # distinct: a repeated one would count its run twice
         resolve_device(self.device)  # an unknown device or missing CUDA fails here, early
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError("lr", self.lr, "a positive number")
@@ -108,7 +110,7 @@ class GlueConfig:
         if self.max_length < 8:
             raise ConfigError("max_length", self.max_length, "at least 8")
         check_fraction("warmup_ratio", self.warmup_ratio)
-        for name in ("max_steps", "max_train_rows", "max_eval_rows"):
+        for name in ("max_steps", "max_train_rows", "max_eval_rows", "threads"):
             check_positive_int(name, getattr(self, name), optional=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -254,6 +256,10 @@ class _PreparedTask:
 
         task = get_task(config.task)
         pre = load_pretrained(checkpoint)
+        if not hasattr(pre.tokenizer, "encode_pair"):
+            raise ConfigError("--checkpoint", str(checkpoint), "a text model (GLUE reads "
+                              "sentences: pretrain one with a text_* config, docs/text_glue.md), "
+                              f"not a {type(pre.tokenizer).__name__} model")  # fmt: skip
         train = load_task(task.name, "train", root).subset(config.max_train_rows)
         evaluation = load_task(task.name, config.eval_split, root).subset(config.max_eval_rows)
         if evaluation.labels is None:
@@ -345,6 +351,8 @@ def run_tasks(
     saved to ``out/NAME.json`` when ``out`` is given."""
     from smiexlm.glue.tasks import TASKS, task_path
 
+    if out is not None:
+        out = check_output(out, "--out", kind="folder")  # before any training
     every = task.lower() == "all"
     for name in list(TASKS) if every else [get_task(task).name]:
         spec = get_task(name)

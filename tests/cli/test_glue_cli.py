@@ -77,6 +77,23 @@ def test_glue_bad_task_is_a_clear_error(tiny_checkpoint):
     assert "SQuAD" in str(result.exception) or "SQuAD" in result.output
 
 
+def test_seeds_threads_a_smiles_model_and_a_file_as_out_are_refused_before_training(
+    shared_data, tmp_path
+):
+    from smiexlm.errors import ConfigError, DataError
+    from smiexlm.glue.finetune import GlueConfig, run_glue, run_tasks
+
+    with pytest.raises(ConfigError, match="distinct seeds"):
+        GlueConfig("rte", seeds=(1, 1))
+    with pytest.raises(ConfigError, match="threads"):
+        GlueConfig("rte", threads=0)
+    with pytest.raises(ConfigError, match="a text model"):
+        run_glue("exlm", GlueConfig("rte", seeds=(1,), max_steps=1, max_train_rows=8))
+    (tmp_path / "out").write_text("")
+    with pytest.raises(DataError, match="expected a folder"):
+        next(run_tasks("rte", "exlm", {"seeds": (1,)}, out=tmp_path / "out"))
+
+
 def test_table11_grid_ships_as_the_papers_config():
     from smiexlm.glue.finetune import CONFIG_PATH, GlueConfig, grid_points
 
