@@ -190,8 +190,10 @@ class ForestFeatures:
                                  clip=DESCRIPTOR_CLIP)  # fmt: skip
 
     def matrix(self, scaler: FeatureScaler | None) -> np.ndarray | sparse.csr_matrix:
-        """(N, F) float32 for the forest; bits alone as a sparse matrix (the same trees,
-        fitted 1.4x (BACE) to 6x (MUV) faster: few of 2,048 bits are set in a molecule)."""
+        """(N, F) float32 for the forest; bits alone as a sparse matrix (fitted 1.4x (BACE)
+        to 6x (MUV) faster: few of 2,048 bits are set in a molecule; scikit-learn's sparse
+        splitter may break ties between equal splits otherwise than its dense one, so a
+        forest on the dense bits can differ slightly)."""
         if self.descriptors is None:
             return sparse.csr_matrix(self.bits.astype(np.float32))
         parts = [] if self.bits is None else [self.bits.astype(np.float32)]
