@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from smiexlm.moleculenet.registry import PAPER_RESULTS, PAPER_TASKS
+from smiexlm.moleculenet.registry import PAPER_RESULTS, PAPER_TASKS, get_spec
 
 
 @dataclass
@@ -118,12 +118,16 @@ def _digits(metric: str) -> int:
 
 def _paper_datasets(results: list[RunResult]) -> set[str]:
     """The datasets the paper's Table 1 scores, where they were scored as it did: its
-    classification sets, by ROC-AUC, on its scaffold split (a regression table given one of
-    their names, or a random or balanced split, has no paper row)."""
+    classification sets, by ROC-AUC, on its scaffold split, read from the set's own file (a
+    user's table given one of their names, a regression table, or a random or balanced split
+    has no paper row; a result older than its table's sha256 is taken at its word)."""
     return {
         r.dataset
         for r in results
-        if r.dataset in PAPER_TASKS and r.metric == "roc_auc" and r.split == PAPER_SPLIT
+        if r.dataset in PAPER_TASKS
+        and r.metric == "roc_auc"
+        and r.split == PAPER_SPLIT
+        and r.data_sha256 in (None, get_spec(r.dataset).sha256)
     }
 
 

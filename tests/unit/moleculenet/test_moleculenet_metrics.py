@@ -27,6 +27,7 @@ from smiexlm.moleculenet.metrics import (
     multitask_rmse,
     multitask_roc_auc,
 )
+from smiexlm.moleculenet.registry import get_spec
 from smiexlm.moleculenet.report import (
     RunResult,
     markdown_table,
@@ -163,9 +164,10 @@ def test_table8_ships_and_overrides():
         finetune_config("bbbp", learning_rate=1.0)
 
 
-def _result(model, dataset, seed, test, split="scaffold"):
+def _result(model, dataset, seed, test, split="scaffold", sha256=None):
+    """A result on the set's own file (its registry sha256), or on a table of ``sha256``."""
     return RunResult(model, dataset, seed, split, "roc_auc", test, test, (8, 1, 1), 0, 1, 1,
-                     1.0, "abc")  # fmt: skip
+                     1.0, sha256 or get_spec(dataset).sha256)  # fmt: skip
 
 
 def test_report_mean_std_and_files(tmp_path):
@@ -181,7 +183,7 @@ def test_report_mean_std_and_files(tmp_path):
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
     assert read_results(paths["json"]) == results
     text = paths["md"].read_text()
-    assert "Split: scaffold." in text and "abc" in text
+    assert "Split: scaffold." in text and get_spec("bbbp").sha256 in text
 
 
 def test_reports_name_the_split_and_never_mix_splits_or_misplace_the_paper():
@@ -201,6 +203,8 @@ def test_reports_name_the_split_and_never_mix_splits_or_misplace_the_paper():
     assert "| model | split | bbbp | mean |" in table
     assert "| m [random] | random | 90.0 ± 0.0 | 90.0 |" in table
     assert "| ExLM (paper) | scaffold | 72.8 | 72.8 |" in table
+    own = [_result("m", "bbbp", s, 70.0, sha256="0" * 64) for s in range(3)]  # a user's table
+    assert "paper" not in markdown_table(own)  # named bbbp, but not the set the paper scored
 
 
 def test_rf_baseline_runs_and_is_seeded(shared_data):
