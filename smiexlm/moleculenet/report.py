@@ -262,8 +262,11 @@ RUNS_PAGE = "runs.md"
 def _summary_page(results: list[RunResult], title: str, command: str) -> str:
     """``report.md``: the summary table, the measures beside the score and the data's
     checksums; every run is on :data:`RUNS_PAGE`."""
-    metric = results[0].metric if results else "roc_auc"
-    unit = "test ROC-AUC x 100" if metric == "roc_auc" else "test RMSE"
+    names = {"roc_auc": "test ROC-AUC x 100", "rmse": "test RMSE"}
+    metrics = list(dict.fromkeys(r.metric for r in results)) or ["roc_auc"]
+    unit = " or ".join(names.get(m, f"test {m}") for m in metrics)  # each set: its own
+    if len(metrics) > 1:
+        unit += ", by set"
     total = sum(r.wall_s for r in results)
     paper = ["Paper rows: ExLM paper Table 1 (scaffold split, 3 seeds).", ""]
     more = more_markdown(results)

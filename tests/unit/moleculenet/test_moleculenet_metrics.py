@@ -184,6 +184,10 @@ def test_report_mean_std_and_files(tmp_path):
     assert read_results(paths["json"]) == results
     text = paths["md"].read_text()
     assert "Split: scaffold." in text and get_spec("bbbp").sha256 in text
+    esol = RunResult("m", "esol", 0, "scaffold", "rmse", 1.2, 1.1, (8, 1, 1), 0, 1, 1, 1.0,
+                     get_spec("esol").sha256)  # fmt: skip
+    mixed = write_report([*results, esol], tmp_path / "mixed", "mixed")["md"].read_text()
+    assert "## Summary (test ROC-AUC x 100 or test RMSE, by set," in mixed
 
 
 def test_reports_name_the_split_and_never_mix_splits_or_misplace_the_paper():
