@@ -225,6 +225,7 @@ def clean_task(
                     ", ".join(f"{why}: {n}" for why, n in reasons.items()))  # fmt: skip
     if task_type == "regression":
         _check_regression(labels, valid, name, first_line)
+    _warn_repeats(smiles[valid], labels[valid], name)
     parts = (None if split_col is None
              else read_parts(raw[split_col], split_col, name, first_line))  # fmt: skip
     return MoleculeTask(
@@ -239,6 +240,19 @@ def clean_task(
         split_col=split_col,
         parts=None if parts is None else [p for p, ok in zip(parts, valid, strict=True) if ok],
     )
+
+
+def _warn_repeats(smiles: pd.Series, labels: pd.DataFrame, name: str) -> None:
+    """Say how many SMILES the table holds more than once, and how many of them with labels
+    that differ: a random split may put one copy in train and another in test."""
+    repeated = smiles.duplicated(keep=False)
+    if not repeated.any():
+        return
+    groups = labels[repeated].fillna(np.inf).groupby(smiles[repeated].to_numpy())
+    differ = int((groups.nunique() > 1).any(axis=1).sum())
+    log.warning("%s: %d SMILES appear more than once (%d of them with labels that differ); a "
+                "random split may put copies of one in train and in test, the scaffold split "
+                "keeps them together", name, smiles[repeated].nunique(), differ)  # fmt: skip
 
 
 def _label_values(

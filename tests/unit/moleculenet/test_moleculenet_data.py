@@ -207,6 +207,15 @@ def test_user_csv_loads_and_rejects_bad_input(tmp_path):
     assert reg.labels[:, 0].tolist() == [0.5, 1.5, 3.0]
 
 
+def test_a_smiles_given_twice_is_said_with_how_many_labels_differ(tmp_path, caplog):
+    table = pd.DataFrame({"S": ["CCO", "CCO", "CCN", "CCN", "CCC", "CCCC"],
+                          "A": [1, 0, 1, 1, 0, 1]})  # fmt: skip
+    with caplog.at_level("WARNING", logger="smiexlm.moleculenet.loaders"):
+        read_task(_write(tmp_path, table), "S", ["A"], "classification")
+    said = [r.getMessage() for r in caplog.records if "more than once" in r.getMessage()]
+    assert len(said) == 1 and "2 SMILES appear more than once (1 of them with labels" in said[0]
+
+
 def test_kept_predictions_read_back_and_a_file_of_another_table_is_refused(tmp_path):
     from smiexlm.moleculenet.runs import keep_predictions, read_predictions, run_dir
     from smiexlm.moleculenet.splits import Split
