@@ -24,7 +24,7 @@ import pandas as pd
 from smiexlm.data.normalize import smiles_problem
 from smiexlm.data.readers import detect_format, read_table
 from smiexlm.data.widen.exclusion import EvaluationSet
-from smiexlm.errors import DataError, check_distinct
+from smiexlm.errors import DataError, check_distinct, shorten
 from smiexlm.moleculenet.registry import DATASETS, DatasetSpec, TaskType, get_spec
 from smiexlm.moleculenet.splits import VALID_FROM_TRAIN, carve_valid, read_parts, row_name
 from smiexlm.moleculenet.task import MoleculeTask
@@ -221,8 +221,12 @@ def clean_task(
     invalid_rows = np.flatnonzero(~valid)
     if len(invalid_rows):
         reasons = pd.Series([problems[r] for r in invalid_rows]).value_counts()
-        log.warning("%s: %d of %d SMILES excluded (%s)", name, len(invalid_rows), len(raw),
-                    ", ".join(f"{why}: {n}" for why, n in reasons.items()))  # fmt: skip
+        where = "line" if first_line is not None else "row"
+        first = "; ".join(f"{where} {r + (first_line or 0)} {shorten(smiles.iloc[r], 30)!r}: "
+                          f"{problems[r]}" for r in invalid_rows[:3])  # fmt: skip
+        log.warning("%s: %d of %d SMILES excluded (%s; %s%s)", name, len(invalid_rows), len(raw),
+                    ", ".join(f"{why}: {n}" for why, n in reasons.items()), first,
+                    "; ..." if len(invalid_rows) > 3 else "")  # fmt: skip
     if task_type == "regression":
         _check_regression(labels, valid, name, first_line)
     _warn_repeats(smiles[valid], labels[valid], name)
