@@ -90,6 +90,9 @@ class RepeatedMLMConfig:
                 raise ConfigError(name, getattr(self, name), "a positive integer")
         if not 0.0 <= self.min_ratio < 1.0:
             raise ConfigError("min_ratio", self.min_ratio, "a fraction in [0, 1)")
+        if not self.cells():
+            raise ConfigError("k/p", (self.ks, self.ps), f"at least one cell whose p^k reaches "
+                              f"--min-ratio {self.min_ratio} (every one would be skipped)")  # fmt: skip
 
     def cells(self) -> list[tuple[int, float]]:
         return [

@@ -112,3 +112,11 @@ def test_project_masking_of_repeated_tokens_matches_p_to_the_k(k, p):
     s = measures.corrupted_ratio(labels != -100, source, rep_mask, counted)
     n = int(counted.sum())
     assert abs(s - p**k) <= 5 * math.sqrt(measures.corrupted_ratio_variance(p, k, n)) + 2 / n
+
+
+def test_a_repeated_mlm_grid_whose_every_cell_is_skipped_is_refused():
+    from smiexlm.analysis.repeated_mlm import RepeatedMLMConfig
+
+    assert RepeatedMLMConfig(ks=(1, 4), ps=(0.15,)).cells() == [(1, 0.15)]
+    with pytest.raises(ConfigError, match="every one would be skipped"):
+        RepeatedMLMConfig(ks=(4,), ps=(0.15,))  # 0.15^4 = 0.0005 < 0.001
