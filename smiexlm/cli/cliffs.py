@@ -8,6 +8,15 @@ from typing import Annotated
 
 import typer
 
+Measures = Annotated[
+    str,
+    typer.Option(
+        help="The similarities that make a pair, comma-separated: ecfp4, scaffold (ECFP4 of the "
+        "generic Murcko scaffolds: every one-ring molecule is the same core), smiles (edit "
+        "similarity)."
+    ),
+]
+
 
 def cliffs(
     table: Annotated[Path, typer.Argument(help="A table (CSV/TSV/Parquet) of SMILES and values.")],
@@ -29,14 +38,7 @@ def cliffs(
             "log unit; another for other units)."
         ),
     ] = 1.0,  # fmt: skip
-    measures: Annotated[
-        str,
-        typer.Option(
-            help="The similarities that make a pair, comma-separated: ecfp4, scaffold (ECFP4 "
-            "of the generic Murcko scaffolds: every one-ring molecule is the same core), "
-            "smiles (edit similarity)."
-        ),
-    ] = "ecfp4,scaffold,smiles",  # fmt: skip
+    measures: Measures = "ecfp4,scaffold,smiles",
 ) -> None:
     """List the pairs of near-identical molecules whose values differ by more than --gap
     (activity cliffs): their rows, SMILES, values and similarities. Rows without a parsable
@@ -45,13 +47,29 @@ def cliffs(
     import pandas as pd
 
     from smiexlm.atomic import atomic_paths
-    from smiexlm.data.readers import read_table, write_table
-    from smiexlm.errors import DataError
+    from smiexlm.data.readers import write_table
     from smiexlm.moleculenet.cliffs import cliff_pairs
     from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
 
     out = check_output(out, "--out")
     listed = check_output(rejects_beside(out), "--out rejects file")
+    smiles, values, rejects = _table(table, smiles_col, label_col)
+    pairs = cliff_pairs(smiles, values, similarity, gap, measures.split(","))
+    with atomic_paths(out, listed) as (tmp, tmp_listed):
+        write_table(pairs, tmp)
+        pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp_listed, index=False)
+    molecules = len(set(pairs["i"]) | set(pairs["j"]))
+    typer.echo(f"{len(pairs):,} cliff pairs among {len(smiles):,} molecules ({molecules:,} "
+               f"molecules in at least one) -> {out}"
+               + (f"; {len(rejects):,} rows in no pair -> {listed}" if rejects else ""))  # fmt: skip
+
+
+def _table(table: Path, smiles_col: str, label_col: str) -> tuple[list[str], list[float], list]:
+    """The table's SMILES, values (NaN where a row takes part in no pair) and rejected rows;
+    DataError for a missing column or a table none of whose rows can take part."""
+    from smiexlm.data.readers import read_table
+    from smiexlm.errors import DataError
+
     frame = read_table(table, smiles_col, "TABLE")  # text cells; a blank cell is ""
     if label_col not in frame.columns:
         raise DataError(f"--label-col {label_col!r} is not a column of {str(table)!r}: "
@@ -62,14 +80,7 @@ def cliffs(
         first = "; ".join(f"row {r}: {why}" for r, _, why in rejects[:3])
         raise DataError(f"{str(table)!r}: none of its {len(frame):,} rows has a parsable SMILES "
                         f"and a finite {label_col!r} ({first}); expected a column of numbers")  # fmt: skip
-    pairs = cliff_pairs(smiles, values, similarity, gap, measures.split(","))
-    with atomic_paths(out, listed) as (tmp, tmp_listed):
-        write_table(pairs, tmp)
-        pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp_listed, index=False)
-    molecules = len(set(pairs["i"]) | set(pairs["j"]))
-    typer.echo(f"{len(pairs):,} cliff pairs among {len(frame):,} molecules ({molecules:,} "
-               f"molecules in at least one) -> {out}"
-               + (f"; {len(rejects):,} rows in no pair -> {listed}" if rejects else ""))  # fmt: skip
+    return smiles, values, rejects
 
 
 def _values(smiles: list[str], cells: list[str], label_col: str) -> tuple[list[float], list]:

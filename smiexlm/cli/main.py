@@ -78,6 +78,32 @@ WRITES_INSIDE = {("plot_run", "run_dirs")}
 LOCKED_OUTPUTS = {"finetune": ("out", "save_dir"), "benchmark": ("out",), "predict": ("out",)}
 
 
+def _check_paths(command: str, values: dict[str, Any], output_names: set[str],
+                 path_names: set[str]) -> None:  # fmt: skip
+    """The checks of :func:`_guarded` on a command's paths (option name -> value): no output
+    names an input or stands where an output's side file goes; none lies inside an input
+    folder; no input lies inside a folder the command owns; and the atomic writers are told
+    which files are inputs, never to be written over."""
+    from smiexlm.atomic import protect_inputs
+    from smiexlm.paths import (
+        check_inputs_outside,
+        check_outputs_apart,
+        check_outputs_outside,
+        named_paths,
+        side_outputs,
+    )
+
+    outputs = {k: v for k, v in values.items() if k in output_names}
+    inputs = {k: v for k, v in values.items() if k not in output_names}
+    check_outputs_apart(outputs | side_outputs(outputs), inputs)
+    path_values = {k: v for k, v in values.items() if k in path_names}
+    check_outputs_outside(outputs, path_values)
+    if command in FOLDER_OWNERS:
+        owned = {k: v for k, v in outputs.items() if v and not Path(v).suffix}
+        check_inputs_outside(owned, path_values)
+    protect_inputs([p for value in path_values.values() for p in named_paths(value)])
+
+
 def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
     """``callback`` with the checks and messages every command shares:
 
@@ -106,31 +132,18 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
         from smiexlm.atomic import protect_inputs
         from smiexlm.cli.params import distinct_columns
         from smiexlm.errors import storage_error
-        from smiexlm.paths import (
-            check_inputs_outside,
-            check_outputs_apart,
-            check_outputs_outside,
-            named_paths,
-            side_outputs,
-        )
         from smiexlm.training.runlock import hold_outputs
 
         values = signature.bind_partial(*args, **kwargs).arguments
         resumable = resumes
         if callback.__name__ in PARTS_COMMANDS and not Path(values.get("out") or "x.csv").suffix:
             resumable = "the same command goes on from its finished parts"
-        outputs = {shown[k]: v for k, v in values.items() if k in OUTPUT_PARAMETERS}
-        inputs = {shown[k]: v for k, v in values.items() if k not in OUTPUT_PARAMETERS}
-        check_outputs_apart(outputs | side_outputs(outputs), inputs)
-        path_values = {shown[k]: v for k, v in values.items() if k in path_inputs}
-        check_outputs_outside(outputs, path_values)
-        protect_inputs([p for value in path_values.values() for p in named_paths(value)])
-        if callback.__name__ in FOLDER_OWNERS:
-            owned = {k: v for k, v in outputs.items() if v and not Path(v).suffix}
-            check_inputs_outside(owned, path_values)
         for name, value in values.items():
             if name.endswith("_cols") and value:
                 distinct_columns(shown[name], value)
+        _check_paths(callback.__name__, {shown[k]: v for k, v in values.items()},
+                     {shown[k] for k in OUTPUT_PARAMETERS if k in shown},
+                     {shown[k] for k in path_inputs})  # fmt: skip
         try:
             with hold_outputs(_locked(callback.__name__, values, shown)):
                 return callback(*args, **kwargs)
@@ -147,6 +160,8 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
             if fault is None:
                 raise
             raise fault from None
+        finally:
+            protect_inputs([])  # the command's inputs, protected while it runs
 
     return guarded
 

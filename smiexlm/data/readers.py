@@ -20,9 +20,7 @@ Formats:
 - ``.csv`` / ``.tsv``: a header row and a SMILES column.
 - ``.parquet`` / ``.pq``: read one record batch at a time.
 - Uni-Mol LMDB archives (a ``.lmdb`` file or a folder holding ``data.mdb``; preprocessing
-  only), behind the optional ``lmdb`` extra. Uni-Mol stores each record as a Python pickle,
-  and unpickling can run arbitrary code: only read archives you trust. Nothing else is ever
-  unpickled.
+  only), behind the optional ``lmdb`` extra (:mod:`smiexlm.data.lmdb_input`).
 
 Every way a file can be unusable (missing, a folder, an unknown suffix, empty, header only,
 not UTF-8, truncated, not the format its suffix says, no SMILES column, a column name given
@@ -265,7 +263,9 @@ def read_chunks(
         elif fmt == "parquet":
             yield from _parquet_chunks(path, chunk_size, smiles_col, what)
         else:
-            yield from _lmdb_chunks(path, chunk_size, smiles_col)
+            from smiexlm.data.lmdb_input import lmdb_chunks
+
+            yield from lmdb_chunks(path, chunk_size, smiles_col)
 
 
 def iter_smiles(
@@ -329,37 +329,6 @@ def _parquet_chunks(path: Path, chunk_size: int, col: str | None, what: str) -> 
         items = [v if isinstance(v, str) or v is None else str(v) for v in values]
         yield list(range(row, row + len(items))), items
         row += len(items)
-
-
-def _lmdb_chunks(path: Path, chunk_size: int, col: str | None) -> Iterator[Chunk]:
-    try:
-        import lmdb
-    except ImportError:
-        raise DataError(
-            f"input {str(path)!r} is an LMDB archive: install the optional extra "
-            "(pip install 'smiexlm[lmdb]')"
-        ) from None
-    import pickle
-
-    key = col or "smi"
-    env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False, readahead=False)
-    try:
-        with env.begin() as txn:
-            lines: list[int] = []
-            items: list[str | None] = []
-            for record, (_, value) in enumerate(txn.cursor(), start=1):
-                # Uni-Mol archives are pickled dicts: trusted input only (see module doc).
-                entry = pickle.loads(value)  # noqa: S301
-                smiles = entry.get(key) if isinstance(entry, dict) else None
-                lines.append(record)
-                items.append(smiles if isinstance(smiles, str) else None)
-                if len(items) == chunk_size:
-                    yield lines, items
-                    lines, items = [], []
-            if items:
-                yield lines, items
-    finally:
-        env.close()
 
 
 # ---------------------------------------------------------------------- shared plumbing

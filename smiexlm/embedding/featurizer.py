@@ -35,10 +35,10 @@ from smiexlm.data.collate import collate
 from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.data.sampler import length_batches
 from smiexlm.device import resolve_device
+from smiexlm.embedding.inputs import smiles_list
 from smiexlm.embedding.report import FeaturizeReport, log_report, progress_bar, release_free_memory
 from smiexlm.errors import (
     ConfigError,
-    DataError,
     InvalidSmilesError,
     VocabularyMismatchError,
     check_positive_int,
@@ -246,7 +246,7 @@ class Featurizer:
         that streams a file in pieces reports file rows); ``log_failures=False`` leaves the
         listing of bad inputs to the caller.
         """
-        items = _as_list(smiles)
+        items = smiles_list(smiles)
         options = self._plan(pooling, layer, whiten, errors, batch_tokens, batch_size,
                              canonicalize, chunk_size, index_offset)  # fmt: skip
         out = np.empty((len(items), self.width(options.pooling, options.layer)), dtype=np.float32)
@@ -286,8 +286,8 @@ class Featurizer:
         are those :meth:`featurize` gives for the same input and options (the same chunks
         are computed alike); :attr:`last_report` counts what has been read so far and is
         complete, and its warnings logged, once the iterator is exhausted."""
-        if isinstance(smiles, str):
-            _as_list(smiles)  # the one-str error
+        if isinstance(smiles, (str, bytes, Mapping)) or getattr(smiles, "ndim", 1) != 1:
+            smiles_list(smiles)  # one SMILES, a table or a mapping: refused as featurize does
         options = self._plan(pooling, layer, whiten, errors, batch_tokens, batch_size,
                              canonicalize, chunk_size, index_offset)  # fmt: skip
         chunks = self._chunks(iter(smiles), options, progress_bar(None) if progress else None)
@@ -389,22 +389,3 @@ class Featurizer:
         with torch.inference_mode(), batch_invariant(), int8_products(self.int8):
             pooled = self.model.encode(input_ids, mask, pooling=pooling, layer=layer).pooled
         return pooled.float().cpu().numpy()
-
-
-def _as_list(smiles: Any) -> list[Any]:
-    """The SMILES of a list, tuple, iterator, 1-D array or Series; DataError for one SMILES,
-    a table or a mapping (whose iteration gives its column names or keys) or a non-sequence."""
-    if isinstance(smiles, (str, bytes)) or getattr(smiles, "ndim", 1) == 0:
-        raise DataError(f"featurize expects a sequence of SMILES, got one {str(smiles)[:40]!r}: "
-                        "wrap it in a list")  # fmt: skip
-    if isinstance(smiles, Mapping) or getattr(smiles, "ndim", 1) > 1:
-        kind = type(smiles).__name__
-        raise DataError(f"featurize expects a sequence of SMILES, got a {kind} (it would be "
-                        "read by its keys or column names): pass its SMILES column")  # fmt: skip
-    if hasattr(smiles, "tolist") and hasattr(smiles, "dtype"):  # pandas Series, numpy array
-        return list(smiles.tolist())
-    try:
-        return list(smiles)
-    except TypeError:
-        raise DataError(f"featurize expects a sequence of SMILES, got {type(smiles).__name__} "
-                        f"{str(smiles)[:40]!r}") from None  # fmt: skip

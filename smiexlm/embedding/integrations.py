@@ -19,6 +19,8 @@ from typing import Any, Literal
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
+from smiexlm.embedding.inputs import table_smiles
+
 __all__ = ["ExLMFeaturizer", "ExLMTransformer"]  # noqa: F822 (ExLMFeaturizer is built lazily)
 
 _LOADED: dict[tuple[str, str], Any] = {}  # (path, device) -> Featurizer, shared per process
@@ -32,24 +34,6 @@ def load_featurizer(path: str | Path | None, device: str = "auto") -> Any:
     if key not in _LOADED:
         _LOADED[key] = Featurizer.from_pretrained(path, device=device)
     return _LOADED[key]
-
-
-def _to_smiles_list(X: Any) -> list[Any]:
-    """SMILES from a list, a 1-D array, a Series, or a one-column 2-D array / DataFrame."""
-    if hasattr(X, "iloc") and getattr(X, "ndim", 1) == 2:  # DataFrame
-        if X.shape[1] != 1:
-            from smiexlm.errors import DataError
-
-            raise DataError(
-                f"ExLMTransformer got a table with {X.shape[1]} columns: expected one SMILES "
-                "column (select it, or use a ColumnTransformer)"
-            )
-        X = X.iloc[:, 0]
-    if isinstance(X, np.ndarray) and X.ndim == 2:
-        X = X[:, 0] if X.shape[1] == 1 else X.ravel()
-    if isinstance(X, str):
-        X = [X]
-    return list(X.tolist() if hasattr(X, "tolist") else X)
 
 
 def _weights_sha256(featurizer: Any) -> str | None:
@@ -122,7 +106,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
 
     def transform(self, X: Any) -> np.ndarray:
         return self.featurizer_.featurize(
-            _to_smiles_list(X),
+            table_smiles(X),
             pooling=self.pooling,
             layer=self.layer,
             errors=self.errors,

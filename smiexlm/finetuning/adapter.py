@@ -34,7 +34,12 @@ import torch
 from smiexlm.errors import ConfigError
 from smiexlm.finetuning.adapt import adapt_descriptors
 from smiexlm.finetuning.backbone import Backbone
-from smiexlm.finetuning.config import FinetuneConfig, kernel_kinds, resolve_forest
+from smiexlm.finetuning.config import (
+    FinetuneConfig,
+    kernel_kinds,
+    resolve_forest,
+    variant_name,
+)
 from smiexlm.finetuning.folder import check_free_seed_folders
 from smiexlm.finetuning.outputs import write_outputs
 from smiexlm.finetuning.targets import RunScores, Targets
@@ -59,33 +64,6 @@ def loop_config(cfg: FinetuneConfig, higher_is_better: bool):
 def with_backbone_blocks(cfg: FinetuneConfig, backbone: Backbone) -> FinetuneConfig:
     """``cfg`` with its ``layers`` set: the backbone's own embedding blocks when None."""
     return cfg if cfg.layers is not None else dataclasses.replace(cfg, layers=backbone.layers)
-
-
-def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
-    """The report's row name: the backbone plus how it was fine-tuned."""
-    name = backbone.name
-    if cfg.adapt_steps:
-        name += f" + adapt {cfg.adapt_steps}"
-    if cfg.loop.head_epochs:
-        name += f", head first ({cfg.loop.head_epochs} epochs)"
-    if cfg.loop.layer_decay != 1.0:
-        name += f", layer decay {cfg.loop.layer_decay:g}"
-    if cfg.loop.freeze:
-        name += " frozen"
-    elif cfg.loop.freeze_layers:
-        name += f" ({cfg.loop.freeze_layers} layers frozen)"
-    if cfg.layers not in (None, backbone.layers):
-        blocks = f"last {cfg.layers} blocks" if cfg.layers > 1 else "last block"
-        name += f", head on the {blocks}"
-    name += f" + {cfg.features}" if cfg.features else ""
-    if cfg.class_weight == "balanced":
-        name += ", classes balanced"
-    if cfg.loop.ema_half_life:
-        name += f", weights averaged (half-life {cfg.loop.ema_half_life:g} epochs)"
-    if cfg.ensemble != "none":
-        name += f", {cfg.ensemble} ensemble"
-    name += f" + RF-{cfg.forest}" if cfg.forest else ""
-    return name + (f" + SVR-{cfg.kernels} ({cfg.combine})" if kernel_kinds(cfg) else "")
 
 
 def _hybrid_features(cfg: FinetuneConfig, inputs: list[str], raw: np.ndarray | None, split: Split):
@@ -243,10 +221,7 @@ def finetune_once(
 
     t0 = time.perf_counter()
     task = check_task(task)
-    cfg = resolve_forest(cfg, task.task_type, len(task.label_cols), backbone.folder is not None)
-    cfg = with_backbone_blocks(cfg, backbone)
-    if not task.is_classification and kernel_kinds(cfg):
-        check_kernel_rows(task.labels[np.asarray(split.train, np.intp)], task.label_cols)
+    cfg = _resolved(cfg, task, split, backbone)
     run = _setup(task, split, cfg, seed, backbone, inputs, raw_features)
     (train, valid, _), targets = run.parts, run.targets
     loop = loop_config(cfg, higher_is_better=task.is_classification)
@@ -278,6 +253,17 @@ def finetune_once(
     if run_dir is not None:
         runs.finish(run_dir, result)
     return result
+
+
+def _resolved(cfg: FinetuneConfig, task: MoleculeTask, split: Split,
+              backbone: Backbone) -> FinetuneConfig:  # fmt: skip
+    """``cfg`` as it runs on ``task`` with ``backbone`` (its forest, kernels and head blocks);
+    DataError before training where the kernel members' folds lack training molecules."""
+    embedding = backbone.folder is not None  # a random init has no frozen embedding
+    cfg = resolve_forest(cfg, task.task_type, len(task.label_cols), embedding)
+    if not task.is_classification and kernel_kinds(cfg):
+        check_kernel_rows(task.labels[np.asarray(split.train, np.intp)], task.label_cols)
+    return with_backbone_blocks(cfg, backbone)
 
 
 def _served_scores(run: Setup, task: MoleculeTask, split: Split, cfg: FinetuneConfig,

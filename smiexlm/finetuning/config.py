@@ -7,7 +7,7 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smiexlm.chemistry.fingerprints import FEATURE_KINDS
 from smiexlm.errors import (
@@ -23,6 +23,9 @@ from smiexlm.forests.members import COMBINES
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.paths import PACKAGE_DIR
 from smiexlm.settings import Setting, check_settings, recorded, setting, settings_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smiexlm.finetuning.backbone import Backbone
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "moleculenet.toml"
 
@@ -335,3 +338,30 @@ def finetune_config(
     if unknown:
         raise ConfigError(str(sorted(unknown)), path.name, "only FinetuneConfig fields")
     return FinetuneConfig.from_flat(**values)
+
+
+def variant_name(backbone: Backbone, cfg: FinetuneConfig) -> str:
+    """The report's row name: the backbone plus how it was fine-tuned."""
+    name = backbone.name
+    if cfg.adapt_steps:
+        name += f" + adapt {cfg.adapt_steps}"
+    if cfg.loop.head_epochs:
+        name += f", head first ({cfg.loop.head_epochs} epochs)"
+    if cfg.loop.layer_decay != 1.0:
+        name += f", layer decay {cfg.loop.layer_decay:g}"
+    if cfg.loop.freeze:
+        name += " frozen"
+    elif cfg.loop.freeze_layers:
+        name += f" ({cfg.loop.freeze_layers} layers frozen)"
+    if cfg.layers not in (None, backbone.layers):
+        blocks = f"last {cfg.layers} blocks" if cfg.layers > 1 else "last block"
+        name += f", head on the {blocks}"
+    name += f" + {cfg.features}" if cfg.features else ""
+    if cfg.class_weight == "balanced":
+        name += ", classes balanced"
+    if cfg.loop.ema_half_life:
+        name += f", weights averaged (half-life {cfg.loop.ema_half_life:g} epochs)"
+    if cfg.ensemble != "none":
+        name += f", {cfg.ensemble} ensemble"
+    name += f" + RF-{cfg.forest}" if cfg.forest else ""
+    return name + (f" + SVR-{cfg.kernels} ({cfg.combine})" if kernel_kinds(cfg) else "")

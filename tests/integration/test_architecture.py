@@ -363,7 +363,8 @@ def _table_readers(tree: ast.Module) -> set[str]:
 
 def test_one_home_reads_tables():
     """A table of molecules (SMILES file, CSV/TSV, Parquet, LMDB; gzipped or not) is opened
-    by ``smiexlm.data.readers`` alone: it owns the suffix table, the SMILES-column rule and
+    by ``smiexlm.data.readers`` alone (its LMDB archives by ``lmdb_input``, which it calls and
+    which holds the one unpickling): it owns the suffix table, the SMILES-column rule and
     the error messages. Any other module that opens such a file with pandas, pyarrow, gzip,
     csv or lmdb is a second home of the concept, whatever its functions are called.
 
@@ -377,6 +378,7 @@ def test_one_home_reads_tables():
     homes = {p: found for p, found in homes.items() if found}
     readers = homes.pop("smiexlm/data/readers.py", set())
     assert {"pandas.read_csv", "pyarrow.parquet.ParquetFile", "csv.reader"} <= readers
+    assert homes.pop("smiexlm/data/lmdb_input.py", set()) == {"lmdb.open"}
     assert homes == {
         "smiexlm/parts/writing.py": {"pyarrow.parquet.read_schema"},
         "smiexlm/parts/reading.py": {"pyarrow.parquet.read_table", "pyarrow.dataset.dataset"},
