@@ -261,13 +261,18 @@ def protect_inputs(paths: list[Path]) -> None:
     _INPUTS[:] = [Path(p) for p in paths if Path(p).is_file()]
 
 
+def same_place(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file or folder: the same path once links are resolved, or
+    a hard link of it. False when either does not exist."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _check_not_an_input(final: Path) -> None:
     for source in _INPUTS:
-        try:
-            same = os.path.samefile(final, source)
-        except OSError:  # one of them does not exist: not the same file
-            continue
-        if same:
+        if same_place(final, source):
             raise DataError(f"{str(final)!r} is the input {str(source)!r}: writing the result "
                             "there would replace it, so nothing was written over it; expected "
                             "an input outside the output folder")  # fmt: skip

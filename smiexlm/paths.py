@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from smiexlm.atomic import atomic_path, write_text_atomic
+from smiexlm.atomic import atomic_path, same_place, write_text_atomic
 from smiexlm.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,11 @@ def rejects_beside(out: str | Path) -> Path:
     """Where a one-file job lists its bad rows: ``emb.parquet`` -> ``emb.rejects.csv``."""
     out = Path(out)
     return out.with_name(out.stem + ".rejects.csv")
+
+
+def ids_beside(out: str | Path) -> Path:
+    """Where a ``.npy`` output keeps its id columns: ``emb.npy`` -> ``emb.ids.csv``."""
+    return Path(out).with_suffix(".ids.csv")
 
 
 def data_dir(required: bool = True) -> Path | None:
@@ -126,15 +131,6 @@ def check_output(
     return path
 
 
-def same_place(a: str | Path, b: str | Path) -> bool:
-    """Whether two paths name one file or folder: the same path once links are resolved, or
-    a hard link of it. False when either does not exist."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def named_paths(value: Any) -> list[Path]:
     """The paths an option's value names: one path, or each of a list of them."""
     values = value if isinstance(value, (list, tuple)) else [value]
@@ -167,7 +163,7 @@ def side_outputs(outputs: dict[str, Any]) -> dict[str, list[Path]]:
         files = [p for p in named_paths(value) if p.suffix]
         if files:
             found[f"{name} side file"] = [
-                side for p in files for side in (rejects_beside(p), p.with_suffix(".ids.csv"))
+                side for p in files for side in (rejects_beside(p), ids_beside(p))
             ]
     return found
 

@@ -30,7 +30,7 @@ from smiexlm.embedding.report import FeaturizeReport
 from smiexlm.errors import DataError, every_row_failed
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.parts.job import DEFAULT_PART_ROWS, ChunkOutput, PartsResult
-from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
+from smiexlm.paths import REJECTS_HEADER, check_output, ids_beside, rejects_beside
 
 if TYPE_CHECKING:  # pragma: no cover
     from smiexlm.modelio.folder import ModelFolder
@@ -156,7 +156,7 @@ def embed_file(
     feat = how.featurizer()
     width = feat.width(how.chosen_pooling(), feat.last_blocks(how.chosen_layers()))
     report = FeaturizeReport()
-    ids_path = out.with_suffix(".ids.csv") if out.suffix == ".npy" and id_cols else None
+    ids_path = ids_beside(out) if out.suffix == ".npy" and id_cols else None
     rejects = rejects_beside(out)
     finals = [out] if ids_path is None else [out, ids_path]
     bar = _progress_bar("embed") if progress else None
@@ -197,7 +197,7 @@ def _check_file_out(out: Path) -> None:
     check_output(out, "--out")
     check_output(rejects_beside(out), "--out rejects file")
     if out.suffix == ".npy":
-        check_output(out.with_suffix(".ids.csv"), "--out ids file")
+        check_output(ids_beside(out), "--out ids file")
 
 
 def _progress_bar(desc: str) -> Any:

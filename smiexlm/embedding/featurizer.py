@@ -35,7 +35,7 @@ from smiexlm.data.collate import collate
 from smiexlm.data.normalize import NormalizeConfig
 from smiexlm.data.sampler import length_batches
 from smiexlm.device import resolve_device
-from smiexlm.embedding.inputs import smiles_list
+from smiexlm.embedding.inputs import refuse_non_sequence, smiles_list
 from smiexlm.embedding.report import FeaturizeReport, log_report, progress_bar, release_free_memory
 from smiexlm.errors import (
     ConfigError,
@@ -286,8 +286,7 @@ class Featurizer:
         are those :meth:`featurize` gives for the same input and options (the same chunks
         are computed alike); :attr:`last_report` counts what has been read so far and is
         complete, and its warnings logged, once the iterator is exhausted."""
-        if isinstance(smiles, (str, bytes, Mapping)) or getattr(smiles, "ndim", 1) != 1:
-            smiles_list(smiles)  # one SMILES, a table or a mapping: refused as featurize does
+        refuse_non_sequence(smiles)  # as featurize does; the rest is read lazily
         options = self._plan(pooling, layer, whiten, errors, batch_tokens, batch_size,
                              canonicalize, chunk_size, index_offset)  # fmt: skip
         chunks = self._chunks(iter(smiles), options, progress_bar(None) if progress else None)

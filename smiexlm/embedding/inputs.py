@@ -13,9 +13,9 @@ import numpy as np
 from smiexlm.errors import DataError
 
 
-def smiles_list(smiles: Any) -> list[Any]:
-    """The SMILES of a list, tuple, iterator, 1-D array or Series; DataError for one SMILES,
-    a table or a mapping (whose iteration gives its column names or keys) or a non-sequence."""
+def refuse_non_sequence(smiles: Any) -> None:
+    """DataError for one SMILES, or a table or a mapping (whose iteration gives its column
+    names or keys), where a sequence of SMILES is expected."""
     if isinstance(smiles, (str, bytes)) or getattr(smiles, "ndim", 1) == 0:
         raise DataError(f"featurize expects a sequence of SMILES, got one {str(smiles)[:40]!r}: "
                         "wrap it in a list")  # fmt: skip
@@ -23,6 +23,12 @@ def smiles_list(smiles: Any) -> list[Any]:
         kind = type(smiles).__name__
         raise DataError(f"featurize expects a sequence of SMILES, got a {kind} (it would be "
                         "read by its keys or column names): pass its SMILES column")  # fmt: skip
+
+
+def smiles_list(smiles: Any) -> list[Any]:
+    """The SMILES of a list, tuple, iterator, 1-D array or Series; DataError for what
+    :func:`refuse_non_sequence` refuses, or for what is no sequence at all."""
+    refuse_non_sequence(smiles)
     if hasattr(smiles, "tolist") and hasattr(smiles, "dtype"):  # pandas Series, numpy array
         return list(smiles.tolist())
     try:
@@ -43,6 +49,4 @@ def table_smiles(X: Any) -> list[Any]:
         X = X.iloc[:, 0]
     if isinstance(X, np.ndarray) and X.ndim == 2:
         X = X[:, 0] if X.shape[1] == 1 else X.ravel()
-    if isinstance(X, str):
-        X = [X]
-    return list(X.tolist() if hasattr(X, "tolist") else X)
+    return smiles_list([X] if isinstance(X, str) else X)

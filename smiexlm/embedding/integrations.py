@@ -38,11 +38,9 @@ def load_featurizer(path: str | Path | None, device: str = "auto") -> Any:
 
 def _weights_sha256(featurizer: Any) -> str | None:
     """The sha256 of the weights a featurizer's folder holds (None for a model in memory)."""
-    from smiexlm.modelio.layout import WEIGHTS_NAME
-    from smiexlm.paths import file_sha256
+    from smiexlm.modelio.integrity import weights_sha256
 
-    folder = featurizer.source
-    return None if folder is None else file_sha256(Path(folder) / WEIGHTS_NAME)
+    return None if featurizer.source is None else weights_sha256(featurizer.source)
 
 
 class ExLMTransformer(TransformerMixin, BaseEstimator):

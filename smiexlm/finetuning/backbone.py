@@ -63,13 +63,9 @@ class Backbone:
         hashed): with :attr:`name`, what identifies the backbone of a result or a kept state,
         so a folder re-exported under the same name is not taken for the one they came from.
         None for a random init."""
-        from smiexlm.modelio.integrity import file_sha256, read_checksums
-        from smiexlm.modelio.layout import WEIGHTS_NAME
+        from smiexlm.modelio.integrity import weights_sha256
 
-        if self.folder is None:
-            return None
-        recorded = (read_checksums(self.folder.path) or {}).get(WEIGHTS_NAME)
-        return recorded or file_sha256(self.folder.path / WEIGHTS_NAME)
+        return None if self.folder is None else weights_sha256(self.folder.path)
 
     @property
     def normalization(self) -> NormalizeConfig:

@@ -141,6 +141,15 @@ def record_checksums(folder: Path, *names: str) -> Path:
     return write_text_atomic(folder / CHECKSUMS_NAME, json.dumps(doc, indent=1) + "\n")
 
 
+def weights_sha256(folder: Path) -> str:
+    """The sha256 of a model folder's weights, as its ``checksums.json`` records it (hashed
+    where it records none): what names the weights a result, a state or a pickle came from."""
+    from smiexlm.modelio.layout import WEIGHTS_NAME
+
+    recorded = (read_checksums(Path(folder)) or {}).get(WEIGHTS_NAME)
+    return recorded or file_sha256(Path(folder) / WEIGHTS_NAME)
+
+
 def verify_checksum(path: Path, required: bool = True) -> bool:
     """True when ``path`` matches the sha256 its folder records; False when the folder records
     none (and warns, once per folder), or, unless ``required``, none for this file. A

@@ -52,16 +52,14 @@ def prepare_folder(out: Path, job: PartsJob, workers: Workers) -> dict[str, Any]
     which name their job, show that the folder holds this job's parts alone."""
     out = check_output(out, "--out", kind="folder")
     path = out / MANIFEST
-    try:
-        _, doc = (
-            read_json_file(path, "parts manifest", PARTS_FORMAT) if path.is_file() else (None, None)
-        )
-    except DataError as err:
-        finished_parts(out, job, verify=False)  # DataError for another job's records
-        logger.warning("%s; made again from the part records", err)
-        doc = None
-    else:
-        if doc is not None:
+    doc = None
+    if path.is_file():
+        try:
+            _, doc = read_json_file(path, "parts manifest", PARTS_FORMAT)
+        except DataError as err:
+            finished_parts(out, job, verify=False)  # DataError for another job's records
+            logger.warning("%s; made again from the part records", err)
+        else:
             check_manifest(out, doc, job)
     if doc is None:
         entries = list(out.iterdir()) if out.is_dir() and not path.is_file() else []
