@@ -170,14 +170,14 @@ def preprocess(
     check_vocabulary_fits(tokenizer, vocab, sources, config.smiles_col, max_unknown)
     run = PreprocessRun(out, config, tokenizer, sources)
     folder_existed = out.exists()
-    finished = run.open(resume)
-    if finished is not None:
-        return PreprocessResult(out, finished, 0.0, 0)
-    start = time.perf_counter()
-    try:
+    try:  # an interrupt while the folder is being started is cleaned up too
+        finished = run.open(resume)
+        if finished is not None:
+            return PreprocessResult(out, finished, 0.0, 0)
+        start = time.perf_counter()
         run.process(workers, progress)
     except BaseException:
-        if not run.committed:  # nothing worth resuming: leave no trace
+        if run.started and not run.committed:  # nothing worth resuming: leave no trace
             _remove_run(out, folder_existed)
         raise
     elapsed = time.perf_counter() - start

@@ -102,6 +102,7 @@ class PreprocessRun:
         self.pending = dict.fromkeys(SPLITS, 0)  # molecules in the buffers
         self.processed = 0  # rows read by this run
         self.rejects = self.writer = self.bar = None  # open while chunks are processed
+        self.started = False  # whether the folder is this run's to clean up when it stops
 
     # ------------------------------------------------------------ progress and resume
     def open(self, resume: bool) -> dict | None:
@@ -114,6 +115,7 @@ class PreprocessRun:
             if saved.get("complete"):
                 return json.loads((out / "manifest.json").read_text())
             self.state = _State(**saved["state"])
+            self.started = True
             newer = dict.fromkeys(REJECT_REASONS, 0)  # reasons added since the run started
             self.state.rejected = newer | self.state.rejected
             drop_uncommitted(out, self.state)
@@ -123,6 +125,7 @@ class PreprocessRun:
                     f"output folder {str(out)!r} already holds a dataset: pass --resume to "
                     "finish an interrupted run, or choose an empty folder"
                 )
+            self.started = True
             out.mkdir(parents=True, exist_ok=True)
             self.tokenizer.save(out / VOCAB_NAME)
             with open(out / "rejects.csv", "w", newline="", encoding="utf-8") as handle:

@@ -267,6 +267,31 @@ def test_preprocess_interrupted_before_its_first_shard_leaves_nothing(tmp_path):
     assert proc.returncode != 0 and not out.exists()
 
 
+def test_preprocess_interrupted_while_it_starts_its_folder_leaves_nothing(tmp_path, monkeypatch):
+    """The interrupt lands just after ``progress.json`` first appears, before any chunk."""
+    from smiexlm.data import preprocess
+    from smiexlm.errors import DataError
+    from smiexlm.data.preprocess_run import PreprocessRun
+
+    def interrupted(self, complete=False):
+        saving(self, complete)
+        raise KeyboardInterrupt
+
+    saving = PreprocessRun.save_progress
+    monkeypatch.setattr(PreprocessRun, "save_progress", interrupted)
+    raw = tmp_path / "in.smi"
+    raw.write_text("CCO\nc1ccccc1\n")
+    with pytest.raises(KeyboardInterrupt):
+        preprocess([raw], tmp_path / "ds", progress=False)
+    assert not (tmp_path / "ds").exists()
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "manifest.json").write_text("{}")  # someone else's folder stays whole
+    monkeypatch.setattr(PreprocessRun, "save_progress", saving)
+    with pytest.raises(DataError, match="already holds a dataset"):
+        preprocess([raw], tmp_path / "ds", progress=False)
+    assert (tmp_path / "ds" / "manifest.json").read_text() == "{}"
+
+
 # ---------------------------------------------------------------------- datasets and runs
 @pytest.fixture(scope="module")
 def dataset(shared_data, tmp_path_factory):
