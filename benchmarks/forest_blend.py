@@ -58,7 +58,7 @@ def forest_predictions(
     folder = run_dir(kept, task.name, seed)
     if not has_predictions(folder):
         cfg = BaselineConfig(features=kind, n_trees=n_trees)
-        run_baseline(task, seeds=[seed], cfg=cfg, run_root=kept)
+        run_baseline(task, seeds=[seed], cfg=cfg, run_root=kept, resume=True)
     return read_predictions(folder, task)
 
 

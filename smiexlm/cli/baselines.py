@@ -17,6 +17,7 @@ from smiexlm.cli.moleculenet import (
     LabelCols,
     Out,
     Overwrite,
+    Resume,
     Seeds,
     SmilesCol,
     Split,
@@ -118,8 +119,11 @@ def baseline(
     task_type: TaskTypeOpt = None,
     valid_from_train: ValidFromTrain = None,
     out: Out = Path("runs/baseline"),
+    resume: Resume = False,
 ) -> None:
-    """RandomForest on ECFP4 bits, RDKit 2D descriptors or both, same splits and seeds."""
+    """RandomForest on ECFP4 bits, RDKit 2D descriptors or both, same splits and seeds. Each
+    (set, seed) keeps its predictions and result in --out: a stopped run goes on with
+    --resume."""
     from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.report import write_report
 
@@ -129,7 +133,7 @@ def baseline(
     results, seeds = [], _seeds(seeds)
     for loaded in _load_tasks(tasks, data, smiles_col, label_cols, task_type, split,
                               valid_from_train):  # fmt: skip
-        results += run_baseline(loaded, seeds, cfg)
+        results += run_baseline(loaded, seeds, cfg, run_root=out / "runs", resume=resume)
         write_report(results, out, title)  # partial results survive an interrupt
     _print_report(results, out, title)
 

@@ -244,6 +244,10 @@ def finetune(
     _print_report(results, out, f"Fine-tuning {loaded.name}")
 
 
+#: where ``benchmark --with-baseline`` keeps the forests' (set, seed) runs, beside ``runs/``
+BASELINE_RUNS = "baseline_runs"
+
+
 def benchmark(
     tasks: Tasks = None,
     checkpoint: Checkpoint = None,
@@ -278,7 +282,9 @@ def benchmark(
         cfg = _config(loaded.name, config, settings)
         results += run_finetune(loaded, cfg, backbone, seeds, run_root=out / "runs", resume=resume)
         if with_baseline:
-            results += run_baseline(loaded, seeds, BaselineConfig(split=split))
+            kept = out / BASELINE_RUNS if runs.is_main() else None  # one writer of its cells
+            results += run_baseline(loaded, seeds, BaselineConfig(split=split), run_root=kept,
+                                    resume=resume)  # fmt: skip
         if runs.is_main():
             write_report(results, out, f"MoleculeNet benchmark: {backbone.name}")
     _print_report(results, out, f"MoleculeNet benchmark: {backbone.name}")

@@ -36,7 +36,16 @@ from smiexlm.errors import ConfigError
 from smiexlm.forests.features import FeatureScaler
 from smiexlm.moleculenet.metrics import score
 from smiexlm.moleculenet.report import RunResult
-from smiexlm.moleculenet.runs import keep_predictions, run_dir, state_dir
+from smiexlm.moleculenet.runs import (
+    check_fresh,
+    finish,
+    finished,
+    is_finished,
+    keep_predictions,
+    refuse_a_difference,
+    run_dir,
+    state_dir,
+)
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
 
@@ -204,25 +213,35 @@ class ForestFeatures:
 def run_baseline(
     task: MoleculeTask, seeds: Sequence[int] = (0, 1, 2), cfg: BaselineConfig | None = None,
     on_result: Callable[[RunResult], None] | None = None, run_root: Path | None = None,
+    resume: bool = False,
 ) -> list[RunResult]:  # fmt: skip
     """Train and score the RF baseline on ``task`` for each seed; ``on_result`` gets each
-    seed's result as soon as it exists. With ``run_root``, each seed's valid and test
-    predictions are kept as fine-tuning keeps them (``run_root/<set>/seed<k>/``)."""
+    seed's result as soon as it exists. With ``run_root``, each seed is a run folder as
+    fine-tuning keeps one (``run_root/<set>/seed<k>/``: its valid and test predictions, then
+    ``result.json``); one that is there already is refused unless ``resume``, which reads a
+    finished seed back (made with the same data, split and forests, else a DataError naming
+    what differs) and goes on with a stopped one from the tasks it had fitted."""
     cfg = cfg or BaselineConfig()
     task = check_task(task)
-    start = time.perf_counter()
-    features = ForestFeatures(task.smiles, cfg.features, cfg.radius, cfg.n_bits, cache=True)
-    feature_s = time.perf_counter() - start
-    scaled: dict[tuple[int, ...], np.ndarray] = {}  # per train split (deterministic: one)
     seeds = list(seeds)
+    if run_root is not None and not resume:
+        check_fresh(run_root, task.name, seeds)
+    start, features = time.perf_counter(), None
+    if run_root is None or not all(is_finished(run_root, task.name, s) for s in seeds):
+        features = ForestFeatures(task.smiles, cfg.features, cfg.radius, cfg.n_bits, cache=True)
+    feature_s = time.perf_counter() - start  # shared by the seeds (read back ones need none)
+    scaled: dict[tuple[int, ...], np.ndarray] = {}  # per train split (deterministic: one)
     bar = tqdm(total=len(seeds), desc=f"{cfg.model_name} {task.name}", leave=False)
 
     def one_seed(split, seed: int) -> RunResult:
+        folder = None if run_root is None else run_dir(run_root, task.name, seed)
+        if folder is not None and (done := finished(folder)) is not None:
+            bar.update()
+            return _checked(done, folder, task, split, cfg)
         cpu = time.process_time()
         key = tuple(split.train)
         if key not in scaled:
             scaled[key] = features.matrix(features.scaler(split.train))
-        folder = None if run_root is None else run_dir(run_root, task.name, seed)
         partial = None if folder is None else state_dir(folder) / PARTIAL_NAME
         pred = forest_columns(scaled[key], task.labels, split.train, split.valid + split.test,
                               task.task_type, seed, cfg, partial)  # fmt: skip
@@ -239,7 +258,27 @@ def run_baseline(
         return task.result(cfg.model_name, split, seed, valid.mean, test, 0.0, config,
                            test_pred=pred[n_valid:])  # fmt: skip
 
+    def kept(result: RunResult) -> None:  # once it holds its wall time
+        if run_root is not None and not result.read_back:
+            finish(run_dir(run_root, task.name, result.seed), result)
+        if on_result is not None:
+            on_result(result)
+
     try:
-        return run_seeds(task, seeds, cfg.split, one_seed, feature_s, on_result)
+        return run_seeds(task, seeds, cfg.split, one_seed, feature_s, kept)
     finally:
         bar.close()
+
+
+#: settings of how the forests are fitted, not of what they compute
+_HOW_RUN = frozenset({"n_jobs"})
+
+
+def _checked(done: RunResult, folder: Path, task: MoleculeTask, split, cfg: BaselineConfig):
+    """``done``, read back from ``folder``, when it was made on ``task``'s data and ``split``
+    with ``cfg``'s forests; else a DataError naming the first setting that differs."""
+    pairs = [("data_sha256", done.data_sha256, task.sha256), ("split", done.split, split.label)]
+    pairs += [(key, done.config.get(key), value) for key, value in asdict(cfg).items()
+              if key not in _HOW_RUN]  # fmt: skip
+    refuse_a_difference(folder, pairs)
+    return done

@@ -123,14 +123,14 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any],
     not record (runs older than it) is its default, or is not compared."""
     pairs = [("data_sha256", done.data_sha256, expected["data_sha256"]),
              ("split", done.split, expected["split"])]  # fmt: skip
-    _refuse_a_difference(folder, pairs + _setting_pairs(done, expected, config))
+    refuse_a_difference(folder, pairs + _setting_pairs(done, expected, config))
     return done
 
 
 def check_settings(done: RunResult, folder: Path, cfg, backbone: Backbone) -> RunResult:
     """:func:`check_finished` without the data and split, for a caller that has not read
     the set: ``done`` when it was made with ``backbone`` and ``cfg``'s settings."""
-    _refuse_a_difference(folder, setting_differences(done, cfg, backbone))
+    refuse_a_difference(folder, setting_differences(done, cfg, backbone))
     return done
 
 
@@ -167,7 +167,9 @@ def _setting_pairs(done: RunResult, expected: dict[str, Any],
     return pairs
 
 
-def _refuse_a_difference(folder: Path, pairs: list[tuple[str, Any, Any]]) -> None:
+def refuse_a_difference(folder: Path, pairs: list[tuple[str, Any, Any]]) -> None:
+    """A DataError naming the first (setting, as the finished run in ``folder`` was made with
+    it, as this run asks for it) of ``pairs`` that differs."""
     for key, was, now in pairs:
         if was != now:
             raise DataError(

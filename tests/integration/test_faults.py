@@ -270,8 +270,8 @@ def test_preprocess_interrupted_before_its_first_shard_leaves_nothing(tmp_path):
 def test_preprocess_interrupted_while_it_starts_its_folder_leaves_nothing(tmp_path, monkeypatch):
     """The interrupt lands just after ``progress.json`` first appears, before any chunk."""
     from smiexlm.data import preprocess
-    from smiexlm.errors import DataError
     from smiexlm.data.preprocess_run import PreprocessRun
+    from smiexlm.errors import DataError
 
     def interrupted(self, complete=False):
         saving(self, complete)

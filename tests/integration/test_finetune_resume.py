@@ -98,3 +98,22 @@ def test_two_processes_run_one_finetune(small, tmp_path):
     result = _result(tmp_path / "two")
     assert result["config"]["processes"] == 2 and 0.0 <= result["test"] <= 100.0
     assert (tmp_path / "two" / "report.md").is_file()
+
+
+def test_baseline_keeps_its_runs_refuses_them_without_resume_and_reads_them_back(small, tmp_path):
+    out = tmp_path / "rf"
+    args = ["baseline", "--data", small, "--label-cols", "p_np", "--split", "random", "--seeds",
+            "0", "1", "--n-trees", "5", "--out", out]  # fmt: skip
+    assert run_cli(*args).returncode == 0
+    cells = [out / "runs" / "small" / f"seed{seed}" for seed in (0, 1)]
+    first = [json.loads((c / "result.json").read_text())["result"] for c in cells]
+    report = (out / "results.json").read_text()
+    assert_one_line_error(run_cli(*args), "holds a finished run of small seed 0", "--resume")
+    (cells[1] / "result.json").unlink()  # seed 1 stopped after its predictions
+    assert run_cli(*args, "--resume").returncode == 0
+    again = [json.loads((c / "result.json").read_text())["result"] for c in cells]
+    assert again[0] == first[0]  # read back as it was, its time too
+    assert (again[1]["valid"], again[1]["test"]) == (first[1]["valid"], first[1]["test"])
+    assert json.loads((out / "results.json").read_text())[0] == json.loads(report)[0]
+    changed = run_cli(*args[:-3], "6", "--out", out, "--resume")
+    assert_one_line_error(changed, "made with n_trees = 5", "n_trees = 6", "another --out")

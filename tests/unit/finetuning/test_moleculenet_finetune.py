@@ -200,7 +200,7 @@ def test_cli_seeds_accept_space_separated_values(shared_data, monkeypatch):
 
     seen = []
 
-    def fake_run(df, seeds, cfg):
+    def fake_run(df, seeds, cfg, **kept):
         seen.append(list(seeds))
         raise SystemExit(0)
 
@@ -628,6 +628,7 @@ def test_a_stopped_forest_seed_goes_on_to_the_uninterrupted_predictions(tmp_path
     """A seed's forests are fitted task by task and the finished tasks' scores kept in the
     cell's state/: a run stopped after two of four tasks fits only the other two when started
     again, and keeps bitwise the predictions of an uninterrupted run; the state is gone after."""
+    from smiexlm.errors import DataError
     from smiexlm.forests import baseline
     from smiexlm.forests.baseline import BaselineConfig, run_baseline
     from smiexlm.moleculenet.task import MoleculeTask
@@ -655,7 +656,9 @@ def test_a_stopped_forest_seed_goes_on_to_the_uninterrupted_predictions(tmp_path
     assert state.is_file()
     calls.clear()
     monkeypatch.setattr(baseline, "fit_forests", lambda *a, **k: (calls.append(1), fit(*a, **k))[1])
-    (resumed,) = run_baseline(task, [1], cfg, run_root=tmp_path / "cut")
+    with pytest.raises(DataError, match="holds a stopped run of toy seed 1"):
+        run_baseline(task, [1], cfg, run_root=tmp_path / "cut")
+    (resumed,) = run_baseline(task, [1], cfg, run_root=tmp_path / "cut", resume=True)
     assert len(calls) == 2  # tasks 3 and 4 only
     assert (resumed.valid, resumed.test) == (whole.valid, whole.test)
     for part in ("valid", "test"):
@@ -664,14 +667,25 @@ def test_a_stopped_forest_seed_goes_on_to_the_uninterrupted_predictions(tmp_path
         np.testing.assert_array_equal(*kept)
     assert not state.exists() and not state.parent.exists()  # the state folder goes with it
 
+    # a finished seed is read back, with nothing fitted, and its recorded time; with other
+    # forests it is refused, naming what differs
+    calls.clear()
+    (read,) = run_baseline(task, [1], cfg, run_root=tmp_path / "cut", resume=True)
+    assert (
+        not calls and read.read_back and (read.test, read.wall_s) == (resumed.test, resumed.wall_s)
+    )
+    other = BaselineConfig("ecfp4", n_trees=4, split="random")
+    with pytest.raises(DataError, match="made with n_trees = 5, but this run asks for n_trees = 4"):
+        run_baseline(task, [1], other, run_root=tmp_path / "cut", resume=True)
+
     # a state of other forests (4 trees), or one that cannot be read, is not used: all four
     # tasks are fitted again
-    (tmp_path / "cut" / "toy" / "seed1" / "predictions.npz").unlink()
+    for name in ("predictions.npz", "result.json"):
+        (tmp_path / "cut" / "toy" / "seed1" / name).unlink()
     monkeypatch.setattr(baseline, "fit_forests", stopping)
     calls.clear()
     with pytest.raises(KeyboardInterrupt):
-        run_baseline(task, [1], BaselineConfig("ecfp4", n_trees=4, split="random"),
-                     run_root=tmp_path / "cut")  # fmt: skip
+        run_baseline(task, [1], other, run_root=tmp_path / "cut")
     assert state.is_file()
     for damaged in (False, True):
         if damaged:
@@ -681,7 +695,9 @@ def test_a_stopped_forest_seed_goes_on_to_the_uninterrupted_predictions(tmp_path
             baseline, "fit_forests", lambda *a, **k: (calls.append(1), fit(*a, **k))[1]
         )
         calls.clear()
-        (again,) = run_baseline(task, [1], cfg, run_root=tmp_path / "cut")
+        for name in ("predictions.npz", "result.json"):
+            (tmp_path / "cut" / "toy" / "seed1" / name).unlink(missing_ok=True)
+        (again,) = run_baseline(task, [1], cfg, run_root=tmp_path / "cut", resume=True)
         assert len(calls) == 4 and (again.valid, again.test) == (whole.valid, whole.test)
 
 
