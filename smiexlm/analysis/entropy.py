@@ -93,6 +93,7 @@ def entropy_by_mask_ratio(
     for r in mask_ratios:
         if not 0.0 < r < 1.0:
             raise ConfigError("mask_ratios", r, "probabilities in (0, 1)")
+    inputs.check_models(checkpoints, predict_tokens=True)
     rows = []
     bar = tqdm(total=len(checkpoints) * len(mask_ratios), disable=not progress, unit="run")
     for path in checkpoints:

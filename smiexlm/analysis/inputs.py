@@ -6,12 +6,13 @@ run on data the model did not train on, as in ExLM Appendix E.2 and MAE-LM §2.2
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from smiexlm.errors import ConfigError
 from smiexlm.modelio.folder import ModelFolder
 from smiexlm.modelio.pretrained import load_pretrained
 from smiexlm.paths import check_not_a_file, data_dir
@@ -26,9 +27,39 @@ def default_smiles_file() -> Path:
 def load_model_and_tokenizer(folder: Path):
     """``(model, tokenizer)`` of a ``save_pretrained`` folder, the model in eval mode."""
     reader = ModelFolder(check_not_a_file(folder))
-    reader.config  # noqa: B018 (a folder without config.json fails here, naming it)
+    reader.check_reads_smiles()  # a folder without config.json fails here, naming it
     pre = load_pretrained(reader)
     return pre.model.eval(), pre.tokenizer
+
+
+def check_models(folders: Sequence[Path], predict_tokens: bool = False) -> None:
+    """Before any is loaded: a ConfigError naming the first of ``folders`` whose model does
+    not read SMILES (a text model) or, with ``predict_tokens``, does not predict masked
+    tokens (one pre-trained to regress descriptors)."""
+    for folder in folders:
+        reader = ModelFolder(check_not_a_file(folder))
+        reader.check_reads_smiles()
+        if predict_tokens and reader.config.objective == "mtr":
+            raise ConfigError("checkpoint", str(folder), "a model that predicts masked tokens "
+                              "(objective mlm, exlm or maelm); this one regresses descriptors "
+                              "(mtr) and has no token head")  # fmt: skip
+
+
+def readable_smiles(smiles: list[str]) -> tuple[list[str], list[tuple[int, str, str]]]:
+    """The SMILES the tokenizer reads, and ``(row, smiles, reason)`` of each it cannot
+    (``row``: its 1-based place among ``smiles``), which an analysis leaves out."""
+    from smiexlm.errors import InvalidSmilesError
+    from smiexlm.tokenizer.smiles import split_smiles
+
+    kept, rejects = [], []
+    for row, text in enumerate(smiles, 1):
+        try:
+            split_smiles(text)
+        except InvalidSmilesError as err:
+            rejects.append((row, text, str(err)))
+        else:
+            kept.append(text)
+    return kept, rejects
 
 
 def encode(tokenizer, smiles: list[str], max_length: int) -> tuple[Tensor, Tensor]:

@@ -37,11 +37,31 @@ SmilesFile = Annotated[
 Seed = Annotated[int, typer.Option(help="Seed of the masks.")]
 
 
-def _smiles(path: Path | None, n: int) -> list[str]:
-    from smiexlm.analysis.inputs import default_smiles_file
-    from smiexlm.data.pipeline import read_smiles
+def _smiles(path: Path | None, n: int, out: Path) -> list[str]:
+    """The first ``n`` SMILES of ``path`` the tokenizer reads; those it cannot are left out,
+    listed with their reasons in ``out/rejects.csv`` and counted on stderr."""
+    import pandas as pd
 
-    return read_smiles(path or default_smiles_file(), n)
+    from smiexlm.analysis.inputs import default_smiles_file, readable_smiles
+    from smiexlm.atomic import atomic_path
+    from smiexlm.data.pipeline import read_smiles
+    from smiexlm.errors import DataError
+    from smiexlm.paths import REJECTS_HEADER
+
+    path = path or default_smiles_file()
+    smiles, rejects = readable_smiles(read_smiles(path, n))
+    if not smiles:
+        raise DataError(f"--smiles-file {str(path)!r}: the tokenizer reads none of its SMILES "
+                        f"(first: {rejects[0][1]!r}: {rejects[0][2]})")  # fmt: skip
+    if rejects:
+        listed = Path(out) / "rejects.csv"
+        listed.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(listed) as tmp:
+            pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp, index=False)
+        typer.echo(f"{len(rejects)} of {len(rejects) + len(smiles)} SMILES left out, the "
+                   f"tokenizer cannot read them (listed in {listed}; first: row "
+                   f"{rejects[0][0]}, {rejects[0][1]!r})", err=True)  # fmt: skip
+    return smiles
 
 
 def _report(files) -> None:
@@ -110,8 +130,10 @@ def entropy(
 ) -> None:
     """Prediction entropy (bits) of each checkpoint over masked tokens per mask ratio."""
     from smiexlm.analysis.entropy import entropy_by_mask_ratio, write_entropy
+    from smiexlm.analysis.inputs import check_models
 
-    smiles = _smiles(smiles_file, max_molecules)
+    check_models(checkpoints, predict_tokens=True)
+    smiles = _smiles(smiles_file, max_molecules, out)
     result = entropy_by_mask_ratio(checkpoints, smiles, mask_ratios, seed, batch_size)
     for row in result.rows:
         typer.echo(
@@ -135,9 +157,11 @@ def rank(
     batch_size: Annotated[int, typer.Option(help="Molecules per forward pass.")] = 64,
 ) -> None:
     """τ-effective rank per layer for inputs with and without [MASK] (MAE-LM §2.2)."""
+    from smiexlm.analysis.inputs import check_models
     from smiexlm.analysis.rank import rank_by_layer, write_rank
 
-    smiles = _smiles(smiles_file, max_molecules)
+    check_models(checkpoints)
+    smiles = _smiles(smiles_file, max_molecules, out)
     result = rank_by_layer(checkpoints, smiles, mask_prob, tau, seed, batch_size)
     for row in result.rows:
         typer.echo(

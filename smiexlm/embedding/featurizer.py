@@ -47,6 +47,7 @@ from smiexlm.model.encoder import batch_invariant, int8_products
 from smiexlm.model.inputs import UnseenTokens
 from smiexlm.model.model import ExLMModel
 from smiexlm.model.pooling import block_indices, last_blocks, pooling_parts
+from smiexlm.modelio.folder import ModelFolder
 from smiexlm.modelio.pretrained import Pretrained, load_pretrained
 from smiexlm.tokenizer import Tokenizer
 from smiexlm.whitening import Whitening, pooling_whitening, served_whitening
@@ -140,7 +141,9 @@ class Featurizer:
         ``path=None`` loads the default model shipped inside the package; no network is used.
         ``backend="onnx"`` serves the folder's ``encoder.onnx`` (``smiexlm export-onnx``);
         ``int8``: see :class:`Featurizer`."""
-        return cls(load_pretrained(path), device, backend, int8)
+        folder = ModelFolder(path)
+        folder.check_reads_smiles()
+        return cls(load_pretrained(folder), device, backend, int8)
 
     @property
     def model(self) -> ExLMModel:

@@ -45,6 +45,7 @@ class Backbone:
             raise ConfigError("random_init", True, "no checkpoint (it ignores the weights)")
         if not self.random_init:  # a folder, a shipped model's name, or None: the default
             self.checkpoint = ModelFolder(self.checkpoint).path
+            self.folder.check_reads_smiles()
 
     @cached_property
     def folder(self) -> ModelFolder | None:

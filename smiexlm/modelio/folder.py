@@ -100,6 +100,17 @@ class ModelFolder:
         check_folder_vocabulary(self.path, self.config)
         return load_tokenizer(self.path / VOCAB_NAME)
 
+    def check_reads_smiles(self) -> None:
+        """A ConfigError naming the folder when its model reads text, not SMILES (a GLUE
+        model): its vocabulary would cut a SMILES into word pieces it never learned."""
+        from smiexlm.tokenizer import SmilesTokenizer
+
+        tokenizer = self.tokenizer
+        if not isinstance(tokenizer, SmilesTokenizer):
+            raise ConfigError("--checkpoint", str(self.path), "a SMILES model; this one reads "
+                              f"text ({type(tokenizer).__name__} vocabulary): `smiexlm glue` "
+                              "fine-tunes it")  # fmt: skip
+
     @cached_property
     def _normalization(self) -> tuple[NormalizeConfig, str]:
         return read_normalization(self.path)

@@ -87,6 +87,43 @@ def test_entropy_command(setup, tmp_path):
     assert (out / "entropy.png").read_bytes()[:8] == PNG
 
 
+def test_unreadable_smiles_are_left_out_and_listed_and_models_without_tokens_refused(
+    setup, tmp_path
+):
+    from smiexlm import ExLMConfig, ExLMModel
+    from tests.cli.test_glue_cli import make_tiny_text_model
+
+    ck, tokenizer = setup["ckpt"], setup["tokenizer"]
+    held_out = setup["smiles"].read_text().split()
+    mixed = tmp_path / "mixed.smi"
+    mixed.write_text("\n".join(held_out[:3] + ["XYZ"] + held_out[3:6]) + "\n")
+    out = tmp_path / "entropy"
+    result = _run("entropy", str(ck["mlm"]), "--smiles-file", str(mixed), "--mask-ratios", "0.5",
+                  "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "1 of 7 SMILES left out" in result.output
+    (reject,) = _rows(out / "rejects.csv")
+    assert (reject["row"], reject["smiles"]) == ("4", "XYZ") and "pattern" in reject["reason"]
+    assert json.loads((out / "entropy.json").read_text())["settings"]["n_molecules"] == 6
+    bad = tmp_path / "bad.smi"
+    bad.write_text("XYZ\n")
+    result = _run("rank", str(ck["mlm"]), "--smiles-file", str(bad), "--out", str(tmp_path / "r"))
+    assert "the tokenizer reads none of its SMILES" in str(result.exception)
+    assert not (tmp_path / "r").exists()
+
+    cfg = ExLMConfig.tiny(vocab_size=tokenizer.vocab_size, objective="mtr", n_descriptors=3,
+                          vocab_hash=tokenizer.vocab_hash, **MICRO)  # fmt: skip
+    mtr = ExLMModel(cfg).save_pretrained(tmp_path / "mtr", tokenizer=tokenizer)
+    text = make_tiny_text_model(tmp_path / "text")
+    refused = (("entropy", mtr, "regresses descriptors"), ("entropy", text, "reads text"),
+               ("rank", text, "reads text"))  # fmt: skip
+    for n, (command, folder, words) in enumerate(refused):
+        result = _run(command, str(ck["mlm"]), str(folder), "--smiles-file", str(mixed),
+                      "--out", str(tmp_path / f"refused{n}"))  # fmt: skip
+        assert words in str(result.exception) and str(folder) in str(result.exception)
+        assert not (tmp_path / f"refused{n}").exists()  # refused before anything is written
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_exlm_path_weights_are_state_probabilities(k):
     from smiexlm import ExLMConfig, ExLMModel

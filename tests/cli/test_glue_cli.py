@@ -130,3 +130,17 @@ def test_device_values_are_checked_early():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device"):
             GlueConfig("rte", device="cuda")
+
+
+def test_a_text_model_is_refused_where_smiles_are_read(tiny_checkpoint):
+    """Its vocabulary would cut SMILES into word pieces it never learned: fine-tuning,
+    embedding and the analyses refuse it, naming the folder, before any work."""
+    from smiexlm import Featurizer
+    from smiexlm.analysis.inputs import check_models
+    from smiexlm.errors import ConfigError
+    from smiexlm.finetuning.backbone import Backbone
+
+    for load in (Backbone, Featurizer.from_pretrained, lambda path: check_models([path])):
+        with pytest.raises(ConfigError, match="expected a SMILES model; this one reads text"):
+            load(tiny_checkpoint)
+    Backbone()  # the shipped default reads SMILES
