@@ -69,18 +69,40 @@ def descriptors(args: argparse.Namespace) -> None:
     (out / "report.md").write_text(pm.report(docs, command))
 
 
-def _trees(member: str):
-    from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor
+#: the share of the features each split of ``forest-cv`` draws from, chosen in the folds
+MAX_FEATURES = (1.0, 0.5, 0.33)
+
+
+def _trees(member: str, max_features: float = 1.0, n_trees: int = 500):
+    from sklearn.ensemble import (
+        ExtraTreesRegressor,
+        HistGradientBoostingRegressor,
+        RandomForestRegressor,
+    )
 
     if member == "boosted":
         return HistGradientBoostingRegressor(max_iter=500, learning_rate=0.05, random_state=0)
+    if member == "forest-cv":
+        return RandomForestRegressor(n_trees, max_features=max_features, n_jobs=1, random_state=0)
     return ExtraTreesRegressor(500, n_jobs=1, random_state=0)
+
+
+def _oof(member: str, table, train, y, groups, **settings) -> np.ndarray:
+    """Out-of-fold predictions (len(train), 1) of ``member`` in the kernels' scaffold-whole
+    folds, the descriptors scaled on each fold's own rows."""
+    from smiexlm.forests.kernels import _folds
+
+    oof = np.full((len(train), 1), np.nan)
+    for fit, held in _folds(groups, len(train)):
+        x_fold = table.matrix(table.scaler(train[fit]))
+        oof[held, 0] = _trees(member, **settings).fit(x_fold[train[fit]], y[train[fit]]).predict(
+            x_fold[train[held]])  # fmt: skip
+    return oof
 
 
 def trees(args: argparse.Namespace) -> None:
     """potency_members with a member of boosted or extra trees on RDKit 2D features."""
     from smiexlm.forests.baseline import ForestFeatures
-    from smiexlm.forests.kernels import _folds
     from smiexlm.forests.members import rmse
 
     def with_trees(task, split) -> dict[str, dict]:
@@ -89,16 +111,21 @@ def trees(args: argparse.Namespace) -> None:
         train, valid, test = (np.asarray(p) for p in (split.train, split.valid, split.test))
         y = task.labels[:, 0].astype(np.float64)
         t0 = time.process_time()
+        chosen, settings = {}, {}
+        if args.member == "forest-cv":  # max_features by out-of-fold RMSE (100 trees a fold)
+            oofs = {f: _oof(args.member, table, train, y, out["groups"], max_features=f,
+                            n_trees=100) for f in MAX_FEATURES}  # fmt: skip
+            chosen = {f"cv_rmse_max_features_{f}": rmse(y[train], o[:, 0]) for f, o in oofs.items()}
+            best = min(MAX_FEATURES, key=lambda f: rmse(y[train], oofs[f][:, 0]))
+            settings, oof = {"max_features": best}, oofs[best]
+            chosen["max_features"] = best
+        else:
+            oof = _oof(args.member, table, train, y, out["groups"])
         x = table.matrix(table.scaler(train))
-        fitted = _trees(args.member).fit(x[train], y[train])
-        oof = np.full((len(train), 1), np.nan)
-        for fit, held in _folds(out["groups"], len(train)):
-            x_fold = table.matrix(table.scaler(train[fit]))
-            oof[held, 0] = _trees(args.member).fit(x_fold[train[fit]], y[train[fit]]).predict(
-                x_fold[train[held]])  # fmt: skip
+        fitted = _trees(args.member, **settings).fit(x[train], y[train])
         out["forest" if args.in_place_of_forest else args.member] = {
             "valid": fitted.predict(x[valid])[:, None], "test": fitted.predict(x[test])[:, None],
-            "oof": oof, "cv_rmse": rmse(y[train], oof[:, 0]), "chosen": {},
+            "oof": oof, "cv_rmse": rmse(y[train], oof[:, 0]), "chosen": chosen,
             "cpu_s": round(time.process_time() - t0, 1),
         }  # fmt: skip
         return out
@@ -199,7 +226,8 @@ def main() -> None:
         p.add_argument("--sets", nargs="+", default=["freesolv", "esol"])
         p.add_argument("--out", type=Path, default=Path("benchmarks/results/potency/screens"))
         if name == "trees":
-            p.add_argument("--member", choices=("boosted", "extra"), default="boosted")
+            p.add_argument("--member", choices=("boosted", "extra", "forest-cv"),
+                           default="boosted")  # fmt: skip
             p.add_argument("--in-place-of-forest", action="store_true")
     args = parser.parse_args()
     {"descriptors": descriptors, "gp-spread": gp_spread, "trees": trees}[args.command](args)

@@ -29,6 +29,15 @@ VOCAB_NAME = "vocab.json"  # the tokenizer file of a model folder or a dataset
 REJECTS_HEADER = ("row", "smiles", "reason")  # every batch job's list of bad input rows
 
 
+def write_rejects(rejects, path: str | Path) -> None:
+    """``rejects`` (``(row, smiles, reason)`` each) as the CSV in which every batch job lists
+    its bad input rows (the header alone when there are none); ``path``: a temporary name of
+    the caller's atomic write."""
+    import pandas as pd
+
+    pd.DataFrame(list(rejects), columns=list(REJECTS_HEADER)).to_csv(path, index=False)
+
+
 def rejects_beside(out: str | Path) -> Path:
     """Where a one-file job lists its bad rows: ``emb.parquet`` -> ``emb.rejects.csv``."""
     out = Path(out)

@@ -47,12 +47,13 @@ def check_models(folders: Sequence[Path], predict_tokens: bool = False) -> None:
 
 def readable_smiles(smiles: list[str]) -> tuple[list[str], list[tuple[int, str, str]]]:
     """The SMILES the tokenizer reads, and ``(row, smiles, reason)`` of each it cannot
-    (``row``: its 1-based place among ``smiles``), which an analysis leaves out."""
+    (``row``: its 0-based place among ``smiles``, as every rejects file counts), which an
+    analysis leaves out."""
     from smiexlm.errors import InvalidSmilesError
     from smiexlm.tokenizer.smiles import split_smiles
 
     kept, rejects = [], []
-    for row, text in enumerate(smiles, 1):
+    for row, text in enumerate(smiles):
         try:
             split_smiles(text)
         except InvalidSmilesError as err:

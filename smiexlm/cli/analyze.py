@@ -40,13 +40,11 @@ Seed = Annotated[int, typer.Option(help="Seed of the masks.")]
 def _smiles(path: Path | None, n: int, out: Path) -> list[str]:
     """The first ``n`` SMILES of ``path`` the tokenizer reads; those it cannot are left out,
     listed with their reasons in ``out/rejects.csv`` and counted on stderr."""
-    import pandas as pd
-
     from smiexlm.analysis.inputs import default_smiles_file, readable_smiles
     from smiexlm.atomic import atomic_path
     from smiexlm.data.pipeline import read_smiles
     from smiexlm.errors import DataError
-    from smiexlm.paths import REJECTS_HEADER
+    from smiexlm.paths import write_rejects
 
     path = path or default_smiles_file()
     smiles, rejects = readable_smiles(read_smiles(path, n))
@@ -57,7 +55,7 @@ def _smiles(path: Path | None, n: int, out: Path) -> list[str]:
         listed = Path(out) / "rejects.csv"
         listed.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(listed) as tmp:
-            pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp, index=False)
+            write_rejects(rejects, tmp)
         typer.echo(f"{len(rejects)} of {len(rejects) + len(smiles)} SMILES left out, the "
                    f"tokenizer cannot read them (listed in {listed}; first: row "
                    f"{rejects[0][0]}, {rejects[0][1]!r})", err=True)  # fmt: skip

@@ -44,12 +44,11 @@ def cliffs(
     (activity cliffs): their rows, SMILES, values and similarities. Rows without a parsable
     SMILES or a finite value take part in no pair and are listed with the reason in
     OUT.rejects.csv."""
-    import pandas as pd
 
     from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import write_table
     from smiexlm.moleculenet.cliffs import cliff_pairs
-    from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
+    from smiexlm.paths import check_output, rejects_beside, write_rejects
 
     out = check_output(out, "--out")
     listed = check_output(rejects_beside(out), "--out rejects file")
@@ -57,7 +56,7 @@ def cliffs(
     pairs = cliff_pairs(smiles, values, similarity, gap, measures.split(","))
     with atomic_paths(out, listed) as (tmp, tmp_listed):
         write_table(pairs, tmp)
-        pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp_listed, index=False)
+        write_rejects(rejects, tmp_listed)
     molecules = len(set(pairs["i"]) | set(pairs["j"]))
     typer.echo(f"{len(pairs):,} cliff pairs among {len(smiles):,} molecules ({molecules:,} "
                f"molecules in at least one) -> {out}"

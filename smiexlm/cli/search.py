@@ -73,23 +73,54 @@ def search(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the hits as CSV.")] = None,
     device: Device = "auto",
 ) -> None:
-    """The k nearest library molecules of each query, by embedding cosine and ECFP4 Tanimoto."""
-    from smiexlm.atomic import atomic_path
+    """The k nearest library molecules of each query, by embedding cosine and ECFP4 Tanimoto.
+    A query RDKit cannot read is left out (with --out, listed with its reason in
+    OUT.rejects.csv); ``query_index`` numbers the queries as given."""
+    from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import read_table, write_table
     from smiexlm.embedding.search import SearchIndex, format_hits
-    from smiexlm.paths import check_output
+    from smiexlm.paths import check_output, rejects_beside, write_rejects
 
     if out is not None:
         check_output(out, "--out")
+        check_output(rejects_beside(out), "--out rejects file")
     texts = list(query or []) + ([] if queries is None else read_table(queries, "smiles")["smiles"].tolist())  # fmt: skip
+    kept, rejects = _readable_queries(texts)
     found = SearchIndex(index, checkpoint, device)
-    hits = found.search(texts, k, by, ef_search, exact)  # type: ignore[arg-type]
+    hits = found.search([texts[i] for i in kept], k, by, ef_search, exact)  # type: ignore[arg-type]
+    hits["query_index"] = [kept[i] for i in hits["query_index"]]  # as the queries were given
     settings = found.settings
     typer.echo(format_hits(hits, settings["id_cols"], settings["smiles_col"]))
     if out is not None:
-        with atomic_path(out) as tmp:
+        with atomic_paths(out, rejects_beside(out)) as (tmp, tmp_listed):
             write_table(hits, tmp)
+            write_rejects(rejects, tmp_listed)
         typer.echo(f"wrote {len(hits)} hits to {out}")
+    if rejects:
+        where = f" (listed in {rejects_beside(out)})" if out is not None else ""
+        row, text, reason = rejects[0]
+        typer.echo(f"{len(rejects)} of {len(texts)} queries left out{where}; first: query "
+                   f"{row + 1} {text!r}: {reason}", err=True)  # fmt: skip
+
+
+def _readable_queries(texts: list[str]) -> tuple[list[int], list[tuple[int, str, str]]]:
+    """The places of the queries RDKit reads, and ``(query_index, smiles, reason)`` of the
+    others (0-based, as the hits number them); DataError when it reads none."""
+    from smiexlm.data.normalize import smiles_problem
+    from smiexlm.errors import DataError
+
+    kept, rejects = [], []
+    for place, text in enumerate(texts):
+        reason = smiles_problem(text.strip()) if isinstance(text, str) else "not a SMILES"
+        if reason is None:
+            kept.append(place)
+        else:
+            rejects.append((place, str(text), reason))
+    if texts and not kept:
+        row, text, reason = rejects[0]
+        raise DataError(f"--query/--queries: RDKit reads none of the {len(texts)} queries "
+                        f"(first: query {row + 1} {text!r}: {reason})")  # fmt: skip
+    return kept, rejects
 
 
 def _threads(threads: int | None) -> None:

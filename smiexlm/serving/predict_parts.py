@@ -58,12 +58,11 @@ def predict_file(
     calibrate, conformal_alpha, mondrian).
     Every bad row is listed with its reason in ``<name>.rejects.csv``, written with it.
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
-    import pandas as pd
 
     from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import read_table, write_table
     from smiexlm.errors import DataError, every_row_failed
-    from smiexlm.paths import REJECTS_HEADER, check_output, rejects_beside
+    from smiexlm.paths import check_output, rejects_beside, write_rejects
     from smiexlm.serving.prediction import served_folders
 
     folders = served_folders(checkpoint)
@@ -80,7 +79,7 @@ def predict_file(
         raise every_row_failed("predict", smiles_col, input_path, len(table), rejects)
     with atomic_paths(out, listed) as (tmp, tmp_listed):  # a reader never sees half a file
         write_table(table, tmp)
-        pd.DataFrame(rejects, columns=list(REJECTS_HEADER)).to_csv(tmp_listed, index=False)
+        write_rejects(rejects, tmp_listed)
     return PredictedFile(out, len(table), rejects, listed)
 
 

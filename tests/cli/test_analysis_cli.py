@@ -103,7 +103,7 @@ def test_unreadable_smiles_are_left_out_and_listed_and_models_without_tokens_ref
     assert result.exit_code == 0, result.output
     assert "1 of 7 SMILES left out" in result.output
     (reject,) = _rows(out / "rejects.csv")
-    assert (reject["row"], reject["smiles"]) == ("4", "XYZ") and "pattern" in reject["reason"]
+    assert (reject["row"], reject["smiles"]) == ("3", "XYZ") and "pattern" in reject["reason"]
     assert json.loads((out / "entropy.json").read_text())["settings"]["n_molecules"] == 6
     bad = tmp_path / "bad.smi"
     bad.write_text("XYZ\n")

@@ -152,3 +152,13 @@ def test_cli_index_then_search(library, tmp_path):
     assert "ECFP4 Tanimoto" in res.stdout
     table = pd.read_csv(hits)
     assert len(table) == 12 and set(table["by"]) == {"embedding", "ecfp4"}
+    # a query RDKit cannot read is left out and listed; the others keep their numbers
+    res = run_smiexlm("search", idx, "--query", "C1CC", "c1ccccc1CCO", "-k", "3", "--out", hits,
+                      "--device", "cpu", timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "1 of 2 queries left out" in res.stderr and "query 1 'C1CC'" in res.stderr
+    assert set(pd.read_csv(hits)["query_index"]) == {1}
+    listed = pd.read_csv(tmp_path / "hits.rejects.csv")
+    assert listed.values.tolist() == [[0, "C1CC", "RDKit cannot parse it"]]
+    res = run_smiexlm("search", idx, "--query", "C1CC", timeout=120)
+    assert res.returncode == 2 and "RDKit reads none of the 1 queries" in res.stderr
