@@ -137,7 +137,22 @@ def check_output(
         raise DataError(f"{what} {str(path)!r}: {str(folder)!r} is a file, expected a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise DataError(f"{what} {str(path)!r}: folder {str(folder)!r} is not writable")
+    _probe_writable(folder, what, path)
     return path
+
+
+def _probe_writable(folder: Path, what: str, path: Path) -> None:
+    """Make and remove a file in ``folder``: the modes say nothing to root, nor of a
+    read-only or pseudo file system (``/proc``, ``/sys``), where only a write tells."""
+    import tempfile
+
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-probe-", dir=folder)
+    except OSError as err:
+        raise DataError(f"{what} {str(path)!r}: nothing can be written in folder "
+                        f"{str(folder)!r} ({err.strerror})") from None  # fmt: skip
+    os.close(handle)
+    os.unlink(probe)
 
 
 def named_paths(value: Any) -> list[Path]:

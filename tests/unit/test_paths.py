@@ -85,3 +85,15 @@ def test_an_output_beside_an_input_or_inside_a_file_input_passes(tmp_path, monke
     ]
     for outputs, inputs in fine:
         check_outputs_outside(outputs, inputs)
+
+
+def test_an_output_where_nothing_can_be_written_is_refused_whoever_runs(tmp_path):
+    """Root passes every mode check: /proc takes no file whatever the modes say, and is
+    refused before any compute; a writable folder is left as it was."""
+    from smiexlm.paths import check_output
+
+    for kind in ("file", "folder"):
+        with pytest.raises(DataError, match="nothing can be written in folder '/proc'"):
+            check_output("/proc/predictions.csv", "--out", kind)  # type: ignore[arg-type]
+    assert check_output(tmp_path / "new" / "out.csv") == tmp_path / "new" / "out.csv"
+    assert list(tmp_path.iterdir()) == []
