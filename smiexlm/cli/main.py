@@ -146,7 +146,8 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
                      {shown[k] for k in path_inputs})  # fmt: skip
         try:
             with hold_outputs(_locked(callback.__name__, values, shown)):
-                return callback(*args, **kwargs)
+                callback(*args, **kwargs)  # what it returns is not an exit code
+                return None
         except (KeyboardInterrupt, SystemExit) as stop:
             code = 130 if isinstance(stop, KeyboardInterrupt) else stop.code
             if code in (130, 143):  # Ctrl-C, or SIGTERM (``_terminate``)
@@ -220,6 +221,25 @@ def _terminate(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: temporary outputs are removed
 
 
+#: what a usage error (an unknown option, a value out of range) is raised as, whichever click
+#: typer carries
+_USAGE_ERRORS = tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _usage_line(err: Exception) -> str:
+    """A usage error as one line: the command, what is wrong (with the value given, where the
+    message leaves it out) and where its help is."""
+    ctx = getattr(err, "ctx", None)
+    where = ctx.command_path if ctx is not None else "smiexlm"
+    message = err.format_message().rstrip(".")  # type: ignore[attr-defined]
+    errors = getattr(err.__cause__, "errors", None)  # a value check's own record
+    if callable(errors):
+        given = next(iter(errors()), {}).get("input")
+        if given is not None and repr(given) not in message:
+            message += f" (got {given!r})"
+    return f"{where}: {message}; see `{where} --help`"
+
+
 def main() -> None:
     import signal
 
@@ -227,10 +247,20 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        app()
+        code = app(standalone_mode=False)
     except SmiexlmError as err:  # bad input: one clear line, no traceback
         typer.echo(f"error: {err}", err=True)
         raise SystemExit(2) from None
+    except _USAGE_ERRORS as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # a bare group: its help
+            typer.echo(err.ctx.get_help())  # type: ignore[attr-defined]
+        else:  # a usage error: one line, as bad input gets
+            typer.echo(f"error: {_usage_line(err)}", err=True)
+        raise SystemExit(err.exit_code) from None  # type: ignore[attr-defined]
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)  # typer.Exit's code, when raised
 
 
 if __name__ == "__main__":

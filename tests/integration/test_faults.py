@@ -239,6 +239,25 @@ def test_tokenize_file_missing_binary_and_blank_lines(tmp_path):
     assert res.returncode == 0 and res.stdout.splitlines() == ["C C O", "", "c 1 c c c c c 1"]
 
 
+# ---------------------------------------------------------------------- usage errors
+@pytest.mark.parametrize(("args", "needles"), [
+    (["select", "t.csv", "-n", "0"], ["smiexlm select:", "'-n'", "greater than or equal to 1",
+                                      "(got '0')", "smiexlm select --help"]),
+    (["finetune", "bbbp", "--seed", "1"], ["No such option: --seed", "--seeds"]),
+    (["analyze", "entropy"], ["smiexlm analyze entropy: Missing argument 'checkpoints'"]),
+    (["nosuch"], ["No such command 'nosuch'"]),
+])  # fmt: skip
+def test_a_usage_error_is_one_line_naming_the_option_and_the_value(args, needles):
+    res = run_cli(*args)
+    assert_one_line_error(res, *needles)
+    assert "╭" not in res.stderr + res.stdout and "Usage:" not in res.stderr
+
+
+def test_a_bare_group_shows_its_help():
+    res = run_cli("analyze")
+    assert res.returncode == 2 and "entropy" in res.stdout + res.stderr
+
+
 # ---------------------------------------------------------------------- preprocess
 @pytest.mark.parametrize("content", ["", "not_a_smiles\n\nC1CC\n  \n"])
 def test_preprocess_with_no_molecule_fails_and_leaves_nothing(tmp_path, content):
