@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from smiexlm.analysis import measures
+from smiexlm.analysis import cells, measures
 from smiexlm.analysis.plots import plot_repeated_mlm
 from smiexlm.analysis.report import write_rows
 from smiexlm.data.collate import collate
@@ -291,8 +291,11 @@ def downstream_bbbp(checkpoint: Path, k: int, config: RepeatedMLMConfig, task: M
 
 
 # ----------------------------------------------------------------------- the grid
-def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig) -> RepeatedMLMResult:
-    """Train and measure every cell; writes ``repeated_mlm.{csv,json,png}`` into ``out_dir``."""
+def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig,
+                     resume: bool = False) -> RepeatedMLMResult:  # fmt: skip
+    """Train and measure every cell; writes ``repeated_mlm.{csv,json,png}`` into ``out_dir``.
+    Each finished cell keeps its row (:mod:`smiexlm.analysis.cells`): a folder holding one is
+    refused unless ``resume``, which reads the finished cells back and trains the others."""
     from tqdm.auto import tqdm
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
@@ -301,6 +304,8 @@ def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig) -
             f"--data {str(data_dir)!r}: no manifest.json; expected a dataset folder written by "
             "`smiexlm preprocess`"
         )
+    if not resume:
+        cells.check_fresh(out_dir, config.cells())
     try:
         valid = TokenDataset(data_dir, split="valid")
     except ConfigError:
@@ -311,31 +316,41 @@ def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig) -
     task = bbbp_task(config.bbbp_rows, config.seed) if config.downstream else None
     rows = []
     for k, p in tqdm(config.cells(), desc="repeated MLM", unit="cell"):
-        cell = out_dir / "cells" / f"k{k}_p{p:g}"
-        data = write_repeated_dataset(data_dir, cell / "data", k, config.max_molecules)
-        train = load_config(config.train_config, list(config.overrides))
-        positions = train.model.config.max_positions
-        repeated = dict(objective="mlm", mask_prob=p, mask_policy="all_mask")
-        overrides = {**train.model.overrides, **repeated, "max_positions": positions * k}
-        train.model = dataclasses.replace(train.model, overrides=overrides)
-        train.max_tokens *= k
-        train.seed, train.device = config.seed + 1, config.device
-        if cell.joinpath("run", "checkpoints").is_dir():
-            shutil.rmtree(cell / "run")
-        result = pretrain(train, data, cell / "run", max_steps=config.steps)
-        row: dict[str, Any] = {"k": k, "p": p}
-        row |= measure_cell(result.model, items, k, p, config.seed, config.eval_batch_size)
-        row |= {"train_loss": result.last_loss, "valid_loss": result.last_valid_loss}
-        checkpoint = cell / "run" / "checkpoints" / "last"
-        if task is not None:
-            row |= downstream_bbbp(checkpoint, k, config, task)
-        row["checkpoint"] = str(checkpoint)
+        made_as = cells.identity(config, data_dir, k, p)
+        row = cells.finished_row(out_dir, k, p, made_as)
+        if row is None:
+            row = _train_cell(data_dir, cells.cell_dir(out_dir, k, p), k, p, config, items, task)
+            cells.keep_row(out_dir, k, p, made_as, row)
         rows.append(row)
-        if not config.keep_data:
-            shutil.rmtree(data)
     result = RepeatedMLMResult(rows, _config_doc(config, data_dir))
     write_repeated_mlm(result, out_dir)
     return result
+
+
+def _train_cell(data_dir: Path, cell: Path, k: int, p: float, config: RepeatedMLMConfig,
+                items: list, task: MoleculeTask | None) -> dict[str, Any]:  # fmt: skip
+    """One cell from its start: its repeated data, its MLM, its measures and its BBBP score."""
+    data = write_repeated_dataset(data_dir, cell / "data", k, config.max_molecules)
+    train = load_config(config.train_config, list(config.overrides))
+    positions = train.model.config.max_positions
+    repeated = dict(objective="mlm", mask_prob=p, mask_policy="all_mask")
+    overrides = {**train.model.overrides, **repeated, "max_positions": positions * k}
+    train.model = dataclasses.replace(train.model, overrides=overrides)
+    train.max_tokens *= k
+    train.seed, train.device = config.seed + 1, config.device
+    if cell.joinpath("run").is_dir():  # a cell stopped before its record: trained again
+        shutil.rmtree(cell / "run")
+    result = pretrain(train, data, cell / "run", max_steps=config.steps)
+    row: dict[str, Any] = {"k": k, "p": p}
+    row |= measure_cell(result.model, items, k, p, config.seed, config.eval_batch_size)
+    row |= {"train_loss": result.last_loss, "valid_loss": result.last_valid_loss}
+    checkpoint = cell / "run" / "checkpoints" / "last"
+    if task is not None:
+        row |= downstream_bbbp(checkpoint, k, config, task)
+    row["checkpoint"] = str(checkpoint)
+    if not config.keep_data:
+        shutil.rmtree(data)
+    return row
 
 
 def _config_doc(config: RepeatedMLMConfig, data_dir: Path) -> dict[str, Any]:

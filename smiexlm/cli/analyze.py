@@ -91,8 +91,17 @@ def repeated_mlm(
     bbbp_rows: Annotated[int | None, typer.Option(help="Seeded BBBP subset size.")] = None,
     seed: Seed = 0,
     device: Device = "auto",
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Keep the finished cells in --out and train the "
+            "others (a cell made with other settings is refused).",
+        ),
+    ] = False,  # fmt: skip
 ) -> None:
-    """Repeated MLM grid (ExLM §3): corrupted ratio vs p^k, entropy, BBBP score per (k, p)."""
+    """Repeated MLM grid (ExLM §3): corrupted ratio vs p^k, entropy, BBBP score per (k, p).
+    Each finished cell keeps its row in --out: a stopped grid goes on with --resume."""
     from smiexlm.analysis.repeated_mlm import RepeatedMLMConfig, run_repeated_mlm
 
     cfg = RepeatedMLMConfig(
@@ -101,7 +110,7 @@ def repeated_mlm(
         eval_molecules=eval_molecules, downstream=downstream, bbbp_epochs=bbbp_epochs,
         bbbp_max_steps=bbbp_max_steps, bbbp_rows=bbbp_rows, seed=seed, device=device,
     )  # fmt: skip
-    result = run_repeated_mlm(data, out, cfg)
+    result = run_repeated_mlm(data, out, cfg, resume=resume)
     for row in result.rows:
         typer.echo(
             f"k={row['k']} p={row['p']:g}: corrupted {row['measured_corrupted']:.4f} "

@@ -233,3 +233,17 @@ def test_repeated_mlm_command(setup, tmp_path):
     assert (out / "repeated_mlm.png").read_bytes()[:8] == PNG
     assert not (out / "cells" / "k2_p0.5" / "data").exists()  # repeated data removed
     assert (out / "cells" / "k2_p0.5" / "run" / "checkpoints" / "last" / "config.json").is_file()
+
+    # a finished cell is refused without --resume, read back with it (nothing trained), and
+    # refused, naming the setting, when the grid asks for other settings
+    again = _run(*args)
+    assert "holds the finished cell k=1 p=0.15" in str(again.exception)
+    first = (out / "repeated_mlm.csv").read_text()
+    weights = out / "cells" / "k1_p0.15" / "run" / "checkpoints" / "last" / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    resumed = _run(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert (out / "repeated_mlm.csv").read_text() == first
+    assert weights.stat().st_mtime_ns == stamp
+    changed = _run(*[a if a != "3" else "4" for a in args], "--resume")
+    assert "was made with steps = 3, but this grid asks for steps = 4" in str(changed.exception)
