@@ -147,7 +147,6 @@ def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
         try:
             with hold_outputs(_locked(callback.__name__, values, shown)):
                 callback(*args, **kwargs)  # what it returns is not an exit code
-                return None
         except (KeyboardInterrupt, SystemExit) as stop:
             code = 130 if isinstance(stop, KeyboardInterrupt) else stop.code
             if code in (130, 143):  # Ctrl-C, or SIGTERM (``_terminate``)
