@@ -11,6 +11,11 @@
         --sets freesolv esol lipophilicity bace_pic50 --out benchmarks/results/potency/screens
     python benchmarks/potency_screens.py trees --member boosted --in-place-of-forest \\
         --sets freesolv esol lipophilicity bace_pic50 --out benchmarks/results/potency/screens
+    python benchmarks/potency_screens.py trees --member forest-cv --in-place-of-forest \\
+        --sets freesolv esol lipophilicity bace_pic50 --out benchmarks/results/potency/screens
+    python benchmarks/potency_screens.py trees --member forest-cv --max-features 1.0 \\
+        --in-place-of-forest --sets freesolv esol lipophilicity bace_pic50 \\
+        --out benchmarks/results/potency/screens
 
 ``descriptors``: :mod:`potency_members` with a fourth kernel member, an RBF SVR on the
 forest's scaled RDKit 2D features (``svr_rdkit2d``; ``C`` and ``gamma`` chosen in the same
@@ -20,7 +25,10 @@ scaffold-whole folds), every combination measured again with it among the member
 ``trees``: :mod:`potency_members` with a fourth member of trees on the forest's scaled RDKit
 2D features, fitted on the training rows (fixed settings, seed 0) and refitted in the kernels'
 scaffold-whole folds for its out-of-fold predictions: ``boosted`` (histogram gradient
-boosting, 500 rounds at rate 0.05) or ``extra`` (500 extremely randomised trees); writes
+boosting, 500 rounds at rate 0.05), ``extra`` (500 extremely randomised trees) or
+``forest-cv`` (500 random-forest trees whose share of features drawn at each split,
+``max_features``, is the one of ``--max-features`` of the lowest out-of-fold RMSE, 100 trees a
+fold; one value: that forest, seed 0, the control of the per-seed forest served); writes
 ``trees-<member>/<set>.json`` and ``trees-<member>/report.md``. With ``--in-place-of-forest``
 the member takes the RDKit 2D forest's place (``trees-<member>-as-forest/``).
 
@@ -114,9 +122,9 @@ def trees(args: argparse.Namespace) -> None:
         chosen, settings = {}, {}
         if args.member == "forest-cv":  # max_features by out-of-fold RMSE (100 trees a fold)
             oofs = {f: _oof(args.member, table, train, y, out["groups"], max_features=f,
-                            n_trees=100) for f in MAX_FEATURES}  # fmt: skip
+                            n_trees=100) for f in args.max_features}  # fmt: skip
             chosen = {f"cv_rmse_max_features_{f}": rmse(y[train], o[:, 0]) for f, o in oofs.items()}
-            best = min(MAX_FEATURES, key=lambda f: rmse(y[train], oofs[f][:, 0]))
+            best = min(args.max_features, key=lambda f: rmse(y[train], oofs[f][:, 0]))
             settings, oof = {"max_features": best}, oofs[best]
             chosen["max_features"] = best
         else:
@@ -130,7 +138,8 @@ def trees(args: argparse.Namespace) -> None:
         }  # fmt: skip
         return out
 
-    out = args.out / f"trees-{args.member}{'-as-forest' if args.in_place_of_forest else ''}"
+    fixed = f"-{args.max_features[0]}" if len(args.max_features) == 1 else ""  # a control
+    out = args.out / f"trees-{args.member}{fixed}{'-as-forest' if args.in_place_of_forest else ''}"
     docs = [pm.run_set(name, [], out, 500, 100, with_trees, NETWORK) for name in args.sets]
     command = "python benchmarks/potency_screens.py " + " ".join(sys.argv[1:])
     (out / "report.md").write_text(pm.report(docs, command))
@@ -229,6 +238,8 @@ def main() -> None:
             p.add_argument("--member", choices=("boosted", "extra", "forest-cv"),
                            default="boosted")  # fmt: skip
             p.add_argument("--in-place-of-forest", action="store_true")
+            p.add_argument("--max-features", type=float, nargs="+", default=list(MAX_FEATURES),
+                           help="forest-cv's candidates (one: that value, a control)")  # fmt: skip
     args = parser.parse_args()
     {"descriptors": descriptors, "gp-spread": gp_spread, "trees": trees}[args.command](args)
 

@@ -211,8 +211,9 @@ SMOKE: dict[str, list[Step]] = {
              expect=("screens/gp_spread.md",)),
         Step("potency_screens.py", ("descriptors", "--sets", "freesolv", "--out",
              "{tmp}/screens"), expect=("screens/descriptors/report.md",)),
-        Step("potency_screens.py", ("trees", "--member", "extra", "--sets", "freesolv", "--out",
-             "{tmp}/screens"), expect=("screens/trees-extra/report.md",)),
+        Step("potency_screens.py", ("trees", "--member", "forest-cv", "--max-features", "1.0",
+             "0.5", "--in-place-of-forest", "--sets", "freesolv", "--out", "{tmp}/screens"),
+             expect=("screens/trees-forest-cv-as-forest/report.md",)),
     ],
     "members_cost": [
         Step("members_cost.py", ("--task", "freesolv", "--predict-rows", "20", "--set",
