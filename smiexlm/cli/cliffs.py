@@ -66,15 +66,16 @@ def cliffs(
 def _table(table: Path, smiles_col: str, label_col: str) -> tuple[list[str], list[float], list]:
     """The table's SMILES, values (NaN where a row takes part in no pair) and rejected rows;
     DataError for a missing column or a table none of whose rows can take part."""
+    from smiexlm.data.normalize import text_cells
     from smiexlm.data.readers import read_table
     from smiexlm.errors import DataError
 
-    frame = read_table(table, smiles_col, "TABLE")  # text cells; a blank cell is ""
+    frame = read_table(table, smiles_col, "TABLE")  # a Parquet file's missing cells: None
     if label_col not in frame.columns:
         raise DataError(f"--label-col {label_col!r} is not a column of {str(table)!r}: "
                         f"expected one of its columns {list(map(str, frame.columns))[:20]!r}")  # fmt: skip
-    smiles = frame[smiles_col].astype(str).str.strip().tolist()
-    values, rejects = _values(smiles, frame[label_col].astype(str).str.strip().tolist(), label_col)
+    smiles = text_cells(frame[smiles_col]).str.strip().tolist()
+    values, rejects = _values(smiles, text_cells(frame[label_col]).str.strip().tolist(), label_col)
     if len(rejects) == len(frame):
         first = "; ".join(f"row {r}: {why}" for r, _, why in rejects[:3])
         raise DataError(f"{str(table)!r}: none of its {len(frame):,} rows has a parsable SMILES "

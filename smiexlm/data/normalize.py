@@ -77,6 +77,12 @@ class NormalizeConfig:
 REWRITES = ("canonicalize", "strip_salts", "strip_stereo")  # the steps a model folder records
 
 
+def text_cells(column):
+    """A table column's cells as text (a pandas Series of str): a missing cell (NaN, None,
+    NA) is "", a blank, where ``astype(str)`` keeps it missing (pandas 3) or spells it."""
+    return column.astype(object).where(column.notna(), "").astype(str)
+
+
 def too_long(smiles: str, limit: int = MAX_SMILES_CHARS) -> str | None:
     """The reason "longer than N characters" when ``smiles`` must not reach RDKit, or None."""
     return f"longer than {limit:,} characters" if len(smiles) > limit else None

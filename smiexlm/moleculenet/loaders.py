@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from smiexlm.data.normalize import smiles_problem
+from smiexlm.data.normalize import smiles_problem, text_cells
 from smiexlm.data.readers import detect_format, read_table
 from smiexlm.data.widen.exclusion import EvaluationSet
 from smiexlm.errors import DataError, check_distinct, shorten
@@ -210,7 +210,7 @@ def clean_task(
             f"{name}: column(s) {missing} not found; expected names among the CSV header "
             f"({shown}{', ...' if raw.shape[1] > 12 else ''})"
         )
-    smiles = raw[smiles_col].astype(str).str.strip()
+    smiles = text_cells(raw[smiles_col]).str.strip()
     columns = {col: _label_values(raw[col], col, task_type, name, first_line)
                for col in label_cols}  # fmt: skip
     labels = pd.DataFrame(columns, index=raw.index)
@@ -265,8 +265,8 @@ def _label_values(
     """Float labels of one column, NaN where blank; DataError naming the first bad cell.
 
     For classification, ``true``/``false`` (any case) are read as 1/0."""
-    text = column.astype(str).str.strip()
-    blank = column.isna() | (text == "")
+    text = text_cells(column).str.strip()
+    blank = text == ""
     if task_type == "classification":
         text = text.str.lower().replace({"true": "1", "false": "0"})
     values = pd.to_numeric(text.where(~blank), errors="coerce").astype(float)
@@ -276,7 +276,7 @@ def _label_values(
         kind = "0/1 (or true/false)" if task_type == "classification" else "a number"
         raise DataError(
             f"{name}: label column {col!r} {row_name(row, first_line)} = "
-            f"{column.astype(str).iloc[row]!r}: expected {kind}"
+            f"{text_cells(column).iloc[row]!r}: expected {kind}"
         )
     return values
 

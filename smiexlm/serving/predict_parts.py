@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from smiexlm.data.normalize import text_cells
 from smiexlm.parts.job import (
     DEFAULT_PART_ROWS,
     ChunkOutput,
@@ -179,7 +180,8 @@ def _predict_chunk(
     from smiexlm.serving.prediction import predict
 
     frame = frame.reset_index(drop=True)
-    texts = frame[smiles_col].astype(str).str.strip()
+    raw = text_cells(frame[smiles_col])
+    texts = raw.str.strip()
     usable = _usable(frame[smiles_col])
     preds = {c: np.full(len(frame), fill, dtype=object if fill == "" else type(fill))
              for c, fill in outputs.items()}  # fmt: skip
@@ -195,9 +197,9 @@ def _predict_chunk(
         text = texts.iloc[i]
         reason = ("empty string" if not text else "whitespace inside the SMILES"
                   if not usable.iloc[i] else smiles_problem(text) or "no prediction")  # fmt: skip
-        rejects.append((start + int(i), str(frame[smiles_col].iloc[i]), reason))
+        rejects.append((start + int(i), raw.iloc[i], reason))
     result = frame[list(keep)].rename(columns=keep)
-    result["smiles"] = frame[smiles_col].astype(str)
+    result["smiles"] = raw
     result["valid"] = valid.to_numpy()
     for column in outputs:
         result[column] = preds[column]
@@ -206,7 +208,7 @@ def _predict_chunk(
 
 def _usable(column: Any) -> Any:
     """True where a cell can be a SMILES: not blank, no whitespace inside."""
-    texts = column.astype(str).str.strip()
+    texts = text_cells(column).str.strip()
     return (texts != "") & ~texts.str.contains(r"\s")
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from smiexlm.data.normalize import text_cells
 from smiexlm.errors import ConfigError, DataError
 
 Acquisition = Literal["uncertainty", "std", "tta_std", "novelty", "value", "ucb"]
@@ -79,7 +80,7 @@ def task_column(frame: Any, task: str | None) -> str:
         import pandas as pd
 
         try:  # numbers kept as text (an input column of a folder of parts)
-            pd.to_numeric(column[column.astype(str).str.strip() != ""])
+            pd.to_numeric(column[text_cells(column).str.strip() != ""])
         except (ValueError, TypeError):
             raise DataError(f"--task {task!r}: the column holds text (e.g. "
                             f"{column.iloc[0]!r}): expected numbers, a predicted label") from None  # fmt: skip

@@ -130,6 +130,32 @@ def test_predict_gives_a_100k_character_smiles_a_nan_row_with_its_reason(tmp_pat
     assert rejects["row"].tolist() == [1, 2] and rejects["reason"][1] == "empty string"
 
 
+def test_a_missing_smiles_cell_is_a_blank_row_in_every_table_command(tmp_path, finetuned):
+    """A Parquet file's null and a CSV's empty cell: pandas keeps them missing through
+    ``astype(str)``; each is a blank SMILES, listed or dropped with its reason, never a
+    traceback."""
+    table = tmp_path / "nulls.parquet"
+    pd.DataFrame({"smiles": ["CCCCCCCCO", None, "CCCCCCCCN", "c1ccccc1CCO"],
+                  "y": [1.0, 2.0, None, 5.0]}).to_parquet(table)  # fmt: skip
+    out = tmp_path / "preds.csv"
+    res = run_cli("predict", "--checkpoint", finetuned / "models" / "seed0", "--input", table,
+                  "--out", out, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rejects = pd.read_csv(tmp_path / "preds.rejects.csv", keep_default_na=False)
+    assert rejects.values.tolist() == [[1, "", "empty string"]]
+    res = run_cli("cliffs", table, "--label-col", "y", "--out", tmp_path / "pairs.csv")
+    assert res.returncode == 0, res.stderr
+    listed = pd.read_csv(tmp_path / "pairs.rejects.csv", keep_default_na=False)
+    assert listed.values.tolist()[0] == [1, "", "no SMILES"]
+    labelled = _labelled(tmp_path / "blank.csv", [0, 1] * 6)
+    lines = labelled.read_text().splitlines()
+    labelled.write_text("\n".join([lines[0], ",1", *lines[1:]]) + "\n")
+    res = run_cli("baseline", "--data", labelled, "--label-cols", "y", "--seeds", "0",
+                  "--n-trees", "5", "--split", "random", "--out", tmp_path / "rf", timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert pd.read_csv(tmp_path / "rf" / "results.csv")["n_invalid"].tolist() == [1]
+
+
 # ---------------------------------------------------------------------- 2. bad --out
 def _bad_out_commands(tmp_path: Path, out: Path) -> dict[str, list]:
     """Each command, given an input that would fail *after* the --out check (a missing
