@@ -271,6 +271,11 @@ def same_place(a: str | Path, b: str | Path) -> bool:
 
 
 def _check_not_an_input(final: Path) -> None:
+    """Refuse a final name that is a job's input, or a device, FIFO or socket (a rename onto
+    ``/dev/null`` as root would replace the system's node with a file)."""
+    if os.path.exists(final) and not (final.is_file() or final.is_dir()):
+        raise DataError(f"{str(final)!r} is not a regular file (a device, a FIFO or a socket): "
+                        "nothing was written over it; expected a file name")  # fmt: skip
     for source in _INPUTS:
         if same_place(final, source):
             raise DataError(f"{str(final)!r} is the input {str(source)!r}: writing the result "

@@ -130,6 +130,9 @@ def check_output(
         raise DataError(f"{what} {str(path)!r} is a directory: expected a file name")
     if kind == "folder" and path.exists() and not path.is_dir():
         raise DataError(f"{what} {str(path)!r} is a file: expected a folder")
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise DataError(f"{what} {str(path)!r} is not a regular file (a device, a FIFO or a "
+                        "socket): expected a file name")  # fmt: skip
     folder = path if path.is_dir() else path.parent
     while not os.path.lexists(folder) and folder != folder.parent:
         folder = folder.parent

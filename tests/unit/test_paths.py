@@ -97,3 +97,20 @@ def test_an_output_where_nothing_can_be_written_is_refused_whoever_runs(tmp_path
             check_output("/proc/predictions.csv", "--out", kind)  # type: ignore[arg-type]
     assert check_output(tmp_path / "new" / "out.csv") == tmp_path / "new" / "out.csv"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fifo_or_a_device_is_never_replaced_by_a_file(tmp_path):
+    """A rename onto ``/dev/null`` as root would put a file in the node's place."""
+    import os
+
+    from smiexlm.atomic import atomic_path
+    from smiexlm.paths import check_output
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/null"):
+        with pytest.raises(DataError, match="is not a regular file"):
+            check_output(path, "--out")
+        with pytest.raises(DataError, match="is not a regular file"), atomic_path(path) as tmp:
+            tmp.write_text("x")
+    assert fifo.exists() and not fifo.is_file()
