@@ -36,6 +36,7 @@ from smiexlm.modelio.layout import (
     GRAPH_FILES,
     GRAPH_SOURCES,
     ONNX_MANIFEST_NAME,
+    is_shipped,
     shipped_models,
 )
 from smiexlm.modelio.records import ONNX_MANIFEST_FORMAT, read_onnx_manifest
@@ -175,6 +176,9 @@ def export_onnx(folder: Path | str, kind: GraphKind | None = None) -> Path:
     records are kept.
     """
     folder = check_not_a_file(folder)
+    if is_shipped(folder):
+        raise DataError(f"model folder {str(folder)!r} is shipped with smiexlm and is read-only: "
+                        "copy it to a folder of your own and export that")  # fmt: skip
     if not (folder / CONFIG_NAME).is_file():
         shipped = ""
         if str(folder) in shipped_models():

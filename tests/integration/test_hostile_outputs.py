@@ -296,3 +296,24 @@ def test_what_writes_beside_or_by_design_inside_an_input_is_not_refused(tmp_path
     (tmp_path / "bbbp").mkdir()  # a task's name is no input folder, even when one is there
     res = run_cli("finetune", "bbbp", "--seeds", "0", "0", "--out", "bbbp/r", cwd=tmp_path)
     assert_one_line_error(res, "seed 0 is given more than once")
+
+
+def test_the_shipped_models_are_never_written_into_however_the_model_is_named(tmp_path):
+    """The default model (named by no option, by its name, or by its folder) and the twins are
+    read-only: an output inside them is refused before any compute, and export-onnx refuses
+    them as whiten does."""
+    from smiexlm.modelio.layout import ASSETS_DIR
+
+    before = sorted(p.relative_to(ASSETS_DIR) for p in ASSETS_DIR.rglob("*"))
+    table = tmp_path / "t.csv"
+    pd.DataFrame({"smiles": ["CCO", "CCN", "c1ccccc1"], "y": [0, 1, 0]}).to_csv(table, index=False)
+    twin = ASSETS_DIR / "twins" / "mlm"
+    for args, name in (
+        (["embed", table, "--out", DEFAULT_MODEL_DIR / "emb.parquet"], "--out"),
+        (["probe", "mine", "--data", table, "--label-cols", "y", "--checkpoint", "mlm", "--out",
+          tmp_path / "p", "--save-dir", twin / "probe"], "--save-dir"),
+        (["cliffs", table, "--label-col", "y", "--out", twin / "pairs.csv"], "--out"),
+    ):  # fmt: skip
+        assert_one_line_error(run_cli(*args), name, "lies inside the models shipped with smiexlm")
+    assert_one_line_error(run_cli("export-onnx", twin), "is shipped with smiexlm and is read-only")
+    assert sorted(p.relative_to(ASSETS_DIR) for p in ASSETS_DIR.rglob("*")) == before
