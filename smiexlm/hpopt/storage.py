@@ -98,6 +98,7 @@ def open_storage(storage: str | None, out: Path) -> Any:
             why = "is not a folder" if path.parent.exists() else "does not exist"
             raise DataError(f"--storage {storage!r}: {str(path.parent)!r} {why}; expected "
                             "the journal file's folder")  # fmt: skip
+        _check_journal(path, storage)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     try:
         import psycopg  # noqa: F401  (SQLAlchemy's PostgreSQL driver)
@@ -112,6 +113,27 @@ def open_storage(storage: str | None, out: Path) -> Any:
         reason = _without_secrets(str(getattr(err, "orig", err)).strip().splitlines()[0], storage)
         raise DataError(f"--storage {shown(storage)!r}: cannot open the study database "
                         f"({reason}); expected a PostgreSQL server that answers") from None  # fmt: skip
+
+
+def _check_journal(path: Path, storage: str) -> None:
+    """DataError unless ``path`` is new, empty or an Optuna journal (each line a JSON record
+    of one operation): any other file (a table, the --data itself) is never appended to."""
+    import json
+
+    if path.is_dir():
+        raise DataError(f"--storage {storage!r}: {str(path)!r} is a folder; expected a file")
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb") as handle:
+        first = handle.readline(1 << 20)
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "op_code" not in record:
+        raise DataError(f"--storage {storage!r}: {str(path)!r} is not an Optuna journal (its "
+                        "first line is no journal record); expected a journal hpopt wrote, or "
+                        "a new file")  # fmt: skip
 
 
 class Heartbeat:

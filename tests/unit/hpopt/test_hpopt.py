@@ -296,3 +296,19 @@ def test_storage_none_is_the_embedded_study_and_a_url_is_shown_without_its_secre
     )
     assert shown("journal:/runs/j.log") == "journal:/runs/j.log"
     assert (shown("me:secret"), shown("plain")) == ("me:...", "plain")
+
+
+def test_a_journal_path_holding_another_file_is_refused_and_left_as_it_was(tmp_path):
+    from smiexlm.errors import DataError
+    from smiexlm.hpopt.storage import open_storage
+
+    table = tmp_path / "data.csv"
+    table.write_text("smiles,y\nCCO,1\n")
+    for path, words in ((table, "is not an Optuna journal"), (tmp_path, "is a folder")):
+        with pytest.raises(DataError, match=words):
+            open_storage(f"journal:{path}", tmp_path)
+    assert table.read_text() == "smiles,y\nCCO,1\n"
+    journal = tmp_path / "study.journal"
+    open_storage(f"journal:{journal}", tmp_path)  # a new file, then an empty one
+    journal.touch()
+    open_storage(f"journal:{journal}", tmp_path)
