@@ -133,6 +133,15 @@ def check_output(
     if path.exists() and not (path.is_file() or path.is_dir()):
         raise DataError(f"{what} {str(path)!r} is not a regular file (a device, a FIFO or a "
                         "socket): expected a file name")  # fmt: skip
+    check_writable(path, what)
+    return path
+
+
+def check_writable(path: Path, what: str) -> None:
+    """DataError naming ``what`` unless the nearest existing folder on the way to ``path`` is
+    a folder (not a file) in which a file can be made: a file or a folder, ``path`` can then
+    be written (every command's outputs are checked so before any compute)."""
+    path = Path(path).expanduser()
     folder = path if path.is_dir() else path.parent
     while not os.path.lexists(folder) and folder != folder.parent:
         folder = folder.parent
@@ -141,7 +150,6 @@ def check_output(
     if not os.access(folder, os.W_OK | os.X_OK):
         raise DataError(f"{what} {str(path)!r}: folder {str(folder)!r} is not writable")
     _probe_writable(folder, what, path)
-    return path
 
 
 def _probe_writable(folder: Path, what: str, path: Path) -> None:

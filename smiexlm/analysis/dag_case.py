@@ -48,7 +48,12 @@ def dag_case(checkpoint: Path, smiles: str, mask_positions: Sequence[int], top: 
     if c.objective != "exlm":
         raise ConfigError("checkpoint objective", c.objective, "'exlm' (only ExLM has a DAG)")
     tokens = tokenizer.tokenize(smiles)
-    positions = sorted(set(int(p) for p in mask_positions))
+    if not tokens:
+        raise ConfigError("--smiles", smiles, "a SMILES of at least one token")
+    positions = [int(p) for p in mask_positions]
+    if len(set(positions)) < len(positions):
+        raise ConfigError("--mask", positions, "token indices each named once")
+    positions = sorted(positions)
     if not positions or positions[0] < 0 or positions[-1] >= len(tokens):
         raise ConfigError(
             "--mask", list(mask_positions), f"token indices in [0, {len(tokens) - 1}] ({tokens})"

@@ -35,7 +35,10 @@ def load_model_and_tokenizer(folder: Path):
 def check_models(folders: Sequence[Path], predict_tokens: bool = False) -> None:
     """Before any is loaded: a ConfigError naming the first of ``folders`` whose model does
     not read SMILES (a text model) or, with ``predict_tokens``, does not predict masked
-    tokens (one pre-trained to regress descriptors)."""
+    tokens (one pre-trained to regress descriptors), or a folder named twice."""
+    named = [str(Path(folder).resolve()) for folder in folders]
+    if len(set(named)) < len(named):
+        raise ConfigError("checkpoints", [str(f) for f in folders], "each folder named once")
     for folder in folders:
         reader = ModelFolder(check_not_a_file(folder))
         reader.check_reads_smiles()

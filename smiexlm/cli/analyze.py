@@ -131,9 +131,9 @@ def entropy(
         0.6,
     ),
     smiles_file: SmilesFile = None,
-    max_molecules: Annotated[int, typer.Option(help="Held-out molecules used.")] = 2000,
+    max_molecules: Annotated[int, typer.Option(min=1, help="Held-out molecules used.")] = 2000,
     seed: Seed = 0,
-    batch_size: Annotated[int, typer.Option(help="Molecules per forward pass.")] = 64,
+    batch_size: Annotated[int, typer.Option(min=1, help="Molecules per forward pass.")] = 64,
 ) -> None:
     """Prediction entropy (bits) of each checkpoint over masked tokens per mask ratio."""
     from smiexlm.analysis.entropy import entropy_by_mask_ratio, write_entropy
@@ -155,13 +155,13 @@ def rank(
     checkpoints: Checkpoints,
     out: Out,
     smiles_file: SmilesFile = None,
-    max_molecules: Annotated[int, typer.Option(help="Held-out molecules used.")] = 1000,
+    max_molecules: Annotated[int, typer.Option(min=1, help="Held-out molecules used.")] = 1000,
     mask_prob: Annotated[
         float, typer.Option(help="Mask ratio of the 'with [MASK]' inputs.")
     ] = 0.15,  # noqa: E501
     tau: Annotated[float, typer.Option(help="Variance fraction of the effective rank.")] = 0.9,
     seed: Seed = 0,
-    batch_size: Annotated[int, typer.Option(help="Molecules per forward pass.")] = 64,
+    batch_size: Annotated[int, typer.Option(min=1, help="Molecules per forward pass.")] = 64,
 ) -> None:
     """τ-effective rank per layer for inputs with and without [MASK] (MAE-LM §2.2)."""
     from smiexlm.analysis.inputs import check_models
@@ -184,7 +184,7 @@ def dag(
     smiles: Annotated[str, typer.Option("--smiles", help="The input SMILES.")],
     mask: Annotated[list[int], typer.Option("--mask", help="0-based token indices to mask.")],
     out: Out,
-    top: Annotated[int, typer.Option(help="Top tokens shown per state.")] = 3,
+    top: Annotated[int, typer.Option(min=1, help="Top tokens shown per state.")] = 3,
 ) -> None:
     """One input's DAG: transitions, top tokens per state, Viterbi path (ExLM Fig. 10–11)."""
     from smiexlm.analysis.dag_case import dag_case, write_dag_case

@@ -95,7 +95,7 @@ def _check_paths(command: str, values: dict[str, Any], output_names: set[str],
 
     outputs = {k: v for k, v in values.items() if k in output_names}
     inputs = {k: v for k, v in values.items() if k not in output_names}
-    _check_not_shipped(outputs)
+    _check_writable(outputs)
     check_outputs_apart(outputs | side_outputs(outputs), inputs)
     path_values = {k: v for k, v in values.items() if k in path_names}
     check_outputs_outside(outputs, path_values)
@@ -105,18 +105,20 @@ def _check_paths(command: str, values: dict[str, Any], output_names: set[str],
     protect_inputs([p for value in path_values.values() for p in named_paths(value)])
 
 
-def _check_not_shipped(outputs: dict[str, Any]) -> None:
-    """Refuse an output inside the package's shipped models, whichever way the command names
-    its model (the default, a shipped name, or their folder): they are read-only."""
+def _check_writable(outputs: dict[str, Any]) -> None:
+    """Refuse, before any compute, an output where nothing can be written, or one inside the
+    package's shipped models, whichever way the command names its model (the default, a
+    shipped name, or their folder): they are read-only."""
     from smiexlm.errors import DataError
     from smiexlm.modelio.layout import is_shipped
-    from smiexlm.paths import named_paths
+    from smiexlm.paths import check_writable, named_paths
 
     for name, value in outputs.items():
         for path in named_paths(value):
             if is_shipped(path):
                 raise DataError(f"{name} {str(path)!r} lies inside the models shipped with "
                                 "smiexlm, which are read-only: expected a path of your own")  # fmt: skip
+            check_writable(path, name)
 
 
 def _guarded(callback: Callable[..., Any]) -> Callable[..., Any]:

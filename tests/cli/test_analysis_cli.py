@@ -124,6 +124,30 @@ def test_unreadable_smiles_are_left_out_and_listed_and_models_without_tokens_ref
         assert not (tmp_path / f"refused{n}").exists()  # refused before anything is written
 
 
+def test_bad_sizes_an_empty_smiles_and_a_folder_named_twice_are_refused(setup, tmp_path):
+    from smiexlm.errors import ConfigError
+
+    ck, held_out = setup["ckpt"], str(setup["smiles"])
+    for args, words in (
+        (["entropy", str(ck["mlm"]), "--batch-size", "0", "--smiles-file", held_out],
+         "--batch-size"),
+        (["rank", str(ck["mlm"]), "--max-molecules", "0", "--smiles-file", held_out],
+         "--max-molecules"),
+        (["dag", str(ck["exlm"]), "--smiles", "CCO", "--mask", "1", "--top", "0"], "--top"),
+    ):  # fmt: skip
+        result = _run(*args, "--out", str(tmp_path / "o"))
+        assert result.exit_code == 2 and words in result.output
+    for args, words in (
+        (["dag", str(ck["exlm"]), "--smiles", "", "--mask", "1"], "at least one token"),
+        (["dag", str(ck["exlm"]), "--smiles", "CCO", "--mask", "1", "1"], "each named once"),
+        (["entropy", str(ck["mlm"]), str(ck["mlm"]) + "/", "--smiles-file", held_out],
+         "each folder named once"),
+    ):  # fmt: skip
+        result = _run(*args, "--out", str(tmp_path / "o"))
+        assert isinstance(result.exception, ConfigError) and words in str(result.exception)
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_exlm_path_weights_are_state_probabilities(k):
     from smiexlm import ExLMConfig, ExLMModel

@@ -317,3 +317,17 @@ def test_the_shipped_models_are_never_written_into_however_the_model_is_named(tm
         assert_one_line_error(run_cli(*args), name, "lies inside the models shipped with smiexlm")
     assert_one_line_error(run_cli("export-onnx", twin), "is shipped with smiexlm and is read-only")
     assert sorted(p.relative_to(ASSETS_DIR) for p in ASSETS_DIR.rglob("*")) == before
+
+
+def test_every_command_checks_its_outputs_can_be_written_before_any_compute(tmp_path):
+    """Commands that check nothing of their own (the analyses) are checked by the wrapper of
+    every command: /proc takes no file, whatever the modes say to root."""
+    from smiexlm.modelio.layout import ASSETS_DIR
+
+    smiles = tmp_path / "m.smi"
+    smiles.write_text("CCO\nc1ccccc1\n")
+    twin = ASSETS_DIR / "twins" / "mlm"
+    for args in (["analyze", "rank", twin, "--smiles-file", smiles, "--out", "/proc/rank"],
+                 ["analyze", "dag", ASSETS_DIR / "twins" / "exlm", "--smiles", "CCO", "--mask",
+                  "1", "--out", "/proc/dag"]):  # fmt: skip
+        assert_one_line_error(run_cli(*args), "--out '/proc/", "nothing can be written")
