@@ -126,8 +126,9 @@ def _readable_queries(texts: list[str]) -> tuple[list[int], list[tuple[int, str,
 def _threads(threads: int | None) -> None:
     if threads is not None:
         from smiexlm.embedding.search import _faiss
+        from smiexlm.training.workers import check_threads
 
-        _faiss().omp_set_num_threads(threads)
+        _faiss().omp_set_num_threads(check_threads(threads, "--threads"))
 
 
 def register(app: typer.Typer) -> None:

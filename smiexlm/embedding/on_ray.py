@@ -27,9 +27,9 @@ class EmbedBatches:
     """
 
     def __init__(self, smiles_col: str = "smiles", threads: int = 1, **options: Any):
-        import torch
+        from smiexlm.training.workers import set_threads
 
-        torch.set_num_threads(threads)
+        set_threads(threads)
         self.how, self.smiles_col = EmbedOptions(**{"device": "cpu", **options}), smiles_col
         self.feat = self.how.featurizer()
 

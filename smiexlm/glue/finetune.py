@@ -36,6 +36,7 @@ from smiexlm.glue.metrics import compute_metrics, majority_baseline
 from smiexlm.glue.tasks import GlueSplit, GlueTask, get_task, load_task
 from smiexlm.moleculenet.task import check_seeds
 from smiexlm.paths import PACKAGE_DIR, check_output, file_sha256, write_json
+from smiexlm.training.workers import set_threads
 
 CONFIG_PATH = PACKAGE_DIR / "configs" / "finetune" / "glue.toml"
 
@@ -302,7 +303,7 @@ def run_glue(
 ) -> GlueResult:
     """Fine-tune ``checkpoint`` on ``config.task`` for every seed; medians over seeds."""
     if config.threads is not None:
-        torch.set_num_threads(config.threads)
+        set_threads(config.threads, "--threads")
     return _PreparedTask.load(checkpoint, config, root).run(config, progress)
 
 
@@ -316,7 +317,7 @@ def grid_search(
     once; the best median primary score wins. The other points' medians are kept in
     ``extra["grid"]``."""
     if config.threads is not None:
-        torch.set_num_threads(config.threads)
+        set_threads(config.threads, "--threads")
     prepared = _PreparedTask.load(checkpoint, config, root)
     best, table = None, []
     for point in grid_points(prepared.task):

@@ -52,6 +52,7 @@ from smiexlm.training import run_state as ckpt
 from smiexlm.training.optim import build_optimizer, build_schedule, clip_gradients, set_lr
 from smiexlm.training.ranks import detect
 from smiexlm.training.runlock import RunLock
+from smiexlm.training.workers import set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def pretrain(
     info = detect()
     device = dist_utils.select_device(config.device, info)
     if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+        set_threads(config.num_threads, "num_threads")
     dist_utils.init(info, device)
     launched = os.environ.get(dist_utils.LAUNCHED_ENV) == "1"  # the launcher holds the lock
     lock = RunLock(out_dir) if info.is_main and not launched else None

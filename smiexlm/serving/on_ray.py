@@ -30,9 +30,9 @@ class PredictBatches:
 
     def __init__(self, checkpoint: Path | str | Sequence[Path | str], smiles_col: str = "smiles",
                  threads: int = 1, **how: Any):  # fmt: skip
-        import torch
+        from smiexlm.training.workers import set_threads
 
-        torch.set_num_threads(threads)
+        set_threads(threads)
         self.folders, self.smiles_col, self.how = served_folders(checkpoint), smiles_col, how
         self.process: Any = None
 

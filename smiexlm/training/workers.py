@@ -75,17 +75,37 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+#: threads a process may ask for, per core it may use: more only slows it, and a count in the
+#: thousands exhausts the memory of the threads' stacks (a crash, not an error)
+THREADS_PER_CORE = 8
+
+
+def check_threads(threads: int, what: str = "threads") -> int:
+    """``threads`` when it is a positive integer at most :data:`THREADS_PER_CORE` per usable
+    core; else a ConfigError naming ``what``."""
+    limit = THREADS_PER_CORE * usable_cores()
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= limit:
+        raise ConfigError(what, threads, f"a positive integer, at most {limit} "
+                          f"({THREADS_PER_CORE} per core this process may use)")  # fmt: skip
+    return threads
+
+
+def set_threads(threads: int, what: str = "threads") -> None:
+    """Torch's intra-op threads, checked by :func:`check_threads`."""
+    import torch
+
+    torch.set_num_threads(check_threads(threads, what))
+
+
 def detect(threads: int | None = None) -> Workers:
     """This process's rank, world size and thread count, from the torchrun environment."""
     import torch
 
     info = ranks.detect()
-    if threads is not None and threads < 1:
-        raise ConfigError("threads", threads, "a positive integer")
     if threads is None and info.enabled:
         threads = max(1, usable_cores() // max(1, info.local_world_size))
     if threads is not None:
-        torch.set_num_threads(threads)
+        set_threads(threads)
     return Workers(**asdict(info), threads=torch.get_num_threads())
 
 

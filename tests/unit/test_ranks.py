@@ -66,3 +66,16 @@ def test_batch_workers_share_the_place(environ):
         workers.rank, workers.local_rank, workers.world_size, workers.local_world_size
     )
     assert workers.owns(3) and not workers.owns(2) and not workers.is_main
+
+
+def test_a_thread_count_past_eight_a_core_is_refused_before_it_crashes_the_process(monkeypatch):
+    from smiexlm.errors import ConfigError
+    from smiexlm.training import workers
+
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    assert workers.check_threads(16) == 16
+    for bad in (0, -2, 17, 100_000, True, 2.0):
+        with pytest.raises(ConfigError, match="at most 16"):
+            workers.check_threads(bad, "--threads")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'threads' = 100000"):
+        workers.detect(100_000)
