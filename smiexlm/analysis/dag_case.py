@@ -40,6 +40,21 @@ class DagCase:
     files: list[Path] = field(default_factory=list)
 
 
+def _positions(smiles: str, tokens: list[str], mask_positions: Sequence[int]) -> list[int]:
+    """The token indices to mask, sorted; a ConfigError for an empty SMILES, an index named
+    twice or one outside the tokens."""
+    if not tokens:
+        raise ConfigError("--smiles", smiles, "a SMILES of at least one token")
+    positions = sorted(int(p) for p in mask_positions)
+    if len(set(positions)) < len(positions):
+        raise ConfigError("--mask", positions, "token indices each named once")
+    if not positions or positions[0] < 0 or positions[-1] >= len(tokens):
+        raise ConfigError(
+            "--mask", list(mask_positions), f"token indices in [0, {len(tokens) - 1}] ({tokens})"
+        )
+    return positions
+
+
 @torch.no_grad()
 def dag_case(checkpoint: Path, smiles: str, mask_positions: Sequence[int], top: int = 3) -> DagCase:
     """The DAG of ``smiles`` with the tokens at ``mask_positions`` masked (see module doc)."""
@@ -48,16 +63,7 @@ def dag_case(checkpoint: Path, smiles: str, mask_positions: Sequence[int], top: 
     if c.objective != "exlm":
         raise ConfigError("checkpoint objective", c.objective, "'exlm' (only ExLM has a DAG)")
     tokens = tokenizer.tokenize(smiles)
-    if not tokens:
-        raise ConfigError("--smiles", smiles, "a SMILES of at least one token")
-    positions = [int(p) for p in mask_positions]
-    if len(set(positions)) < len(positions):
-        raise ConfigError("--mask", positions, "token indices each named once")
-    positions = sorted(positions)
-    if not positions or positions[0] < 0 or positions[-1] >= len(tokens):
-        raise ConfigError(
-            "--mask", list(mask_positions), f"token indices in [0, {len(tokens) - 1}] ({tokens})"
-        )
+    positions = _positions(smiles, tokens, mask_positions)
     ids = torch.tensor([tokenizer.encode(smiles)])  # (1, T) BOS ... EOS
     mask = torch.ones_like(ids, dtype=torch.bool)
     columns = torch.tensor(positions) + 1  # +1 for BOS

@@ -83,6 +83,19 @@ def text_cells(column):
     return column.astype(object).where(column.notna(), "").astype(str)
 
 
+def kept_names(columns: list, written: set[str]) -> dict[str, str]:
+    """Each of an input's ``columns`` with its name in an output that also has the ``written``
+    columns: its own, or ``input_<name>`` (again while that is taken), so that no input column
+    is overwritten by one a job writes."""
+    names: dict[str, str] = {}
+    for column in columns:
+        name = str(column)
+        while name in written or name in names.values() or (name != column and name in columns):
+            name = f"input_{name}"
+        names[column] = name
+    return names
+
+
 def too_long(smiles: str, limit: int = MAX_SMILES_CHARS) -> str | None:
     """The reason "longer than N characters" when ``smiles`` must not reach RDKit, or None."""
     return f"longer than {limit:,} characters" if len(smiles) > limit else None

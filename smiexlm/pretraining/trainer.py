@@ -12,9 +12,8 @@ Determinism. Masking uses a CPU generator seeded per micro-batch, and the global
 generator (dropout) is reseeded per step and process, so a resumed run repeats an
 uninterrupted one bit for bit on CPU.
 
-Precision. ``auto`` = bf16 autocast on GPU and on CPUs with native bf16 (AVX512-BF16, AMX),
-fp32 elsewhere (``precision`` overrides); losses stay fp32.
-"""
+Precision. ``auto`` = bf16 autocast on GPU and CPUs with native bf16 (AVX512-BF16, AMX), fp32
+elsewhere (``precision`` overrides); losses stay fp32."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from smiexlm.data.normalize import text_cells
+from smiexlm.data.normalize import kept_names, text_cells
 from smiexlm.parts.job import (
     DEFAULT_PART_ROWS,
     ChunkOutput,
@@ -226,13 +226,7 @@ def _id_columns(
     if missing:
         raise DataError(f"--id-cols {missing}: expected columns of the input, among "
                         f"{list(first.columns)}")  # fmt: skip
-    taken = {"smiles", "valid", *outputs}
-    names: dict[str, str] = {}
-    for column in id_cols:
-        name = str(column)
-        while name in taken or name in names.values() or (name != column and name in id_cols):
-            name = f"input_{name}"
-        names[column] = name
+    names = kept_names(id_cols, {"smiles", "valid", *outputs})
     renamed = {c: n for c, n in names.items() if c != n}
     if renamed:
         log.warning("predict writes columns named like the input's own %s: the input's are "

@@ -23,13 +23,14 @@ every exclusion is counted in the :class:`Selection`.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from smiexlm.data.normalize import text_cells
+from smiexlm.data.normalize import kept_names, text_cells
 from smiexlm.errors import ConfigError, DataError
 
 Acquisition = Literal["uncertainty", "std", "tta_std", "novelty", "value", "ucb"]
@@ -174,6 +175,12 @@ def select(
     order = scored[np.argsort(-score[scored], kind="stable")]  # ties: input order
     picked, skipped = _diverse(order, frame[smiles_col].tolist(), n, max_similarity)
     picks = frame.iloc[picked].copy()
+    names = kept_names(list(picks.columns), {"acquisition", "pick"})
+    if renamed := {c: n for c, n in names.items() if c != n}:
+        logging.getLogger(__name__).warning(
+            "select writes columns named like the input's own %s: the input's are kept as %s",
+            list(renamed), list(renamed.values()))  # fmt: skip
+    picks = picks.rename(columns=renamed)
     picks["acquisition"] = score[picked]
     picks["pick"] = np.arange(1, len(picked) + 1)
     return Selection(picks, len(frame), len(frame) - len(scored), skipped)

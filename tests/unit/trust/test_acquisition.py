@@ -146,3 +146,15 @@ def test_the_select_command_writes_the_picks(tmp_path):
                                       "--kappa", "0.5", "--out", str(out)])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert pd.read_csv(out)["acquisition"].tolist() == pytest.approx([0.9])  # 0.9 > 0.5 + 0.3
+
+
+def test_input_columns_named_like_the_picks_columns_are_kept_under_new_names():
+    frame = pd.DataFrame({"smiles": ["CCO", "CCN", "CCC"], "p": [0.5, 0.3, 0.9],
+                          "pick": ["x", "y", "z"], "input_pick": [1, 2, 3],
+                          "acquisition": ["a", "b", "c"]})  # fmt: skip
+    picks = select(frame, 3, "uncertainty", "p", max_similarity=1.0).picks
+    assert list(picks.columns) == ["smiles", "p", "input_input_pick", "input_pick",
+                                   "input_acquisition", "acquisition", "pick"]  # fmt: skip
+    assert picks["input_input_pick"].tolist() == ["x", "y", "z"]  # input_pick was taken
+    assert picks["input_pick"].tolist() == [1, 2, 3]
+    assert picks["pick"].tolist() == [1, 2, 3]
