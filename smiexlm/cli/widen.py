@@ -31,7 +31,13 @@ def widen(
     smiles_col: Annotated[
         str | None, typer.Option(help="SMILES column of CSV/TSV/Parquet (default: guess).")
     ] = None,
-    part_size: Annotated[int, typer.Option(help="Input rows per resumable part.")] = 5000,
+    part_size: Annotated[
+        int,
+        typer.Option(
+            help="Input rows per resumable part, each the BRICS "
+            "step's fragment pool: keep it to resume or to reproduce."
+        ),
+    ] = 5000,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Add larger, charged, salted, tautomeric, stereo and element-substituted variants of

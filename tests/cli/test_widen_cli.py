@@ -125,7 +125,7 @@ def test_seeded_runs_are_identical(tmp_path):
     assert (tmp_path / "a.smi.gz").read_bytes() != (tmp_path / "c.smi.gz").read_bytes()
 
 
-def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, monkeypatch):
+def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, monkeypatch, caplog):
     src, _ = _input(tmp_path)
     whole = _widen(src, tmp_path / "whole.smi.gz")
     calls = {"n": 0}
@@ -145,6 +145,14 @@ def test_an_interrupted_run_leaves_no_output_and_resumes(tmp_path, monkeypatch):
     assert not out.exists() and not out.with_name("part.report.json").exists()
     assert len(list((tmp_path / ".part.parts").glob("part-*.json"))) == 2
     monkeypatch.setattr(Widener, "widen_block", original)
+    kept = {p.name: p.read_bytes() for p in (tmp_path / ".part.parts").iterdir()}
+    changed = CliRunner().invoke(app, ["widen", str(src), str(out), "--part-size", "6",
+                                       "--max-molecules", "1", "--no-progress"])  # fmt: skip
+    assert changed.exit_code == 0, changed.output
+    assert "made with other config, max_molecules, part_size: starting over" in caplog.text
+    for name, payload in kept.items():  # the first run's finished parts, put back
+        (tmp_path / ".part.parts").mkdir(exist_ok=True)
+        (tmp_path / ".part.parts" / name).write_bytes(payload)
     report = _widen(src, out)
     assert report["resumed"] is True
     assert out.read_bytes() == (tmp_path / "whole.smi.gz").read_bytes()

@@ -10,16 +10,18 @@
   or evaluation input row (step ``input``) and each product dropped after it was made;
 - ``OUT`` with ``.report.json``: the settings, the input's sha256 and the counts per step.
 
-The input is cut into parts of ``part_size`` rows. Each finished part is committed in the
-work folder ``.NAME.parts`` beside ``OUT`` (its SMILES, its rejects, then its record with
-their sha256), so an interrupted run, run again with the same input and settings, skips
-the parts it finished. The three outputs are renamed into place together at the end: a
+The input is cut into parts of ``part_size`` rows. A part is also the BRICS step's pool of
+fragments, so the products depend on ``part_size`` as on the seed. Each finished part is
+committed in the work folder ``.NAME.parts`` beside ``OUT`` (its SMILES, its rejects, then
+its record with their sha256), so an interrupted run, run again with the same input and
+settings, skips the parts it finished; run with others, it says which and starts over. The three outputs are renamed into place together at the end: a
 half-written ``OUT`` never exists.
 """
 
 from __future__ import annotations
 
 import gzip
+import logging
 import shutil
 import time
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ from smiexlm.data.readers import iter_smiles
 from smiexlm.data.widen.steps import BlockResult, StepCounts, WidenConfig, Widener
 from smiexlm.errors import DataError
 from smiexlm.paths import check_output, file_problem, file_record, read_json_file, write_json
+
+log = logging.getLogger(__name__)
 
 REPORT_FORMAT = "smiexlm-widen-report/1"
 
@@ -73,6 +77,9 @@ def _prepare_work(paths: WidenPaths, job: dict[str, Any]) -> bool:
         _, there = read_json_file(record, "widen job record")
         if there == job:
             return True
+        changed = sorted(k for k in set(job) | set(there) if job.get(k) != there.get(k))
+        log.warning("the finished parts in %s were made with other %s: starting over",
+                    paths.work, ", ".join(changed))  # fmt: skip
         shutil.rmtree(paths.work)  # another input or other settings: its parts are not ours
     paths.work.mkdir(parents=True, exist_ok=True)
     write_json(job, record)
