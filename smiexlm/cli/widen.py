@@ -27,7 +27,9 @@ def widen(
     max_molecules: Annotated[
         int | None, typer.Option(help="Read only the first N input rows.")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same output.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Seed: the same seed and --part-size give the same output.")
+    ] = 0,
     smiles_col: Annotated[
         str | None, typer.Option(help="SMILES column of CSV/TSV/Parquet (default: guess).")
     ] = None,
