@@ -110,13 +110,15 @@ def cliff_pairs(
     if y.ndim != 1 or len(y) != len(smiles):
         raise DataError(f"values: {y.shape} for {len(smiles)} SMILES; expected one value each")
     near, sims = _near(smiles, similarity, measures)
-    apart = np.abs(y[:, None] - y[None, :]) > gap  # NaN compares False: never a pair
-    i, j = np.nonzero(np.triu(near & apart, k=1))
+    with np.errstate(over="ignore"):  # a gap past the float range (1e308 and -1e308) is inf
+        apart = np.abs(y[:, None] - y[None, :]) > gap  # NaN compares False: never a pair
+        i, j = np.nonzero(np.triu(near & apart, k=1))
+        gaps = np.abs(y[i] - y[j])
+        gaps = np.where(gaps < 1e290, np.round(gaps, 9), gaps)  # 10.21, not 10.2099999999999
     pairs = pd.DataFrame({
         "i": i, "j": j, "smiles_i": np.asarray(smiles, dtype=object)[i],
         "smiles_j": np.asarray(smiles, dtype=object)[j], "value_i": y[i], "value_j": y[j],
-        "gap": np.round(np.abs(y[i] - y[j]), 9),  # 10.21, not 10.209999999999999
-        **{name: np.round(sims[name][i, j], 4) for name in MEASURES},
+        "gap": gaps, **{name: np.round(sims[name][i, j], 4) for name in MEASURES},
     })  # fmt: skip
     reached = {name: sims[name][i, j] >= similarity for name in measures}
     pairs["by"] = ["+".join(m for m in measures if reached[m][k]) for k in range(len(i))]
@@ -135,7 +137,8 @@ def cliff_molecules(
     near, _ = _near(smiles, similarity)
     out = np.zeros(y.shape, dtype=bool)
     for t in range(y.shape[1]):
-        apart = np.abs(y[:, t, None] - y[None, :, t]) > gap
+        with np.errstate(over="ignore"):  # a gap past the float range is inf, a cliff
+            apart = np.abs(y[:, t, None] - y[None, :, t]) > gap
         out[:, t] = (near & apart).any(axis=1)
     return out
 

@@ -137,3 +137,16 @@ def test_the_cli_lists_the_rows_in_no_pair_and_the_measures_can_be_chosen(tmp_pa
         args = ["--out", str(tmp_path / "x.csv"), *extra] if extra[0] != "--out" else extra
         bad = run(*args)
         assert bad.exit_code != 0 and words in str(bad.exception), bad.output
+
+
+def test_values_near_the_float_range_give_their_gaps_without_warnings():
+    import warnings
+
+    smiles = ["c1ccccc1CCCCCC", "c1ccccc1CCCCCCC", "CCCCCCCCO"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warning would fail here
+        pairs = cliff_pairs(smiles, [1e308, -1e308, 1.0], similarity=0.3)
+        marked = cliff_molecules(smiles, np.array([1e308, -1e308, 1.0]), similarity=0.3)
+    gaps = dict(zip(zip(pairs["i"], pairs["j"], strict=True), pairs["gap"], strict=True))
+    assert gaps[(0, 1)] == math.inf and gaps[(0, 2)] == 1e308
+    assert marked[:, 0].tolist() == [True, True, True]
