@@ -38,6 +38,9 @@ def tokenize(
             raise DataError(f"SMILES argument {number} is {text!r}: expected a non-empty SMILES")
     tok = SmilesTokenizer.load(vocab) if vocab else SmilesTokenizer()
     items = list(smiles or []) + ([] if file is None else list(iter_smiles(file, what="--file")))
+    if not items and file is not None:
+        raise DataError(f"--file {str(file)!r} holds no SMILES: expected one per line, or a "
+                        "table with a SMILES column")  # fmt: skip
     if not items:
         raise typer.BadParameter("give SMILES as arguments or with --file")
     for line in tokenized_lines(tok, items, ids):  # an invalid SMILES: one error line, exit 2

@@ -252,6 +252,14 @@ def test_blank_lines_of_a_file_still_give_blank_lines(tmp_path):
     assert np.all([line.endswith(" 2") for line in (lines[0], lines[2])])
 
 
+def test_a_file_with_no_smiles_is_named_not_taken_for_a_missing_option(tmp_path):
+    (tmp_path / "empty.smi").write_text("")
+    (tmp_path / "header.csv").write_text("smiles\n")
+    for name in ("empty.smi", "header.csv"):
+        res = run_cli("tokenize", "--file", tmp_path / name)
+        assert_one_line_error(res, f"--file '{tmp_path / name}' holds no SMILES")
+
+
 def test_search_refuses_no_hnsw_candidates(index):
     res = run_cli("search", index, "--query", QUERY, "-k", 1, "--ef-search", 0)
     assert_one_line_error(res, "--ef-search", "positive integer")
