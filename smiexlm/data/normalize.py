@@ -102,15 +102,18 @@ def too_long(smiles: str, limit: int = MAX_SMILES_CHARS) -> str | None:
 
 
 def text_problem(smiles: str, limit: int = MAX_SMILES_CHARS) -> str | None:
-    """Why ``smiles`` must not reach RDKit or the tokenizer (too long, or holding lone
-    surrogates that no UTF-8 encoder accepts), or None."""
+    """Why ``smiles`` must not reach RDKit or the tokenizer (too long, or holding a character
+    beyond ASCII, which no SMILES has and RDKit drops unsaid at the end of one: ``CCÖ`` reads
+    as ``CC``), or None."""
     if reason := too_long(smiles, limit):
         return reason
     if not smiles.isascii():
+        place, char = next((i, c) for i, c in enumerate(smiles) if not c.isascii())
         try:
-            smiles.encode("utf-8")
+            char.encode("utf-8")
         except UnicodeEncodeError:
             return "not valid Unicode text (lone surrogate)"
+        return f"a character beyond ASCII, {char!r} at position {place} (a SMILES is ASCII)"
     return None
 
 
@@ -227,6 +230,9 @@ def _decode_rows(items: list) -> tuple[list[str | None], list[tuple[int, str, st
                 continue
         if not raw:
             rejects.append((i, raw, "empty"))
+            out.append(None)
+        elif not raw.isascii():  # no SMILES has one; RDKit drops a last one unsaid
+            rejects.append((i, raw, "invalid_smiles"))
             out.append(None)
         else:
             out.append(raw)

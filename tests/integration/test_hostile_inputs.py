@@ -330,6 +330,21 @@ def test_huge_rdkit2d_descriptors_become_counted_nans_not_numpy_warnings(tmp_pat
     assert "rdkit2d: 2 descriptor values beyond ±1e+15 (Ipc) set to NaN" in res.stderr
 
 
+def test_a_character_beyond_ascii_is_a_reason_not_dropped_by_rdkit(tmp_path):
+    """RDKit reads ``CCÖ`` as ``CC`` (a last character it cannot place is dropped unsaid):
+    such a molecule would be served as another one. Every path refuses it, naming it."""
+    texts = ["CCÖ", "CC\uff2f", "c1ccccc1Cl\u00b2", "CCO"]
+    _, reasons, _ = _featurizer().prepare(texts)
+    assert [r is not None and "beyond ASCII" in r for r in reasons] == [True, True, True, False]
+    assert "'Ö' at position 2" in reasons[0]
+    raw = tmp_path / "in.smi"
+    raw.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    res = run_cli("preprocess", raw, "--out", tmp_path / "ds", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    rejects = pd.read_csv(tmp_path / "ds" / "rejects.csv")
+    assert rejects["line"].tolist() == [1, 2, 3]
+
+
 # ---------------------------------------------------------------------- 5. fuzz
 HOSTILE = [
     b"CCO", b"c1ccccc1", b"C" * 9000, LONG.encode(), b"C\x00C", b"\x00", b"caf\xe9",
