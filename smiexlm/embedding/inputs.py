@@ -13,28 +13,28 @@ import numpy as np
 from smiexlm.errors import DataError
 
 
-def refuse_non_sequence(smiles: Any) -> None:
+def refuse_non_sequence(smiles: Any, who: str = "featurize") -> None:
     """DataError for one SMILES, or a table or a mapping (whose iteration gives its column
-    names or keys), where a sequence of SMILES is expected."""
+    names or keys), where a sequence of SMILES is expected (by ``who``)."""
     if isinstance(smiles, (str, bytes)) or getattr(smiles, "ndim", 1) == 0:
-        raise DataError(f"featurize expects a sequence of SMILES, got one {str(smiles)[:40]!r}: "
+        raise DataError(f"{who} expects a sequence of SMILES, got one {str(smiles)[:40]!r}: "
                         "wrap it in a list")  # fmt: skip
     if isinstance(smiles, Mapping) or getattr(smiles, "ndim", 1) > 1:
         kind = type(smiles).__name__
-        raise DataError(f"featurize expects a sequence of SMILES, got a {kind} (it would be "
+        raise DataError(f"{who} expects a sequence of SMILES, got a {kind} (it would be "
                         "read by its keys or column names): pass its SMILES column")  # fmt: skip
 
 
-def smiles_list(smiles: Any) -> list[Any]:
+def smiles_list(smiles: Any, who: str = "featurize") -> list[Any]:
     """The SMILES of a list, tuple, iterator, 1-D array or Series; DataError for what
     :func:`refuse_non_sequence` refuses, or for what is no sequence at all."""
-    refuse_non_sequence(smiles)
+    refuse_non_sequence(smiles, who)
     if hasattr(smiles, "tolist") and hasattr(smiles, "dtype"):  # pandas Series, numpy array
         return list(smiles.tolist())
     try:
         return list(smiles)
     except TypeError:
-        raise DataError(f"featurize expects a sequence of SMILES, got {type(smiles).__name__} "
+        raise DataError(f"{who} expects a sequence of SMILES, got {type(smiles).__name__} "
                         f"{str(smiles)[:40]!r}") from None  # fmt: skip
 
 
@@ -48,5 +48,8 @@ def table_smiles(X: Any) -> list[Any]:
             )
         X = X.iloc[:, 0]
     if isinstance(X, np.ndarray) and X.ndim == 2:
-        X = X[:, 0] if X.shape[1] == 1 else X.ravel()
-    return smiles_list([X] if isinstance(X, str) else X)
+        if X.shape[1] != 1:
+            raise DataError(f"ExLMTransformer got an array of {X.shape[1]} columns: expected "
+                            "one SMILES column (select it, or use a ColumnTransformer)")  # fmt: skip
+        X = X[:, 0]
+    return smiles_list([X] if isinstance(X, str) else X, "ExLMTransformer")

@@ -69,7 +69,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from smiexlm.errors import ConfigError, DataError, check_spellings
+from smiexlm.embedding.inputs import smiles_list
+from smiexlm.errors import ConfigError, DataError, check_positive_int, check_spellings
 from smiexlm.finetuning.folder import finetuned_folders, seed_folders
 from smiexlm.modelio.seed_record import check_seeds_kept
 from smiexlm.serving.predict_trust import (
@@ -159,9 +160,11 @@ def predict(
     is the mean over the models and ``<label>_std`` their standard deviation (ddof 0).
     ``tta=K`` scores each molecule as the mean over its canonical SMILES and K random ones
     (:mod:`smiexlm.data.augment`); ``<label>_tta_std`` is their standard deviation (averaged
-    over the models). Unparsable SMILES (and those longer than
-    :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`) get NaN rows and ``valid = False``, never
-    silently dropped. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
+    over the models). ``smiles``: a list, tuple, iterator, 1-D array or Series (one SMILES
+    or a table is a DataError). A value that is no SMILES RDKit reads (not text, empty,
+    whitespace or a character beyond ASCII inside, longer than
+    :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`, unparsable) gets a NaN row and
+    ``valid = False``, never silently dropped; a call with none it can serve is a DataError. ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
     onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
     ``conformal_alpha``, ``conformal_method`` (one of
     :data:`~smiexlm.trust.shift.METHODS`, :func:`~smiexlm.serving.predict_trust.default_method`'s when None) and
@@ -169,14 +172,19 @@ def predict(
     ``domain_quantile`` q: ``in_domain`` is False below the q-quantile of the validation
     molecules' nearest similarities (0.05 by default; 0: below the least similar of them).
     """
-    from smiexlm.data.normalize import smiles_problem
     from smiexlm.finetuning.ensemble import is_ensemble
 
     method = _checked_options(backend, tta, conformal_alpha, mondrian, conformal_method,
                               domain_quantile)  # fmt: skip
+    check_positive_int("batch_size", batch_size)
     folders = served_folders(checkpoint)
-    ok = [smiles_problem(s) is None for s in smiles]  # too long or unparsable: a NaN row
-    good = [s for s, v in zip(smiles, ok, strict=True) if v]
+    smiles = smiles_list(smiles, "predict")
+    texts = [_servable(s) for s in smiles]  # None: a NaN row
+    ok = [t is not None for t in texts]
+    good = [t for t in texts if t is not None]
+    if not good:
+        raise DataError(f"predict got {len(smiles)} SMILES, none servable: expected at least one "
+                        "RDKit can read" + (f" (first: {smiles[0]!r})" if smiles else ""))  # fmt: skip
     served = [(serve_ensemble if is_ensemble(f) else serve_one)(f, good, batch_size, backend,
                                                                  tta, calibrate)
               for f in folders]  # fmt: skip
@@ -199,6 +207,16 @@ def predict(
     frame.insert(0, "valid", ok)
     frame.insert(0, "smiles", list(smiles))
     return frame
+
+
+def _servable(value) -> str | None:
+    """The SMILES ``value`` as served (stripped), or None for one that gets a NaN row: not
+    text, empty, too long, with whitespace or a character beyond ASCII inside, unparsable."""
+    from smiexlm.data.normalize import smiles_problem
+    from smiexlm.model.inputs import check_text
+
+    text, reason = check_text(value)
+    return None if reason is not None or smiles_problem(text) is not None else text
 
 
 def _check_agree(folders: list, served: list[Served]) -> None:

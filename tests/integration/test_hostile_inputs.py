@@ -330,6 +330,23 @@ def test_huge_rdkit2d_descriptors_become_counted_nans_not_numpy_warnings(tmp_pat
     assert "rdkit2d: 2 descriptor values beyond ±1e+15 (Ipc) set to NaN" in res.stderr
 
 
+def test_python_predict_takes_what_featurize_takes_and_gives_bad_values_nan_rows(finetuned):
+    from smiexlm.errors import ConfigError, DataError
+    from smiexlm.serving.prediction import predict
+
+    model = finetuned / "models" / "seed0"
+    frame = predict(model, pd.Series(["CCO", np.nan, 5, "C C", "CCÖ", " CCN "]))
+    assert frame["valid"].tolist() == [True, False, False, False, False, True]
+    assert frame["y"].isna().tolist() == [False, True, True, True, True, False]
+    assert predict(model, (s for s in ["CCO", "CCN"]))["valid"].tolist() == [True, True]
+    for bad, words in (("CCO", "got one 'CCO'"), (pd.DataFrame({"smiles": ["CCO"]}), "DataFrame"),
+                       ([], "got 0 SMILES"), (["XYZ"], "none servable")):  # fmt: skip
+        with pytest.raises(DataError, match=words):
+            predict(model, bad)
+    with pytest.raises(ConfigError, match="batch_size"):
+        predict(model, ["CCO"], batch_size=0)
+
+
 def test_a_character_beyond_ascii_is_a_reason_not_dropped_by_rdkit(tmp_path):
     """RDKit reads ``CCÖ`` as ``CC`` (a last character it cannot place is dropped unsaid):
     such a molecule would be served as another one. Every path refuses it, naming it."""
