@@ -23,24 +23,34 @@ from smiexlm.embedding.inputs import table_smiles
 
 __all__ = ["ExLMFeaturizer", "ExLMTransformer"]  # noqa: F822 (ExLMFeaturizer is built lazily)
 
-_LOADED: dict[tuple[str, str], Any] = {}  # (path, device) -> Featurizer, shared per process
+#: (path, device) -> (the weights' sha256 when loaded, Featurizer), shared per process
+_LOADED: dict[tuple[str, str], tuple[str | None, Any]] = {}
 
 
 def load_featurizer(path: str | Path | None, device: str = "auto") -> Any:
-    """A cached :class:`~smiexlm.embedding.featurizer.Featurizer` for ``path`` (None = default model)."""
+    """A cached :class:`~smiexlm.embedding.featurizer.Featurizer` for ``path`` (None = default
+    model), loaded again when the folder's weights have changed since (a folder exported
+    anew under the same path)."""
+    return _loaded(path, device)[1]
+
+
+def _loaded(path: str | Path | None, device: str) -> tuple[str | None, Any]:
+    """(the sha256 of the weights loaded, the Featurizer) for ``path`` on ``device``."""
     from smiexlm.embedding.featurizer import Featurizer
 
     key = (str(path) if path is not None else "", device)
-    if key not in _LOADED:
-        _LOADED[key] = Featurizer.from_pretrained(path, device=device)
-    return _LOADED[key]
+    kept = _LOADED.get(key)
+    if kept is None or _weights_sha256(kept[1].source) != kept[0]:
+        featurizer = Featurizer.from_pretrained(path, device=device)
+        _LOADED[key] = kept = (_weights_sha256(featurizer.source), featurizer)
+    return kept
 
 
-def _weights_sha256(featurizer: Any) -> str | None:
-    """The sha256 of the weights a featurizer's folder holds (None for a model in memory)."""
+def _weights_sha256(folder: Path | None) -> str | None:
+    """The sha256 of the weights a model folder holds now (None for a model in memory)."""
     from smiexlm.modelio.integrity import weights_sha256
 
-    return None if featurizer.source is None else weights_sha256(featurizer.source)
+    return None if folder is None else weights_sha256(folder)
 
 
 class ExLMTransformer(TransformerMixin, BaseEstimator):
@@ -84,9 +94,11 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
         key = (str(self.checkpoint), self.device)
         loaded = self.__dict__.get("_featurizer")
         if loaded is None or loaded[0] != key:
-            featurizer = load_featurizer(self.checkpoint, self.device)
-            expected = self.__dict__.pop("_weights_sha256", None)
-            if expected is not None and _weights_sha256(featurizer) != expected:
+            sha, featurizer = _loaded(self.checkpoint, self.device)
+            pickled = self.__dict__.pop("_weights_sha256", None)  # (checkpoint, sha256)
+            if isinstance(pickled, str):  # pickled before the checkpoint was kept beside it
+                pickled = (str(self.checkpoint), pickled)
+            if pickled is not None and pickled[0] == str(self.checkpoint) and pickled[1] != sha:
                 from smiexlm.errors import DataError
 
                 raise DataError(
@@ -94,7 +106,7 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
                     "the weights this estimator was pickled with (their sha256 differs); "
                     "expected the same model (a pickle keeps the path, not the weights)"
                 )
-            self.__dict__["_featurizer"] = loaded = (key, featurizer)
+            self.__dict__["_featurizer"] = loaded = (key, featurizer, sha)
         return loaded[1]
 
     def fit(self, X: Any, y: Any = None) -> ExLMTransformer:
@@ -120,8 +132,8 @@ class ExLMTransformer(TransformerMixin, BaseEstimator):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
         loaded = state.pop("_featurizer", None)  # pickles by path: the weights stay on disk
-        if loaded is not None:  # and their digest, checked when read back
-            state["_weights_sha256"] = _weights_sha256(loaded[1])
+        if loaded is not None:  # and the digest of those it served, checked when read back
+            state["_weights_sha256"] = (str(self.checkpoint), loaded[2])
         return state
 
     def __sklearn_tags__(self):  # scikit-learn >= 1.6

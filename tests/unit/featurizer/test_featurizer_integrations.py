@@ -72,6 +72,30 @@ def test_set_params_loads_the_new_model_and_a_pickle_refuses_other_weights(check
     shutil.copytree(Featurizer.from_pretrained(None).source, copy)  # other weights, same path
     with pytest.raises(DataError, match="no longer holds the weights"):
         pickle.loads(blob).transform(PANEL)
+    # the pickle of one read back: another checkpoint set on it loads that one
+    restored = pickle.loads(pickle.dumps(ExLMTransformer(str(checkpoint), device="cpu").fit(PANEL)))
+    assert restored.set_params(checkpoint=str(copy)).transform(PANEL).shape[1] != first.shape[1]
+
+
+def test_a_folder_exported_anew_is_loaded_anew_and_a_pickle_names_the_weights_it_served(
+    checkpoint, tmp_path
+):
+    import shutil
+
+    from smiexlm.errors import DataError
+
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoint, folder)
+    served = ExLMTransformer(str(folder), device="cpu").fit(PANEL)
+    before = served.transform(PANEL)
+    shutil.rmtree(folder)
+    shutil.copytree(Featurizer.from_pretrained(None).source, folder)  # re-exported, same path
+    after = ExLMTransformer(str(folder), device="cpu").fit_transform(PANEL)
+    assert after.shape[1] != before.shape[1]  # the new weights, not the cached old ones
+    with pytest.raises(DataError, match="no longer holds the weights"):  # it served the old
+        pickle.loads(pickle.dumps(served)).transform(PANEL)
+    with pytest.raises(DataError, match="array of 2 columns"):
+        ExLMTransformer(str(folder), device="cpu").fit_transform(np.array([PANEL[:2], PANEL[2:4]]))
 
 
 def test_pipeline_cross_val_score(checkpoint, bbbp):
