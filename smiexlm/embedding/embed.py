@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -276,6 +277,10 @@ def id_columns(first: Any, smiles_col: str, id_cols: list[str] | None) -> list[s
         raise DataError(
             f"id columns {missing} are not in the input: expected some of {list(first.columns)}"
         )
+    clash = [str(c) for c in [*id_cols, smiles_col] if re.fullmatch(r"e\d+", str(c))]
+    if clash:  # a table with two columns of one name cannot be read back
+        raise DataError(f"input column(s) {clash} are named like the embedding columns e0, e1, "
+                        "... the output holds: rename them, or leave them out with --id-cols")  # fmt: skip
     return list(id_cols)
 
 

@@ -330,6 +330,19 @@ def test_huge_rdkit2d_descriptors_become_counted_nans_not_numpy_warnings(tmp_pat
     assert "rdkit2d: 2 descriptor values beyond ±1e+15 (Ipc) set to NaN" in res.stderr
 
 
+def test_an_input_column_named_like_an_embedding_column_is_refused_before_any_compute(tmp_path):
+    table = tmp_path / "clash.csv"
+    table.write_text("mol,name,e0\nCCO,a,1\nCCC,b,2\n")
+    for out in ("emb.parquet", "parts"):
+        res = run_cli("embed", table, "--smiles-col", "mol", "--out", tmp_path / out)
+        assert_one_line_error(res, "['e0'] are named like the embedding columns")
+        assert not (tmp_path / out).exists()
+    res = run_cli("embed", table, "--smiles-col", "mol", "--id-cols", "name", "--out",
+                  tmp_path / "emb.parquet")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert list(pd.read_parquet(tmp_path / "emb.parquet").columns[:3]) == ["name", "mol", "e0"]
+
+
 def test_python_predict_takes_what_featurize_takes_and_gives_bad_values_nan_rows(finetuned):
     from smiexlm.errors import ConfigError, DataError
     from smiexlm.serving.prediction import predict
