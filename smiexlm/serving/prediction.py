@@ -178,13 +178,7 @@ def predict(
                               domain_quantile)  # fmt: skip
     check_positive_int("batch_size", batch_size)
     folders = served_folders(checkpoint)
-    smiles = smiles_list(smiles, "predict")
-    texts = [_servable(s) for s in smiles]  # None: a NaN row
-    ok = [t is not None for t in texts]
-    good = [t for t in texts if t is not None]
-    if not good:
-        raise DataError(f"predict got {len(smiles)} SMILES, none servable: expected at least one "
-                        "RDKit can read" + (f" (first: {smiles[0]!r})" if smiles else ""))  # fmt: skip
+    smiles, ok, good = _servable(smiles)
     served = [(serve_ensemble if is_ensemble(f) else serve_one)(f, good, batch_size, backend,
                                                                  tta, calibrate)
               for f in folders]  # fmt: skip
@@ -209,14 +203,21 @@ def predict(
     return frame
 
 
-def _servable(value) -> str | None:
-    """The SMILES ``value`` as served (stripped), or None for one that gets a NaN row: not
-    text, empty, too long, with whitespace or a character beyond ASCII inside, unparsable."""
+def _servable(smiles) -> tuple[list, list[bool], list[str]]:
+    """(the values of ``smiles`` as a list, whether each is served, the SMILES served: those
+    stripped that are text, not empty, not too long, with no whitespace or character beyond
+    ASCII inside, and parsable); a DataError when none is."""
     from smiexlm.data.normalize import smiles_problem
     from smiexlm.model.inputs import check_text
 
-    text, reason = check_text(value)
-    return None if reason is not None or smiles_problem(text) is not None else text
+    smiles = smiles_list(smiles, "predict")
+    texts = [check_text(value) for value in smiles]
+    good = [text if reason is None and smiles_problem(text) is None else None
+            for text, reason in texts]  # fmt: skip
+    if not any(t is not None for t in good):
+        raise DataError(f"predict got {len(smiles)} SMILES, none servable: expected at least one "
+                        "RDKit can read" + (f" (first: {smiles[0]!r})" if smiles else ""))  # fmt: skip
+    return smiles, [t is not None for t in good], [t for t in good if t is not None]
 
 
 def _check_agree(folders: list, served: list[Served]) -> None:
