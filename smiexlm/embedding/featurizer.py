@@ -4,8 +4,7 @@
 >>> feat = Featurizer.from_pretrained()          # the default model shipped in the package
 >>> X = feat.featurize(["CCO", "c1ccccc1O"])     # np.ndarray (2, d) float32
 
-How a call runs, in chunks of ``chunk_size`` molecules so that memory stays bounded however
-long the input is:
+How a call runs, in chunks of ``chunk_size`` molecules (memory stays bounded on any input):
 
 1. each SMILES is normalised as the model folder's corpus was (RDKit canonical SMILES by
    default; see :func:`smiexlm.modelio.records.read_normalization`) and tokenized;
@@ -252,6 +251,8 @@ class Featurizer:
         items = smiles_list(smiles)
         options = self._plan(pooling, layer, whiten, errors, batch_tokens, batch_size,
                              canonicalize, chunk_size, index_offset)  # fmt: skip
+        if not isinstance(progress, bool):
+            raise ConfigError("progress", progress, "True or False")
         out = np.empty((len(items), self.width(options.pooling, options.layer)), dtype=np.float32)
         bar = progress_bar(len(items)) if progress else None
         start = 0
@@ -328,7 +329,13 @@ class Featurizer:
         pooling_parts(pooling)
         if errors not in _ERRORS:
             raise ConfigError("errors", errors, f"one of {_ERRORS}")
+        if not isinstance(canonicalize, bool):
+            raise ConfigError("canonicalize", canonicalize, "True or False")
         block_indices(layer, self.model.config.n_layers)
+        batch_tokens, batch_size, chunk_size = (
+            int(v) if isinstance(v, np.integer) else v
+            for v in (batch_tokens, batch_size, chunk_size)
+        )  # a numpy integer is as good as an int
         check_positive_int("batch_tokens", batch_tokens)
         check_positive_int("batch_size", batch_size, optional=True)
         check_positive_int("chunk_size", chunk_size)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from smiexlm.chemistry.descriptor_stats import STATS_NAME
-from smiexlm.errors import DataError
+from smiexlm.errors import ConfigError, DataError
 from smiexlm.paths import ASSETS_DIR, VOCAB_NAME, check_not_a_file
 
 CONFIG_NAME = "config.json"
@@ -91,6 +91,9 @@ def is_default(path: str | Path | None) -> bool:
 def model_folder(path: str | Path | None) -> Path:
     """The folder to load: ``path`` when it exists, else the shipped model of that name
     (:func:`shipped_models`); the shipped default model when None."""
+    if path is not None and not isinstance(path, (str, Path)):
+        raise ConfigError("checkpoint", path, "a model folder's path, a shipped model's name, "
+                          "or None for the default model")  # fmt: skip
     if path is None or (str(path) == "default" and not Path(path).exists()):
         if not (DEFAULT_MODEL_DIR / WEIGHTS_NAME).is_file():
             raise DataError(

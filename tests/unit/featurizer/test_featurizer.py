@@ -273,6 +273,12 @@ def test_bad_options(feat):
             feat.featurize(["CCO"], layer=layer)
     with pytest.raises(ConfigError, match="batch_tokens"):
         feat.featurize(["CCO"], batch_tokens=0)
+    for name in ("canonicalize", "progress"):  # a word is not a switch: "no" would be truthy
+        with pytest.raises(ConfigError, match=f"'{name}' = 'no': expected True or False"):
+            feat.featurize(["CCO"], **{name: "no"})
+    assert feat.featurize(["CCO"], batch_tokens=np.int64(64), batch_size=np.int32(2)).shape[0] == 1
+    with pytest.raises(ConfigError, match="'checkpoint' = 3"):
+        Featurizer.from_pretrained(3)  # type: ignore[arg-type]
     from smiexlm.modelio.pretrained import Pretrained
 
     with pytest.raises(ConfigError, match="device"):
