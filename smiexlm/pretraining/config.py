@@ -266,12 +266,8 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     data = {**data, "model": dict(data.get("model", {}))}
-    seen: set[str] = set()
     for item in overrides:
         key, value = parse_override(item)
-        if key in seen:  # the last would win unsaid
-            raise ConfigError("override", item, f"{key} once")
-        seen.add(key)
         if key.startswith("model."):
             data["model"][key.removeprefix("model.")] = value
         else:
