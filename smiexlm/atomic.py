@@ -328,6 +328,9 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     rename, so the folder appears complete or not at all (each file with the mode the umask
     gives). On error or a signal, at any moment, it is removed."""
     final = Path(final)
+    if os.path.lexists(final) and not final.is_dir():  # a folder replaces a folder, not a file
+        raise DataError(f"{str(final)!r} is a file, not a folder: nothing was written over it; "
+                        "expected a folder name")  # fmt: skip
     for source in _INPUTS:  # a folder replaced whole takes what it held with it
         if final.is_dir() and source.resolve().is_relative_to(final.resolve()):
             raise DataError(f"{str(final)!r} holds the input {str(source)!r}: replacing the "

@@ -59,12 +59,13 @@ def check_positive_int(field: str, value: object, optional: bool = False) -> Non
         raise ConfigError(field, value, "a positive integer" + (" or None" if optional else ""))
 
 
-def check_distinct(field: str, names: list) -> None:
-    """DataError naming ``field`` when a name of ``names`` (columns) is given twice."""
+def check_distinct(field: str, names: list, what: str = "column") -> None:
+    """DataError naming ``field`` when a name of ``names`` (columns, or ``what`` they are) is
+    given twice."""
     twice = sorted({str(c) for c in names if names.count(c) > 1})
     if twice:
         raise DataError(f"{field} {list(names)}: names {twice} more than once; expected each "
-                        "column once")  # fmt: skip
+                        f"{what} once")  # fmt: skip
 
 
 def check_fraction(field: str, value: object) -> None:

@@ -71,11 +71,16 @@ def _seeds(seeds: list[int] | None) -> list[int]:
 
 
 def _tasks(tasks: list[str] | None) -> list[str]:
-    from smiexlm.moleculenet.registry import PAPER_TASKS
+    from smiexlm.errors import check_distinct
+    from smiexlm.moleculenet.registry import PAPER_TASKS, get_spec
 
     tasks = tasks or ["all"]
     names = [t.strip().lower() for t in tasks if t.strip()]
-    return list(PAPER_TASKS) if names == ["all"] else names
+    if names == ["all"]:
+        return list(PAPER_TASKS)
+    sets = [get_spec(name).name for name in names]  # every name checked before any set is read
+    check_distinct("--tasks", sets, "set")  # lipo and lipophilicity are one set
+    return names
 
 
 def _load_tasks(

@@ -177,7 +177,12 @@ def load_task(
 def _table_lines(task: GlueTask, path: Path) -> tuple[list[str], list[str], int]:
     """The file's lines (BOM, CR and the final newline removed), its columns, and the index
     of the first data line."""
-    lines = path.read_text(encoding="utf-8-sig").split("\n")
+    try:
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise DataError(f"{str(path)!r} line {line}: byte {err.object[err.start]:#04x} is not "
+                        "UTF-8; expected a UTF-8 TSV, as GLUE ships it") from None  # fmt: skip
     if lines and lines[-1] == "":
         lines.pop()  # final newline (CoLA dev has none)
     lines = [line[:-1] if line.endswith("\r") else line for line in lines]
@@ -208,9 +213,12 @@ def _label(raw: str, task: GlueTask, label_ids: dict[str, int] | None) -> tuple[
             return None, f"label {raw!r} not in {list(task.labels)}"
         return label_ids[raw], None
     try:
-        return float(raw), None
+        score = float(raw)
     except ValueError:
         return None, f"score {raw!r} is not a number"
+    if not 0.0 <= score <= 5.0:  # STS-B's similarity scale; NaN fails it too
+        return None, f"score {raw!r} is outside STS-B's scale [0, 5]"
+    return score, None
 
 
 def _parse(task: GlueTask, split: str, path: Path, errors: str) -> GlueSplit:

@@ -36,7 +36,7 @@ from smiexlm.modelio.records import (
     write_embedding,
     write_normalization,
 )
-from smiexlm.paths import read_json_file
+from smiexlm.paths import check_output, read_json_file
 from smiexlm.tokenizer.special import N_SPECIAL_TOKENS
 
 
@@ -106,6 +106,7 @@ def export_run(
             f"checkpoint {str(source)!r} does not exist: expected a run folder of "
             "`smiexlm pretrain` and a checkpoint name such as 'last' or 'best'"
         )
+    check_output(out_dir, "--out", "folder")  # a file there is refused, never replaced
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / CARD_NAME).is_file():
         raise DataError(
             f"--out {str(out_dir)!r} is a folder with other files in it: expected a new folder "

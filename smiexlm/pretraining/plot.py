@@ -46,6 +46,9 @@ def _label(run: Path) -> str:
     return run.stem.removesuffix("_metrics") if run.suffix == ".jsonl" else run.name
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what the curves are drawn to
+
+
 def plot_run(runs: Path | Sequence[Path], output: Path | None = None) -> Path:
     """Training loss (and validation loss where measured) against step; returns the PNG path.
 
@@ -62,6 +65,9 @@ def plot_run(runs: Path | Sequence[Path], output: Path | None = None) -> Path:
         )
     records = {run: read_metrics(run) for run in runs}  # every run read before drawing
     output = Path(output) if output is not None else runs[0] / "loss.png"
+    if output.suffix.lower() not in PLOT_SUFFIXES:
+        raise DataError(f"--out {str(output)!r}: expected a picture's path ending in "
+                        f"{', '.join(PLOT_SUFFIXES)}")  # fmt: skip
 
     import matplotlib
 

@@ -429,6 +429,10 @@ def test_export_without_data_writes_its_card_and_failures_leave_the_old_folder(d
     assert leftovers(tmp_path) == []
     res = run_cli("export", run, "--out", tmp_path / "new")
     assert res.returncode == 2 and not (tmp_path / "new").exists()  # no card-less model
+    kept = tmp_path / "notes.csv"
+    kept.write_text("keep\n")
+    assert_one_line_error(run_cli("export", run, "--out", kept), "is a file: expected a folder")
+    assert kept.read_text() == "keep\n"  # a file named as --out is never replaced
 
 
 # ---------------------------------------------------------------------- predict

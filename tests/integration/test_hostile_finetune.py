@@ -268,3 +268,15 @@ def test_a_save_dir_whose_seed_folder_is_gone_is_refused_naming_it(saved, tmp_pa
         assert not (tmp_path / out).exists()
     (models / "seeds.json").unlink()  # a save-dir written before the record: loads as it did
     assert _predict(tmp_path, models).returncode == 0
+
+
+@pytest.mark.parametrize(("tasks", "words"), [
+    (["bbbp", "nosuch"], "'dataset' = 'nosuch'"),
+    (["lipo", "lipophilicity"], "names ['lipophilicity'] more than once; expected each set once"),
+])  # fmt: skip
+def test_benchmark_checks_every_set_name_before_the_first_set_runs(tmp_path, tasks, words):
+    out = tmp_path / "bench"
+    res = run_cli("benchmark", "--tasks", *tasks, "--seeds", "0", "--max-train-steps", "1",
+                  "--out", out)  # fmt: skip
+    assert_one_line_error(res, words)
+    assert not (out / "runs").exists()  # bbbp was fine-tuned first, before

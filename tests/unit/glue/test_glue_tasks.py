@@ -121,3 +121,22 @@ def test_bad_sts_score_and_bom_header(tmp_path):
     root = _write(tmp_path, "STS-B", "dev.tsv", header + rows)
     with pytest.raises(DataError, match=r"line 3: score 'five'"):
         load_task("STS-B", "dev", root=root)
+
+
+def test_sts_scores_off_the_scale_and_bytes_that_are_not_utf8_are_named_by_line(tmp_path):
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    )
+    rows = "".join(f"{i}\tg\tf\ty\t{i}\tn\tn\tA.\tB.\t{s}\n"
+                   for i, s in enumerate(["4.2", "nan", "inf", "-7", "5.0"]))  # fmt: skip
+    root = _write(tmp_path, "STS-B", "dev.tsv", header + rows)
+    with pytest.raises(DataError) as info:  # a NaN score used to surface as a diverged loss
+        load_task("STS-B", "dev", root=root)
+    assert "3 malformed line(s)" in str(info.value)
+    for line, raw in ((3, "nan"), (4, "inf"), (5, "-7")):
+        assert f"line {line}: score '{raw}' is outside STS-B's scale [0, 5]" in str(info.value)
+    path = tmp_path / "RTE" / "train.tsv"
+    _write(tmp_path, "RTE", "train.tsv", BAD_RTE.split("\n", 1)[0] + "\n0\tA.\tB.\tentailment\n")
+    path.write_bytes(path.read_bytes() + b"1\t\xff\xfe bad\tB.\tentailment\n")
+    with pytest.raises(DataError, match=r"train.tsv' line 3: byte 0xff is not UTF-8"):
+        load_task("RTE", "train", root=tmp_path)

@@ -279,6 +279,9 @@ def test_plot_run_overlays_several_runs_and_metrics_files(dataset, tmp_path):
     with pytest.raises(DataError, match="missing.jsonl"):
         plot_run([first, tmp_path / "missing.jsonl"], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+    with pytest.raises(DataError, match=r"'.*notes.txt': expected a picture's path ending in"):
+        plot_run(first, tmp_path / "notes.txt")  # matplotlib's own error, before: a traceback
+    assert plot_run(first, tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
 
 
 def test_export_writes_a_model_folder_with_its_card(dataset, tmp_path):
