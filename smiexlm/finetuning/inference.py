@@ -27,6 +27,8 @@ def to_scores(logits: np.ndarray, task_type: str, mean: np.ndarray, std: np.ndar
     regression head trained on standardised targets."""
     if task_type == "classification":
         return 1.0 / (1.0 + np.exp(-logits))
+    if not logits.size:  # no molecule: (0, T), whatever width an empty pass reported
+        return np.zeros((len(logits), np.size(mean)), dtype=np.float32)
     return logits * std + mean
 
 

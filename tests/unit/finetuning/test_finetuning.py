@@ -225,3 +225,14 @@ def test_precision_auto_is_bf16_on_cuda_and_on_bf16_native_cpus_only(monkeypatch
     model, rows = _model_and_rows()
     cfg = LoopConfig(epochs=1, batch_size=8, lr=1e-3, precision="fp32", device="cpu")
     assert fit(model, Examples(rows, _targets()), None, cfg, None).summary()["precision"] == "fp32"
+
+
+def test_scores_of_no_molecule_have_the_labels_width():
+    """An empty pass reports (0, 0) logits; a regression head's scores are still (0, T), so
+    a batch none of whose SMILES can be served gives NaN rows, not a broadcast error."""
+    from smiexlm.finetuning.inference import to_scores
+
+    empty = np.zeros((0, 0), dtype=np.float32)
+    mean, std = np.array([1.0, 2.0]), np.array([0.5, 0.5])
+    assert to_scores(empty, "regression", mean, std).shape == (0, 2)
+    assert to_scores(np.ones((1, 2)), "regression", mean, std).tolist() == [[1.5, 2.5]]
