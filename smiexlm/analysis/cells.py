@@ -30,13 +30,13 @@ def cell_dir(out_dir: Path, k: int, p: float) -> Path:
     return Path(out_dir) / "cells" / f"k{k}_p{p:g}"
 
 
-def identity(config: Any, data_dir: Path, k: int, p: float) -> dict[str, Any]:
-    """What a cell's numbers depend on: ``config``'s settings (a
+def identity(config: Any, data_dir: Path) -> dict[str, Any]:
+    """What every cell's numbers depend on: ``config``'s settings (a
     :class:`~smiexlm.analysis.repeated_mlm.RepeatedMLMConfig`) but those of the grid as a
-    whole, its k and p, and the dataset's content."""
+    whole, and the dataset's content; a cell adds its k and p."""
     settings = {key: value for key, value in asdict(config).items() if key not in _NOT_A_CELLS}
     manifest = file_sha256(Path(data_dir) / "manifest.json")
-    return json_safe(settings | {"k": k, "p": p, "data_manifest_sha256": manifest})
+    return json_safe(settings | {"data_manifest_sha256": manifest})
 
 
 def check_fresh(out_dir: Path, cells: list[tuple[int, float]]) -> None:

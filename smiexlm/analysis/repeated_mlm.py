@@ -314,9 +314,9 @@ def run_repeated_mlm(data_dir: Path, out_dir: Path, config: RepeatedMLMConfig,
         valid = TokenDataset(data_dir, split="train")
     items = [valid[i] for i in range(min(len(valid), config.eval_molecules))]
     task = bbbp_task(config.bbbp_rows, config.seed) if config.downstream else None
-    rows = []
+    rows, grid = [], cells.identity(config, data_dir)
     for k, p in tqdm(config.cells(), desc="repeated MLM", unit="cell"):
-        made_as = cells.identity(config, data_dir, k, p)
+        made_as = grid | {"k": k, "p": p}
         row = cells.finished_row(out_dir, k, p, made_as)
         if row is None:
             row = _train_cell(data_dir, cells.cell_dir(out_dir, k, p), k, p, config, items, task)

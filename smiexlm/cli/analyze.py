@@ -53,8 +53,7 @@ def _smiles(path: Path | None, n: int, out: Path) -> list[str]:
                         f"(first: {rejects[0][1]!r}: {rejects[0][2]})")  # fmt: skip
     if rejects:
         listed = Path(out) / "rejects.csv"
-        listed.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(listed) as tmp:
+        with atomic_path(listed) as tmp:  # the folder is made with it
             write_rejects(rejects, tmp)
         typer.echo(f"{len(rejects)} of {len(rejects) + len(smiles)} SMILES left out, the "
                    f"tokenizer cannot read them (listed in {listed}; first: row "

@@ -44,7 +44,6 @@ def cliffs(
     (activity cliffs): their rows, SMILES, values and similarities. Rows without a parsable
     SMILES or a finite value take part in no pair and are listed with the reason in
     OUT.rejects.csv."""
-
     from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import write_table
     from smiexlm.moleculenet.cliffs import cliff_pairs

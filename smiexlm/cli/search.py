@@ -106,12 +106,12 @@ def search(
 def _readable_queries(texts: list[str]) -> tuple[list[int], list[tuple[int, str, str]]]:
     """The places of the queries RDKit reads, and ``(query_index, smiles, reason)`` of the
     others (0-based, as the hits number them); DataError when it reads none."""
-    from smiexlm.data.normalize import smiles_problem
     from smiexlm.errors import DataError
+    from smiexlm.model.inputs import readable_smiles
 
     kept, rejects = [], []
     for place, text in enumerate(texts):
-        reason = smiles_problem(text.strip()) if isinstance(text, str) else "not a SMILES"
+        reason = readable_smiles(text)[1]
         if reason is None:
             kept.append(place)
         else:

@@ -29,7 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from smiexlm.data.normalize import MAX_SMILES_CHARS, NormalizeConfig, normalize_smiles, text_problem
+from smiexlm.data.normalize import (
+    MAX_SMILES_CHARS,
+    NormalizeConfig,
+    normalize_smiles,
+    smiles_problem,
+    text_problem,
+)
 from smiexlm.errors import InvalidSmilesError
 from smiexlm.tokenizer.special import N_SPECIAL_TOKENS
 
@@ -244,3 +250,13 @@ def check_text(value: Any, max_chars: int = MAX_SMILES_CHARS) -> tuple[str | Non
     if any(c.isspace() for c in text):
         return None, "whitespace inside the SMILES"
     return text, None
+
+
+def readable_smiles(value: Any) -> tuple[str | None, str | None]:
+    """``(stripped SMILES, None)`` when RDKit reads ``value``, else ``(None, reason)``: the
+    reasons of :func:`check_text`, then RDKit's (the rule of every batch that serves SMILES
+    one by one and gives the others a reason)."""
+    text, reason = check_text(value)
+    if reason is None:
+        reason = smiles_problem(text)
+    return (None, reason) if reason is not None else (text, None)

@@ -59,7 +59,6 @@ def predict_file(
     calibrate, conformal_alpha, mondrian).
     Every bad row is listed with its reason in ``<name>.rejects.csv``, written with it.
     When no row can be predicted, nothing is written: DataError with the first rows' reasons."""
-
     from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import read_table, write_table
     from smiexlm.errors import DataError, every_row_failed
@@ -176,7 +175,7 @@ def _predict_chunk(
     import numpy as np
     import pandas as pd
 
-    from smiexlm.data.normalize import smiles_problem
+    from smiexlm.model.inputs import readable_smiles
     from smiexlm.serving.prediction import predict
 
     frame = frame.reset_index(drop=True)
@@ -194,9 +193,7 @@ def _predict_chunk(
         valid[usable] = got["valid"].to_numpy(dtype=bool)
     rejects = []
     for i in np.flatnonzero(~valid.to_numpy()):
-        text = texts.iloc[i]
-        reason = ("empty string" if not text else "whitespace inside the SMILES"
-                  if not usable.iloc[i] else smiles_problem(text) or "no prediction")  # fmt: skip
+        reason = readable_smiles(raw.iloc[i])[1] or "no prediction"
         rejects.append((start + int(i), raw.iloc[i], reason))
     result = frame[list(keep)].rename(columns=keep)
     result["smiles"] = raw

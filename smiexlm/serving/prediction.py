@@ -164,8 +164,8 @@ def predict(
     or a table is a DataError). A value that is no SMILES RDKit reads (not text, empty,
     whitespace or a character beyond ASCII inside, longer than
     :data:`~smiexlm.data.normalize.MAX_SMILES_CHARS`, unparsable) gets a NaN row and
-    ``valid = False``, never silently dropped (every row, when none can be served). ``backend="onnx"`` serves each folder's ``predictor.onnx`` with
-    onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
+    ``valid = False``, never silently dropped (every row, when none can be served).
+    ``backend="onnx"`` serves each folder's ``predictor.onnx`` with onnxruntime (written by ``smiexlm export-onnx FOLDER``). ``calibrate``,
     ``conformal_alpha``, ``conformal_method`` (one of
     :data:`~smiexlm.trust.shift.METHODS`, :func:`~smiexlm.serving.predict_trust.default_method`'s when None) and
     ``mondrian`` (the same as ``conformal_method="class"``): see the module docstring.
@@ -207,13 +207,10 @@ def _servable(smiles) -> tuple[list, list[bool], list[str]]:
     """(the values of ``smiles`` as a list, whether each is served, the SMILES served: those
     stripped that are text, not empty, not too long, with no whitespace or character beyond
     ASCII inside, and parsable)."""
-    from smiexlm.data.normalize import smiles_problem
-    from smiexlm.model.inputs import check_text
+    from smiexlm.model.inputs import readable_smiles
 
     smiles = smiles_list(smiles, "predict")
-    texts = [check_text(value) for value in smiles]
-    good = [text if reason is None and smiles_problem(text) is None else None
-            for text, reason in texts]  # fmt: skip
+    good = [readable_smiles(value)[0] for value in smiles]
     return smiles, [t is not None for t in good], [t for t in good if t is not None]
 
 

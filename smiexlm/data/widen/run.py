@@ -14,8 +14,9 @@ The input is cut into parts of ``part_size`` rows. A part is also the BRICS step
 fragments, so the products depend on ``part_size`` as on the seed. Each finished part is
 committed in the work folder ``.NAME.parts`` beside ``OUT`` (its SMILES, its rejects, then
 its record with their sha256), so an interrupted run, run again with the same input and
-settings, skips the parts it finished; run with others, it says which and starts over. The three outputs are renamed into place together at the end: a
-half-written ``OUT`` never exists.
+settings, skips the parts it finished; run with others, it says which and starts over. The
+three outputs are renamed into place together at the end: a half-written ``OUT`` never
+exists.
 """
 
 from __future__ import annotations
