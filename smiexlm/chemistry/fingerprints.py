@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 FeatureKind = Literal["ecfp4", "rdkit2d", "both"]  # both: the bits, then the descriptors
 FEATURE_KINDS: tuple[str, ...] = ("ecfp4", "rdkit2d", "both")
-DESCRIPTOR_KINDS: tuple[str, ...] = ("rdkit2d",)  # what a pretraining dataset can carry
+# what a pretraining dataset can carry (mordred: an optional extra, smiexlm.chemistry.mordred2d)
+DESCRIPTOR_KINDS: tuple[str, ...] = ("rdkit2d", "mordred")
 # Descriptor values beyond ±this are NaN: Ipc reaches 1e40 (BBBP) to 1e227 (a long chain),
 # past float32 and past what a mean and a standard deviation can be computed over.
 DESCRIPTOR_LIMIT = 1e15
@@ -176,18 +177,29 @@ def check_descriptor_kind(kind: str | None) -> None:
 
 
 def descriptor_names(kind: str) -> list[str]:
-    """The column names of ``kind`` (RDKit's ``Descriptors.descList`` order for rdkit2d)."""
+    """The column names of ``kind`` (RDKit's ``Descriptors.descList`` order for rdkit2d,
+    the calculator's for mordred)."""
     check_descriptor_kind(kind)
+    if kind == "mordred":
+        from smiexlm.chemistry.mordred2d import mordred_names
+
+        return mordred_names()
     from rdkit.Chem import Descriptors
 
     return [name for name, _ in Descriptors.descList]
 
 
 def descriptor_version(kind: str) -> str:
-    """What decides the columns and values: ``"rdkit2d: RDKit 2026.09.1, 217 descriptors"``."""
+    """What decides the columns and values: ``"rdkit2d: RDKit 2026.09.1, 217 descriptors"``
+    (for mordred, the mordredcommunity version beside RDKit's)."""
     import rdkit
 
-    return f"{kind}: RDKit {rdkit.__version__}, {len(descriptor_names(kind))} descriptors"
+    library = f"RDKit {rdkit.__version__}"
+    if kind == "mordred":
+        from smiexlm.chemistry.mordred2d import mordred_version
+
+        library = f"{mordred_version()}, {library}"
+    return f"{kind}: {library}, {len(descriptor_names(kind))} descriptors"
 
 
 def compute_descriptors(smiles: Sequence[str], kind: str) -> np.ndarray:
@@ -195,6 +207,11 @@ def compute_descriptors(smiles: Sequence[str], kind: str) -> np.ndarray:
     row of NaN for a SMILES RDKit cannot parse (where :func:`rdkit2d_descriptors` raises by
     default)."""
     check_descriptor_kind(kind)
+    if kind == "mordred":
+        from smiexlm.chemistry.mordred2d import mordred_descriptors
+
+        mols = (_parse(text) for text in smiles)  # one at a time, as for RDKit's own
+        return mordred_descriptors(mols, len(smiles), DESCRIPTOR_LIMIT).astype(np.float32)
     return rdkit2d_descriptors(smiles, unparsable="nan").astype(np.float32)
 
 

@@ -188,9 +188,11 @@ def _read_manifest(dataset: Path | None) -> dict:
     return read_manifest(Path(dataset))
 
 
-def _descriptor_line(c) -> str:
-    """What the model was taught about RDKit 2D descriptors, for the card."""
-    what = f"{c.descriptor_loss.upper()} on the {c.descriptor_pooling} state, median/IQR-normalised"
+def _descriptor_line(c, stats) -> str:
+    """What the model was taught about descriptors (which, how), for the card."""
+    which = f" of {stats.n_descriptors:,} {stats.kind} descriptors" if stats is not None else ""
+    what = (f"{c.descriptor_loss.upper()} on the {c.descriptor_pooling} state{which}, "
+            "median/IQR-normalised")  # fmt: skip
     if c.objective == "mtr":
         return f"the whole objective: {what} (`descriptors.json`)"
     if c.aux_descriptor_weight > 0:
@@ -214,7 +216,7 @@ def _card(model, s: RunSummary, manifest, normalization, train_config, command, 
         for src in manifest.get("sources", [])
     )
     valid = f"{s.valid_loss:.4f}" if s.valid_loss is not None else "not evaluated"
-    descriptors = _descriptor_line(c)
+    descriptors = _descriptor_line(c, model.descriptor_stats)
     best = f"{s.best_valid_loss:.4f}" if s.best_valid_loss is not None else "–"
     return f"""# Model card: {c.objective} ({c.n_layers} layers, d {c.d_model}, {n_params / 1e6:.2f}M parameters)
 
