@@ -81,8 +81,19 @@ def hpopt(
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
     out = out if out is not None else Path("runs/hpopt") / task
     result = run_hpopt(loaded, base, out, hp, Backbone(checkpoint), progress=True,
-                       on_trial=typer.echo, command="smiexlm " + " ".join(sys.argv[1:]))  # fmt: skip
+                       on_trial=typer.echo, command=_recorded_command(sys.argv[1:]))  # fmt: skip
     _echo_result(result, task, data is not None)
+
+
+def _recorded_command(argv: list[str]) -> str:
+    """The command line as the report records it: a storage URL without its credentials."""
+    from smiexlm.hpopt.storage import shown
+
+    def clean(arg: str) -> str:
+        head, sep, url = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        return head + sep + shown(url) if "://" in url else arg
+
+    return " ".join(["smiexlm", *map(clean, argv)])
 
 
 def _echo_result(result, task: str, own_data: bool) -> None:
@@ -96,8 +107,13 @@ def _echo_result(result, task: str, own_data: bool) -> None:
     values = {k: result.best_config.get(k) for k in PARAMS}
     chosen = ", ".join(f"{k} = {v:.3g}" if isinstance(v, float) else f"{k} = {v}" for k, v in values.items())  # fmt: skip
     typer.echo(f"best: trial {result.best_number}, validation {result.best_value:.4g}: {chosen}")
+    best = result.out / BEST_NAME
+    if not best.is_file():  # a shared study: the worker that ends its last trial writes it
+        typer.echo(f"{best} is written by the worker that ends the study's last trial (run "
+                   "the same command again once the study is over to write it here)")  # fmt: skip
+        return
     same = " with the same --data options" if own_data else ""
-    typer.echo(f"next: smiexlm finetune {task} --config {result.out / BEST_NAME}{same}")
+    typer.echo(f"next: smiexlm finetune {task} --config {best}{same}")
 
 
 def register(app: typer.Typer) -> None:

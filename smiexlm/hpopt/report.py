@@ -148,6 +148,9 @@ class Outputs:
         write_text_atomic(self.out / REPORT_NAME, self._report(study, rows, best))
         return improved
 
+    def has_best(self) -> bool:
+        return (self.out / BEST_NAME).is_file()
+
     def write_best(self, study) -> None:
         """``best.toml`` of the study's best trial, if one has completed."""
         if (best := best_trial(study)) is not None:

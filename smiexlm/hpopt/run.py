@@ -21,7 +21,8 @@ config) differ from those it was started with.
 With ``--storage`` (PostgreSQL or a journal file) the study is shared: ``--workers N`` runs
 trials in N processes of this machine, and the same command on another machine joins; the
 budget is counted once over all of them, a worker that dies has its trial retried, and the
-worker that ends the last trial writes ``best.toml`` (:mod:`~smiexlm.hpopt.storage`).
+worker that ends the last trial writes ``best.toml`` (:mod:`~smiexlm.hpopt.storage`); the
+same command run once the study is over writes it into its own folder where it is missing.
 
 The modules run one way: :mod:`~smiexlm.hpopt.search` (budget, space, the trial
 itself) under :mod:`~smiexlm.hpopt.study` (the Optuna study) and
@@ -31,6 +32,7 @@ itself) under :mod:`~smiexlm.hpopt.study` (the Optuna study) and
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -46,6 +48,8 @@ from smiexlm.hpopt.study import one_trial, open_study, spending
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
 from smiexlm.training.runlock import RunLock
+
+logger = logging.getLogger(__name__)
 
 
 def run_hpopt(
@@ -97,14 +101,27 @@ def _shared(study, search: Search, hp: HpoptConfig, outputs: Outputs, task: Mole
                 for i in range(1, hp.workers)]  # fmt: skip
     for child in children:
         child.start()
+    told: list[int] = []
     try:
-        stop = work(study, search, hp, progress, lambda n: _told(study, outputs, n, on_trial))
+        stop = work(study, search, hp, progress,
+                    lambda n: told.append(n) or _told(study, outputs, n, on_trial))  # fmt: skip
+    except BaseException:  # the workers of a search stopped by an error or an interrupt stop
+        for child in children:
+            child.terminate()
+        raise
     finally:
         for child in children:
             child.join()
+    for child in children:
+        if child.exitcode != 0:
+            logger.warning("hpopt: worker %s (pid %s) stopped with exit code %s; its trial was "
+                           "marked failed and the study went on without it", child.name,
+                           child.pid, child.exitcode)  # fmt: skip
     names = {worker_name(), *(f"{worker_name().rsplit(':', 1)[0]}:{c.pid}" for c in children)}
     outputs.write(study)
-    if finished_last(study, names):
+    # the worker that ended the last trial writes best.toml; one that joins a study already
+    # over (its finisher stopped before writing it) writes it into its own folder
+    if finished_last(study, names) or (not told and not outputs.has_best()):
         outputs.write_best(study)
     return outputs.result(study, stop)
 

@@ -34,7 +34,8 @@ from smiexlm.errors import ConfigError, DataError
 
 STUDY_NAME, STUDY_FILE = "hpopt", "study.sqlite"
 JOURNAL = "journal:"
-HEARTBEAT_KEY, WORKER_KEY = "heartbeat", "worker"
+HEARTBEAT_KEY, WORKER_KEY, INTERVAL_KEY = "heartbeat", "worker", "heartbeat_s"
+BASE_KEY = "base_point"  # on trial 0, Table 8's row, queued once by whichever worker came first
 STALE_BEATS = 3  # a trial silent for this many heartbeats is taken for dead
 
 
@@ -144,6 +145,7 @@ class Heartbeat:
         self.trial, self.interval = trial, interval
         self._stop = threading.Event()
         trial.set_user_attr(WORKER_KEY, worker_name())
+        trial.set_user_attr(INTERVAL_KEY, interval)  # judged by its own, not the checker's
         self._beat()
         self._thread = threading.Thread(target=self._run, daemon=True, name="hpopt-heartbeat")
         self._thread.start()
@@ -164,14 +166,19 @@ class Heartbeat:
 
 
 def fail_stale_trials(study, interval: float) -> list[int]:
-    """Mark failed each running trial whose heartbeat is older than :data:`STALE_BEATS`
-    ``interval`` s (its worker died) and queue its point again; their numbers."""
+    """Mark failed each running trial silent for :data:`STALE_BEATS` of its heartbeats
+    (its worker died) and queue its point again; their numbers. A trial that has not beaten
+    yet (its worker died between drawing it and the first beat) is judged from its start,
+    and a trial's heartbeat is its own worker's ``--heartbeat`` (``interval`` until it says)."""
     from optuna.trial import TrialState
 
     now, failed = time.time(), []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         beat = trial.user_attrs.get(HEARTBEAT_KEY)
-        if beat is None or now - float(beat) < STALE_BEATS * interval:
+        if beat is None and trial.datetime_start is not None:
+            beat = trial.datetime_start.timestamp()
+        own = float(trial.user_attrs.get(INTERVAL_KEY, interval))
+        if beat is None or now - float(beat) < STALE_BEATS * max(own, interval):
             continue
         try:
             study._storage.set_trial_user_attr(
@@ -189,15 +196,21 @@ def fail_stale_trials(study, interval: float) -> list[int]:
     return failed
 
 
-def surplus(study, trial, budget: int | None) -> bool:
-    """Whether ``trial``, just asked, is beyond the ``--trials`` budget: that many trials
-    numbered below it already count or run (drawn by other workers in the same instant)."""
+def surplus(study, trial, budget: int | None) -> str | None:
+    """Why ``trial``, just asked, must be given up (None: it runs): it is beyond the
+    ``--trials`` budget (that many trials numbered below it already count or run, drawn by
+    other workers in the same instant), or it is Table 8's row queued a second time by a
+    worker that started in the same instant as the first."""
+    trials = study.get_trials(deepcopy=False)
+    if trial.user_attrs.get(BASE_KEY):
+        first = min(t.number for t in trials if t.user_attrs.get(BASE_KEY))
+        if first < trial.number:
+            return f"surplus: trial {first} runs the same base point"
     if budget is None:
-        return False
+        return None
     alive = ("COMPLETE", "PRUNED", "RUNNING")
-    below = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number
-             and t.state.name in alive]  # fmt: skip
-    return len(below) >= budget
+    below = [t for t in trials if t.number < trial.number and t.state.name in alive]
+    return "surplus: the budget was taken by other workers" if len(below) >= budget else None
 
 
 def finished_last(study, names: set[str]) -> bool:

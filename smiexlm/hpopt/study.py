@@ -22,6 +22,7 @@ from smiexlm.finetuning.state import as_kept
 from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.hpopt.search import Search
 from smiexlm.hpopt.storage import (
+    BASE_KEY,
     STUDY_NAME,
     Heartbeat,
     fail_stale_trials,
@@ -53,7 +54,9 @@ def open_study(out: Path, search: Search, hp: HpoptConfig, pruner=None):
     if saved is None:
         study.set_user_attr("identity", identity)
         if hp.storage is not None and not study.get_trials(deepcopy=False):
-            study.enqueue_trial(search.space.params_of(search.base))  # trial 0, once
+            # trial 0; workers started in the same instant may each queue it: the copies
+            # after the first are given up when drawn (storage.surplus)
+            study.enqueue_trial(search.space.params_of(search.base), user_attrs={BASE_KEY: True})
     elif (saved := as_recorded(saved)) != (identity := as_kept(identity, saved)):
         key, then, now = first_difference(saved, identity)
         raise DataError(
@@ -124,8 +127,8 @@ def one_trial(study, search: Search, hp: HpoptConfig, progress: bool = False) ->
             study.enqueue_trial(search.space.params_of(search.base))  # trial 0: Table 8's row
         return _run_and_tell(study, study.ask(), search, progress)
     trial = study.ask()
-    if surplus(study, trial, hp.trials):
-        trial.set_user_attr("error", "surplus: the budget was taken by other workers")
+    if (why := surplus(study, trial, hp.trials)) is not None:
+        trial.set_user_attr("error", why)
         study.tell(trial, state=TrialState.FAIL)
         return None
     study.sampler = sampler_for(hp.seed, counted, hp.startup_trials, trial.number)

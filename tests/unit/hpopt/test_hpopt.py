@@ -312,3 +312,65 @@ def test_a_journal_path_holding_another_file_is_refused_and_left_as_it_was(tmp_p
     open_storage(f"journal:{journal}", tmp_path)  # a new file, then an empty one
     journal.touch()
     open_storage(f"journal:{journal}", tmp_path)
+
+
+def _memory_study():
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(study_name="hpopt", storage=optuna.storages.InMemoryStorage())
+
+
+def test_a_silent_trial_is_judged_from_its_start_and_by_its_own_heartbeat(monkeypatch):
+    """A worker that died between drawing its trial and its first beat leaves a trial with
+    no heartbeat: judged from its start. A worker beating every 60 s is not taken for dead by
+    one that beats every second."""
+    import time
+
+    from smiexlm.hpopt import storage
+
+    study = _memory_study()
+    silent, slow = study.ask(), study.ask()
+    slow.set_user_attr(storage.INTERVAL_KEY, 60.0)
+    slow.set_user_attr(storage.HEARTBEAT_KEY, time.time())
+    assert storage.fail_stale_trials(study, 1.0) == []  # both are fresh
+    later = time.time() + 100
+    monkeypatch.setattr(storage.time, "time", lambda: later)
+    assert storage.fail_stale_trials(study, 1.0) == [silent.number]
+    states = {t.number: t.state.name for t in study.trials}
+    assert states[silent.number] == "FAIL" and states[slow.number] == "RUNNING"
+    assert study.trials[-1].state.name == "WAITING"  # the silent trial's point, queued again
+
+
+def test_the_base_point_queued_by_two_workers_at_once_runs_once():
+    from smiexlm.hpopt.storage import BASE_KEY, surplus
+
+    study = _memory_study()
+    for _ in range(2):  # two workers saw an empty study in the same instant
+        study.enqueue_trial({"lr": 1e-4}, user_attrs={BASE_KEY: True})
+    first, second = study.ask(), study.ask()
+    assert surplus(study, first, 4) is None
+    assert surplus(study, second, 4) == f"surplus: trial {first.number} runs the same base point"
+
+
+def test_the_recorded_command_holds_no_credentials():
+    from smiexlm.cli.hpopt import _recorded_command
+
+    for argv in (["bace", "--storage", "postgresql://me:pw@db:5432/hp", "--trials", "4"],
+                 ["bace", "--storage=postgresql://me:p@w@db:5432/hp?sslmode=pw"]):  # fmt: skip
+        recorded = _recorded_command(argv)
+        assert "pw" not in recorded and "postgresql://db:5432/hp" in recorded, recorded
+    assert _recorded_command(["bace", "--storage", "journal:/j"]).endswith("journal:/j")
+
+
+def test_a_shared_study_already_over_writes_its_best_toml_where_it_is_missing(tmp_path):
+    """The finisher may stop before writing best.toml (a time limit): the same command once
+    the study is over runs no trial and writes it into its own folder."""
+    journal = f"journal:{tmp_path / 'study.journal'}"
+    first = search(tmp_path / "a", 2, storage=journal)
+    assert (tmp_path / "a" / "best.toml").is_file()
+    again = search(tmp_path / "b", 2, storage=journal)
+    assert again.counted == 2 and again.best_number == first.best_number
+    assert (tmp_path / "b" / "best.toml").read_text() == (
+        (tmp_path / "a" / "best.toml").read_text().replace(str(tmp_path / "a"), str(tmp_path / "b"))
+    )
