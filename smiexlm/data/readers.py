@@ -224,6 +224,11 @@ def table_header(path: Path, sep: str) -> list[str]:
         return next((r for r in rows if len(r) > 1 or "".join(r).strip()), [])
 
 
+def parquet_header(path: Path, what: str = "input") -> list[str]:
+    """A Parquet file's column names (its schema alone is read)."""
+    return list(_parquet_file(path, what).schema_arrow.names)
+
+
 def _smi_frames(path: Path, smiles_col: str, chunk_rows: int, what: str) -> Iterator[Any]:
     import pandas as pd
 
@@ -387,12 +392,6 @@ def _reading(path: Path, what: str) -> Iterator[None]:
 
 def _parse_errors() -> tuple[type[BaseException], ...]:
     import pandas as pd
+    import pyarrow as pa
 
-    errors: list[type[BaseException]] = [pd.errors.ParserError, pd.errors.EmptyDataError]
-    try:
-        import pyarrow as pa
-
-        errors.append(pa.ArrowException)
-    except ImportError:  # pragma: no cover - pyarrow comes with the Parquet support
-        pass
-    return tuple(errors)
+    return (pd.errors.ParserError, pd.errors.EmptyDataError, pa.ArrowException)

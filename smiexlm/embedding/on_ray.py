@@ -64,6 +64,8 @@ def embed_parts_on_ray(
     job = PartsJob("embed", inputs_record(paths), model_record([how.folder.path]), settings,
                    part_rows)  # fmt: skip
     fields = {k: getattr(how, k) for k in how.__dataclass_fields__}
+    if how.checkpoint is not None:  # read by the writers, each in its own working folder
+        fields["checkpoint"] = how.folder.path.resolve()
     return run_parts_on_ray(job, out, chunks, partial(_embedder, fields, smiles_col, id_cols),
                             progress=progress, desc="embed (ray)")  # fmt: skip
 

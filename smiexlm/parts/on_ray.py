@@ -14,7 +14,7 @@ The folder is the one a run without Ray writes (manifest, part records with sha2
 ``rejects.csv``): ``read_parts``, ``select``, ``search`` and a resume, on Ray or not, work on
 it unchanged, and since the served outputs do not depend on the batch a molecule sits in,
 its table is bitwise the one-process table. An actor whose process dies is started again by
-Ray and its part written again.
+Ray and its part written again (:class:`_Writers` says how often, and what stops a run).
 
 Ray is an optional extra: ``pip install 'smiexlm[ray]'``.
 """
@@ -33,11 +33,19 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from smiexlm.data.readers import detect_format, smiles_column, split_smiles_line, table_header
-from smiexlm.errors import DataError
+from smiexlm.data.readers import (
+    detect_format,
+    parquet_header,
+    smiles_column,
+    split_smiles_line,
+    table_header,
+)
+from smiexlm.errors import DataError, SmiexlmError
 from smiexlm.parts.job import MakeProcess, PartsJob, PartsResult, input_record
 
 INSTALL = "pip install 'smiexlm[ray]'"
+RESTARTS = 3  # a writer whose process dies is started again, with its part, this many times
+NODE_CHECK_S = 10.0  # how often the driver, waiting for a part, checks the cluster's nodes
 
 
 def import_ray() -> Any:
@@ -98,7 +106,11 @@ def input_paths(spec: Path | str) -> list[Path]:
     kinds = {detect_format(p, "input", lmdb=False) for p in paths}
     if len(kinds) > 1:
         raise DataError(f"input {text!r} mixes {sorted(kinds)} files: expected one kind")
-    return paths
+    if len({p.suffix == ".gz" for p in paths}) > 1:
+        raise DataError(f"input {text!r} mixes gzip-compressed and plain files: expected all "
+                        "of them compressed or none")  # fmt: skip
+    # the cluster's processes read them: each in its own working folder, perhaps another node
+    return [p.resolve() for p in paths]
 
 
 def inputs_record(paths: list[Path]) -> dict[str, Any]:
@@ -132,6 +144,7 @@ def read_dataset(paths: list[Path], smiles_col: str) -> Any:
     free = {"num_cpus": 0, "filesystem": pyarrow.fs.LocalFileSystem()}  # the files are local
     gz = {"arrow_open_stream_args": {"compression": "gzip"}} if files[0].endswith(".gz") else {}
     if kind == "parquet":
+        smiles_column(parquet_header(paths[0]), smiles_col, paths[0], "input")
         return ray.data.read_parquet(files, **free)
     if kind == "smi":
         return ray.data.read_text(files, **gz, **free).map_batches(
@@ -149,7 +162,8 @@ def read_dataset(paths: list[Path], smiles_col: str) -> Any:
 def _smi_rows(batch: Any, smiles_col: str) -> Any:
     import pandas as pd
 
-    rows = [split_smiles_line(line) for line in batch["text"]]
+    # a file's byte-order mark is no SMILES character: dropped, as the one-process reader does
+    rows = [split_smiles_line(line.lstrip("\ufeff")) for line in batch["text"]]
     rows = [row for row in rows if row[0]]
     return pd.DataFrame({smiles_col: [r[0] for r in rows], "name": [r[1] for r in rows]})
 
@@ -162,23 +176,41 @@ def ray_input(input: Path | str, address: str, smiles_col: str,
     connect(address)
     batches = read_dataset(paths, smiles_col).iter_batches(batch_size=chunk_rows,
                                                            batch_format="pyarrow")  # fmt: skip
-    # typed as a run without Ray reads them (Arrow's own conversion, not Ray's); Ray may hand
-    # out empty blocks
-    chunks = (batch.to_pandas() for batch in batches if batch.num_rows)
+    chunks = _frames(str(input), batches)
     first = next(chunks, None)
     if first is None:
         raise DataError(f"input {str(input)!r} has no rows: expected at least one SMILES")
     return paths, first, chain([first], chunks)
 
 
+def _frames(input: str, batches: Iterator[Any]) -> Iterator[Any]:
+    """The batches as DataFrames, typed as a run without Ray reads them (Arrow's own
+    conversion, not Ray's; Ray may hand out empty blocks); a file Ray Data cannot read (a
+    ragged row, bytes that are not UTF-8) is a DataError naming the input."""
+    try:
+        for batch in batches:
+            if batch.num_rows:
+                yield batch.to_pandas()
+    except SmiexlmError:
+        raise
+    except Exception as err:  # Arrow's and the codecs' errors, as Ray's task errors
+        cause = getattr(err, "cause", None) or err
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+        raise DataError(f"input {input!r} cannot be read ({type(cause).__name__}: {reason}); "
+                        "expected CSV, TSV, Parquet or SMILES files in UTF-8 with one row a "
+                        "line") from None  # fmt: skip
+
+
 class PartWriter:
-    """One CPU of the cluster writing parts of a job (a Ray actor)."""
+    """One CPU of the cluster writing parts of a job (a Ray actor). Its chunk processor (the
+    model) is built at its first part, so that an error there is the part's, said in one
+    line, not the actor's death."""
 
     def __init__(self, make_process: MakeProcess):
         import torch
 
         torch.set_num_threads(1)
-        self.process = make_process()
+        self.make_process, self.process = make_process, None
         self.where = f"{socket.gethostname()}:{os.getpid()}"
 
     def write(self, out: str, job: PartsJob, index: int, frames: list[Any]) -> dict[str, Any]:
@@ -186,6 +218,8 @@ class PartWriter:
         from smiexlm.training.workers import peak_rss_mib
 
         started = time.time()
+        if self.process is None:
+            self.process = self.make_process()
         rows = write_part(Path(out), job, index, ((index, None, f) for f in frames), self.process,
                           rank=0, bar=None)  # fmt: skip
         return {"part": index, "rows": rows, "worker": self.where,
@@ -203,7 +237,7 @@ def run_parts_on_ray(job: PartsJob, out: Path, chunks: Iterator[Any], make_proce
     from smiexlm.paths import read_json_file
     from smiexlm.training.workers import detect
 
-    started = time.time()
+    started, out = time.time(), Path(out).resolve()  # the writers' working folders differ
     manifest = prepare_folder(out, job, detect())
     done, damaged = finished_parts(out, job)
     if manifest.get("complete") and len(done) == manifest.get("n_parts"):
@@ -220,24 +254,19 @@ def _write_parts(out: Path, job: PartsJob, chunks: Iterator[Any], done: dict,
     input streams in; (one stats record a writer, input rows)."""
     from itertools import groupby
 
-    from ray.util import ActorPool
-
     from smiexlm.parts.writing import Slicer
 
-    ray = import_ray()
-    n = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1)(PartWriter)
-    pool = ActorPool([actor.remote(make_process) for _ in range(n)])
+    writers = _Writers(out, job, make_process)
     slicer, results = Slicer(chunks, job.part_rows), []
     for index, pieces in groupby(slicer, key=lambda piece: piece[0]):
         frames = [frame for _, _, frame in pieces]
         if index in done:
             continue
-        while not pool.has_free():
-            results.append(_take(pool, bar))
-        pool.submit(lambda a, v: a.write.remote(str(out), job, *v), (index, frames))
-    while pool.has_next():
-        results.append(_take(pool, bar))
+        while not writers.idle:
+            results.append(writers.take(bar))
+        writers.submit(index, frames)
+    while writers.running:
+        results.append(writers.take(bar))
     if bar is not None:
         bar.close()
     by_worker: dict[str, dict[str, Any]] = {}
@@ -251,11 +280,62 @@ def _write_parts(out: Path, job: PartsJob, chunks: Iterator[Any], done: dict,
     return list(by_worker.values()) or [{"rank": 0, "parts": [], "rows": 0}], slicer.n_rows
 
 
-def _take(pool: Any, bar: Any) -> dict[str, Any]:
-    result = pool.get_next_unordered()
-    if bar is not None:
-        bar.update(result["rows"])
-    return result
+class _Writers:
+    """The part writers, one a CPU free when the run starts (a shared cluster's busy CPUs
+    are left to their jobs), and the parts they write. Ray starts a writer whose process
+    died again and gives it its part again, :data:`RESTARTS` times; past that, an error
+    raised in a writer, or a node that leaves the cluster, stops the run in one line (the
+    finished parts are kept, and the same command resumes)."""
+
+    def __init__(self, out: Path, job: PartsJob, make_process: MakeProcess):
+        self.ray, self.out, self.job = import_ray(), str(out), job
+        n = max(1, int(self.ray.available_resources().get("CPU", 0)))
+        actor = self.ray.remote(num_cpus=1, max_restarts=RESTARTS,
+                                max_task_retries=RESTARTS)(PartWriter)  # fmt: skip
+        self.idle = [actor.remote(make_process) for _ in range(n)]
+        self.running: dict[Any, tuple[Any, int]] = {}  # a part's future: (writer, part)
+        self.nodes = self._alive()
+
+    def submit(self, index: int, frames: list[Any]) -> None:
+        writer = self.idle.pop()
+        self.running[writer.write.remote(self.out, self.job, index, frames)] = (writer, index)
+
+    def take(self, bar: Any) -> dict[str, Any]:
+        """The next part written (waiting for it, and watching the nodes meanwhile)."""
+        ready: list[Any] = []
+        while not ready:
+            ready, _ = self.ray.wait(list(self.running), num_returns=1, timeout=NODE_CHECK_S)
+            self._check_nodes()
+        writer, index = self.running.pop(ready[0])
+        try:
+            result = self.ray.get(ready[0])
+        except self.ray.exceptions.RayTaskError as err:  # the writer raised: say what
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, SmiexlmError):
+                raise cause from None
+            raise DataError(f"part {index}: {type(cause).__name__}: {cause}") from None
+        except self.ray.exceptions.RayActorError:  # its process died, RESTARTS + 1 times
+            self._check_nodes()
+            raise DataError(f"part {index}: its writer died {RESTARTS + 1} times (killed, or "
+                            "out of memory: try a smaller --part-rows); the finished parts are "
+                            "kept: run the same command again to resume") from None  # fmt: skip
+        self.idle.append(writer)
+        if bar is not None:
+            bar.update(result["rows"])
+        return result
+
+    def _alive(self) -> dict[str, str]:
+        return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in self.ray.nodes()
+                if n.get("Alive")}  # fmt: skip
+
+    def _check_nodes(self) -> None:
+        """DataError when a node alive at the start has left (its writers would wait for a
+        CPU without end)."""
+        lost = sorted(self.nodes[n] for n in set(self.nodes) - set(self._alive()))
+        if lost:
+            raise DataError(f"node {', '.join(lost)} left the Ray cluster mid-run; the "
+                            "finished parts are kept: run the same command again to resume on "
+                            "the nodes left")  # fmt: skip
 
 
 def _bar(progress: bool, desc: str) -> Any:

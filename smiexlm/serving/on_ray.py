@@ -63,7 +63,9 @@ def predict_parts_on_ray(
 ) -> PartsResult:
     """:func:`~smiexlm.serving.predict_parts.predict_parts` on the Ray cluster at
     ``address`` (:mod:`smiexlm.parts.on_ray`): the same folder, bitwise the same table."""
-    folders, out = served_folders(checkpoint), Path(out)
+    # read by the writers, each in its own working folder: a folder's path whole
+    folders = [Path(f).resolve() if Path(f).exists() else f for f in served_folders(checkpoint)]
+    out = Path(out)
     check_output(out, "--out", kind="folder")
     paths, first, chunks = ray_input(input, address, smiles_col, chunk_rows)
     job, make = predict_job(folders, inputs_record(paths), first, smiles_col, id_cols, part_rows,

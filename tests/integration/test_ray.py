@@ -78,10 +78,14 @@ def _command(source, out: Path, cluster: LoopbackRayCluster | None,
 
 
 def _run(
-    source, out: Path, cluster: LoopbackRayCluster | None = None, model: Path | None = None
+    source,
+    out: Path,
+    cluster: LoopbackRayCluster | None = None,
+    model: Path | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
     args, env = _command(source, out, cluster, model)
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -144,7 +148,10 @@ def test_a_part_writer_killed_mid_run_is_restarted(cluster, molecules, one_proce
 
 
 @pytest.mark.slow
-def test_a_folder_of_parquet_files(cluster, molecules, one_process, tmp_path):
+def test_a_folder_of_parquet_files_named_relative_to_here(cluster, molecules, one_process,
+                                                          tmp_path):  # fmt: skip
+    """The writers, in working folders of their own, get the input and --out whole; a
+    SMILES column the files lack is one line, before any folder is made."""
     from smiexlm.parts.reading import read_parts
 
     folder = tmp_path / "in"
@@ -152,10 +159,16 @@ def test_a_folder_of_parquet_files(cluster, molecules, one_process, tmp_path):
     table = pd.read_csv(molecules, dtype=str, keep_default_na=False)
     for i, start in enumerate(range(0, len(table), 70)):
         table.iloc[start : start + 70].to_parquet(folder / f"chunk{i}.parquet", index=False)
-    _run(folder, tmp_path / "out", cluster)
+    _run(Path("in"), Path("out"), cluster, cwd=tmp_path)
     pd.testing.assert_frame_equal(
         read_parts(tmp_path / "out").to_pandas(), one_process, check_exact=True
     )
+    args, env = _command(folder, tmp_path / "other", cluster)
+    done = subprocess.run([*args, "--smiles-col", "SMILES"], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and "'SMILES'" in lines[-1], done.stderr[-2000:]
+    assert lines[-1].startswith("error:") and not (tmp_path / "other").exists(), lines
 
 
 _WITHOUT_RAY = """
@@ -171,6 +184,10 @@ def test_bad_addresses_globs_and_no_ray_are_one_line(molecules, finetuned, tmp_p
     predict = ["predict", "--checkpoint", str(finetuned), "--input"]
     out = ["--out", str(tmp_path / "o")]
     unreachable = ["--ray", f"127.0.0.1:{free_port()}"]
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.csv").write_bytes(molecules.read_bytes())
+    (mixed / "b.csv.gz").write_bytes(gzip.compress(molecules.read_bytes()))
     cases = [
         ([smiexlm_command(), "embed", str(molecules), *out, *unreachable], "--ray '127.0.0.1:"),
         ([smiexlm_command(), *predict, str(molecules), *out, *unreachable], "--ray '127.0.0.1:"),
@@ -180,6 +197,8 @@ def test_bad_addresses_globs_and_no_ray_are_one_line(molecules, finetuned, tmp_p
          "matches no file"),
         ([smiexlm_command(), "embed", str(molecules), "--out", str(tmp_path / "x.parquet"),
           "--ray", "local"], "folder of parts"),
+        ([smiexlm_command(), "embed", str(mixed), *out, "--ray", "local"],
+         "mixes gzip-compressed and plain files"),
         ([sys.executable, "-c", _WITHOUT_RAY, "embed", str(molecules), *out, "--ray", "local"],
          "pip install 'smiexlm[ray]'"),
         ([sys.executable, "-c", _WITHOUT_RAY, *predict, str(molecules), *out, "--ray", "auto"],

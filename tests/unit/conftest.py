@@ -56,6 +56,7 @@ PRECISION_FREE = frozenset(
         "finetuning/test_probe.py",
         "parts/test_embed_parts.py",
         "parts/test_search.py",
+        "parts/test_ray_writers.py",
         "serving/test_onnx.py",
         "test_moved.py",
         "test_paths.py",
