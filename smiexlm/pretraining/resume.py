@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,11 +59,13 @@ def dataset_id(data_dir: Path) -> str:
 
 def start_state(
     out_dir: Path, data_dir: Path, vocab_hash: str, model, optimizer, resume: bool,
-    skip_bad_checkpoints: bool,
+    skip_bad_checkpoints: bool, gather: Callable[[int], list[int]] = lambda step: [step],
 ) -> tuple[Path | None, ckpt.TrainerState]:  # fmt: skip
     """``(checkpoint restored or None, state to start from)``; with ``resume`` the newest
     checkpoint of ``out_dir`` is restored into ``model`` and ``optimizer`` and checked against
-    the dataset in ``data_dir``."""
+    the dataset in ``data_dir``. ``gather`` collects a number from every process: the
+    processes must all resume from the same step, or none (an ``--out`` that is not one
+    folder for every node would start some afresh beside the others)."""
     data_dir = Path(data_dir)
     fresh = ckpt.TrainerState(
         vocab_hash=vocab_hash, data_dir=str(data_dir.resolve()), data_id=dataset_id(data_dir)
@@ -70,6 +73,15 @@ def start_state(
     if not resume:
         return None, fresh
     start, state = ckpt.resume_checkpoint(out_dir, model, optimizer, skip_bad_checkpoints)
+    steps = gather(-1 if start is None or state is None else state.step)
+    if len(set(steps)) > 1:
+        found = ", ".join(
+            f"rank {r}: {'none' if s < 0 else f'step {s}'}" for r, s in enumerate(steps)
+        )
+        raise ckpt.ResumeMismatchError(
+            f"--resume: the processes found different checkpoints in --out {str(out_dir)!r} "
+            f"({found}); expected one --out folder that every node sees (a shared file system)"
+        )
     if start is None or state is None:  # nothing saved yet: from scratch
         return None, fresh
     if state.vocab_hash not in (None, vocab_hash):

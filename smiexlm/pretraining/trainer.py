@@ -24,6 +24,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +136,8 @@ def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device
         load_initial_weights(model, config.init, data.descriptor_stats)
     optimizer = build_optimizer(model, config)
     schedule = build_schedule(config)
-    start, state = start_state(
-        out_dir, data_dir, data.vocab_hash, model, optimizer, resume, skip_bad_checkpoints
-    )
+    start, state = start_state(out_dir, data_dir, data.vocab_hash, model, optimizer, resume,
+                               skip_bad_checkpoints, partial(dist_utils.gather_ints, device, info))  # fmt: skip
     changes = config_changes(start, state, config, info.world_size)  # refused ones raise
     changes |= resolved_precision_change(state, device, config.precision)
     if resume and start is None and info.is_main:

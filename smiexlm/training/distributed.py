@@ -83,6 +83,16 @@ def all_reduce_sum(values: list[float], device: torch.device, info: DistInfo) ->
     return tensor.tolist()
 
 
+def gather_ints(device: torch.device, info: DistInfo, value: int) -> list[int]:
+    """``value`` of every process, in rank order (``[value]`` in a single process)."""
+    if not info.enabled:
+        return [value]
+    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(info.world_size)]
+    dist.all_gather(every, mine)
+    return [int(t.item()) for t in every]
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

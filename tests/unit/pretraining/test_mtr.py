@@ -228,6 +228,21 @@ def test_auxiliary_training_logs_resumes_exactly_and_exports(dataset, tmp_path):
     assert values.shape == (2, model.config.n_descriptors) and torch.isfinite(values).all()
 
 
+def test_processes_that_resume_from_different_checkpoints_are_refused(dataset, tmp_path):
+    """Two nodes whose --out are two folders (not one shared one): rank 0 finds no checkpoint
+    where rank 1 finds step 12; every rank refuses, naming what each found."""
+    from smiexlm.pretraining.resume import start_state
+    from smiexlm.training.run_state import ResumeMismatchError
+
+    model = ExLMModel(ExLMConfig.tiny(objective="mtr", n_descriptors=4, **MICRO))
+    optimizer = torch.optim.Adam(model.parameters())
+    args = (tmp_path / "run", dataset, "hash", model, optimizer, True, False)
+    with pytest.raises(ResumeMismatchError, match=r"rank 0: none, rank 1: step 12\).*shared"):
+        start_state(*args, lambda step: [step, 12])
+    start, state = start_state(*args, lambda step: [step, step])  # all alike: from scratch
+    assert start is None and state.step == 0
+
+
 # Training loss of mol_tiny_mtr, steps 1..20 (precision fp32, one thread, one process).
 PINNED_MTR_LOSSES = [
     1.156047,
