@@ -215,6 +215,14 @@ SMOKE: dict[str, list[Step]] = {
              "0.5", "--in-place-of-forest", "--sets", "freesolv", "--out", "{tmp}/screens"),
              expect=("screens/trees-forest-cv-as-forest/report.md",)),
     ],
+    "mordred_screen": [
+        # both targets on 40 molecules, 2 updates each, FreeSolv fine-tuned for 2 steps
+        Step("mordred_screen.py", ("--molecules", "40", "--valid-molecules", "10", "--updates",
+             "2", "--pretrain-set", "max_tokens=256", "--sets", "freesolv", "--max-train-steps",
+             "2", "--work", "{tmp}/work",
+             "--out", "{tmp}/mordred"), expect=("mordred/report.md", "mordred/screen.json"),
+             prints="| mordred |"),
+    ],
     "members_cost": [
         Step("members_cost.py", ("--task", "freesolv", "--predict-rows", "20", "--set",
              "max_train_steps=2", "--set", "forest_trees=10", "--out", "{tmp}/cost"),
