@@ -289,7 +289,7 @@ class _Writers:
 
     def __init__(self, out: Path, job: PartsJob, make_process: MakeProcess):
         self.ray, self.out, self.job = import_ray(), str(out), job
-        n = max(1, int(self.ray.available_resources().get("CPU", 0)))
+        n = max(1, int(self._free_cpus()))
         actor = self.ray.remote(num_cpus=1, max_restarts=RESTARTS,
                                 max_task_retries=RESTARTS)(PartWriter)  # fmt: skip
         self.idle = [actor.remote(make_process) for _ in range(n)]
@@ -323,6 +323,16 @@ class _Writers:
         if bar is not None:
             bar.update(result["rows"])
         return result
+
+    def _free_cpus(self, settle_s: float = 10.0) -> float:
+        """The cluster's free CPUs, once those of a job that just ended are back (a few
+        seconds at most: a shared cluster's busy CPUs are not waited for longer)."""
+        total, deadline = self.ray.cluster_resources().get("CPU", 1.0), time.time() + settle_s
+        while (free := self.ray.available_resources().get("CPU", 0.0)) < total:
+            if time.time() > deadline:
+                break
+            time.sleep(0.25)
+        return free
 
     def _alive(self) -> dict[str, str]:
         return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in self.ray.nodes()

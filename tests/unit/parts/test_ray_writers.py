@@ -39,8 +39,13 @@ class _Ray:
     def __init__(self, outcomes: dict, membership: list[list[dict]]):
         self.outcomes, self.membership = outcomes, membership
 
+    total, free = 2.0, 2.0
+
+    def cluster_resources(self):
+        return {"CPU": self.total}
+
     def available_resources(self):
-        return {"CPU": 2.0}
+        return {"CPU": self.free}
 
     def nodes(self):
         return self.membership.pop(0) if len(self.membership) > 1 else self.membership[0]
@@ -120,3 +125,24 @@ def test_a_node_that_leaves_mid_run_stops_it_in_one_line(monkeypatch):
     writers.submit(0, [])
     with pytest.raises(DataError, match=r"node 10\.0\.0\.2 left the Ray cluster mid-run"):
         writers.take(None)
+
+
+def test_on_a_shared_cluster_the_cpus_other_jobs_hold_are_left_to_them(monkeypatch):
+    """Four CPUs, three held by another job for good: one writer, after a short wait for
+    CPUs that a job which just ended gives back (without the wait: one writer a CPU, three
+    of them waiting for a CPU without end)."""
+
+    class _Clock:
+        now = 0.0
+
+        def time(self):
+            self.now += 1.0
+            return self.now
+
+        def sleep(self, seconds):
+            pass
+
+    monkeypatch.setattr(_Ray, "total", 4.0)
+    monkeypatch.setattr(_Ray, "free", 1.0)
+    monkeypatch.setattr(on_ray, "time", _Clock())
+    assert len(_writers(monkeypatch, {}).idle) == 1
