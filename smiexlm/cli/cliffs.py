@@ -34,8 +34,8 @@ def cliffs(
     gap: Annotated[
         float,
         typer.Option(
-            help="Least difference of the values (1: tenfold in a "
-            "log unit; another for other units)."
+            help="The values of a cliff differ by more than this (1: tenfold in a log "
+            "unit; 1.36 for kcal/mol at 25 °C; another for other units)."
         ),
     ] = 1.0,  # fmt: skip
     measures: Measures = "ecfp4,scaffold,smiles",

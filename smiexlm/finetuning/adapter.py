@@ -242,7 +242,8 @@ def finetune_once(
     if scores.parts:
         config |= scores.forest_summary(targets, split, task.scale)
         if not task.is_classification:  # each alone on the test molecules of activity cliffs
-            config |= scores.cliff_summary(targets, split, task_cliffs(task))
+            cliffs = task_cliffs(task, split.test, gap=cfg.cliff_gap)
+            config |= scores.cliff_summary(targets, split, cliffs)
         valid_score = targets.score_values(split.valid, scores.valid).mean
         test_score = targets.score_values(split.test, scores.test)
     if not runs.is_main():

@@ -194,6 +194,12 @@ class FinetuneConfig:
         "beats them on the validation molecules) | picked (of fixed, gated, the forest alone "
         "and oof-best, the lowest RMSE on the validation molecules).",
     )  # fmt: skip
+    cliff_gap: float = setting(
+        1.0, "The least difference of two similar molecules' values, in the labels' units, "
+        "that makes them an activity cliff (1: tenfold in a log unit such as a pIC50; 1.36 "
+        "for a free energy in kcal/mol at 25 °C): the RMSE on the test molecules that form "
+        "cliffs, reported beside a regression set's.", since=1.0, within="(0, inf)",
+    )  # fmt: skip
     class_weight: str = setting(
         "none", "none | balanced: weigh each task's two classes in the loss inversely to their "
         "frequency on the training molecules (classification only; Table 8's rows: balanced "

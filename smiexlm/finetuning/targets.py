@@ -160,14 +160,14 @@ class RunScores:
 
     def cliff_summary(self, targets: Targets, split: Split, cliffs: np.ndarray) -> dict[str, Any]:
         """The model's and the forest's test RMSE alone over the cliff molecules (``cliffs``:
-        (N, T) bool of the whole table, :mod:`~smiexlm.moleculenet.cliffs`), beside the
+        (n_test, T) bool of the test rows, :mod:`~smiexlm.moleculenet.cliffs`), beside the
         served one in the result's measures."""
         from smiexlm.moleculenet.cliffs import cliff_rmse
 
         rows = split.test
         return {
             f"test_cliff_{who}": cliff_rmse(targets.y[rows], self.parts[f"test_{who}"],
-                                            cliffs[rows])[0]
+                                            cliffs)[0]
             for who in self.members()
         }  # fmt: skip
 

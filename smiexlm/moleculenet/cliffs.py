@@ -23,7 +23,7 @@ so a test molecule counts when its cliff partner sits in the training rows too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,12 +34,16 @@ from smiexlm.errors import ConfigError, DataError
 SIMILARITY = 0.9  # the least similarity by one of the measures
 GAP = 1.0  # log units: tenfold
 MEASURES = ("ecfp4", "scaffold", "smiles")
+#: rows compared with the whole table at a time: 256 x N values a measure, so that a table of
+#: 50,000 molecules needs some 100 MB, never its N x N matrices (20 GB each)
+BLOCK = 256
 
 
 def _bits(mols: list, scaffold: bool) -> np.ndarray:
     """ECFP4 bits of each molecule, or of its generic Murcko scaffold (``scaffold``); zeros
     where there is none (a SMILES RDKit cannot parse, a scaffold of a molecule without a
-    ring), which is similar to nothing."""
+    ring, or one RDKit cannot make generic, such as a spirophosphorane's), which is similar
+    to nothing."""
     from rdkit.Chem.Scaffolds import MurckoScaffold
 
     from smiexlm.chemistry.fingerprints import morgan_generator
@@ -48,42 +52,66 @@ def _bits(mols: list, scaffold: bool) -> np.ndarray:
     out = np.zeros((len(mols), 2048), dtype=np.uint8)
     for i, mol in enumerate(mols):
         if mol is not None and scaffold:
-            mol = MurckoScaffold.MakeScaffoldGeneric(MurckoScaffold.GetScaffoldForMol(mol))
+            try:
+                mol = MurckoScaffold.MakeScaffoldGeneric(MurckoScaffold.GetScaffoldForMol(mol))
+            except (ValueError, RuntimeError):  # RDKit's valence and sanitisation errors
+                mol = None
         if mol is not None and mol.GetNumAtoms():
             out[i] = generator.GetFingerprintAsNumPy(mol)
     return out
 
 
-def similarities(smiles: Sequence[str]) -> dict[str, np.ndarray]:
-    """The three (N, N) similarity matrices of the module docstring. A SMILES that
-    RDKit cannot parse is similar to no other molecule."""
-    from rapidfuzz.distance import Levenshtein
-    from rapidfuzz.process import cdist
-    from rdkit import Chem
+class Similarities:
+    """The three measures of the module docstring for a table, computed a block of rows at a
+    time against all of it (:meth:`rows`): what they read is made once, the canonical
+    SMILES and the two kinds of bits. A SMILES RDKit cannot parse is similar to nothing."""
 
-    from smiexlm.chemistry.fingerprints import _parse
+    def __init__(self, smiles: Sequence[str]):
+        from rdkit import Chem
 
-    mols = [_parse(str(s).strip()) for s in smiles]
-    canonical = [Chem.MolToSmiles(m) if m is not None else "" for m in mols]
-    edit = cdist(canonical, canonical, scorer=Levenshtein.normalized_similarity,
-                 dtype=np.float32, workers=1)  # fmt: skip
-    parsed = np.array([m is not None for m in mols])
-    edit = np.where(parsed[:, None] & parsed[None, :], edit, 0.0).astype(np.float32)
-    ecfp4, scaffold = _bits(mols, False), _bits(mols, True)
-    return {"ecfp4": bit_tanimoto(ecfp4, ecfp4), "scaffold": bit_tanimoto(scaffold, scaffold),
-            "smiles": edit}  # fmt: skip
+        from smiexlm.chemistry.fingerprints import _parse
+
+        mols = [_parse(str(s).strip()) for s in smiles]
+        self.canonical = [Chem.MolToSmiles(m) if m is not None else "" for m in mols]
+        self.parsed = np.array([m is not None for m in mols], dtype=bool)
+        self.ecfp4, self.scaffold = _bits(mols, False), _bits(mols, True)
+
+    def __len__(self) -> int:
+        return len(self.canonical)
+
+    def rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Each measure's (len(rows), N) similarities of ``rows`` to every molecule."""
+        from rapidfuzz.distance import Levenshtein
+        from rapidfuzz.process import cdist
+
+        edit = cdist([self.canonical[r] for r in rows], self.canonical,
+                     scorer=Levenshtein.normalized_similarity, dtype=np.float32, workers=1)  # fmt: skip
+        edit = np.where(self.parsed[rows, None] & self.parsed[None, :], edit, 0.0)
+        return {"ecfp4": bit_tanimoto(self.ecfp4[rows], self.ecfp4),
+                "scaffold": bit_tanimoto(self.scaffold[rows], self.scaffold),
+                "smiles": edit.astype(np.float32)}  # fmt: skip
+
+    def near(self, similarity: float, measures: Sequence[str] = MEASURES,
+             rows: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, dict]]:  # fmt: skip
+        """For each block of ``rows`` (all by default): the rows, (len, N) bool of the pairs
+        similar by any of ``measures`` (never a molecule with itself) and every measure."""
+        rows = np.arange(len(self)) if rows is None else np.asarray(rows, dtype=np.int64)
+        for start in range(0, len(rows), BLOCK):
+            block = rows[start : start + BLOCK]
+            sims = self.rows(block)
+            near = np.zeros((len(block), len(self)), dtype=bool)
+            for name in measures:
+                near |= sims[name] >= similarity
+            near[np.arange(len(block)), block] = False
+            yield block, near, sims
 
 
-def _near(smiles: Sequence[str], similarity: float,
-          measures: Sequence[str] = MEASURES) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # fmt: skip
-    """(N, N) bool: the pairs similar by any of ``measures`` (never a molecule with itself),
-    and every measure."""
-    sims = similarities(smiles)
-    near = np.zeros((len(smiles), len(smiles)), dtype=bool)
-    for name in measures:
-        near |= sims[name] >= similarity
-    np.fill_diagonal(near, False)
-    return near, sims
+def apart(a: np.ndarray, b: np.ndarray, gap: float) -> np.ndarray:
+    """Whether values differ by more than ``gap``, decided on the difference rounded to 9
+    decimals (8.3 - 7.3 is 1.0000000000000009 in floating point, and no cliff at a gap of 1);
+    NaN is never apart, a difference past the float range (inf) always."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.round(np.abs(a - b), 9) > gap
 
 
 def _check(similarity: float, gap: float, measures: Sequence[str] = MEASURES) -> None:
@@ -109,38 +137,45 @@ def cliff_pairs(
     y = np.asarray(values, dtype=np.float64)
     if y.ndim != 1 or len(y) != len(smiles):
         raise DataError(f"values: {y.shape} for {len(smiles)} SMILES; expected one value each")
-    near, sims = _near(smiles, similarity, measures)
+    found: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []
+    for block, near, sims in Similarities(smiles).near(similarity, measures):
+        hit = near & apart(y[block, None], y[None, :], gap)
+        hit &= np.arange(len(y))[None, :] > block[:, None]  # each pair once, i < j
+        r, j = np.nonzero(hit)
+        found.append((block[r], j, {name: sims[name][r, j] for name in MEASURES}))
+    i = np.concatenate([f[0] for f in found]) if found else np.zeros(0, dtype=np.int64)
+    j = np.concatenate([f[1] for f in found]) if found else np.zeros(0, dtype=np.int64)
+    sim = {name: np.concatenate([f[2][name] for f in found]) if found else np.zeros(0)
+           for name in MEASURES}  # fmt: skip
     with np.errstate(over="ignore"):  # a gap past the float range (1e308 and -1e308) is inf
-        apart = np.abs(y[:, None] - y[None, :]) > gap  # NaN compares False: never a pair
-        i, j = np.nonzero(np.triu(near & apart, k=1))
         gaps = np.abs(y[i] - y[j])
         gaps = np.where(gaps < 1e290, np.round(gaps, 9), gaps)  # 10.21, not 10.2099999999999
     pairs = pd.DataFrame({
         "i": i, "j": j, "smiles_i": np.asarray(smiles, dtype=object)[i],
         "smiles_j": np.asarray(smiles, dtype=object)[j], "value_i": y[i], "value_j": y[j],
-        "gap": gaps, **{name: np.round(sims[name][i, j], 4) for name in MEASURES},
+        "gap": gaps, **{name: np.round(sim[name], 4) for name in MEASURES},
     })  # fmt: skip
-    reached = {name: sims[name][i, j] >= similarity for name in measures}
+    reached = {name: sim[name] >= similarity for name in measures}
     pairs["by"] = ["+".join(m for m in measures if reached[m][k]) for k in range(len(i))]
-    pairs["same_molecule"] = sims["smiles"][i, j] == 1.0
+    pairs["same_molecule"] = sim["smiles"] == 1.0
     return pairs.sort_values(["gap", "i", "j"], ascending=[False, True, True], ignore_index=True)
 
 
 def cliff_molecules(
-    smiles: Sequence[str], values: np.ndarray, similarity: float = SIMILARITY, gap: float = GAP
-) -> np.ndarray:
-    """(N, T) bool: whether each molecule is a cliff molecule of each label column of
-    ``values`` ((N,) or (N, T); NaN = missing), the similarities computed once."""
+    smiles: Sequence[str], values: np.ndarray, similarity: float = SIMILARITY,
+    gap: float = GAP, rows: np.ndarray | None = None,
+) -> np.ndarray:  # fmt: skip
+    """(len(rows), T) bool (``rows``: all by default): whether each of ``rows`` is a cliff
+    molecule, with any molecule of the table, of each label column of ``values`` ((N,) or
+    (N, T); NaN = missing)."""
     _check(similarity, gap)
     y = np.asarray(values, dtype=np.float64)
     y = y[:, None] if y.ndim == 1 else y
-    near, _ = _near(smiles, similarity)
-    out = np.zeros(y.shape, dtype=bool)
-    for t in range(y.shape[1]):
-        with np.errstate(over="ignore"):  # a gap past the float range is inf, a cliff
-            apart = np.abs(y[:, t, None] - y[None, :, t]) > gap
-        out[:, t] = (near & apart).any(axis=1)
-    return out
+    parts = []
+    for block, near, _ in Similarities(smiles).near(similarity, rows=rows):
+        parts.append(np.stack([(near & apart(y[block, t, None], y[None, :, t], gap)).any(axis=1)
+                               for t in range(y.shape[1])], axis=1))  # fmt: skip
+    return np.concatenate(parts) if parts else np.zeros((0, y.shape[1]), dtype=bool)
 
 
 def cliff_rmse(y_true: np.ndarray, y_pred: np.ndarray, cliffs: np.ndarray) -> tuple[float, int]:
@@ -160,15 +195,21 @@ def cliff_rmse(y_true: np.ndarray, y_pred: np.ndarray, cliffs: np.ndarray) -> tu
     return (float(np.mean(per)) if per else float("nan")), count
 
 
-_KNOWN: dict[tuple, np.ndarray] = {}  # (table sha256, N, similarity, gap) -> cliff molecules
+_KNOWN: dict[tuple, np.ndarray] = {}  # (table sha256, N, rows, similarity, gap) -> molecules
 
 
-def task_cliffs(task, similarity: float = SIMILARITY, gap: float = GAP) -> np.ndarray:
-    """:func:`cliff_molecules` of a :class:`~smiexlm.moleculenet.task.MoleculeTask`'s SMILES
-    and labels, computed once per table in a process (each seed of a run reads it)."""
-    key = (task.sha256, len(task.smiles), similarity, gap)
+def task_cliffs(task, rows: np.ndarray | None = None, similarity: float = SIMILARITY,
+                gap: float = GAP) -> np.ndarray:  # fmt: skip
+    """:func:`cliff_molecules` of ``rows`` (all by default: a split's test rows, say) of a
+    :class:`~smiexlm.moleculenet.task.MoleculeTask`'s SMILES and labels, computed once per
+    table in a process (each seed of a run reads it)."""
+    import hashlib
+
+    picked = None if rows is None else np.asarray(rows, dtype=np.int64)
+    which = None if picked is None else hashlib.sha256(picked.tobytes()).hexdigest()
+    key = (task.sha256, len(task.smiles), which, similarity, gap)
     if task.sha256 is None or key not in _KNOWN:
-        found = cliff_molecules(task.smiles, task.labels, similarity, gap)
+        found = cliff_molecules(task.smiles, task.labels, similarity, gap, picked)
         if task.sha256 is None:
             return found
         _KNOWN[key] = found

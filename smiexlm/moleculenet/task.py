@@ -146,9 +146,10 @@ class MoleculeTask:
             else more_scores(self.task_type, self.labels[split.test], test_pred)
         )
         if test_pred is not None and not self.is_classification:
-            from smiexlm.moleculenet.cliffs import cliff_rmse, task_cliffs
+            from smiexlm.moleculenet.cliffs import GAP, cliff_rmse, task_cliffs
 
-            rmse, n = cliff_rmse(self.labels[split.test], test_pred, task_cliffs(self)[split.test])
+            cliffs = task_cliffs(self, split.test, gap=config.get("cliff_gap", GAP))
+            rmse, n = cliff_rmse(self.labels[split.test], test_pred, cliffs)
             more |= {"cliff_rmse": rmse, "n_cliff": n}
         return RunResult(
             model=model, dataset=self.name, seed=seed, split=split.label, metric=self.metric,

@@ -150,3 +150,59 @@ def test_values_near_the_float_range_give_their_gaps_without_warnings():
     gaps = dict(zip(zip(pairs["i"], pairs["j"], strict=True), pairs["gap"], strict=True))
     assert gaps[(0, 1)] == math.inf and gaps[(0, 2)] == 1e308
     assert marked[:, 0].tolist() == [True, True, True]
+
+
+def test_exactly_tenfold_is_no_cliff_whatever_the_floating_point_says():
+    """8.3 - 7.3 is 1.0000000000000009 in floating point: still exactly tenfold, no cliff."""
+    smiles = ["c1ccccc1CCN", "c1ccccc1CCCN", "c1ccccc1CCCCN"]
+    assert 8.3 - 7.3 > 1.0
+    assert cliff_pairs(smiles, [8.3, 7.3, 8.3], similarity=0.5).empty
+    assert not cliff_molecules(smiles, np.array([8.3, 7.3, 8.3]), similarity=0.5).any()
+    assert len(cliff_pairs(smiles, [8.3, 7.29, 8.3], similarity=0.5)) == 2
+
+
+def test_a_molecule_without_a_generic_scaffold_is_similar_by_the_other_measures():
+    """RDKit parses a spirophosphorane but cannot make its scaffold generic (a valence
+    error): its scaffold is similar to nothing, its own bits and SMILES still count."""
+    smiles = ["P12(OCCO1)(OCCO2)c1ccccc1", "P12(OCCO1)(OCCO2)c1ccccc1C", "CCO"]
+    pairs = cliff_pairs(smiles, [5.0, 7.0, 9.0], similarity=0.45)
+    assert list(zip(pairs.i, pairs.j, strict=True)) == [(0, 1)] and pairs.scaffold[0] == 0.0
+
+
+def test_blocks_of_rows_give_what_the_whole_table_gives(monkeypatch):
+    from smiexlm.moleculenet import cliffs
+
+    whole = cliff_pairs(SMILES, VALUES, 0.5, 0.05)
+    every = cliff_molecules(SMILES, np.array(VALUES), 0.5, 0.05)
+    monkeypatch.setattr(cliffs, "BLOCK", 3)  # 10 rows in blocks of 3, 3, 3 and 1
+    pd.testing.assert_frame_equal(cliff_pairs(SMILES, VALUES, 0.5, 0.05), whole)
+    rows = np.array([7, 0, 3, 9])
+    np.testing.assert_array_equal(
+        cliff_molecules(SMILES, np.array(VALUES), 0.5, 0.05, rows=rows), every[rows]
+    )
+
+
+def test_a_regression_result_reports_the_cliff_rmse_at_the_runs_own_gap():
+    """A seed's record holds the RMSE on the test molecules that form cliffs and their
+    count, with any molecule of the table, at the config's ``cliff_gap``."""
+    from smiexlm.moleculenet.metrics import TaskScores
+    from smiexlm.moleculenet.splits import Split
+    from smiexlm.moleculenet.task import MoleculeTask
+
+    parsable = [i for i in range(len(SMILES)) if i != 8 and not math.isnan(VALUES[i])]
+    smiles = [SMILES[i] for i in parsable]
+    y = np.array([VALUES[i] for i in parsable])[:, None]
+    task = MoleculeTask("toy", smiles, y, ["y"], "regression")
+    split = Split("random", 0, [0, 2, 4, 6], [5], [1, 3, 7])
+    pred = y[split.test] + 1.0  # wrong by 1 everywhere
+    counted = []
+    for gap in (1.0, 2.0, 5.0):
+        config = {"cliff_gap": gap}
+        more = task.result("m", split, 0, 0.0, TaskScores(1.0, [1.0], 1), 0.0, config,
+                           test_pred=pred).more  # fmt: skip
+        expected = cliff_molecules(smiles, y, gap=gap, similarity=0.9)[split.test, 0]
+        assert more["n_cliff"] == int(expected.sum())
+        assert more["cliff_rmse"] == (pytest.approx(1.0) if expected.any() else
+                                      pytest.approx(math.nan, nan_ok=True))  # fmt: skip
+        counted.append(more["n_cliff"])
+    assert counted[0] > counted[-1] == 0, counted  # no pair differs by more than 5
