@@ -91,7 +91,8 @@ def fit_forests(
 ) -> list:  # fmt: skip
     """One fitted forest per task, on the train rows whose label is known; a classification
     task whose known train labels hold one class (or none) gets its prior instead (a float:
-    the class-1 share, 0.5 with no label)."""
+    the class-1 share, 0.5 with no label), a regression task without a known label NaN (in a
+    fold of a sparse table)."""
     from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 
     fitted: list = []
@@ -100,6 +101,9 @@ def fit_forests(
         y = y_train[known, t]
         if task_type == "classification" and len(np.unique(y)) < 2:
             fitted.append(float(y.mean()) if len(y) else 0.5)
+            continue
+        if not len(y):
+            fitted.append(float("nan"))
             continue
         if task_type == "classification":
             weight = None if cfg.class_weight == "none" else cfg.class_weight

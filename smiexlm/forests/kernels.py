@@ -209,13 +209,17 @@ def _folds(groups: np.ndarray, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
 def _fit_labels(k_fit: np.ndarray, y: np.ndarray, C: float,
                 task_type: str) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Dual coefficients (n, T) and intercepts (T,) of one SVR (or balanced SVC) a label, on a
-    precomputed kernel between the ``n`` molecules; a label's missing values take no part, and
-    a classification label of one class among them scores that class's sign everywhere."""
+    precomputed kernel between the ``n`` molecules; a label's missing values take no part, a
+    regression label none of them holds (in a fold of a sparse table) scores NaN, and a
+    classification label of one class among them scores that class's sign everywhere."""
     from sklearn.svm import SVC, SVR
 
     coef, intercept = np.zeros(y.shape), np.zeros(y.shape[1])
     for t in range(y.shape[1]):
         rows = np.flatnonzero(~np.isnan(y[:, t]))
+        if task_type == "regression" and not len(rows):  # a sparse label's fold: no value
+            intercept[t] = np.nan
+            continue
         if task_type == "classification" and len(np.unique(y[rows, t])) < 2:
             intercept[t] = 1.0 if len(rows) and y[rows[0], t] > 0.5 else -1.0
             continue

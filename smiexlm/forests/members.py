@@ -47,7 +47,8 @@ import numpy as np
 
 from smiexlm.errors import ConfigError, DataError, check_choice
 from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelMember, _folds, fit_kernel_member
-from smiexlm.modelio.layout import EMBEDDER_DIR, FINETUNE_NAME, KERNELS_NAME, WEIGHTS_NAME
+from smiexlm.modelio.integrity import weights_file
+from smiexlm.modelio.layout import EMBEDDER_DIR, FINETUNE_NAME, KERNELS_NAME
 from smiexlm.paths import file_sha256
 
 COMBINES = ("fixed", "oof-best", "oof-weights", "gated", "picked")
@@ -73,19 +74,20 @@ def check_kernel_rows(train_labels: np.ndarray, label_cols: list[str]) -> None:
 
 
 def rmse(y: np.ndarray, p: np.ndarray) -> float:
-    """RMSE over the labelled cells of ``y`` (NaN = missing)."""
+    """RMSE over the labelled cells of ``y`` (NaN = missing) that ``p`` scores (an
+    out-of-fold prediction of a sparse label may be NaN)."""
     y, p = np.asarray(y, np.float64), np.asarray(p, np.float64).reshape(np.shape(y))
-    keep = ~np.isnan(y)
+    keep = ~np.isnan(y) & ~np.isnan(p)
     return float(np.sqrt(np.mean((y[keep] - p[keep]) ** 2)))
 
 
 def least_squares_weights(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
     """Non-negative weights summing to 1 of least squares of ``y`` on ``columns`` (the
-    labelled cells); equal weights when every weight is 0."""
+    labelled cells every column scores); equal weights when every weight is 0."""
     from scipy.optimize import nnls
 
     a = np.stack([np.asarray(c, np.float64).reshape(-1) for c in columns], axis=1)
-    keep = ~np.isnan(np.asarray(y, np.float64).reshape(-1))
+    keep = ~np.isnan(np.asarray(y, np.float64).reshape(-1)) & ~np.isnan(a).any(axis=1)
     w, _ = nnls(a[keep], np.asarray(y, np.float64).reshape(-1)[keep])
     return w / w.sum() if w.sum() > 0 else np.full(len(columns), 1 / len(columns))
 
@@ -108,10 +110,11 @@ def combine(rule: str, oof: dict[str, np.ndarray], y_train: np.ndarray,
         return min(candidates, key=lambda w: rmse(y_valid, blended(w, valid)))  # first of ties
     names = list(oof)
     weights = dict.fromkeys(["model", *names], 0.0)
-    if rule == "fixed" or not names:
-        weights["model"] = network_weight if names else 1.0
-        if names:
-            weights[names[0]] = 1.0 - network_weight
+    if rule == "fixed" or not names:  # the network and its forest; the kernels nothing
+        has_forest = FOREST in names
+        weights["model"] = network_weight if has_forest else 1.0
+        if has_forest:
+            weights[FOREST] = 1.0 - network_weight
         return weights
     if rule == "oof-best":
         weights[min(names, key=lambda n: rmse(y_train, oof[n]))] = 1.0
@@ -206,7 +209,7 @@ class KernelMembers:
                                "kernels": {n: m.record() for n, m in self.members.items()}}  # fmt: skip
         if self.embedder is not None:
             doc["embedder"] = EMBEDDER_DIR
-            doc["embedder_sha256"] = file_sha256(Path(self.embedder) / WEIGHTS_NAME)
+            doc["embedder_sha256"] = file_sha256(weights_file(Path(self.embedder)))
         return doc
 
     def save(self, folder: Path) -> list[str]:
@@ -274,7 +277,8 @@ def member_weights(
         raise DataError(f"{str(Path(folder) / FINETUNE_NAME)!r}: 'members.weights' is "
                         f"{weights!r}: expected one weight of at least 0 for each of "
                         f"{', '.join(names)}, summing to 1")  # fmt: skip
-    return {n: float(w) for n, w in weights.items()}
+    total = float(sum(weights.values()))  # exactly 1 for the blend, whatever JSON rounded
+    return {n: float(w) / total for n, w in weights.items()}
 
 
 def _record_error(folder: Path, field: str, value: Any, expected: str) -> DataError:
@@ -294,7 +298,7 @@ def _checked_embedder(folder: Path, record: dict[str, Any]) -> Path | None:
     if "embedder" not in record:
         return None
     path = folder / EMBEDDER_DIR
-    weights = path / WEIGHTS_NAME
+    weights = weights_file(path)
     if not weights.is_file() or file_sha256(weights) != record.get("embedder_sha256"):
         raise DataError(f"{str(weights)!r}: missing, or not the frozen embedding the kernel "
                         "members were fitted on (its sha256 differs from finetune.json's "

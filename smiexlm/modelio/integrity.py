@@ -141,13 +141,27 @@ def record_checksums(folder: Path, *names: str) -> Path:
     return write_text_atomic(folder / CHECKSUMS_NAME, json.dumps(doc, indent=1) + "\n")
 
 
-def weights_sha256(folder: Path) -> str:
-    """The sha256 of a model folder's weights, as its ``checksums.json`` records it (hashed
-    where it records none): what names the weights a result, a state or a pickle came from."""
-    from smiexlm.modelio.layout import WEIGHTS_NAME
+def weights_file(folder: Path) -> Path:
+    """The file that names a model folder's weights: ``model.safetensors``, or the index of
+    sharded ones (which records each shard's sha256, checked when they load)."""
+    from smiexlm.modelio.layout import WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-    recorded = (read_checksums(Path(folder)) or {}).get(WEIGHTS_NAME)
-    return recorded or file_sha256(Path(folder) / WEIGHTS_NAME)
+    folder = Path(folder)
+    index = folder / WEIGHTS_INDEX_NAME
+    return (
+        index
+        if index.is_file() and not (folder / WEIGHTS_NAME).is_file()
+        else folder / WEIGHTS_NAME
+    )
+
+
+def weights_sha256(folder: Path) -> str:
+    """The sha256 of a model folder's weights (:func:`weights_file`), as its
+    ``checksums.json`` records it (hashed where it records none): what names the weights a
+    result, a state or a pickle came from."""
+    path = weights_file(folder)
+    recorded = (read_checksums(Path(folder)) or {}).get(path.name)
+    return recorded or file_sha256(path)
 
 
 def verify_checksum(path: Path, required: bool = True) -> bool:

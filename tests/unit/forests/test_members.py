@@ -247,3 +247,65 @@ def test_a_members_record_edited_to_nonsense_is_refused_in_one_line(kept, tmp_pa
     record_checksums(copy, "finetune.json")
     with pytest.raises(DataError, match=field):
         predict(copy, SMILES[:2])
+
+
+def test_a_sparse_label_missing_from_a_fold_scores_nan_there_and_weighs_nothing():
+    """Label b is measured on three molecules of one scaffold alone: the fold that holds
+    that scaffold out has no value of b to fit on. Its out-of-fold predictions are NaN there
+    (not a crash), and the scores and weights read the cells that are scored."""
+    from smiexlm.chemistry.fingerprints import morgan_fingerprints
+    from smiexlm.forests.kernels import KernelInputs, fit_kernel_member
+    from smiexlm.forests.members import forest_oof
+
+    smiles = SMILES[:30]
+    y = np.full((30, 2), np.nan)
+    y[:, 0] = VALUES[:30]
+    groups = np.arange(30) % 6  # six "scaffolds", five folds: group 0 is held out alone once
+    b_rows = np.flatnonzero(groups == 0)[:3]
+    y[b_rows, 1] = [5.0, 6.0, 7.0]
+    inputs = KernelInputs(morgan_fingerprints(smiles).astype(np.float32), None)
+    member, oof = fit_kernel_member("tanimoto", inputs, y, groups)
+    assert np.isnan(oof[b_rows, 1]).all() and np.isfinite(oof[:, 0]).all()
+    assert np.isfinite(member.predict(inputs)).all()  # fitted on every row: b has its three
+    trees = forest_oof(smiles, y, np.arange(30), groups, 0, "ecfp4", 5)
+    assert np.isnan(trees[b_rows, 1]).all() and np.isfinite(trees[:, 0]).all()
+    assert np.isfinite(rmse(y, oof))
+    weights = least_squares_weights([oof, trees], y)
+    assert weights.sum() == pytest.approx(1.0) and np.isfinite(weights).all()
+
+
+def test_a_sharded_backbone_is_recorded_and_checked_by_its_index(tmp_path):
+    """A backbone saved in shards has no model.safetensors: the kernel members name its
+    weights by the shards' index (which records each shard's sha256), and a changed index is
+    refused as a changed model.safetensors is."""
+    from smiexlm.forests.members import KernelMembers, _checked_embedder
+    from smiexlm.model.config import ExLMConfig
+    from smiexlm.model.model import ExLMModel
+    from smiexlm.modelio.integrity import weights_file, weights_sha256
+    from smiexlm.modelio.layout import EMBEDDER_DIR, WEIGHTS_INDEX_NAME
+    from smiexlm.modelio.weights import save_pretrained_sharded
+    from smiexlm.paths import file_sha256
+
+    torch.manual_seed(0)
+    model = ExLMModel(ExLMConfig.tiny(n_layers=1, d_model=32, n_heads=2, d_ff=64))
+    folder = tmp_path / "fine" / EMBEDDER_DIR
+    save_pretrained_sharded(model, folder, max_shard_mib=0.05)
+    assert weights_file(folder) == folder / WEIGHTS_INDEX_NAME
+    assert weights_sha256(folder) == file_sha256(folder / WEIGHTS_INDEX_NAME)
+    record = KernelMembers({}, {}, folder).record()
+    assert record["embedder_sha256"] == file_sha256(folder / WEIGHTS_INDEX_NAME)
+    assert _checked_embedder(tmp_path / "fine", record) == folder
+    with pytest.raises(DataError, match="not the frozen embedding the kernel members"):
+        _checked_embedder(tmp_path / "fine", record | {"embedder_sha256": "0" * 64})
+
+
+def test_fixed_without_a_forest_is_the_network_alone_and_kept_weights_sum_to_one():
+    from smiexlm.forests.members import member_weights
+
+    oof, y, valid, yv = _rules_data()
+    kernels_only = {"svr_tanimoto": oof["svr_tanimoto"]}
+    weights = combine("fixed", kernels_only, y, {"model": yv} | valid, yv, 0.5)
+    assert weights == {"model": 1.0, "svr_tanimoto": 0.0}  # the kernels weigh nothing in fixed
+    record = {"weights": {"model": 0.5, "forest": 0.25, "svr_tanimoto": 0.2499995}}
+    kept = member_weights(record, ["model", "forest", "svr_tanimoto"], "m")
+    assert sum(kept.values()) == pytest.approx(1.0, abs=1e-15)
