@@ -43,7 +43,7 @@ from smiexlm.finetuning.config import FinetuneConfig
 from smiexlm.hpopt.config import HpoptConfig
 from smiexlm.hpopt.report import Outputs
 from smiexlm.hpopt.search import HpoptResult, Search
-from smiexlm.hpopt.storage import fail_stale_trials, finished_last, worker_name
+from smiexlm.hpopt.storage import WORKER_KEY, fail_stale_trials, finished_last, worker_name
 from smiexlm.hpopt.study import one_trial, open_study, spending
 from smiexlm.moleculenet.task import MoleculeTask
 from smiexlm.paths import check_output
@@ -101,10 +101,8 @@ def _shared(study, search: Search, hp: HpoptConfig, outputs: Outputs, task: Mole
                 for i in range(1, hp.workers)]  # fmt: skip
     for child in children:
         child.start()
-    told: list[int] = []
     try:
-        stop = work(study, search, hp, progress,
-                    lambda n: told.append(n) or _told(study, outputs, n, on_trial))  # fmt: skip
+        stop = work(study, search, hp, progress, lambda n: _told(study, outputs, n, on_trial))
     except BaseException:  # the workers of a search stopped by an error or an interrupt stop
         for child in children:
             child.terminate()
@@ -119,9 +117,10 @@ def _shared(study, search: Search, hp: HpoptConfig, outputs: Outputs, task: Mole
                            child.pid, child.exitcode)  # fmt: skip
     names = {worker_name(), *(f"{worker_name().rsplit(':', 1)[0]}:{c.pid}" for c in children)}
     outputs.write(study)
-    # the worker that ended the last trial writes best.toml; one that joins a study already
-    # over (its finisher stopped before writing it) writes it into its own folder
-    if finished_last(study, names) or (not told and not outputs.has_best()):
+    # the worker that ended the last trial writes best.toml; a command whose workers ran none
+    # (the study was over: its finisher stopped before writing it) writes it into its folder
+    ran = any(t.user_attrs.get(WORKER_KEY) in names for t in study.get_trials(deepcopy=False))
+    if finished_last(study, names) or (not ran and not outputs.has_best()):
         outputs.write_best(study)
     return outputs.result(study, stop)
 
