@@ -117,7 +117,8 @@ def report(rows: list[dict], log: dict, args) -> str:
         lines.append(f"| {kind} | {log.get('n_' + kind, '?')} | {' | '.join(figures)} | "
                      f"{'–' if loss is None else f'{loss:.4f}'} | {' | '.join(cells)} |")  # fmt: skip
     lines += ["", "The two losses are not comparable (each is the mean over its own "
-              "descriptors); the fine-tuned RMSE is."]  # fmt: skip
+              "descriptors); the fine-tuned RMSE is. Seconds: each step's wall time as it ran "
+              "(`--workers`, `--nproc`; a step resumed counts its last run alone)."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
