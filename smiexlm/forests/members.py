@@ -47,7 +47,6 @@ import numpy as np
 
 from smiexlm.errors import ConfigError, DataError, check_choice
 from smiexlm.forests.kernels import KERNELS, KernelInputs, KernelMember, _folds, fit_kernel_member
-from smiexlm.modelio.integrity import weights_file
 from smiexlm.modelio.layout import EMBEDDER_DIR, FINETUNE_NAME, KERNELS_NAME
 from smiexlm.paths import file_sha256
 
@@ -209,6 +208,8 @@ class KernelMembers:
                                "kernels": {n: m.record() for n, m in self.members.items()}}  # fmt: skip
         if self.embedder is not None:
             doc["embedder"] = EMBEDDER_DIR
+            from smiexlm.modelio.integrity import weights_file  # imports torch
+
             doc["embedder_sha256"] = file_sha256(weights_file(Path(self.embedder)))
         return doc
 
@@ -297,6 +298,8 @@ def _checked_embedder(folder: Path, record: dict[str, Any]) -> Path | None:
     """The folder's ``embedder/``, its weights checked against the record; None without."""
     if "embedder" not in record:
         return None
+    from smiexlm.modelio.integrity import weights_file  # imports torch
+
     path = folder / EMBEDDER_DIR
     weights = weights_file(path)
     if not weights.is_file() or file_sha256(weights) != record.get("embedder_sha256"):

@@ -283,7 +283,7 @@ def test_corrupted_descriptor_shard_is_refused(corpus, tmp_path):
     with pytest.raises(DataError, match="--descriptors rdkit2d"):
         DescriptorTable(folder, "train", {**manifest, "descriptors": None})
     with pytest.raises(ConfigError, match="descriptors"):
-        PreprocessConfig(descriptors="mordred")
+        PreprocessConfig(descriptors="padel")
 
 
 def test_cli_preprocess_with_descriptors(corpus, tmp_path):
