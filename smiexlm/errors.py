@@ -98,6 +98,13 @@ def every_row_failed(
     )
 
 
+def first_line(err: BaseException, limit: int | None = None) -> str:
+    """The first line of ``err``'s message (its type's name when it has none), at most
+    ``limit`` characters: what a one-line error quotes of a library's multi-line one."""
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:limit]
+
+
 class DivergedError(SmiexlmError, ArithmeticError):
     """A training run whose loss, gradients or weights stopped being finite: it ends there,
     keeping no result and saving no model, with one line naming where and what to lower."""

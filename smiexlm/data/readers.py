@@ -41,7 +41,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
-from smiexlm.errors import DataError
+from smiexlm.errors import DataError, first_line
 
 Format = Literal["smi", "csv", "tsv", "parquet", "lmdb"]
 Chunk = tuple[list[int], list]
@@ -386,8 +386,7 @@ def _reading(path: Path, what: str) -> Iterator[None]:
     except (EOFError, OSError, zlib.error, csv.Error) as err:  # gzip.BadGzipFile is an OSError
         raise DataError(f"{what} {str(path)!r} is unreadable or truncated: {err}") from None
     except _parse_errors() as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DataError(f"{what} {str(path)!r} cannot be parsed: {first}") from None
+        raise DataError(f"{what} {str(path)!r} cannot be parsed: {first_line(err)}") from None
 
 
 def _parse_errors() -> tuple[type[BaseException], ...]:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from smiexlm.errors import ConfigError, DataError
+from smiexlm.errors import ConfigError, DataError, first_line
 
 STUDY_NAME, STUDY_FILE = "hpopt", "study.sqlite"
 JOURNAL = "journal:"
@@ -111,7 +111,7 @@ def open_storage(storage: str | None, out: Path) -> Any:
             storage, engine_kwargs={"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
         )
     except Exception as err:  # sqlalchemy's OperationalError, a bad database name...
-        reason = _without_secrets(str(getattr(err, "orig", err)).strip().splitlines()[0], storage)
+        reason = _without_secrets(first_line(getattr(err, "orig", err)), storage)
         raise DataError(f"--storage {shown(storage)!r}: cannot open the study database "
                         f"({reason}); expected a PostgreSQL server that answers") from None  # fmt: skip
 

@@ -40,7 +40,7 @@ from smiexlm.data.readers import (
     split_smiles_line,
     table_header,
 )
-from smiexlm.errors import DataError, SmiexlmError
+from smiexlm.errors import DataError, SmiexlmError, first_line
 from smiexlm.parts.job import MakeProcess, PartsJob, PartsResult, input_record
 
 INSTALL = "pip install 'smiexlm[ray]'"
@@ -69,8 +69,8 @@ def connect(address: str) -> None:
     try:
         ray.init(**quiet) if address == "local" else ray.init(address=address, **quiet)
     except Exception as err:  # ConnectionError, a timeout, a malformed address...
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DataError(f"--ray {address!r}: no Ray cluster answers there ({reason[:200]}); "
+        raise DataError(f"--ray {address!r}: no Ray cluster answers there "
+                        f"({first_line(err, 200)}); "
                         "expected local, auto or the HOST:PORT of a head started with "
                         "`ray start --head`") from None  # fmt: skip
 
@@ -195,8 +195,8 @@ def _frames(input: str, batches: Iterator[Any]) -> Iterator[Any]:
         raise
     except Exception as err:  # Arrow's and the codecs' errors, as Ray's task errors
         cause = getattr(err, "cause", None) or err
-        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
-        raise DataError(f"input {input!r} cannot be read ({type(cause).__name__}: {reason}); "
+        raise DataError(f"input {input!r} cannot be read ({type(cause).__name__}: "
+                        f"{first_line(cause, 300)}); "
                         "expected CSV, TSV, Parquet or SMILES files in UTF-8 with one row a "
                         "line") from None  # fmt: skip
 

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from smiexlm.atomic import atomic_dir
-from smiexlm.errors import DataError, SmiexlmError, VocabularyMismatchError
+from smiexlm.errors import DataError, SmiexlmError, VocabularyMismatchError, first_line
 from smiexlm.modelio.integrity import load_tensors, record_checksums, verify_checksum
 from smiexlm.modelio.layout import CONFIG_NAME, WEIGHTS_NAME
 from smiexlm.paths import read_json_file
@@ -210,10 +210,8 @@ def restore_training_state(folder: Path, model, optimizer: torch.optim.Optimizer
         model.load_state_dict(weights)
         optimizer_from_tensors(optimizer, optim_tensors, payload["optimizer_groups"])
     except (RuntimeError, ValueError, KeyError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise CheckpointError(
-            f"checkpoint {str(folder)!r} does not fit this model and optimiser: {first}"
-        ) from None
+        raise CheckpointError(f"checkpoint {str(folder)!r} does not fit this model and "
+                              f"optimiser: {first_line(err)}") from None  # fmt: skip
     if rng is not None:
         set_rng_state(rng, payload["rng"])
     return state
