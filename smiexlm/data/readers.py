@@ -234,7 +234,7 @@ def _smi_frames(path: Path, smiles_col: str, chunk_rows: int, what: str) -> Iter
 
     for lines, raw in _smi_chunks(path, chunk_rows):
         rows = [
-            split_smiles_line(_decode(item, n, path, what))
+            split_smiles_line(decode_line(item, n, path, what))
             for n, item in zip(lines, raw, strict=True)
         ]
         rows = [row for row in rows if row[0]]
@@ -283,7 +283,7 @@ def iter_smiles(
     for lines, items in read_chunks(Path(path), chunk_size, smiles_col, what=what):
         for line, item in zip(lines, items, strict=True):
             if isinstance(item, bytes):
-                yield split_smiles_line(_decode(item, line, path, what))[0]
+                yield split_smiles_line(decode_line(item, line, path, what))[0]
             else:
                 yield item.strip() if item else ""
 
@@ -353,7 +353,8 @@ def _parquet_file(path: Path, what: str) -> Any:
         raise DataError(f"{what} {str(path)!r} is not a readable Parquet file: {err}") from None
 
 
-def _decode(raw: bytes, line: int, path: Path, what: str) -> str:
+def decode_line(raw: bytes, line: int, path: Path, what: str) -> str:
+    """``raw`` (line ``line`` of ``path``) as text; a DataError naming both if not UTF-8."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -147,7 +147,11 @@ def read_dataset(paths: list[Path], smiles_col: str) -> Any:
         smiles_column(parquet_header(paths[0]), smiles_col, paths[0], "input")
         return ray.data.read_parquet(files, **free)
     if kind == "smi":
-        return ray.data.read_text(files, **gz, **free).map_batches(
+        from smiexlm.parts.ray_smi import SmiLines
+
+        lines = SmiLines(files, filesystem=free["filesystem"],
+                         open_stream_args=gz.get("arrow_open_stream_args"))  # fmt: skip
+        return ray.data.read_datasource(lines, num_cpus=0).map_batches(
             _smi_rows, batch_format="pandas", fn_kwargs={"smiles_col": smiles_col}, num_cpus=0
         )
     sep = "\t" if kind == "tsv" else ","
@@ -162,8 +166,7 @@ def read_dataset(paths: list[Path], smiles_col: str) -> Any:
 def _smi_rows(batch: Any, smiles_col: str) -> Any:
     import pandas as pd
 
-    # a file's byte-order mark is no SMILES character: dropped, as the one-process reader does
-    rows = [split_smiles_line(line.lstrip("\ufeff")) for line in batch["text"]]
+    rows = [split_smiles_line(line) for line in batch["text"]]
     rows = [row for row in rows if row[0]]
     return pd.DataFrame({smiles_col: [r[0] for r in rows], "name": [r[1] for r in rows]})
 

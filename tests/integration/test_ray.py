@@ -171,6 +171,27 @@ def test_a_folder_of_parquet_files_named_relative_to_here(cluster, molecules, on
     assert lines[-1].startswith("error:") and not (tmp_path / "other").exists(), lines
 
 
+@pytest.mark.slow
+def test_a_gzipped_smiles_file_with_odd_lines(cluster, molecules, tmp_path):
+    """A ``.smi.gz`` whose lines hold a form feed, a lone carriage return and a Unicode line
+    separator: the rows a run without Ray reads (split at newlines only), bitwise."""
+    from smiexlm.parts.reading import read_parts
+
+    table = pd.read_csv(molecules, dtype=str, keep_default_na=False)
+    lines = [f"{s} {i}" for s, i in zip(table.smiles, table.id, strict=True)]
+    lines[3] += "\fpage"
+    lines[5] = lines[5].replace(" ", "\r", 1)
+    lines[9] += "\u2028line"
+    source = tmp_path / "in.smi.gz"
+    source.write_bytes(gzip.compress(("\ufeff" + "\n".join(lines) + "\n\n").encode()))
+    _run(source, tmp_path / "local")
+    _run(source, tmp_path / "ray", cluster)
+    local = read_parts(tmp_path / "local").to_pandas()
+    assert len(local) == len(lines)
+    pd.testing.assert_frame_equal(read_parts(tmp_path / "ray").to_pandas(), local,
+                                  check_exact=True)  # fmt: skip
+
+
 _WITHOUT_RAY = """
 import sys
 sys.modules["ray"] = None  # as if Ray were not installed
