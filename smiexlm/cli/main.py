@@ -100,9 +100,17 @@ def _check_paths(command: str, values: dict[str, Any], output_names: set[str],
     path_values = {k: v for k, v in values.items() if k in path_names}
     check_outputs_outside(outputs, path_values)
     if command in FOLDER_OWNERS:
-        owned = {k: v for k, v in outputs.items() if v and not Path(v).suffix}
-        check_inputs_outside(owned, path_values)
+        check_inputs_outside(_owned_folders(command, outputs), path_values)
     protect_inputs([p for value in path_values.values() for p in named_paths(value)])
+
+
+def _owned_folders(command: str, outputs: dict[str, Any]) -> dict[str, Any]:
+    """The outputs of ``command`` that are folders it owns: preprocess's always, whatever the
+    name (``--out zinc.v2`` too); a parts command's where it writes parts."""
+    from smiexlm.parts.job import is_parts_output
+
+    return {k: v for k, v in outputs.items()
+            if v and (command == "preprocess" or is_parts_output(Path(v)))}  # fmt: skip
 
 
 def _check_writable(outputs: dict[str, Any]) -> None:

@@ -159,12 +159,14 @@ def test_an_input_named_as_a_side_file_or_inside_an_owned_folder_is_refused(tmp_
     """The rejects file beside a one-file output, a .npy's ids, and any file of a parts or
     dataset folder the job fills are outputs too: an input there is refused, kept as it was."""
     rejects, ids = tmp_path / "e.rejects.csv", tmp_path / "n.ids.csv"
-    owned = tmp_path / "owned"
+    owned, dotted = tmp_path / "owned", tmp_path / "zinc.v2"  # preprocess's, whatever its name
     owned.mkdir()
-    inside = owned / "rejects.csv"
+    dotted.mkdir()
+    inside, vocab = owned / "rejects.csv", dotted / "vocab.json"
     for path in (rejects, ids, inside):
         path.write_bytes(table.read_bytes())
-    kept = {p: p.read_bytes() for p in (rejects, ids, inside)}
+    vocab.write_bytes(DEFAULT_MODEL_DIR.joinpath("vocab.json").read_bytes())
+    kept = {p: p.read_bytes() for p in (rejects, ids, inside, vocab)}
     cases = [
         (["embed", rejects, "--out", tmp_path / "e.parquet"], "side file", "would replace it"),
         (["predict", "--checkpoint", finetuned, "--input", rejects, "--out", tmp_path / "e.csv"],
@@ -172,6 +174,7 @@ def test_an_input_named_as_a_side_file_or_inside_an_owned_folder_is_refused(tmp_
         (["embed", ids, "--out", tmp_path / "n.npy", "--id-cols", "y"], "side file"),
         (["embed", inside, "--out", owned], "lies inside --out", "could be written over"),
         (["preprocess", inside, "--out", owned], "lies inside --out", "could be written over"),
+        (["preprocess", table, "--vocab", vocab, "--out", dotted], "lies inside --out"),
     ]  # fmt: skip
     for args, *needles in cases:
         assert_one_line_error(run_cli(*args), *needles)
