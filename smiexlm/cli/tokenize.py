@@ -98,12 +98,17 @@ def vocab_corpus(
     occurred (their embeddings are untrained); with --data, record them first."""
     from smiexlm.errors import DataError
     from smiexlm.modelio.folder import ModelFolder
+    from smiexlm.modelio.layout import is_shipped
     from smiexlm.modelio.records import write_corpus_tokens
     from smiexlm.pretraining.export import dataset_tokens
     from smiexlm.tokenizer.special import N_SPECIAL_TOKENS
 
     folder = ModelFolder(model)
     if data is not None:
+        if is_shipped(folder.path):
+            raise DataError(f"--data: model {model!r} is shipped with smiexlm, which is "
+                            "read-only, and keeps its corpus_tokens.json: expected a folder "
+                            "of your own")  # fmt: skip
         counts, source = dataset_tokens(folder.tokenizer, data)
         typer.echo(
             f"wrote {write_corpus_tokens(folder.path, folder.tokenizer.tokens, counts, source)}"

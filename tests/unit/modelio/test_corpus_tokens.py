@@ -95,6 +95,12 @@ def test_cli_records_a_folders_corpus_and_lists_what_it_never_trained(tmp_path):
     assert "23 of 328 tokens occurred" in result.output and "[Na+]" in result.output
     never = result.output.split("never trained (305): ")[1].split()
     assert "C" not in never and "[MASK]" not in never and len(never) == 305
+    shipped = ModelFolder().path / "corpus_tokens.json"
+    before = shipped.read_bytes()
+    for name in ("default", str(ModelFolder().path)):  # the shipped models are read-only
+        result = CliRunner().invoke(app, ["vocab", "corpus", name, "--data", str(tmp_path)])
+        assert result.exit_code != 0 and "read-only" in str(result.exception)
+    assert shipped.read_bytes() == before
 
 
 def test_predict_says_which_molecules_were_cut_and_which_tokens_no_training_held(tmp_path):
