@@ -189,7 +189,7 @@ def select(
 
     check_output(out, "--out")
     frame = (read_parts(input).to_pandas() if input.is_dir()
-             else read_table(input, smiles_col, "input", infer_types=True))  # fmt: skip
+             else read_table(input, smiles_col, "input"))  # cells as written: ids stay  # fmt: skip
     chosen = choose(frame, n, by, task, max_similarity, smiles_col, lowest, kappa)
     with atomic_path(out) as tmp:
         write_table(chosen.picks, tmp)

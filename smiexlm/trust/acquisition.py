@@ -77,14 +77,13 @@ def task_column(frame: Any, task: str | None) -> str:
     if task not in frame.columns:
         raise DataError(f"--task {task!r}: no such column; the table has {list(frame.columns)}")
     column = frame[task]
-    if column.dtype.kind not in "fiub":
-        import pandas as pd
-
-        try:  # numbers kept as text (an input column of a folder of parts)
-            pd.to_numeric(column[text_cells(column).str.strip() != ""])
-        except (ValueError, TypeError):
-            raise DataError(f"--task {task!r}: the column holds text (e.g. "
-                            f"{column.iloc[0]!r}): expected numbers, a predicted label") from None  # fmt: skip
+    try:  # numbers kept as text: a CSV read as written, an input column of parts
+        _numbers(frame, task)
+    except DataError:
+        raise DataError(
+            f"--task {task!r}: the column holds text (e.g. {column.iloc[0]!r}): "
+            "expected numbers, a predicted label"
+        ) from None
     return task
 
 
@@ -102,7 +101,7 @@ def acquisition(
                 "(predict --tta K)"
             )
         value = acquisition(frame, task, "value", lowest)
-        return value + kappa * np.asarray(frame[spread], dtype=np.float64)
+        return value + kappa * _numbers(frame, spread)
     column = {"uncertainty": task, "std": f"{task}_std", "tta_std": f"{task}_tta_std",
               "novelty": "nearest_tanimoto", "value": task}[by]  # fmt: skip
     if column not in frame.columns:
@@ -110,9 +109,9 @@ def acquisition(
                "tta_std": "predict --tta K writes it",
                "novelty": "predict writes it from a folder that keeps its training molecules"}  # fmt: skip
         raise DataError(f"--by {by} needs the column {column!r}: {why.get(by, 'not found')}")
-    values = np.asarray(frame[column], dtype=np.float64)
+    values = _numbers(frame, column)
     if "valid" in frame.columns:
-        values = np.where(np.asarray(frame["valid"], dtype=bool), values, np.nan)
+        values = np.where(_flags(frame["valid"]), values, np.nan)
     if by == "uncertainty":
         finite = values[np.isfinite(values)]
         if finite.size and (finite.min() < 0 or finite.max() > 1):
@@ -125,6 +124,30 @@ def acquisition(
     if by == "novelty":
         return 1.0 - values
     return -values if by == "value" and lowest else values
+
+
+def _numbers(frame: Any, column: str) -> np.ndarray:
+    """(n,) float64 values of ``column``: numbers as they are, text (a CSV read as written)
+    parsed, a blank cell NaN; DataError naming the column and a cell that is no number."""
+    import pandas as pd
+
+    values = frame[column]
+    if values.dtype.kind in "fiub":
+        return values.to_numpy(dtype=np.float64)
+    cells = text_cells(values).str.strip()
+    parsed = pd.to_numeric(cells.where(cells != ""), errors="coerce")
+    bad = parsed.isna() & (cells != "")
+    if bad.any():
+        raise DataError(f"column {column!r} row {int(np.argmax(bad.to_numpy()))} holds "
+                        f"{cells[bad].iloc[0]!r}: expected a number")  # fmt: skip
+    return parsed.to_numpy(dtype=np.float64)
+
+
+def _flags(values: Any) -> np.ndarray:
+    """(n,) bool of predict's ``valid`` column, as written (bool) or read as text."""
+    if values.dtype.kind == "b":
+        return values.to_numpy()
+    return text_cells(values).str.strip().str.lower().isin(("true", "1")).to_numpy()
 
 
 def _check_options(by: str, lowest: bool, kappa: float) -> None:

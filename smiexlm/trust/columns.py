@@ -18,12 +18,12 @@ DOMAIN_COLUMNS = ("nearest_tanimoto", f"mean_tanimoto_k{DEFAULT_K}", "nearest_co
 CONFORMAL_COLUMNS = ("outside_calibration", "conformal_bin", "conformal_weight")
 MOLECULE_COLUMNS = ("smiles", "valid", "truncated", "untrained_tokens", *DOMAIN_COLUMNS,
                     *CONFORMAL_COLUMNS)  # fmt: skip
-# beside a label: ensemble and random-SMILES spreads, a blend's parts (a model and its forest,
-# a wide ensemble's members and their spread), conformal sets/intervals and the difficulty
-# that scales them
+# beside a label: ensemble and random-SMILES spreads, a blend's parts (a model, its forest and
+# kernel members, a wide ensemble's members and their spread), conformal sets/intervals and
+# the difficulty that scales them
 LABEL_SUFFIXES = ("_std", "_tta_std", "_model", "_forest", "_model_rdkit2d", "_rf_rdkit2d",
-                  "_rf_both", "_rf_ecfp4", "_members_std", "_set", "_low", "_high",
-                  "_difficulty")  # fmt: skip
+                  "_rf_both", "_rf_ecfp4", "_svr_tanimoto", "_svr_rbf", "_svr_both",
+                  "_members_std", "_set", "_low", "_high", "_difficulty")  # fmt: skip
 
 
 def label_columns(columns: Sequence[str]) -> list[str]:

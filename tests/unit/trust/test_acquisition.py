@@ -158,3 +158,29 @@ def test_input_columns_named_like_the_picks_columns_are_kept_under_new_names():
     assert picks["input_input_pick"].tolist() == ["x", "y", "z"]  # input_pick was taken
     assert picks["input_pick"].tolist() == [1, 2, 3]
     assert picks["pick"].tolist() == [1, 2, 3]
+
+
+def test_select_on_a_csv_keeps_the_cells_as_written_and_reads_the_scores(tmp_path):
+    """Ids such as 007 and NA come out as they went in; a blank score or an invalid row is
+    never picked; the kernel members' columns beside a regression label are not labels."""
+    from smiexlm.cli.main import app
+    from smiexlm.forests.kernels import KERNELS
+
+    table, out = tmp_path / "preds.csv", tmp_path / "picks.csv"
+    members = {f"pIC50_svr_{k}": [5.0, 6.0, 7.0, 8.0, 4.0] for k in KERNELS}
+    frame = pd.DataFrame({"cid": ["007", "1.50", "NA", "0012", "x"], "smiles": OTHERS,
+                          "valid": [True, True, True, False, True],
+                          "pIC50": ["6.5", "", "7.25", "9.0", "5.0"], **members,
+                          "pIC50_model": [6.0] * 5, "pIC50_forest": [7.0] * 5})  # fmt: skip
+    frame.to_csv(table, index=False)
+    result = CliRunner().invoke(app, ["select", str(table), "-n", "5", "--by", "value",
+                                      "--max-similarity", "1", "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    picks = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert picks["cid"].tolist() == ["NA", "007", "x"]  # 9.0 is invalid, "" has no score
+    assert picks["pIC50"].tolist() == ["7.25", "6.5", "5.0"]
+    assert "3 picked of 5 rows (2 without a score" in result.output
+    frame.assign(pIC50=["6.5", "high", "", "", ""]).to_csv(table, index=False)
+    result = CliRunner().invoke(app, ["select", str(table), "--by", "value"])
+    assert result.exit_code != 0 and "'pIC50'" in str(result.exception)
+    assert "expected numbers" in str(result.exception)
