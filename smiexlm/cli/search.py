@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
-from smiexlm.cli.params import Device
+from smiexlm.cli.params import Device, SmilesCol
 
 
 class QueryList(TyperCommand):
@@ -58,8 +58,10 @@ def search(
         list[str] | None, typer.Option("--query", "-q", help="Query SMILES (one or more).")
     ] = None,
     queries: Annotated[
-        Path | None, typer.Option(help="File of query SMILES (.smi, .csv with a smiles column).")
+        Path | None,
+        typer.Option(help="File of query SMILES (.smi, or a table with --smiles-col)."),
     ] = None,
+    smiles_col: SmilesCol = "smiles",
     k: Annotated[int, typer.Option("-k", "--k", help="Neighbours per query.")] = 10,
     by: Annotated[
         str, typer.Option(help="embedding (cosine, HNSW), ecfp4 (Tanimoto, exact) or both.")
@@ -79,18 +81,25 @@ def search(
     from smiexlm.atomic import atomic_paths
     from smiexlm.data.readers import read_table, write_table
     from smiexlm.embedding.search import SearchIndex, format_hits
+    from smiexlm.errors import DataError
     from smiexlm.paths import check_output, rejects_beside, write_rejects
 
     if out is not None:
         check_output(out, "--out")
         check_output(rejects_beside(out), "--out rejects file")
-    texts = list(query or []) + ([] if queries is None else read_table(queries, "smiles")["smiles"].tolist())  # fmt: skip
+    listed = [] if queries is None else read_table(queries, smiles_col)[smiles_col].tolist()
+    texts = list(query or []) + listed
     kept, rejects = _readable_queries(texts)
     found = SearchIndex(index, checkpoint, device)
     hits = found.search([texts[i] for i in kept], k, by, ef_search, exact)  # type: ignore[arg-type]
     hits["query_index"] = [kept[i] for i in hits["query_index"]]  # as the queries were given
-    settings = found.settings
-    typer.echo(format_hits(hits, settings["id_cols"], settings["smiles_col"]))
+    rejects = sorted(rejects + [(kept[i], text, why) for i, text, why in found.left_out])
+    if len(rejects) == len(texts):
+        row, text, reason = rejects[0]
+        raise DataError(f"no query could be searched; first: query {row + 1} {text!r}: {reason}")
+    names = found.library_names()
+    typer.echo(format_hits(hits, [names[c] for c in found.settings["id_cols"]],
+                           names[found.settings["smiles_col"]]))  # fmt: skip
     if out is not None:
         with atomic_paths(out, rejects_beside(out)) as (tmp, tmp_listed):
             write_table(hits, tmp)

@@ -50,6 +50,7 @@ import numpy as np
 
 from smiexlm.atomic import atomic_dir
 from smiexlm.chemistry.fingerprints import ECFP4_BITS, ecfp4_packed
+from smiexlm.data.normalize import kept_names
 from smiexlm.errors import ConfigError, DataError, InvalidSmilesError, check_positive_int
 from smiexlm.model.pooling import last_blocks
 from smiexlm.paths import check_output, file_problem, file_record, read_json_file
@@ -64,6 +65,7 @@ WORDS = ECFP4_BITS // 64  # uint64 words per packed fingerprint
 BLOCK_ROWS = 1 << 16  # library rows per popcount block: 16 MiB of temporaries per query
 By = Literal["embedding", "ecfp4", "both"]
 _BY = ("embedding", "ecfp4", "both")
+HIT_COLUMNS = ("query_index", "query", "by", "rank", "score", "row")  # before the library's
 
 
 def _faiss() -> Any:
@@ -221,6 +223,7 @@ class SearchIndex:
         self._ecfp4_bits: np.ndarray | None = None
         self._exact: Any = None
         self.checkpoint, self.device, self._featurizer = checkpoint, device, None
+        self.left_out: list[tuple[int, str, str]] = []  # the last search's unreadable queries
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -264,16 +267,18 @@ class SearchIndex:
             )
         return folder
 
-    def embed(self, queries: Sequence[str]) -> np.ndarray:
-        """(q, d) unit-length query embeddings, made as the library's were."""
+    def embed(self, queries: Sequence[str], errors: str = "raise") -> np.ndarray:
+        """(q, d) unit-length query embeddings, made as the library's were; with ``errors =
+        "nan"``, a row of NaN for a query the model cannot read (the featurizer's
+        ``last_report`` says why)."""
         faiss = _faiss()
         vectors = self.featurizer().featurize(
-            list(queries), pooling=self.settings["pooling"], errors="raise",
+            list(queries), pooling=self.settings["pooling"], errors=errors,
             layer=last_blocks(self.settings.get("layers", 1)),
             canonicalize=self.settings["canonicalize"], whiten=self.settings.get("whiten", False),
         )  # fmt: skip
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        faiss.normalize_L2(vectors)
+        faiss.normalize_L2(vectors)  # a row of NaN stays NaN
         return vectors
 
     def search_embedding(
@@ -336,7 +341,9 @@ class SearchIndex:
         exact: bool = False,
     ) -> Any:  # fmt: skip
         """A DataFrame of hits: query, by (embedding | ecfp4), rank, score, row, the library's
-        id columns and SMILES. Embedding scores are cosine, ECFP4 scores Tanimoto."""
+        id columns and SMILES (under :meth:`library_names`). Embedding scores are cosine,
+        ECFP4 scores Tanimoto. A query the model cannot embed (longer than its positions) is
+        left out of every method and listed with its reason in :attr:`left_out`."""
         import pandas as pd
         import pyarrow.parquet as pq
 
@@ -348,20 +355,29 @@ class SearchIndex:
         queries = list(queries)
         if not queries:
             raise DataError("--query: expected at least one SMILES")
-        found = []
+        found, kept, self.left_out = [], list(range(len(queries))), []
         if by in ("embedding", "both"):
-            found.append(("embedding", *self.search_embedding(self.embed(queries), k, ef_search, exact)))  # fmt: skip
+            vectors = self.embed(queries, errors="nan")
+            self.left_out = list(self.featurizer().last_report.failed)
+            kept = [q for q in kept if q not in {i for i, _, _ in self.left_out}]
+            found.append(("embedding", *self.search_embedding(vectors[kept], k, ef_search, exact)))  # fmt: skip
         if by in ("ecfp4", "both"):
-            found.append(("ecfp4", *self.search_ecfp4(queries, k)))
+            found.append(("ecfp4", *self.search_ecfp4([queries[q] for q in kept], k)))
         records = []
         for method, scores, rows in found:
-            for q, query in enumerate(queries):
-                for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), 1):
+            for i, q in enumerate(kept):
+                for rank, (score, row) in enumerate(zip(scores[i], rows[i], strict=True), 1):
                     if row >= 0:
-                        records.append((q, query, method, rank, float(score), int(row)))
-        hits = pd.DataFrame(records, columns=["query_index", "query", "by", "rank", "score", "row"])
+                        records.append((q, queries[q], method, rank, float(score), int(row)))
+        hits = pd.DataFrame(records, columns=list(HIT_COLUMNS))
         library = pq.read_table(self.directory / LIBRARY_FILE).take(hits["row"].to_numpy())
-        return pd.concat([hits, library.to_pandas()], axis=1)
+        return pd.concat([hits, library.to_pandas().rename(columns=self.library_names())], axis=1)
+
+    def library_names(self) -> dict[str, str]:
+        """The library's columns (its id columns and SMILES) by their names among the hits:
+        their own, or ``input_<name>`` where a hit column has it (``score``, ``rank``...)."""
+        columns = [*self.settings["id_cols"], self.settings["smiles_col"]]
+        return kept_names(columns, set(HIT_COLUMNS))
 
 
 def format_hits(hits: Any, id_cols: list[str], smiles_col: str) -> str:

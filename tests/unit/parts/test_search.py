@@ -162,3 +162,33 @@ def test_cli_index_then_search(library, tmp_path):
     assert listed.values.tolist() == [[0, "C1CC", "RDKit cannot parse it"]]
     res = run_smiexlm("search", idx, "--query", "C1CC", timeout=120)
     assert res.returncode == 2 and "RDKit reads none of the 1 queries" in res.stderr
+    # a query longer than the model's positions is left out of both methods, and listed
+    queries = tmp_path / "queries.csv"
+    pd.DataFrame({"SMILES": ["C" * 1200, "CCO"]}).to_csv(queries, index=False)
+    res = run_smiexlm("search", idx, "--queries", queries, "--smiles-col", "SMILES", "-k", "2",
+                      "--out", hits, "--device", "cpu", timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "1 of 2 queries left out" in res.stderr and "exceed" in res.stderr
+    assert set(pd.read_csv(hits)["query_index"]) == {1} and len(pd.read_csv(hits)) == 4
+
+
+def test_library_columns_named_like_the_hits_own_are_kept_under_new_names(tmp_path):
+    """A library whose id columns are called score and rank: the hits' own scores are the
+    similarities, the library's come under input_score and input_rank."""
+    smiles = [s for _, s, _ in DRUG_PANEL[:12]]
+    table = tmp_path / "lib.csv"
+    pd.DataFrame({"score": [-5.0 - i for i in range(12)], "rank": range(100, 112),
+                  "smiles": smiles}).to_csv(table, index=False)  # fmt: skip
+    embed_parts(table, tmp_path / "emb", device="cpu", progress=False)
+    build_index(tmp_path / "emb", tmp_path / "idx", progress=False)
+    hits = SearchIndex(tmp_path / "idx", device="cpu").search([smiles[3]], k=2, by="ecfp4")
+    assert list(hits.columns) == ["query_index", "query", "by", "rank", "score", "row",
+                                  "input_score", "input_rank", "smiles"]  # fmt: skip
+    assert hits["score"].iloc[0] == pytest.approx(1.0) and hits["rank"].tolist() == [1, 2]
+    assert (
+        hits["input_score"].iloc[0] == "-8.0" and hits["input_rank"].iloc[0] == "103"
+    )  # as written
+    res = run_smiexlm("search", tmp_path / "idx", "--query", smiles[3], "-k", "1", "--by",
+                      "ecfp4", "--device", "cpu", timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "  1  1.000  row 3" in res.stdout and "-8.0 103" in res.stdout, res.stdout
