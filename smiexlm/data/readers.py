@@ -147,8 +147,10 @@ def _check_unique(names: list[str], path: Path, what: str) -> None:
 def iter_table(
     path: Path, smiles_col: str = "smiles", chunk_rows: int = 8192, what: str = "input"
 ) -> Iterator[Any]:
-    """DataFrames of up to ``chunk_rows`` rows of ``path``; at least one, none empty."""
-    return _frames(Path(path), smiles_col, chunk_rows, what, infer_types=False)
+    """DataFrames of up to ``chunk_rows`` rows of ``path``; at least one, none empty. A
+    Parquet column keeps its type in every chunk (:func:`kept_arrow_type`), so that the parts
+    written from the chunks share one schema."""
+    return _frames(Path(path), smiles_col, chunk_rows, what, infer_types=False, keep_types=True)
 
 
 def read_table(
@@ -164,12 +166,26 @@ def read_table(
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
-def _frames(path: Path, smiles_col: str, chunk_rows: int, what: str, infer_types: bool):
+def kept_arrow_type(arrow_type: Any) -> Any:
+    """The pandas dtype of a Parquet column read in chunks (``types_mapper``): Arrow's own,
+    where NumPy's would change with the chunk (a bool or an integer column with a null is
+    object or float there, and one all null in a chunk would be written as Arrow's null
+    type); text stays Python strings, which the SMILES checks read."""
+    import pandas as pd
+    import pyarrow as pa
+
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return None
+    return None if pa.types.is_dictionary(arrow_type) else pd.ArrowDtype(arrow_type)
+
+
+def _frames(path: Path, smiles_col: str, chunk_rows: int, what: str, infer_types: bool,
+            keep_types: bool = False):  # fmt: skip
     fmt = detect_format(path, what, lmdb=False)
     seen = False
     with _reading(path, what):
         if fmt == "parquet":
-            frames = _parquet_frames(path, smiles_col, chunk_rows, what)
+            frames = _parquet_frames(path, smiles_col, chunk_rows, what, keep_types)
         elif fmt == "smi":
             frames = _smi_frames(path, smiles_col, chunk_rows, what)
         else:
@@ -241,11 +257,13 @@ def _smi_frames(path: Path, smiles_col: str, chunk_rows: int, what: str) -> Iter
         yield pd.DataFrame({smiles_col: [r[0] for r in rows], "name": [r[1] for r in rows]})
 
 
-def _parquet_frames(path: Path, smiles_col: str, chunk_rows: int, what: str) -> Iterator[Any]:
+def _parquet_frames(path: Path, smiles_col: str, chunk_rows: int, what: str,
+                    keep_types: bool) -> Iterator[Any]:  # fmt: skip
     handle = _parquet_file(path, what)
     smiles_column(handle.schema_arrow.names, smiles_col, path, what)
+    mapper = kept_arrow_type if keep_types else None
     for batch in handle.iter_batches(batch_size=chunk_rows):
-        yield batch.to_pandas()
+        yield batch.to_pandas(types_mapper=mapper)
 
 
 # ---------------------------------------------------------------------- raw chunks

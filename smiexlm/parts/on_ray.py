@@ -35,6 +35,7 @@ from typing import Any
 
 from smiexlm.data.readers import (
     detect_format,
+    kept_arrow_type,
     parquet_header,
     smiles_column,
     split_smiles_line,
@@ -193,7 +194,7 @@ def _frames(input: str, batches: Iterator[Any]) -> Iterator[Any]:
     try:
         for batch in batches:
             if batch.num_rows:
-                yield batch.to_pandas()
+                yield batch.to_pandas(types_mapper=kept_arrow_type)
     except SmiexlmError:
         raise
     except Exception as err:  # Arrow's and the codecs' errors, as Ray's task errors

@@ -114,6 +114,26 @@ def test_parts_read_back_as_the_single_file_with_rejects_and_counts(model, table
     assert "(all already there: nothing to do)" in again.summary()
 
 
+def test_parquet_columns_null_through_the_first_chunk_keep_their_types(model, tmp_path):
+    """A bool and an integer column with no value in the first chunk: the one file and the
+    parts keep the input's types, where the first chunk's Arrow null type broke them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "in.parquet"
+    columns = {"tested": pa.array([None, None, True, False, None, True]),
+               "batch": pa.array([None, None, 3, None, 5, 6], pa.int64())}  # fmt: skip
+    pq.write_table(pa.table({"smiles": [*BASES, "CCO", "CCN"], **{k: pa.concat_arrays([v, v[:1]])
+                             for k, v in columns.items()}}), source)  # fmt: skip
+    embed_file(source, tmp_path / "one.parquet", checkpoint=model, device="cpu",
+               progress=False, chunk_rows=2)  # fmt: skip
+    embed_parts(source, tmp_path / "parts", checkpoint=model, device="cpu", progress=False,
+                part_rows=2, chunk_rows=2)  # fmt: skip
+    for table in (pq.read_table(tmp_path / "one.parquet"), read_parts(tmp_path / "parts")):
+        assert table.schema.field("tested").type == pa.bool_()
+        assert table.column("batch").to_pylist() == [None, None, 3, None, 5, 6, None]
+
+
 def test_a_manifest_edited_or_cut_short_is_made_again_from_the_part_records(model, tmp_path):
     out, small = tmp_path / "emb", tmp_path / "small.csv"
     small.write_text("mol_id,smiles\na,CCO\nb,c1ccccc1\nc,CCN\n")

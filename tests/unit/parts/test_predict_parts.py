@@ -74,6 +74,23 @@ def test_predict_into_parts_matches_the_csv(tmp_path):
     rejects = pd.read_csv(tmp_path / "p" / "rejects.csv", keep_default_na=False)
     assert rejects["row"].tolist() == [1, 3, 4]
     assert rejects["reason"].tolist()[:2] == ["empty string", "whitespace inside the SMILES"]
+    # Parquet columns of a bool and an integer, null all through the first part: each part
+    # keeps the input's types, so the folder reads back as one table
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    nullable = tmp_path / "nullable.parquet"
+    pq.write_table(pa.table({"smiles": new, "tested": pa.array([None, None, None, True, False,
+                                                                None, True]),
+                             "batch": pa.array([None] * 3 + [7, None, 8, 9], pa.int64())}),
+                   nullable)  # fmt: skip
+    parts = CliRunner().invoke(app, ["predict", *ckpt, "--input", str(nullable), "--out",
+                                     str(tmp_path / "pn"), "--part-rows", "3"])  # fmt: skip
+    assert parts.exit_code == 0, parts.output
+    kept = read_parts(tmp_path / "pn")
+    assert kept.schema.field("tested").type == pa.bool_()
+    assert kept.schema.field("batch").type == pa.int64()
+    assert kept.column("batch").to_pylist() == [None] * 3 + [7, None, 8, 9]
     # the same job as 2 processes under torchrun: each writes its share of the parts
     run = subprocess.run(
         [*torchrun_command(2), "predict", *ckpt, "--input", str(inputs), "--out",
