@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from smiexlm.errors import DataError
+from smiexlm.errors import DataError, first_line
 
 
 def lmdb_chunks(path: Path, chunk_size: int, col: str | None) -> Iterator[tuple[list[int], list]]:
@@ -27,14 +27,24 @@ def lmdb_chunks(path: Path, chunk_size: int, col: str | None) -> Iterator[tuple[
     import pickle
 
     key = col or "smi"
-    env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False, readahead=False)
+    try:
+        env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False,
+                        readahead=False)  # fmt: skip
+    except lmdb.Error as err:
+        raise DataError(f"input {str(path)!r} is not a readable LMDB archive ({first_line(err)}): "
+                        "expected a Uni-Mol style archive of pickled records") from None  # fmt: skip
     try:
         with env.begin() as txn:
             lines: list[int] = []
             items: list[str | None] = []
             for record, (_, value) in enumerate(txn.cursor(), start=1):
                 # Uni-Mol archives are pickled dicts: trusted input only (module docstring).
-                entry = pickle.loads(value)  # noqa: S301
+                try:
+                    entry = pickle.loads(value)  # noqa: S301
+                except Exception as err:  # pickle raises many types for bytes it cannot read
+                    raise DataError(f"input {str(path)!r} record {record} is not a pickled "
+                                    f"record ({type(err).__name__}: {first_line(err)}): expected "
+                                    f"a dict with the SMILES under {key!r}") from None  # fmt: skip
                 smiles = entry.get(key) if isinstance(entry, dict) else None
                 lines.append(record)
                 items.append(smiles if isinstance(smiles, str) else None)

@@ -166,7 +166,13 @@ def preprocess(
     for path, _ in sources:
         if not path.exists():
             raise DataError(f"input {str(path)!r} does not exist")
-        detect_format(path)
+        if detect_format(path) == "smi" and config.smiles_col is not None:
+            raise DataError(
+                f"--smiles-col {config.smiles_col!r}: input {str(path)!r} is read as a SMILES "
+                "file (.smi, .smiles, .txt: a SMILES and a name a line, no columns); expected a "
+                "table (.csv, .tsv, .parquet, gzipped or not) to pick a column from: rename a "
+                "tab-separated file to .tsv"
+            )
     check_vocabulary_fits(tokenizer, vocab, sources, config.smiles_col, max_unknown)
     run = PreprocessRun(out, config, tokenizer, sources)
     folder_existed = out.exists()

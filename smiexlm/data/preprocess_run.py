@@ -91,6 +91,9 @@ class PreprocessRun:
             {"path": str(p), "role": role, "format": detect_format(p), "sha256": file_sha256(p)}
             for p, role in sources
         ]
+        # a blank line of a SMILES file is counted, not listed; a table's row without a
+        # SMILES is a row of the user's lost, listed in rejects.csv as every other
+        self.line_files = {d["path"] for d in self.source_docs if d["format"] == "smi"}
         self.cfg_doc = asdict(config)
         if config.descriptors:  # another RDKit gives other columns or values: resume refuses it
             self.cfg_doc["descriptor_version"] = descriptor_version(config.descriptors)
@@ -206,7 +209,7 @@ class PreprocessRun:
         state.molecules_in += result.n_rows
         self.processed += result.n_rows
         for row, text, reason in result.rejects:
-            if reason != "empty":  # blank lines are counted, not listed
+            if reason != "empty" or source not in self.line_files:
                 self.writer.writerow([source, lines[row], text, reason])
             state.rejected[reason] += 1
         is_new = self.seen.add_new(result.hashes)

@@ -149,6 +149,13 @@ def test_input_formats_agree(corpus, tmp_path):
         _run(corpus, tmp_path / "bad", [tmp_path / "a.csv"], smiles_col="smi_missing")
     with pytest.raises(DataError, match="does not exist"):
         _run(corpus, tmp_path / "bad2", [tmp_path / "nope.smi"])
+    with pytest.raises(
+        DataError,
+        match=r"--smiles-col 'smiles': input .*a.smi.gz' is read as "
+        "a SMILES file",
+    ):  # a line has no columns to pick
+        _run(corpus, tmp_path / "bad3", [tmp_path / "a.smi.gz"], smiles_col="smiles")
+    assert not (tmp_path / "bad3").exists()
     with pytest.raises(DataError, match="already holds a dataset"):
         _run(corpus, tmp_path / "out-a.csv", [tmp_path / "a.csv"])
 
