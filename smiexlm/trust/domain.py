@@ -105,12 +105,21 @@ def cosine_neighbours(
     queries: np.ndarray, library: np.ndarray, k: int = DEFAULT_K
 ) -> tuple[np.ndarray, np.ndarray]:
     """(nearest, mean of the ``k`` nearest) cosine similarity of each query embedding (q, d)
-    to the library's (n, d); rows are made unit length here (a zero row stays zero)."""
+    to the library's (n, d); rows are made unit length here (a zero row stays zero).
+
+    A molecule's figures do not depend on the queries beside it: the products are taken in
+    float64 and rounded to float32 (a float32 product differs in its last bit with the
+    batch's shape), and kept within [-1, 1]."""
     _check_k(k)
     if len(library) == 0:
         return np.full(len(queries), np.nan), np.full(len(queries), np.nan)
-    lib, qry = unit_rows(library), unit_rows(queries)
-    return _blocks(len(queries), lambda start, stop: qry[start:stop] @ lib.T, k)
+    lib, qry = unit_rows(library).astype(np.float64), unit_rows(queries)
+
+    def measure(start: int, stop: int) -> np.ndarray:
+        product = qry[start:stop].astype(np.float64) @ lib.T
+        return np.clip(product, -1.0, 1.0).astype(np.float32).astype(np.float64)
+
+    return _blocks(len(queries), measure, k)
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:

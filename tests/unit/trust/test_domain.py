@@ -58,6 +58,24 @@ def test_cosine_neighbours_equal_a_loop():
         assert mean[q] == pytest.approx(np.mean(sims[:4]), rel=1e-5)
 
 
+def test_cosine_neighbours_do_not_depend_on_the_queries_beside_a_molecule(monkeypatch):
+    """Each molecule's figures alone, in a batch of 257 and in blocks of 5 are the same bits,
+    and none is above 1."""
+    import smiexlm.trust.domain as domain
+
+    rng = np.random.default_rng(1)
+    library = rng.normal(size=(300, 1152)).astype(np.float32)
+    queries = np.concatenate([library[:4], rng.normal(size=(253, 1152)).astype(np.float32)])
+    together = cosine_neighbours(queries, library, k=5)
+    alone = [cosine_neighbours(q[None], library, k=5) for q in queries]
+    monkeypatch.setattr(domain, "QUERY_BLOCK", 5)
+    blocks = cosine_neighbours(queries, library, k=5)
+    for i in range(2):
+        np.testing.assert_array_equal(together[i], np.array([a[i][0] for a in alone]))
+        np.testing.assert_array_equal(together[i], blocks[i])
+    assert together[0][:4] == pytest.approx(1.0, abs=1e-6) and (together[0] <= 1.0).all()
+
+
 def test_unparsable_and_empty_cases():
     from smiexlm.chemistry.fingerprints import ecfp4_packed
 
