@@ -88,6 +88,7 @@ def _values(smiles: list[str], cells: list[str], label_col: str) -> tuple[list[f
     import math
 
     from smiexlm.chemistry.fingerprints import _parse
+    from smiexlm.data.normalize import text_problem
 
     values, rejects = [], []
     for row, (text, cell) in enumerate(zip(smiles, cells, strict=True)):
@@ -97,6 +98,8 @@ def _values(smiles: list[str], cells: list[str], label_col: str) -> tuple[list[f
             value = math.nan
         if not text:
             reason = "no SMILES"
+        elif problem := text_problem(text):  # RDKit would read a shortened molecule
+            reason = problem
         elif _parse(text) is None:
             reason = "RDKit cannot parse the SMILES"
         elif cell.lower() in ("", "nan", "none", "null", "na", "n/a"):
