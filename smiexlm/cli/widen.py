@@ -46,12 +46,14 @@ def widen(
     each molecule (never a MoleculeNet molecule); an interrupted run resumes."""
     from smiexlm.data.widen.chem import vocabulary_tokens
     from smiexlm.data.widen.exclusion import exclusion_keys
+    from smiexlm.data.widen.run import check_arguments
     from smiexlm.data.widen.run import widen as run
     from smiexlm.data.widen.steps import WidenConfig
     from smiexlm.moleculenet.loaders import evaluation_sets
 
     config = WidenConfig(steps=tuple(s.strip() for s in steps.split(",") if s.strip()),
                          per_molecule=per_molecule, seed=seed, fraction=fraction)  # fmt: skip
+    check_arguments(input, out, part_size, max_molecules)  # before the keys, minutes long
     report = run(input, out, config, exclusion_keys(evaluation_sets(), progress), vocabulary_tokens(),
                  smiles_col, max_molecules, part_size, progress)  # fmt: skip
     typer.echo(f"{report['inputs']:,} rows in, {report['rejected_inputs']:,} rejected, "

@@ -168,3 +168,35 @@ def test_bad_arguments_name_the_field(tmp_path):
         assert field in str(result.exception)
     result = CliRunner().invoke(app, ["widen", str(src), str(tmp_path / "x.smi")])
     assert ".smi.gz" in str(result.exception)
+
+
+def test_bytes_that_are_not_utf8_are_rejected_at_their_file_line(tmp_path):
+    """A latin-1 byte in a CSV cell or a SMILES line is a reject naming the file's own line,
+    not the end of the run; the other rows are widened."""
+    good = "CC(C)Cc1ccc(cc1)C(C)C(=O)NCCN"
+    (tmp_path / "in.csv").write_bytes(f"smiles\n{good}\nCCCC\xe9N\n\nxx\n".encode("latin-1"))
+    (tmp_path / "in.smi").write_bytes(f"{good} ibu\nCC\xe9N name\n".encode("latin-1"))
+    for name, want in (("in.csv", [(3, "non_utf8"), (4, "empty"), (5, "invalid_smiles")]),
+                       ("in.smi", [(2, "non_utf8")])):  # fmt: skip
+        out = tmp_path / f"{name}.smi.gz"
+        report = _widen(tmp_path / name, out, "--steps", "protonate")
+        rejects = gzip.decompress(out.with_name(f"{name}.rejects.csv.gz").read_bytes()).decode()
+        rows = [r.split(",") for r in rejects.splitlines()[1:]]
+        assert [(int(r[0]), r[-1]) for r in rows if r[1] == "input"] == want
+        assert report["originals_written"] == 1
+        assert gzip.decompress(out.read_bytes()).decode().split()[1] == ("2" if name == "in.csv"
+                                                                        else "1")  # fmt: skip
+
+
+def test_a_bad_path_is_said_before_the_evaluation_keys_are_made(tmp_path, monkeypatch):
+    import smiexlm.data.widen.exclusion as exclusion
+
+    def never(*args, **kwargs):
+        raise AssertionError("the keys were made before the paths were checked")
+
+    monkeypatch.setattr(exclusion, "exclusion_keys", never)
+    (tmp_path / "in.smi").write_text("CCO\n")
+    for args, words in (([str(tmp_path / "missing.smi"), str(tmp_path / "o.smi.gz")], "missing"),
+                        ([str(tmp_path / "in.smi"), str(tmp_path / "o.txt")], ".smi.gz")):  # fmt: skip
+        result = CliRunner().invoke(app, ["widen", *args])
+        assert result.exit_code != 0 and words in str(result.exception), result.output

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from smiexlm.atomic import atomic_paths
-from smiexlm.data.readers import iter_smiles
+from smiexlm.data.readers import detect_format, read_chunks, split_smiles_line
 from smiexlm.data.widen.steps import BlockResult, StepCounts, WidenConfig, Widener
 from smiexlm.errors import DataError
 from smiexlm.paths import check_output, file_problem, file_record, read_json_file, write_json
@@ -60,7 +60,14 @@ class WidenPaths:
 
 
 def _blocks(path: Path, smiles_col: str | None, part_size: int, limit: int | None):
-    rows = enumerate(iter_smiles(path, smiles_col), start=1)
+    """Blocks of ``(line, SMILES)``: the file's own line (a table's row as its line in the
+    file), bytes that are not UTF-8 kept as lone surrogates for the widener to reject."""
+    rows = (
+        (line, split_smiles_line(item.decode("utf-8", "surrogateescape"))[0]
+         if isinstance(item, bytes) else (item or "").strip())
+        for lines, items in read_chunks(path, 4096, smiles_col)
+        for line, item in zip(lines, items, strict=True)
+    )  # fmt: skip
     rows = islice(rows, limit) if limit is not None else rows
     while block := list(islice(rows, part_size)):
         yield block
@@ -109,7 +116,9 @@ def _write_part(paths: WidenPaths, index: int, block: BlockResult) -> dict[str, 
            "steps": {k: v.to_dict() for k, v in block.steps.items()}}  # fmt: skip
     with atomic_paths(*(paths.work / n for n in names.values())) as (tmp_smiles, tmp_rejects):
         tmp_smiles.write_bytes(gzip.compress(smiles.encode(), mtime=0))
-        tmp_rejects.write_bytes(gzip.compress(rejects.encode(), mtime=0))
+        # a line that was not UTF-8 is listed with its bytes shown as \udcXX escapes
+        tmp_rejects.write_bytes(gzip.compress(rejects.encode("utf-8", "backslashreplace"),
+                                              mtime=0))  # fmt: skip
     doc["files"] = {key: {"name": n, **file_record(paths.work / n)} for key, n in names.items()}
     with atomic_paths(paths.work / f"part-{index:05d}.json") as (tmp,):
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -139,10 +148,7 @@ def widen(
     """Widen the molecules of ``path`` into ``out`` (see the module doc); the report."""
     from tqdm import tqdm
 
-    paths = WidenPaths.beside(Path(out))
-    check_output(paths.out, "OUT")
-    if part_size < 1 or (max_molecules is not None and max_molecules < 1):
-        raise DataError(f"part_size {part_size} / max_molecules {max_molecules}: expected >= 1")
+    paths = check_arguments(path, out, part_size, max_molecules)
     job = _job(Path(path), config, part_size, max_molecules, excluded)
     resumed = _prepare_work(paths, job)
     widener, started, docs = Widener(config, tokens, excluded), time.time(), []
@@ -160,6 +166,18 @@ def widen(
     _assemble(paths, docs, report)
     shutil.rmtree(paths.work, ignore_errors=True)
     return report
+
+
+def check_arguments(path: Path, out: Path, part_size: int,
+                    max_molecules: int | None) -> WidenPaths:  # fmt: skip
+    """Where a run of ``path`` into ``out`` writes; DataError, before any work, for an input
+    that cannot be read, an output that cannot be written or a size below 1."""
+    paths = WidenPaths.beside(Path(out))
+    check_output(paths.out, "OUT")
+    detect_format(Path(path))  # a missing file, a folder, a suffix no reader knows
+    if part_size < 1 or (max_molecules is not None and max_molecules < 1):
+        raise DataError(f"part_size {part_size} / max_molecules {max_molecules}: expected >= 1")
+    return paths
 
 
 def _report(paths: WidenPaths, job: dict, docs: list[dict], resumed: bool, seconds: float):

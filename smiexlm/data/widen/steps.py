@@ -136,6 +136,8 @@ class Widener:
     def _original(self, smiles: str) -> tuple[Any, str | None]:
         from rdkit import Chem
 
+        if not smiles.isascii() and not _is_utf8(smiles):  # bytes the reader kept undecoded
+            return None, "non_utf8"
         problem = "empty" if not smiles else text_problem(smiles)
         if problem is not None:
             return None, problem
@@ -227,3 +229,12 @@ def _loose_smiles(mol: Any) -> str:
         return Chem.MolToSmiles(mol, canonical=False)
     except Exception:  # RDKit cannot always write what it could not sanitise
         return ""
+
+
+def _is_utf8(text: str) -> bool:
+    """False for text holding the lone surrogates that stand for bytes that were not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
