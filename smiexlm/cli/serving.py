@@ -16,8 +16,8 @@ def export_onnx(
     folder: Annotated[
         Path,
         typer.Argument(
-            help="Model folder: from `smiexlm export`, or a fine-tuned seed folder "
-            "(an ensemble's: each of its networks)"
+            help="Model folder: from `smiexlm export`, a fine-tuned seed folder (an "
+            "ensemble's: each of its networks) or a `finetune --save-dir` folder (each seed)"
         ),
     ],
     kind: Annotated[
@@ -35,6 +35,8 @@ def export_onnx(
     `smiexlm predict --backend onnx`. Needs the onnx extra (onnx, onnxscript, onnxruntime)."""
     from smiexlm.embedding.onnx_export import export_onnx as write_graph
     from smiexlm.finetuning.ensemble import network_folders
+    from smiexlm.finetuning.folder import seed_folders
 
-    for each in network_folders(folder) or [folder]:  # an ensemble: each network member's
-        typer.echo(str(write_graph(each, kind)))  # type: ignore[arg-type]
+    for seed in seed_folders(folder) or [folder]:  # a --save-dir folder: each seed's
+        for each in network_folders(seed) or [seed]:  # an ensemble: each network member's
+            typer.echo(str(write_graph(each, kind)))  # type: ignore[arg-type]

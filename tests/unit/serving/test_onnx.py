@@ -308,9 +308,9 @@ def test_predict_parity_mean_regression_with_features_on_two_blocks(smiles, tmp_
 
     smiles = smiles[:150] + smiles[-150:]
     folder = _finetuned(tmp_path / "seed0", smiles, "mean", "regression", "ecfp4", layers=2)
-    run = run_smiexlm("export-onnx", folder, timeout=600)
+    run = run_smiexlm("export-onnx", tmp_path, timeout=600)  # as --save-dir: each seed's
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip().endswith("predictor.onnx")
+    assert run.stdout.strip() == str(folder / "predictor.onnx")
     manifest = json.loads((folder / "onnx.json").read_text())["graphs"]["predictor"]
     assert manifest["inputs"] == ["input_ids", "attention_mask", "features"]
     assert set(manifest["weights_sha256"]) == {"model.safetensors", "head.safetensors"}
