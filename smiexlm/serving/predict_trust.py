@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _NO_REFERENCE: set[Path] = set()  # folders already reported as lacking one
+_SAID: set[str] = set()  # the other warnings already given in this process
 
 
 def domain_columns(folders: list, served: list[Served], quantile: float) -> dict | None:
@@ -52,6 +53,8 @@ def domain_columns(folders: list, served: list[Served], quantile: float) -> dict
         nearest_c = np.mean([c[0] for _, c, _ in per_model], axis=0)
         columns[DOMAIN_COLUMNS[2]] = nearest_c
         columns[DOMAIN_COLUMNS[3]] = np.mean([c[1] for _, c, _ in per_model], axis=0)
+    else:
+        _say_tanimoto_alone()
     bounds = DomainBounds(
         float(np.mean([b.tanimoto for _, _, b in per_model])),
         float(np.mean([b.cosine for _, _, b in per_model])),
@@ -152,6 +155,16 @@ def _difficulty(served: list[Served]) -> tuple[np.ndarray, np.ndarray]:
                           "says how hard each molecule is; this one serves its model alone")  # fmt: skip
     return tuple(np.mean([difficulty([getattr(m, part) for m in s.members]) for s in served],
                          axis=0) for part in ("valid", "scores"))  # fmt: skip
+
+
+def _say_tanimoto_alone() -> None:
+    if "tanimoto alone" not in _SAID:
+        _SAID.add("tanimoto alone")
+        log.warning(
+            "in_domain is judged on the ECFP4 Tanimoto alone: this backend gives no embedding "
+            "(--backend onnx serves the network's logits), so the cosine columns and their "
+            "bound, which the torch backend also asks, are left out"
+        )
 
 
 def _say_no_reference(folder: Path) -> None:

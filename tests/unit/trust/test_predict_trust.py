@@ -250,3 +250,28 @@ def test_unbounded_intervals_come_with_one_line_that_says_why(tmp_path, monkeypa
         got = predict(folder, ["CCO"], conformal_alpha=0.01)
     assert [r.getMessage() for r in caplog.records if "conformal" in r.getMessage()] == [said]
     assert got["y_low"][0] == -np.inf
+
+
+def test_a_backend_without_an_embedding_says_in_domain_rests_on_tanimoto_alone(caplog):
+    """The ONNX predictor gives logits, no pooled embedding: in_domain is then the Tanimoto
+    bound's alone, said once, and the cosine columns are left out."""
+    import logging
+    from types import SimpleNamespace
+
+    import smiexlm.serving.predict_trust as trust
+    from smiexlm.chemistry.fingerprints import ecfp4_packed
+    from smiexlm.trust.domain import DomainBounds
+
+    train = ["CCO", "CCCO", "c1ccccc1O", "CC(=O)O"]
+    reference = SimpleNamespace(train_ecfp4=ecfp4_packed(train),
+                                train_embedding=np.eye(4, dtype=np.float32),
+                                bounds=lambda q: DomainBounds(0.3, 0.99))  # fmt: skip
+    served = SimpleNamespace(texts=["CCCCO", "Clc1ccccc1Br"], reference=reference, pooled=None)
+    trust._SAID.clear()
+    with caplog.at_level(logging.WARNING, logger="smiexlm.serving.predict_trust"):
+        first = trust.domain_columns(["m"], [served], 0.05)
+        trust.domain_columns(["m"], [served], 0.05)
+    assert "nearest_cosine" not in first and first["in_domain"].tolist() == [True, False]
+    assert caplog.text.count("ECFP4 Tanimoto alone") == 1
+    with_embedding = SimpleNamespace(**{**vars(served), "pooled": np.eye(4)[:2] + 0.5})
+    assert "nearest_cosine" in trust.domain_columns(["m"], [with_embedding], 0.05)
