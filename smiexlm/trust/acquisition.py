@@ -5,7 +5,9 @@ output of ``smiexlm predict``, one row per molecule) by one of these scores, hig
 
 - ``uncertainty``: closeness of a predicted probability to 0.5, ``1 - |2p - 1|`` (the model
   cannot tell the classes apart there); classification only, the column must hold
-  probabilities;
+  probabilities. A blend's column (``finetune``'s default) holds a quantile score that ranks
+  molecules, not a probability: there ``p`` is the mean of its members' probabilities
+  (``<task>_model``, ``<task>_forest``...);
 - ``std``: the ensemble's spread ``<task>_std`` (``predict`` with several folders);
 - ``tta_std``: the spread over random SMILES ``<task>_tta_std`` (``predict --tta K``);
 - ``novelty``: ``1 - nearest_tanimoto``, distance from the training molecules;
@@ -32,6 +34,7 @@ import numpy as np
 
 from smiexlm.data.normalize import kept_names, text_cells
 from smiexlm.errors import ConfigError, DataError
+from smiexlm.trust.columns import MEMBER_PROBABILITIES
 
 Acquisition = Literal["uncertainty", "std", "tta_std", "novelty", "value", "ucb"]
 ACQUISITIONS: tuple[str, ...] = ("uncertainty", "std", "tta_std", "novelty", "value", "ucb")
@@ -109,7 +112,12 @@ def acquisition(
                "tta_std": "predict --tta K writes it",
                "novelty": "predict writes it from a folder that keeps its training molecules"}  # fmt: skip
         raise DataError(f"--by {by} needs the column {column!r}: {why.get(by, 'not found')}")
-    values = _numbers(frame, column)
+    members = [f"{task}{m}" for m in MEMBER_PROBABILITIES if f"{task}{m}" in frame.columns]
+    if by == "uncertainty" and members:  # a blend: its score ranks, its members' are odds
+        column = f"the mean of {members}"
+        values = np.mean([_numbers(frame, m) for m in members], axis=0)
+    else:
+        values = _numbers(frame, column)
     if "valid" in frame.columns:
         values = np.where(_flags(frame["valid"]), values, np.nan)
     if by == "uncertainty":

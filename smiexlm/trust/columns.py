@@ -35,3 +35,9 @@ def label_columns(columns: Sequence[str]) -> list[str]:
     present = set(after)
     return [c for c in after if c not in MOLECULE_COLUMNS
             and not any(c.endswith(s) and c[: -len(s)] in present for s in LABEL_SUFFIXES)]  # fmt: skip
+
+
+# a blend's members that score a class as a probability (the network's sigmoid, a forest's
+# share of trees): where a blend serves a quantile score that ranks, these say how unsure
+MEMBER_PROBABILITIES = ("_model", "_forest", "_model_rdkit2d", "_rf_rdkit2d", "_rf_both",
+                        "_rf_ecfp4")  # fmt: skip

@@ -184,3 +184,14 @@ def test_select_on_a_csv_keeps_the_cells_as_written_and_reads_the_scores(tmp_pat
     result = CliRunner().invoke(app, ["select", str(table), "--by", "value"])
     assert result.exit_code != 0 and "'pIC50'" in str(result.exception)
     assert "expected numbers" in str(result.exception)
+
+
+def test_uncertainty_on_a_blend_reads_its_members_probabilities():
+    """A quantile blend's score ranks (0.5 is the median validation molecule, not a toss-up):
+    the closeness to 0.5 is taken of the mean of the network's and the forest's
+    probabilities."""
+    frame = _predictions([0.5, 0.92, 0.1], smiles=OTHERS[:3],
+                         active_model=[0.05, 0.6, 0.2], active_forest=[0.1, 0.4, 0.1])  # fmt: skip
+    score = acquisition(frame, "active", "uncertainty")
+    np.testing.assert_allclose(score, [0.15, 1.0, 0.3])
+    assert select(frame, 1, max_similarity=1.0).picks["id"].tolist() == ["m1"]
