@@ -236,8 +236,12 @@ def table_header(path: Path, sep: str) -> list[str]:
     """A CSV/TSV's header as written (not as pandas renames it), past blank lines as pandas."""
     allow_long_fields()
     with io.TextIOWrapper(_open_binary(path), "utf-8-sig", "surrogateescape", newline="") as text:
-        rows = csv.reader(text, delimiter=sep)
-        return next((r for r in rows if len(r) > 1 or "".join(r).strip()), [])
+        return next((r for r in csv.reader(text, delimiter=sep) if _filled(r)), [])
+
+
+def _filled(row: list[str]) -> bool:
+    """Whether a CSV row is more than a blank line (a header's first row, as pandas finds it)."""
+    return len(row) > 1 or bool("".join(row).strip())
 
 
 def parquet_header(path: Path, what: str = "input") -> list[str]:
@@ -325,7 +329,8 @@ def _csv_chunks(
     ) as text:
         allow_long_fields()
         reader = csv.reader(text, delimiter=delimiter)
-        header = next(reader, None)
+        # past blank lines, as pandas reads it (and as the DataFrame reader does)
+        header = next((r for r in reader if _filled(r)), None)
         if header is None:
             raise DataError(_empty(path, what))
         if any(_UNDECODED.search(name) for name in header):
@@ -334,6 +339,14 @@ def _csv_chunks(
         lines: list[int] = []
         items: list[str | None] = []
         for row in reader:
+            if not row:  # a blank line holds no row, as pandas reads it
+                continue
+            if len(row) > len(header):  # pandas refuses it too: the columns have shifted
+                raise DataError(
+                    f"{what} {str(path)!r} line {reader.line_num} has {len(row)} fields where "
+                    f"its header names {len(header)}: expected a field a column (quote a "
+                    f"field that holds {delimiter!r})"
+                )
             lines.append(reader.line_num)
             items.append(row[index] if index < len(row) else None)
             if len(items) == chunk_size:

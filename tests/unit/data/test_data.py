@@ -293,3 +293,22 @@ def test_collate_pads():
     assert ids.dtype.is_floating_point is False and str(ids.dtype) == "torch.int64"
     assert ids.tolist() == [[1, 7, 2], [1, 2, 0]]
     assert mask.tolist() == [[True, True, True], [True, True, False]]
+
+
+def test_the_row_reader_reads_a_csv_as_pandas_does(tmp_path):
+    """Blank lines before the header and between rows hold no row; a row with more fields
+    than the header (an unquoted comma in a name) is refused naming its line, as pandas
+    refuses it, where its SMILES column would have shifted."""
+    from smiexlm.data.readers import iter_smiles, read_table
+
+    lead = tmp_path / "lead.csv"
+    lead.write_text("\n\nname,smiles\na,CCO\n\nb,CCN\n")
+    assert list(iter_smiles(lead)) == ["CCO", "CCN"] == read_table(lead)["smiles"].tolist()
+    shifted = tmp_path / "shifted.csv"
+    shifted.write_text("name,smiles,y\nethanol,CCO,1\n1,2-dichloroethane,ClCCCl,2\n")
+    with pytest.raises(
+        DataError,
+        match=r"'.*shifted.csv' line 3 has 4 fields where its header "
+        "names 3",
+    ):
+        list(iter_smiles(shifted))
