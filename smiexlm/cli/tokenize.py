@@ -68,8 +68,10 @@ def vocab_build(
     from smiexlm.data.normalize import canonical_smiles
     from smiexlm.data.readers import iter_smiles
     from smiexlm.errors import DataError
+    from smiexlm.paths import check_output
     from smiexlm.tokenizer.vocab import build_vocabulary
 
+    check_output(out, "--out")  # before the corpus is read: a folder there, a missing parent
     corpus = (s for path in inputs
               for s in tqdm(iter_smiles(path, smiles_col), desc=path.name, unit=" mol"))  # fmt: skip
     try:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from smiexlm.atomic import write_text_atomic
-from smiexlm.errors import DataError, InvalidSmilesError
+from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from smiexlm.paths import ASSETS_DIR, VOCAB_NAME, read_json_file
 from smiexlm.tokenizer.fast import ChunkEncoder, EncodedChunk
 from smiexlm.tokenizer.padding import pad_flat
@@ -148,10 +148,7 @@ class SmilesTokenizer:
         cls, counts: Counter[str], min_freq: int = 1, max_size: int | None = None
     ) -> SmilesTokenizer:
         """The vocabulary that ``build`` makes, from token counts already gathered."""
-        if min_freq < 1:
-            raise DataError(f"min_freq={min_freq!r}: expected an integer >= 1")
-        if max_size is not None and max_size <= len(SPECIAL_TOKENS):
-            raise DataError(f"max_size={max_size!r}: expected more than {len(SPECIAL_TOKENS)}")
+        check_vocabulary_size(min_freq, max_size)
         counts = Counter({t: c for t, c in counts.items() if t not in SPECIAL_TOKENS})
         kept = sorted(
             (t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t)
@@ -342,3 +339,13 @@ def _concatenate(parts: list):
         np.concatenate([p.ids for p in parts]),
         np.concatenate([p.lengths for p in parts]),
     )
+
+
+def check_vocabulary_size(min_freq: int, max_size: int | None) -> None:
+    """ConfigError naming ``--min-freq`` or ``--max-size`` when a vocabulary cannot be built
+    with them: checked before any corpus is read."""
+    if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
+        raise ConfigError("--min-freq", min_freq, "an integer >= 1")
+    if max_size is not None and max_size <= len(SPECIAL_TOKENS):
+        raise ConfigError("--max-size", max_size, f"more than the {len(SPECIAL_TOKENS)} "
+                          "special tokens")  # fmt: skip

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 from smiexlm.errors import DataError, InvalidSmilesError
-from smiexlm.tokenizer.smiles import SmilesTokenizer, split_smiles
+from smiexlm.tokenizer.smiles import SmilesTokenizer, check_vocabulary_size, split_smiles
 from smiexlm.tokenizer.special import SPECIAL_TOKENS
 
 
@@ -26,6 +26,7 @@ def build_vocabulary(
     Blank entries are skipped; SMILES that do not tokenize are counted and left out (never
     silently). With ``canonical`` (e.g. :func:`smiexlm.data.normalize.canonical_smiles`) the
     tokens of each molecule's canonical SMILES are counted too."""
+    check_vocabulary_size(min_freq, max_size)  # before a corpus of hours is read
     counts: Counter[str] = Counter()
     n_in = n_bad = n_uncanonical = 0
     for s in smiles:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smiexlm.data.readers import iter_smiles
-from smiexlm.errors import DataError, InvalidSmilesError
+from smiexlm.errors import ConfigError, DataError, InvalidSmilesError
 from smiexlm.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -159,8 +159,34 @@ def test_build_save_load_hash(tmp_path):
         SmilesTokenizer.load(path)
     with pytest.raises(DataError, match="does not exist"):
         SmilesTokenizer.load(tmp_path / "missing.json")
-    with pytest.raises(DataError, match="min_freq=0"):
+    with pytest.raises(ConfigError, match="'--min-freq' = 0"):
         SmilesTokenizer.build(["C"], min_freq=0)
+
+
+def test_vocab_build_checks_its_settings_and_output_before_reading(tmp_path):
+    """A bad --min-freq, --max-size or --out is said before the corpus is read, naming the
+    option, not the inputs."""
+    from typer.testing import CliRunner
+
+    from smiexlm.cli.main import app
+
+    def never():
+        raise AssertionError("the corpus was read")
+        yield
+
+    from smiexlm.tokenizer.vocab import build_vocabulary
+
+    with pytest.raises(ConfigError, match="'--max-size' = 3"):
+        build_vocabulary(never(), max_size=3)
+    corpus = tmp_path / "a.smi"
+    corpus.write_text("CCO\n")
+    (tmp_path / "vdir").mkdir()
+    for extra, words in ((["--min-freq", "0"], "'--min-freq' = 0"),
+                         (["--out", str(tmp_path / "vdir")], "vdir")):  # fmt: skip
+        args = ["vocab", "build", str(corpus), "--out", str(tmp_path / "v.json"), *extra]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code != 0 and words in str(result.exception), result.output
+        assert "INPUTS" not in str(result.exception)
 
 
 def test_default_vocabulary_covers_moleculenet(moleculenet_smiles, tok):
