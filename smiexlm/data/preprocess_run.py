@@ -123,6 +123,12 @@ class PreprocessRun:
             self.state.rejected = newer | self.state.rejected
             drop_uncommitted(out, self.state)
         else:
+            if resume and (out / "manifest.json").exists():
+                raise DataError(
+                    f"output folder {str(out)!r} holds a dataset without its progress.json "
+                    "(made before runs kept one, or edited): --resume cannot go on from it; "
+                    "choose an empty folder"
+                )
             if (out / "manifest.json").exists() or progress_path.exists():
                 raise DataError(
                     f"output folder {str(out)!r} already holds a dataset: pass --resume to "

@@ -26,8 +26,9 @@ def check_resume(saved, vocab_hash, cfg_doc, source_docs, out) -> None:
     if saved.get("vocab_hash") != vocab_hash:
         raise VocabularyMismatchError(
             f"dataset {str(out)!r} was started with vocabulary hash {saved.get('vocab_hash')!r} "
-            f"but this run uses {vocab_hash!r}: resume with the same vocabulary "
-            f"(its copy is {str(out / VOCAB_NAME)!r}) or start a new folder"
+            f"but this run uses {vocab_hash!r}: resume with the same vocabulary (copy "
+            f"{str(out / VOCAB_NAME)!r} out of the folder and pass the copy with --vocab) or "
+            "start a new folder"
         )
     saved_cfg = dict(saved["config"])
     if "max_tokens" in saved_cfg:  # a dataset started before max_length had its name

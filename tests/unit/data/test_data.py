@@ -158,6 +158,10 @@ def test_input_formats_agree(corpus, tmp_path):
     assert not (tmp_path / "bad3").exists()
     with pytest.raises(DataError, match="already holds a dataset"):
         _run(corpus, tmp_path / "out-a.csv", [tmp_path / "a.csv"])
+    (tmp_path / "out-a.csv" / "progress.json").unlink()  # --resume cannot go on from it
+    with pytest.raises(DataError, match="without its progress.json .* choose an empty folder"):
+        preprocess([tmp_path / "a.csv"], tmp_path / "out-a.csv", vocab=corpus["vocab"],
+                   resume=True, progress=False)  # fmt: skip
 
 
 _KILL_SCRIPT = """
