@@ -29,7 +29,7 @@ def tokenize(
     """Split SMILES into regex tokens (space-separated) or vocabulary ids, one line each; a
     blank line of --file gives a blank line, an empty SMILES argument is an error."""
     from smiexlm.data.readers import iter_smiles
-    from smiexlm.errors import DataError
+    from smiexlm.errors import DataError, InvalidSmilesError
     from smiexlm.tokenizer import SmilesTokenizer
     from smiexlm.tokenizer.vocab import tokenized_lines
 
@@ -43,8 +43,16 @@ def tokenize(
                         "table with a SMILES column")  # fmt: skip
     if not items:
         raise typer.BadParameter("give SMILES as arguments or with --file")
-    for line in tokenized_lines(tok, items, ids):  # an invalid SMILES: one error line, exit 2
-        typer.echo(line)
+    lines = []  # all first: an invalid SMILES is one error line naming it, nothing printed
+    for number, item in enumerate(items, 1):
+        try:
+            lines.extend(tokenized_lines(tok, [item], ids))
+        except InvalidSmilesError as err:
+            given = len(smiles or [])
+            where = (f"SMILES argument {number}" if number <= given
+                     else f"--file {str(file)!r} SMILES {number - given} (counting from 1)")  # fmt: skip
+            raise DataError(f"{where}: {err}") from None
+    typer.echo("\n".join(lines))
     if tok.n_unk:
         typer.echo(f"{tok.n_unk} token(s) mapped to [UNK]", err=True)
 

@@ -252,6 +252,14 @@ def test_blank_lines_of_a_file_still_give_blank_lines(tmp_path):
     assert np.all([line.endswith(" 2") for line in (lines[0], lines[2])])
 
 
+def test_a_smiles_of_a_file_that_does_not_tokenize_is_named_before_any_line_is_printed(tmp_path):
+    smi = tmp_path / "in.smi"
+    smi.write_text("CCO\nC%1\n")
+    res = run_cli("tokenize", "--file", smi)
+    assert_one_line_error(res, f"--file {str(smi)!r} SMILES 2", "'C%1' at character 1")
+    assert res.stdout == ""
+
+
 def test_a_file_with_no_smiles_is_named_not_taken_for_a_missing_option(tmp_path):
     (tmp_path / "empty.smi").write_text("")
     (tmp_path / "header.csv").write_text("smiles\n")
