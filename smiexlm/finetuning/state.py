@@ -140,7 +140,7 @@ def load_state(folder: Path, identity: dict[str, Any]) -> LoadedState | None:
 
 # Identity keys added after states (and hpopt studies) were first kept: one saved before a key
 # resumes as it did (not compared on it); one that records it is.
-ADDED_LATER = ("backbone_sha256",)
+ADDED_LATER = ("backbone_sha256", "labels", "task_type")
 
 
 def as_kept(current: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ on the imbalanced sets (ClinTox, SIDER) unweighted forests score ~10 points lowe
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -45,6 +46,8 @@ from smiexlm.moleculenet.runs import (
     refuse_a_difference,
     run_dir,
     state_dir,
+    task_pairs,
+    task_record,
 )
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
@@ -153,7 +156,9 @@ def forest_columns(
     with the same features, trees, seed and rows: each task's forest depends only on its own
     labels and the seed, so a stopped seed ends with the columns of an uninterrupted one."""
     n_tasks = labels.shape[1]
+    labels_sha256 = hashlib.sha256(np.ascontiguousarray(labels, dtype=np.float64)).hexdigest()
     identity = np.array(json.dumps({"config": asdict(cfg), "seed": seed, "tasks": n_tasks,
+                                    "labels_sha256": labels_sha256, "task_type": task_type,
                                     "train": [int(i) for i in train],
                                     "rows": [int(i) for i in rows]}))  # fmt: skip
     out = np.full((len(rows), n_tasks), np.nan)
@@ -281,7 +286,8 @@ _HOW_RUN = frozenset({"n_jobs"})
 def _checked(done: RunResult, folder: Path, task: MoleculeTask, split, cfg: BaselineConfig):
     """``done``, read back from ``folder``, when it was made on ``task``'s data and ``split``
     with ``cfg``'s forests; else a DataError naming the first setting that differs."""
-    pairs = [("data_sha256", done.data_sha256, task.sha256), ("split", done.split, split.label)]
+    pairs = [("data_sha256", done.data_sha256, task.sha256), ("split", done.split, split.label),
+             *task_pairs(done, task_record(task))]  # fmt: skip
     pairs += [(key, done.config.get(key), value) for key, value in asdict(cfg).items()
               if key not in _HOW_RUN]  # fmt: skip
     refuse_a_difference(folder, pairs)

@@ -140,7 +140,8 @@ class Search:
         inputs = backbone.model_texts(task.smiles, base.canonicalize)
         n_layers = backbone.config(backbone.tokenizer(inputs)).n_layers
         source = {"dataset": whole.name, "data_sha256": whole.sha256, "n_molecules": len(whole),
-                  "task_type": whole.task_type, "split": split.label,
+                  "task_type": whole.task_type, "labels": list(whole.label_cols),
+                  "split": split.label,
                   "sizes": list(split.sizes)}  # fmt: skip
         from smiexlm.finetuning.adapter import with_backbone_blocks
 

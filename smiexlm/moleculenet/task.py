@@ -139,7 +139,9 @@ class MoleculeTask:
         measures reported beside the score (:func:`~smiexlm.moleculenet.metrics.more_scores`;
         for regression also the RMSE on the test molecules that form activity cliffs and their
         count, :mod:`~smiexlm.moleculenet.cliffs`)."""
-        config = config | {"software": software_versions()}
+        from smiexlm.moleculenet.runs import task_record
+
+        config = config | task_record(self) | {"software": software_versions()}
         more = (
             {}
             if test_pred is None

@@ -785,3 +785,29 @@ def test_a_split_column_without_valid_rows_gets_one_carved_from_train(tmp_path, 
     assert "valid" not in kept.parts
     with pytest.raises(DataError, match="--valid-from-train above 0"):
         kept.check_split(kept.split("column:fold", 0))
+
+
+def test_a_resume_with_other_label_columns_or_kind_is_refused(tmp_path):
+    """One table, two label columns: a finished run of ``y`` is not the result of ``y2``,
+    nor of ``y`` as a regression; each is refused in one line naming the option, and the
+    baseline's resume too."""
+    from smiexlm.cli.main import app
+
+    path, frame = _small_csv(tmp_path)
+    frame.assign(y2=1 - frame["y"]).to_csv(path, index=False)
+    out = tmp_path / "out"
+    common = ["--data", str(path), "--smiles-col", "smi", "--split", "random", "--seeds", "0",
+              "--device", "cpu", "--random-init", "--max-train-steps", "1", "--epochs", "1",
+              "--forest", "none", "--set", "kernels=none", "--out", str(out)]  # fmt: skip
+    first = CliRunner().invoke(app, ["finetune", "mini", *common, "--label-cols", "y"])
+    assert first.exit_code == 0, first.output
+    for extra, said in ((["--label-cols", "y2"], "--label-cols = ['y']"),
+                        (["--label-cols", "y", "--task-type", "regression"],
+                         "--task-type = 'classification'")):  # fmt: skip
+        again = CliRunner().invoke(app, ["finetune", "mini", *common, *extra, "--resume"])
+        assert again.exit_code != 0 and said in str(again.exception), again.output
+    base = ["baseline", "--data", str(path), "--smiles-col", "smi", "--split", "random",
+            "--seeds", "0", "--n-trees", "5", "--out", str(tmp_path / "base")]  # fmt: skip
+    assert CliRunner().invoke(app, [*base, "--label-cols", "y"]).exit_code == 0
+    again = CliRunner().invoke(app, [*base, "--label-cols", "y2", "--resume"])
+    assert again.exit_code != 0 and "--label-cols = ['y']" in str(again.exception)
