@@ -228,13 +228,13 @@ def resume_checkpoint(
     import logging
 
     root = Path(run_dir) / "checkpoints"
-    steps = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    steps = by_step(p for p in root.glob("step_*") if p.is_dir())[::-1]
     bad: list[str] = []
-    for folder in steps:
+    for i, folder in enumerate(steps):
         try:
             return folder, restore_training_state(folder, model, optimizer)
         except CheckpointError as err:
-            older = [p.name for p in steps if p.name < folder.name]
+            older = [p.name for p in steps[i + 1 :]]
             if not fallback:
                 hint = (
                     f"; pass --skip-bad-checkpoints to resume from the newest good one of {older}"
@@ -255,8 +255,19 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return None
-    steps = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+    steps = by_step(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
     return steps[-1] if steps else None
+
+
+def by_step(folders) -> list[Path]:
+    """``step_<N>`` folders, oldest first by N (as text, ``step_1000000`` came before
+    ``step_999999``); a name whose N is not a number goes first."""
+
+    def step(path: Path) -> int:
+        number = path.name.removeprefix("step_")
+        return int(number) if number.isdigit() else -1
+
+    return sorted(folders, key=lambda p: (step(p), p.name))
 
 
 def copy_checkpoint(source: Path, target: Path) -> Path:
@@ -270,7 +281,7 @@ def copy_checkpoint(source: Path, target: Path) -> Path:
 def prune_checkpoints(run_dir: Path, keep_last: int) -> list[Path]:
     """Delete all but the newest ``keep_last`` ``step_*`` folders; returns those deleted."""
     root = Path(run_dir) / "checkpoints"
-    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
+    steps = by_step(p for p in root.glob("step_*") if p.is_dir())
     doomed = steps[:-keep_last] if keep_last > 0 else steps
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)

@@ -45,3 +45,19 @@ def test_changes_are_appended_to_the_history(tmp_path):
         (4, {"lr": {"old": 0.001, "new": 0.002}}),
         (8, {"log_every": {"old": 20, "new": 5}}),
     ]
+
+
+def test_checkpoints_past_a_million_updates_are_ordered_by_their_step(tmp_path):
+    """As text, step_1000000 sorts before step_999999: the newest would be pruned at once and
+    a resume would go back. By the number, it is the newest kept and found."""
+    from smiexlm.training.run_state import STATE_FILE, latest_checkpoint, prune_checkpoints
+
+    for step in (999_998, 999_999, 1_000_000):
+        folder = tmp_path / "checkpoints" / f"step_{step}"
+        folder.mkdir(parents=True)
+        (folder / STATE_FILE).write_text("{}")
+    assert latest_checkpoint(tmp_path).name == "step_1000000"
+    doomed = prune_checkpoints(tmp_path, keep_last=2)
+    assert [p.name for p in doomed] == ["step_999998"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_1000000", "step_999999"]  # fmt: skip
