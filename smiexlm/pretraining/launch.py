@@ -90,7 +90,7 @@ def report(result, max_steps: int) -> str:
         return (
             f"run {str(result.run_dir)!r} already reached max_steps = {max_steps} "
             f"(step {result.step}, checkpoint {result.last_checkpoint}); nothing to train: "
-            "raise --max-steps to continue it"
+            "raise --max-steps and total_steps, the schedule's horizon, to continue it"
         )
     return (
         f"step {result.step}: loss {result.last_loss}, valid loss {result.last_valid_loss}, "

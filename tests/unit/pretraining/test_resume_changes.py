@@ -30,9 +30,20 @@ def test_the_global_batch_is_what_must_stay(tmp_path):
 
 
 def test_unset_total_steps_is_compared_as_the_decay_horizon(tmp_path):
-    folder, state = _checkpoint(tmp_path, 1, "max_steps=100")
-    config = load_config("mol_tiny_exlm", ["max_steps=200", "total_steps=100"])
+    # a floor under the rate: updates past the horizon still learn (at end_lr)
+    folder, state = _checkpoint(tmp_path, 1, "max_steps=100", "end_lr=1e-5")
+    config = load_config("mol_tiny_exlm", ["max_steps=200", "total_steps=100", "end_lr=1e-5"])
     assert config_changes(folder, state, config, 1) == {"max_steps": (100, 200)}
+
+
+def test_max_steps_past_a_horizon_where_the_rate_is_zero_is_refused():
+    """Updates past the schedule's horizon at end_lr = 0 change nothing: --max-steps there
+    (a run raised past its config's max_steps) is refused, naming total_steps."""
+    from smiexlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'max_steps' = 9: .*set total_steps=9 too"):
+        load_config("mol_tiny_exlm", ["max_steps=9", "total_steps=6"])
+    assert load_config("mol_tiny_exlm", ["max_steps=9", "total_steps=9"]).decay_steps == 9
 
 
 def test_changes_are_appended_to_the_history(tmp_path):
