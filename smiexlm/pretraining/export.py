@@ -113,9 +113,9 @@ def export_run(
             "or a model folder written by an earlier export (which is replaced)"
         )
     pooling_parts(pooling)
-    manifest = _read_manifest(dataset)
     if dataset is not None:
         _check_trained_on(source, Path(dataset))
+    manifest = _read_manifest(dataset if dataset is not None else _trained_on(source))
     pre = load_pretrained(source)
     corpus = manifest.get("config", {})
     normalization = dataclasses.replace(
@@ -180,6 +180,26 @@ def _check_trained_on(checkpoint: Path, dataset: Path) -> None:
             f"on ({state.get('data_dir')!r}, content id {trained}): the card's counts and the "
             "model's trained tokens would describe another corpus; expected the run's dataset"
         )
+
+
+def _trained_on(checkpoint: Path) -> Path | None:
+    """The dataset the checkpoint records it trained on, whose normalisation (canonical
+    SMILES, salts, stereo) the model folder must keep: a DataError when it is not there (pass
+    --data); None for a checkpoint older than the record (the defaults are written)."""
+    from smiexlm.training.run_state import STATE_FILE
+
+    _, payload = read_json_file(checkpoint / STATE_FILE, f"checkpoint {STATE_FILE}")
+    state = payload.get("state") if isinstance(payload.get("state"), dict) else {}
+    recorded = state.get("data_dir")
+    if recorded is None:
+        return None
+    if not (Path(recorded) / "manifest.json").is_file():
+        raise DataError(
+            f"the run trained on the dataset {recorded!r}, which is not there: pass --data "
+            "with it, so that the model folder keeps how its SMILES were normalised (salts, "
+            "stereo), which the featurizer applies to every input"
+        )
+    return Path(recorded)
 
 
 def _read_manifest(dataset: Path | None) -> dict:

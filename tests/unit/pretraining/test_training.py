@@ -334,3 +334,26 @@ def test_out_of_memory_batch_suggests_a_smaller_max_tokens(dataset, tmp_path, mo
     with pytest.raises(ConfigError) as err:
         pretrain(_config(), dataset, tmp_path / "run", max_steps=2)
     assert err.value.field == "max_tokens" and "max_tokens=256" in str(err.value)
+
+
+def test_export_without_data_keeps_the_normalisation_of_the_dataset_the_run_trained_on(
+    dataset, tmp_path
+):
+    """A run on a dataset whose SMILES were stripped of stereo: the folder exported without
+    --data says so (the featurizer strips it too), and says in one line when that dataset is
+    gone, rather than writing the defaults."""
+    import shutil
+
+    from smiexlm.pretraining.export import export_run
+    from smiexlm.pretraining.trainer import pretrain
+
+    flat = shutil.copytree(dataset, tmp_path / "flat")
+    manifest = json.loads((flat / "manifest.json").read_text())
+    manifest["config"]["strip_stereo"] = True  # as `preprocess --strip-stereo` records it
+    (flat / "manifest.json").write_text(json.dumps(manifest))
+    pretrain(_config(), flat, tmp_path / "run", max_steps=1)
+    folder = export_run(tmp_path / "run", tmp_path / "model").parent
+    assert json.loads((folder / "normalization.json").read_text())["strip_stereo"] is True
+    shutil.rmtree(flat)
+    with pytest.raises(DataError, match="which is not there: pass --data"):
+        export_run(tmp_path / "run", tmp_path / "model2")
