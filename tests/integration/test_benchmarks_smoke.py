@@ -222,6 +222,11 @@ SMOKE: dict[str, list[Step]] = {
              "2", "--work", "{tmp}/work",
              "--out", "{tmp}/mordred"), expect=("mordred/report.md", "mordred/screen.json"),
              prints="| mordred |"),
+        # what finetune serves from the Mordred model: 2 steps, a forest of 10 trees
+        Step("backbone_served.py", ("--checkpoint", "{tmp}/work/model_mordred", "--sets",
+             "freesolv", "--set", "max_train_steps=2", "--set", "forest_trees=10", "--work",
+             "{tmp}/served_work", "--out", "{tmp}/served"), expect=("served/served.md",),
+             prints="| freesolv (seeds 0), another backbone |"),
     ],
     "members_cost": [
         Step("members_cost.py", ("--task", "freesolv", "--predict-rows", "20", "--set",
