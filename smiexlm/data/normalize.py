@@ -118,13 +118,17 @@ def text_problem(smiles: str, limit: int = MAX_SMILES_CHARS) -> str | None:
 
 
 def smiles_problem(smiles: str) -> str | None:
-    """Why RDKit cannot read ``smiles`` (empty, too long, unparsable), or None when it can."""
+    """Why RDKit cannot read ``smiles`` (empty, too long, whitespace inside, unparsable), or
+    None when it can. RDKit reads ``c1ccccc1 Cl`` as benzene: a space inside is refused here,
+    not left to it."""
     from rdkit import Chem, rdBase
 
     if not smiles:
         return "empty"
     if reason := text_problem(smiles):
         return reason
+    if any(c.isspace() for c in smiles.strip()):
+        return "whitespace inside the SMILES"
     with rdBase.BlockLogs():  # the reason goes to the caller's report, not to stderr
         return None if Chem.MolFromSmiles(smiles) is not None else "RDKit cannot parse it"
 

@@ -205,6 +205,10 @@ def test_user_csv_loads_and_rejects_bad_input(tmp_path):
         read_task(_write(tmp_path, good.assign(A=["x", 1, 0, 1])), "S", ["A"], "regression")
     reg = read_task(_write(tmp_path, good.assign(A=[0.5, 1.5, 2, 3])), "S", ["A"], "regression")
     assert reg.labels[:, 0].tolist() == [0.5, 1.5, 3.0]
+    # RDKit reads "c1ccccc1 Cl" as benzene: a space inside is a row excluded, not benzene
+    spaced = good.assign(S=["CCO", "c1ccccc1 Cl", "CCC", "CCN"])
+    task = read_task(_write(tmp_path, spaced), "S", ["B"], "classification")
+    assert task.smiles == ["CCO", "CCC", "CCN"] and task.n_invalid == 1
 
 
 def test_a_smiles_given_twice_is_said_with_how_many_labels_differ(tmp_path, caplog):
