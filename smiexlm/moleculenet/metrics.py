@@ -167,16 +167,22 @@ def check_scorable(y_test: np.ndarray, label_cols: list[str], name: str, split: 
     """
     from smiexlm.errors import DataError
 
-    y_test = _as_2d(y_test)
-    for t in range(y_test.shape[1]):
-        known = y_test[~np.isnan(y_test[:, t]), t]
+    if not scorable(y_test):
+        raise DataError(
+            f"{name}: the {split} test part holds a single class for every label column "
+            f"({', '.join(label_cols[:5])}{', ...' if len(label_cols) > 5 else ''}); expected "
+            "at least one task with both classes in test (use more data or another --split)"
+        )
+
+
+def scorable(y: np.ndarray) -> bool:
+    """Whether some task of the 0/1 labels ``y`` (NaN: missing) holds both classes."""
+    y = _as_2d(y)
+    for t in range(y.shape[1]):
+        known = y[~np.isnan(y[:, t]), t]
         if (known == 1).any() and (known == 0).any():
-            return
-    raise DataError(
-        f"{name}: the {split} test part holds a single class for every label column "
-        f"({', '.join(label_cols[:5])}{', ...' if len(label_cols) > 5 else ''}); expected at "
-        "least one task with both classes in test (use more data or another --split)"
-    )
+            return True
+    return False
 
 
 def score(task_type: str, y_true: np.ndarray, y_pred: np.ndarray) -> TaskScores:

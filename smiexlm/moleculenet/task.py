@@ -10,6 +10,7 @@ each model keeps only its own training code.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from smiexlm.errors import ConfigError, DataError
-from smiexlm.moleculenet.metrics import TaskScores, check_scorable, more_scores
+from smiexlm.moleculenet.metrics import TaskScores, check_scorable, more_scores, scorable
 from smiexlm.moleculenet.registry import TaskType
 from smiexlm.moleculenet.report import RunResult
 from smiexlm.moleculenet.splits import (
@@ -29,6 +30,8 @@ from smiexlm.moleculenet.splits import (
     make_split,
     split_column,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,7 +107,8 @@ class MoleculeTask:
     def check_split(self, split: Split) -> None:
         """DataError unless train, valid and test each hold a labelled molecule (training,
         selection and the test score need one each) and a classification test part can be
-        scored (:func:`~smiexlm.moleculenet.metrics.check_scorable`)."""
+        scored (:func:`~smiexlm.moleculenet.metrics.check_scorable`); a warning when the
+        validation part cannot be."""
         labelled = ~np.isnan(self.labels).all(axis=1)
         parts = (split.train, split.valid, split.test)
         counts = [int(labelled[np.asarray(part, dtype=np.int64)].sum()) for part in parts]
@@ -120,6 +124,13 @@ class MoleculeTask:
             )
         if self.is_classification:
             check_scorable(self.labels[split.test], self.label_cols, self.name, split.label)
+            if split.valid and not scorable(self.labels[split.valid]):
+                log.warning(
+                    "%s: the %s validation part holds a single class for every label column: "
+                    "its ROC-AUC cannot be scored, so no epoch is chosen by it (the first is "
+                    "kept); give it more molecules (a larger --valid-from-train, another "
+                    "--split)", self.name, split.label
+                )  # fmt: skip
 
     def result(
         self,

@@ -274,3 +274,21 @@ def test_a_cell_finished_before_the_measures_gains_them_from_its_predictions(tmp
     assert after | {"more": {}} == before
     expected = np.mean([average_precision_score(labels[30:, t], test[:, t]) for t in (0, 1)])
     assert finished(folder).more["pr_auc"] == pytest.approx(100 * expected, rel=1e-6)
+
+
+def test_a_validation_part_of_one_class_is_said(tmp_path, caplog):
+    """Its ROC-AUC is NaN: no epoch can be chosen by it. The run goes on, and says so."""
+    import logging
+
+    from smiexlm.moleculenet.splits import Split
+
+    smiles = ["CCO", "CCN", "CCC", "CCCl", "c1ccccc1", "c1ccccc1O", "CCCO", "CCCN"]
+    frame = pd.DataFrame({"S": smiles, "y": [0, 1, 0, 1, 1, 1, 0, 1]})
+    task = read_task(_write(tmp_path, frame), "S", ["y"], "classification")
+    with caplog.at_level(logging.WARNING, logger="smiexlm.moleculenet.task"):
+        task.check_split(Split("random", 0, [0, 1, 2, 3], [4, 5], [6, 7]))
+    assert "validation part holds a single class" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="smiexlm.moleculenet.task"):
+        task.check_split(Split("random", 0, [0, 1, 4, 5], [2, 3], [6, 7]))
+    assert not caplog.text
