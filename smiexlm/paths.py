@@ -27,6 +27,8 @@ VOCAB_NAME = "vocab.json"  # the tokenizer file of a model folder or a dataset
 
 
 REJECTS_HEADER = ("row", "smiles", "reason")  # every batch job's list of bad input rows
+# what finetune, benchmark and baseline write into their --out (moleculenet.report)
+REPORT_FILES = ("results.csv", "report.md", "runs.md", "results.json", "report.png")
 
 
 def write_rejects(rejects, path: str | Path) -> None:

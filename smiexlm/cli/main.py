@@ -72,6 +72,8 @@ FOLDER_OWNERS = (*PARTS_COMMANDS, "preprocess")
 # outside every input folder: plot-run draws RUN/loss.png by default, a picture beside the
 # run's metrics that nothing of the run reads.
 WRITES_INSIDE = {("plot_run", "run_dirs")}
+# Commands that write their report's files (paths.REPORT_FILES) into --out
+REPORT_WRITERS = ("finetune", "benchmark", "baseline")
 # The outputs a second run at once would mix its results into: each is held with a lock
 # while the command runs (:func:`smiexlm.training.runlock.hold_outputs`). pretrain and
 # hpopt lock their --out themselves.
@@ -86,6 +88,7 @@ def _check_paths(command: str, values: dict[str, Any], output_names: set[str],
     which files are inputs, never to be written over."""
     from smiexlm.atomic import protect_inputs
     from smiexlm.paths import (
+        REPORT_FILES,
         check_inputs_outside,
         check_outputs_apart,
         check_outputs_outside,
@@ -96,7 +99,10 @@ def _check_paths(command: str, values: dict[str, Any], output_names: set[str],
     outputs = {k: v for k, v in values.items() if k in output_names}
     inputs = {k: v for k, v in values.items() if k not in output_names}
     _check_writable(outputs)
-    check_outputs_apart(outputs | side_outputs(outputs), inputs)
+    sides = side_outputs(outputs)
+    if command in REPORT_WRITERS and outputs.get("--out"):  # before the hours of training
+        sides["--out report file"] = [Path(outputs["--out"]) / name for name in REPORT_FILES]
+    check_outputs_apart(outputs | sides, inputs)
     path_values = {k: v for k, v in values.items() if k in path_names}
     check_outputs_outside(outputs, path_values)
     if command in FOLDER_OWNERS:

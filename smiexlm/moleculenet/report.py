@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from smiexlm.moleculenet.registry import PAPER_RESULTS, PAPER_TASKS, get_spec
+from smiexlm.paths import REPORT_FILES
 
 
 @dataclass
@@ -239,13 +240,8 @@ def write_report(
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "csv": out_dir / "results.csv",
-        "md": out_dir / "report.md",
-        "runs": out_dir / RUNS_PAGE,
-        "json": out_dir / "results.json",
-        "png": out_dir / "report.png",
-    }
+    paths = dict(zip(("csv", "md", "runs", "json", "png"),
+                     (out_dir / name for name in REPORT_FILES), strict=True))  # fmt: skip
     with atomic_path(paths["csv"]) as tmp:
         pd.DataFrame([r.row() for r in results]).to_csv(tmp, index=False)
     write_text_atomic(paths["json"], json.dumps([asdict(r) for r in results], indent=1))
@@ -256,7 +252,7 @@ def write_report(
     return paths
 
 
-RUNS_PAGE = "runs.md"
+RUNS_PAGE = REPORT_FILES[2]
 
 
 def _summary_page(results: list[RunResult], title: str, command: str) -> str:

@@ -184,7 +184,7 @@ def test_an_input_named_as_a_side_file_or_inside_an_owned_folder_is_refused(tmp_
 def test_an_input_under_a_name_a_job_writes_in_its_folder_is_never_written_over(tmp_path,
                                                                                 table):  # fmt: skip
     """finetune and baseline write results.csv (and more) into --out: an input of that name
-    there is refused when the result would replace it, and is kept as it was."""
+    there is refused before any training, and is kept as it was."""
     project = tmp_path / "project"
     project.mkdir()
     data = project / "results.csv"
@@ -195,6 +195,7 @@ def test_an_input_under_a_name_a_job_writes_in_its_folder_is_never_written_over(
                   "random", "--out", project]):  # fmt: skip
         assert_one_line_error(run_cli(*args), "results.csv", "would replace it")
         assert data.read_bytes() == table.read_bytes()
+        assert sorted(p.name for p in project.iterdir()) == ["results.csv"]  # nothing ran
 
 
 # ---------------------------------------------------------------------- 4. labels past float32
