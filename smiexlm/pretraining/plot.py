@@ -23,15 +23,19 @@ def metrics_path(run: Path) -> Path:
 
 
 def read_metrics(run: Path) -> list[dict]:
-    """The records of a run's metrics; a resumed run's repeated steps keep the last."""
+    """The records of a run's metrics; a resumed run's repeated steps keep the last. A last
+    line cut short by a killed run is left out, as a resume leaves it out."""
     path = metrics_path(run)
     by_step: dict[int, dict] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
+            if number == len(lines) and not line.rstrip().endswith("}"):  # cut short
+                continue
             raise DataError(f"{path} line {number}: not JSON ({error})") from None
         if "step" not in record or "loss" not in record:
             raise DataError(f"{path} line {number}: expected 'step' and 'loss' keys")

@@ -357,3 +357,18 @@ def test_export_without_data_keeps_the_normalisation_of_the_dataset_the_run_trai
     shutil.rmtree(flat)
     with pytest.raises(DataError, match="which is not there: pass --data"):
         export_run(tmp_path / "run", tmp_path / "model2")
+
+
+def test_metrics_with_a_last_line_cut_short_read_as_a_resume_reads_them(tmp_path):
+    """A killed run can leave its last line half written: it is left out; a broken line
+    before the last is still an error naming it."""
+    from smiexlm.pretraining.plot import read_metrics
+
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("\n".join([*good, '{"step": 4, "loss": 0.2']) + "\n")
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    (run / "metrics.jsonl").write_text("\n".join([good[0], '{"step": 2, "lo', good[2]]) + "\n")
+    with pytest.raises(DataError, match="line 2: not JSON"):
+        read_metrics(run)
