@@ -270,9 +270,16 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    data = {**data, "model": dict(data.get("model", {}))}
+    """``data`` (a config file's tables) with ``key=value`` overrides applied; ConfigError for
+    a ``model`` that is not a table (``model = "tiny"``, an empty ``model:``, ``model=foo``)."""
+    model = data.get("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError("model", model, "a table of model settings ([model] in the file)")
+    data = {**data, "model": dict(model)}
     for item in overrides:
         key, value = parse_override(item)
+        if key == "model":
+            raise ConfigError("model", value, "model.KEY=VALUE overrides, one setting each")
         if key.startswith("model."):
             data["model"][key.removeprefix("model.")] = value
         else:

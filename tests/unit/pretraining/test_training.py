@@ -98,6 +98,15 @@ def test_overrides_are_parsed_as_toml_literals(tmp_path):
     assert TrainConfig.from_dict(json.loads(c.save(tmp_path / "c.json").read_text())) == c
 
 
+def test_a_model_that_is_not_a_table_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="'model' = 'foo'"):
+        load_config("mol_tiny_exlm", ["model=foo", "model.k=3"])
+    for name, text in (("a.toml", 'model = "tiny"\n'), ("b.yaml", "model:\nlr: 0.001\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match="'model' = .*a table of model settings"):
+            load_config(tmp_path / name)
+
+
 def test_unknown_key_is_named_with_the_valid_keys(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config("mol_tiny_exlm", ["learning_rate=1e-3"])
