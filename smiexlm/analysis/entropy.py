@@ -96,7 +96,7 @@ def entropy_by_mask_ratio(
     inputs.check_models(checkpoints, predict_tokens=True)
     rows = []
     bar = tqdm(total=len(checkpoints) * len(mask_ratios), disable=not progress, unit="run")
-    for path in checkpoints:
+    for path, label in zip(checkpoints, inputs.checkpoint_labels(checkpoints), strict=True):
         model, tokenizer = inputs.load_model_and_tokenizer(path)
         ids, mask = inputs.encode(tokenizer, smiles, max_length)
         c = model.config
@@ -114,7 +114,7 @@ def entropy_by_mask_ratio(
             h = h_states.mean(1)  # (N,) per masked token
             rows.append(
                 {
-                    "checkpoint": Path(path).name,
+                    "checkpoint": label,
                     "path": str(path),
                     "objective": c.objective,
                     "k": c.k if c.objective == "exlm" else 1,

@@ -48,6 +48,13 @@ def check_models(folders: Sequence[Path], predict_tokens: bool = False) -> None:
                               "(mtr) and has no token head")  # fmt: skip
 
 
+def checkpoint_labels(folders: Sequence[Path | str]) -> list[str]:
+    """A label per model folder for tables and plots: its name, or the path as given where
+    two share a name (``runA/checkpoints/last`` and ``runB/checkpoints/last``)."""
+    names = [Path(f).name for f in folders]
+    return [n if names.count(n) == 1 else str(f) for n, f in zip(names, folders, strict=True)]
+
+
 def readable_smiles(smiles: list[str]) -> tuple[list[str], list[tuple[int, str, str]]]:
     """The SMILES the tokenizer reads, and ``(row, smiles, reason)`` of each it cannot
     (``row``: its 0-based place among ``smiles``, as every rejects file counts), which an

@@ -80,7 +80,7 @@ def rank_by_layer(
     if not 0.0 < tau <= 1.0:
         raise ConfigError("tau", tau, "a fraction in (0, 1]")
     rows = []
-    for path in checkpoints:
+    for path, label in zip(checkpoints, inputs.checkpoint_labels(checkpoints), strict=True):
         model, tokenizer = inputs.load_model_and_tokenizer(path)
         c = model.config
         ids, mask = inputs.encode(tokenizer, smiles, max_length)
@@ -89,9 +89,9 @@ def rank_by_layer(
             gen = inputs.masking_generator(seed * 1_000_003 + b)
             masked, _ = mask_tokens(x, m, mask_prob=mask_prob, generator=gen, mask_id=c.mask_id)
             pairs.append((x, masked, m))
-        desc = f"rank {Path(path).name}"
+        desc = f"rank {label}"
         for layer in tqdm(range(c.n_layers), desc=desc, disable=not progress, unit="layer"):
-            where = {"checkpoint": Path(path).name, "path": str(path)}
+            where = {"checkpoint": label, "path": str(path)}
             rows.append(where | _layer_row(model, pairs, layer, tau))
     settings = {
         "n_molecules": len(smiles),

@@ -120,3 +120,12 @@ def test_a_repeated_mlm_grid_whose_every_cell_is_skipped_is_refused():
     assert RepeatedMLMConfig(ks=(1, 4), ps=(0.15,)).cells() == [(1, 0.15)]
     with pytest.raises(ConfigError, match="every one would be skipped"):
         RepeatedMLMConfig(ks=(4,), ps=(0.15,))  # 0.15^4 = 0.0005 < 0.001
+
+
+def test_two_checkpoints_of_one_name_keep_apart():
+    """Two runs' ``checkpoints/last``: each keeps its row in the tables and its line in the
+    plots, labelled by its path."""
+    from smiexlm.analysis.inputs import checkpoint_labels
+
+    folders = ["runA/checkpoints/last", "runD/checkpoints/last", "models/mtr"]
+    assert checkpoint_labels(folders) == ["runA/checkpoints/last", "runD/checkpoints/last", "mtr"]
