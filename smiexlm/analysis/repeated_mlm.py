@@ -53,6 +53,7 @@ from smiexlm.paths import VOCAB_NAME, write_json
 from smiexlm.pretraining.config import load_config
 from smiexlm.pretraining.trainer import pretrain
 from smiexlm.tokenizer.special import IGNORE_INDEX, N_SPECIAL_TOKENS
+from smiexlm.training.run_state import latest_checkpoint
 
 
 @dataclass
@@ -338,9 +339,15 @@ def _train_cell(data_dir: Path, cell: Path, k: int, p: float, config: RepeatedML
     train.model = dataclasses.replace(train.model, overrides=overrides)
     train.max_tokens *= k
     train.seed, train.device = config.seed + 1, config.device
-    if cell.joinpath("run").is_dir():  # a cell stopped before its record: trained again
-        shutil.rmtree(cell / "run")
-    result = pretrain(train, data, cell / "run", max_steps=config.steps)
+    run = cell / "run"
+    resume = latest_checkpoint(run) is not None  # a cell stopped mid-run goes on from it
+    if run.is_dir() and not resume:  # stopped before its first checkpoint: trained again
+        shutil.rmtree(run)
+    result = pretrain(train, data, run, max_steps=config.steps, resume=resume)
+    if result.interrupted_by is not None:  # no record: the next run goes on from its checkpoint
+        raise SystemExit(f"analyze repeated-mlm: cell k={k} p={p:g} stopped by "
+                         f"{result.interrupted_by} at step {result.step}; the same command with "
+                         "--resume goes on from its last checkpoint")  # fmt: skip
     row: dict[str, Any] = {"k": k, "p": p}
     row |= measure_cell(result.model, items, k, p, config.seed, config.eval_batch_size)
     row |= {"train_loss": result.last_loss, "valid_loss": result.last_valid_loss}

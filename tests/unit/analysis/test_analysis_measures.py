@@ -129,3 +129,24 @@ def test_two_checkpoints_of_one_name_keep_apart():
 
     folders = ["runA/checkpoints/last", "runD/checkpoints/last", "models/mtr"]
     assert checkpoint_labels(folders) == ["runA/checkpoints/last", "runD/checkpoints/last", "mtr"]
+
+
+def test_a_repeated_mlm_cell_stopped_by_a_signal_is_not_recorded(tmp_path, monkeypatch):
+    """A SIGTERM mid-cell: the grid stops, saying so, and writes no row for the cell (its
+    weights were step 10's of 400); the next run goes on from the cell's checkpoint."""
+    from types import SimpleNamespace
+
+    import smiexlm.analysis.repeated_mlm as rm
+
+    calls = []
+
+    def stopped(config, data, run, max_steps, resume):
+        calls.append(resume)
+        return SimpleNamespace(interrupted_by="SIGTERM", step=10)
+
+    monkeypatch.setattr(rm, "write_repeated_dataset", lambda *a: tmp_path / "data")
+    monkeypatch.setattr(rm, "pretrain", stopped)
+    config = rm.RepeatedMLMConfig(ks=(1,), ps=(0.15,), steps=400, downstream=False)
+    with pytest.raises(SystemExit, match="k=1 p=0.15 stopped by SIGTERM at step 10"):
+        rm._train_cell(tmp_path, tmp_path / "cell", 1, 0.15, config, [], None)
+    assert calls == [False]
