@@ -95,8 +95,7 @@ def pretrain(
     one is an error naming it, unless ``skip_bad_checkpoints`` (then the newest good one is
     restored). A checkpoint already at ``max_steps`` is reported (``already_finished``), not
     trained further. The main process holds ``out_dir/.lock`` throughout (see
-    :mod:`~smiexlm.training.runlock`): a second run in the same folder is refused.
-    """
+    :mod:`~smiexlm.training.runlock`): a second run in the same folder is refused."""
     if max_steps is not None:  # a copy: the caller's config stays as it was
         config = dataclasses.replace(config, max_steps=max_steps, total_steps=config.decay_steps)
     out_dir = Path(out_dir)
@@ -150,7 +149,8 @@ def _train(config, data_dir, out_dir, resume, skip_bad_checkpoints, info, device
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         record_config_changes(out_dir, start, state.step, changes)  # old values kept there
-        config.save(out_dir / RESOLVED_CONFIG)
+        whole = config.update_freq * info.world_size  # a config's global count, split by launch
+        dataclasses.replace(config, update_freq=whole).save(out_dir / RESOLVED_CONFIG)
         trainer.say(
             f"{model_config.objective} model, {model.num_parameters():,} parameters, "
             f"{len(data.train):,} training sequences, device {device}, "

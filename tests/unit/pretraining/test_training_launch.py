@@ -58,6 +58,8 @@ def test_two_launched_processes_train_like_one(shared_data, tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.count("step 6: loss") == 1
         assert len((out / "command.txt").read_text().splitlines()) == 1
+        # the whole update's micro-batches, as given: the file runs again on any --nproc
+        assert "update_freq = 2\n" in (out / "config.resolved.toml").read_text()
         metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         weights = load_file(str(out / "checkpoints" / "last" / "model.safetensors"))
         runs[n] = (metrics, weights)
