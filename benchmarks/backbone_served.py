@@ -48,10 +48,13 @@ def cell_command(task: str, seed: int, checkpoint: Path, out: Path,
             "--seeds", str(seed), "--device", "cpu", "--out", str(out), "--resume"]  # fmt: skip
 
 
-def run_cell(task: str, seed: int, args) -> dict:
-    """The cell's figures, fine-tuning it first when its results are not there."""
+def run_cell(task: str, seed: int, args) -> dict | None:
+    """The cell's figures, fine-tuning it first when its results are not there (None with
+    ``--finished-only``)."""
     out = args.work / f"{task}_s{seed}"
     seconds = None
+    if args.finished_only and not (out / "results.json").is_file():
+        return None
     if not (out / "results.json").is_file():
         env = os.environ | {"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
         start = time.perf_counter()
@@ -112,6 +115,8 @@ def report(rows: list[dict], args) -> str:
         base = [b for r in mine if (b := default_served(task, r["seed"])) is not None]
         if base:
             lines.append(_row(f"{task}, the default", base))
+    if args.not_run:
+        lines += ["", f"Not run: {', '.join(args.not_run)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -122,6 +127,8 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=["esol", "freesolv"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--jobs", type=int, default=1, help="cells at a time")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="report the cells already run, and run none")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a fine-tuning setting for every cell (a smoke run's caps)")  # fmt: skip
     parser.add_argument("--work", type=Path, default=Path("runs/backbone_served"))
@@ -130,9 +137,16 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     cells = [(task, seed) for task in args.sets for seed in args.seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda c: run_cell(*c, args), cells))
+        found = list(pool.map(lambda c: run_cell(*c, args), cells))
+    rows = [r for r in found if r is not None]
+    args.not_run = [f"{t} seed {k}" for (t, k), r in zip(cells, found, strict=True) if r is None]
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"name": args.name, "checkpoint": str(args.checkpoint), "runs": rows}
+    doc = {
+        "name": args.name,
+        "checkpoint": str(args.checkpoint),
+        "runs": rows,
+        "not_run": args.not_run,
+    }
     (args.out / "served.json").write_text(json.dumps(doc, indent=1) + "\n")
     (args.out / "served.md").write_text(report(rows, args))
     print(report(rows, args))
