@@ -188,8 +188,9 @@ def select(
     from smiexlm.trust.acquisition import select as choose
 
     check_output(out, "--out")
+    # cells as written (an id 007 stays 007); select parses the scores it ranks by
     frame = (read_parts(input).to_pandas() if input.is_dir()
-             else read_table(input, smiles_col, "input"))  # cells as written: ids stay  # fmt: skip
+             else read_table(input, smiles_col, "input"))  # fmt: skip
     chosen = choose(frame, n, by, task, max_similarity, smiles_col, lowest, kappa)
     with atomic_path(out) as tmp:
         write_table(chosen.picks, tmp)
