@@ -34,14 +34,13 @@ import csv
 import gzip
 import io
 import re
-import zlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
-from smiexlm.errors import DataError, first_line
+from smiexlm.data.read_errors import decode_line, empty_message, reading
+from smiexlm.errors import DataError
 
 Format = Literal["smi", "csv", "tsv", "parquet", "lmdb"]
 Chunk = tuple[list[int], list]
@@ -183,7 +182,7 @@ def _frames(path: Path, smiles_col: str, chunk_rows: int, what: str, infer_types
             keep_types: bool = False):  # fmt: skip
     fmt = detect_format(path, what, lmdb=False)
     seen = False
-    with _reading(path, what):
+    with reading(path, what):
         if fmt == "parquet":
             frames = _parquet_frames(path, smiles_col, chunk_rows, what, keep_types)
         elif fmt == "smi":
@@ -214,7 +213,7 @@ def _csv_frames(
         try:
             read = pd.read_csv(handle, sep=sep, encoding="utf-8-sig", **options)
         except pd.errors.EmptyDataError:
-            raise DataError(_empty(path, what)) from None
+            raise DataError(empty_message(path, what)) from None
         frames = [read] if chunk_rows is None else read
         try:
             for number, frame in enumerate(frames):
@@ -281,7 +280,7 @@ def read_chunks(
     """Chunks of ``chunk_size`` rows of ``path``; raises DataError for unreadable input."""
     path = Path(path)
     fmt = fmt or detect_format(path, what)
-    with _reading(path, what):
+    with reading(path, what):
         if fmt == "smi":
             yield from _smi_chunks(path, chunk_size)
         elif fmt in ("csv", "tsv"):
@@ -332,7 +331,7 @@ def _csv_chunks(
         # past blank lines, as pandas reads it (and as the DataFrame reader does)
         header = next((r for r in reader if _filled(r)), None)
         if header is None:
-            raise DataError(_empty(path, what))
+            raise DataError(empty_message(path, what))
         if any(_UNDECODED.search(name) for name in header):
             _check_utf8_header(path, what)
         index = header.index(smiles_column(header, col, path, what))
@@ -384,45 +383,7 @@ def _parquet_file(path: Path, what: str) -> Any:
         raise DataError(f"{what} {str(path)!r} is not a readable Parquet file: {err}") from None
 
 
-def decode_line(raw: bytes, line: int, path: Path, what: str) -> str:
-    """``raw`` (line ``line`` of ``path``) as text; a DataError naming both if not UTF-8."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"{what} {str(path)!r} line {line} is not UTF-8 text (byte offset {err.start}): "
-            "expected one SMILES per line"
-        ) from None
-
-
 def _check_utf8_header(path: Path, what: str) -> None:
-    """The not-UTF-8 DataError of :func:`_reading` for a header row that is not UTF-8."""
-    with _open_binary(path) as handle, _reading(path, what):
+    """The not-UTF-8 DataError of :func:`~smiexlm.data.read_errors.reading` for a header row that is not UTF-8."""
+    with _open_binary(path) as handle, reading(path, what):
         handle.readline().decode("utf-8")
-
-
-def _empty(path: Path, what: str) -> str:
-    return f"{what} {str(path)!r} is empty: expected a header row and at least one SMILES"
-
-
-@contextmanager
-def _reading(path: Path, what: str) -> Iterator[None]:
-    """Every way reading ``path`` fails, as one DataError naming the file."""
-    try:
-        yield
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"{what} {str(path)!r} is not UTF-8 text (byte {err.object[err.start : err.start + 1]!r} "
-            f"at offset {err.start}): expected a CSV/TSV/.smi text file"
-        ) from None
-    except (EOFError, OSError, zlib.error, csv.Error) as err:  # gzip.BadGzipFile is an OSError
-        raise DataError(f"{what} {str(path)!r} is unreadable or truncated: {err}") from None
-    except _parse_errors() as err:
-        raise DataError(f"{what} {str(path)!r} cannot be parsed: {first_line(err)}") from None
-
-
-def _parse_errors() -> tuple[type[BaseException], ...]:
-    import pandas as pd
-    import pyarrow as pa
-
-    return (pd.errors.ParserError, pd.errors.EmptyDataError, pa.ArrowException)

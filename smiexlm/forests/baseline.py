@@ -156,9 +156,8 @@ def forest_columns(
     with the same features, trees, seed and rows: each task's forest depends only on its own
     labels and the seed, so a stopped seed ends with the columns of an uninterrupted one."""
     n_tasks = labels.shape[1]
-    labels_sha256 = hashlib.sha256(np.ascontiguousarray(labels, dtype=np.float64)).hexdigest()
     identity = np.array(json.dumps({"config": asdict(cfg), "seed": seed, "tasks": n_tasks,
-                                    "labels_sha256": labels_sha256, "task_type": task_type,
+                                    "labels_sha256": _digest(labels), "task_type": task_type,
                                     "train": [int(i) for i in train],
                                     "rows": [int(i) for i in rows]}))  # fmt: skip
     out = np.full((len(rows), n_tasks), np.nan)
@@ -277,6 +276,11 @@ def run_baseline(
         return run_seeds(task, seeds, cfg.split, one_seed, feature_s, kept)
     finally:
         bar.close()
+
+
+def _digest(labels: np.ndarray) -> str:
+    """The sha256 of the labels in memory (a stopped cell's columns are theirs alone)."""
+    return hashlib.sha256(np.ascontiguousarray(labels, dtype=np.float64)).hexdigest()
 
 
 #: settings of how the forests are fitted, not of what they compute

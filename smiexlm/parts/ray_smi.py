@@ -20,7 +20,8 @@ from typing import Any
 import pyarrow as pa
 from ray.data.datasource import FileBasedDatasource
 
-from smiexlm.data.readers import BOM, decode_line
+from smiexlm.data.read_errors import decode_line
+from smiexlm.data.readers import BOM
 
 BLOCK_LINES = 65536  # lines of one block
 READ_BYTES = 1 << 20  # bytes read at a time

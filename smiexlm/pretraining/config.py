@@ -150,11 +150,6 @@ class TrainConfig:
             _require_int("total_steps", self.total_steps, minimum=1)
         if self.end_lr > self.lr:
             raise ConfigError("end_lr", self.end_lr, f"at most lr={self.lr}")
-        if self.end_lr == 0 and self.max_steps > self.decay_steps:  # updates past it learn nil
-            raise ConfigError("max_steps", self.max_steps, f"at most the schedule's horizon "
-                              f"total_steps = {self.decay_steps}, where the rate has decayed to "
-                              f"end_lr = 0; to train longer set total_steps={self.max_steps} "
-                              "too (a new schedule, so a resumed run takes another path)")  # fmt: skip
         self.adam_betas = (float(self.adam_betas[0]), float(self.adam_betas[1]))
         check_device_name(self.device)
         self.precision = parse_precision(self.precision)
@@ -164,6 +159,15 @@ class TrainConfig:
         for name in ("tensorboard", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "true or false")
+
+    def check_horizon(self, max_steps: int) -> None:
+        """ConfigError when a run to ``max_steps`` goes past the schedule's horizon with
+        ``end_lr = 0``: the updates past it would learn nothing (a rate of 0)."""
+        if self.end_lr == 0 and max_steps > self.decay_steps:
+            raise ConfigError("max_steps", max_steps, f"at most the schedule's horizon "
+                              f"total_steps = {self.decay_steps}, where the rate has decayed to "
+                              f"end_lr = 0; to train longer set total_steps={max_steps} too (a "
+                              "new schedule, so a resumed run takes another path)")  # fmt: skip
 
     @property
     def decay_steps(self) -> int:

@@ -8,9 +8,8 @@ processes sees the same batches, masks and (without dropout) gradients as one pr
 N times the accumulation. The data position saved in a checkpoint is (epoch, index of the
 next micro-batch), so ``--resume`` continues mid-epoch exactly.
 
-Determinism. Masking uses a CPU generator seeded per micro-batch, and the global torch
-generator (dropout) is reseeded per step and process, so a resumed run repeats an
-uninterrupted one bit for bit on CPU.
+Determinism. Masking uses a CPU generator seeded per micro-batch, and the global torch generator
+(dropout) is reseeded per step and process: a resumed run repeats an uninterrupted one on CPU.
 
 Precision. ``auto`` = bf16 autocast on GPU and CPUs with native bf16 (AVX512-BF16, AMX), fp32
 elsewhere (``precision`` overrides); losses stay fp32."""
@@ -89,13 +88,14 @@ def pretrain(
 ) -> TrainResult:
     """Pre-train a model from ``config`` on the dataset in ``data_dir``; outputs go to ``out_dir``.
 
-    ``max_steps`` overrides ``config.max_steps`` (the schedule's horizon stays
-    ``config.total_steps`` or, when unset, the config's ``max_steps``). With ``resume`` the
+    ``max_steps`` overrides ``config.max_steps`` (the schedule's horizon stays ``total_steps``
+    or, unset, the config's ``max_steps``; past it at ``end_lr = 0``, refused). With ``resume`` the
     newest checkpoint in ``out_dir/checkpoints`` is restored first; a truncated or corrupted
     one is an error naming it, unless ``skip_bad_checkpoints`` (then the newest good one is
     restored). A checkpoint already at ``max_steps`` is reported (``already_finished``), not
     trained further. The main process holds ``out_dir/.lock`` throughout (see
     :mod:`~smiexlm.training.runlock`): a second run in the same folder is refused."""
+    config.check_horizon(max_steps or config.max_steps)
     if max_steps is not None:  # a copy: the caller's config stays as it was
         config = dataclasses.replace(config, max_steps=max_steps, total_steps=config.decay_steps)
     out_dir = Path(out_dir)

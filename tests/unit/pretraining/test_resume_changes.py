@@ -41,9 +41,12 @@ def test_max_steps_past_a_horizon_where_the_rate_is_zero_is_refused():
     (a run raised past its config's max_steps) is refused, naming total_steps."""
     from smiexlm.errors import ConfigError
 
+    config = load_config("mol_tiny_exlm", ["max_steps=6"])  # its horizon: 6
     with pytest.raises(ConfigError, match="'max_steps' = 9: .*set total_steps=9 too"):
-        load_config("mol_tiny_exlm", ["max_steps=9", "total_steps=6"])
-    assert load_config("mol_tiny_exlm", ["max_steps=9", "total_steps=9"]).decay_steps == 9
+        config.check_horizon(9)
+    config.check_horizon(6)
+    load_config("mol_tiny_exlm", ["total_steps=9"]).check_horizon(9)
+    load_config("mol_tiny_exlm", ["max_steps=6", "end_lr=1e-5"]).check_horizon(9)  # a floor
 
 
 def test_changes_are_appended_to_the_history(tmp_path):
