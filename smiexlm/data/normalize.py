@@ -187,6 +187,16 @@ class ChunkResult:
     smiles: list[str] = field(default_factory=list)  # (n,) final SMILES of each candidate
 
 
+def undecoded(text: str) -> bool:
+    """Whether ``text`` holds the lone surrogates that stand for bytes a reader could not
+    decode as UTF-8 (``errors="surrogateescape"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _decode_rows(items: list) -> tuple[list[str | None], list[tuple[int, str, str]]]:
     """Raw values -> SMILES strings (None where rejected)."""
     rejects: list[tuple[int, str, str]] = []
@@ -220,9 +230,7 @@ def _decode_rows(items: list) -> tuple[list[str | None], list[tuple[int, str, st
         elif raw is None:
             raw = ""
         else:
-            try:
-                raw.encode("utf-8")
-            except UnicodeEncodeError:  # lone surrogates from undecodable bytes
+            if undecoded(raw):
                 shown = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
                 rejects.append((i, shown.strip(), "non_utf8"))
                 out.append(None)

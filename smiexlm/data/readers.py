@@ -384,6 +384,7 @@ def _parquet_file(path: Path, what: str) -> Any:
 
 
 def _check_utf8_header(path: Path, what: str) -> None:
-    """The not-UTF-8 DataError of :func:`~smiexlm.data.read_errors.reading` for a header row that is not UTF-8."""
+    """The not-UTF-8 DataError of :func:`~smiexlm.data.read_errors.reading`, for a header
+    row that is not UTF-8."""
     with _open_binary(path) as handle, reading(path, what):
         handle.readline().decode("utf-8")

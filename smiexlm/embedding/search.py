@@ -359,7 +359,8 @@ class SearchIndex:
         if by in ("embedding", "both"):
             vectors = self.embed(queries, errors="nan")
             self.left_out = list(self.featurizer().last_report.failed)
-            kept = [q for q in kept if q not in {i for i, _, _ in self.left_out}]
+            out = {i for i, _, _ in self.left_out}
+            kept = [q for q in kept if q not in out]
             found.append(("embedding", *self.search_embedding(vectors[kept], k, ef_search, exact)))  # fmt: skip
         if by in ("ecfp4", "both"):
             found.append(("ecfp4", *self.search_ecfp4([queries[q] for q in kept], k)))

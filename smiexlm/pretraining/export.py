@@ -169,10 +169,8 @@ def _check_trained_on(checkpoint: Path, dataset: Path) -> None:
     checkpoint records (``trainer_state.json``), as ``pretrain --resume`` checks it. A moved
     or copied dataset passes; a checkpoint written before the id was recorded is not checked."""
     from smiexlm.pretraining.resume import dataset_id
-    from smiexlm.training.run_state import STATE_FILE
 
-    _, payload = read_json_file(checkpoint / STATE_FILE, f"checkpoint {STATE_FILE}")
-    state = payload.get("state") if isinstance(payload.get("state"), dict) else {}
+    state = _recorded_state(checkpoint)
     trained = state.get("data_id")
     if trained is not None and trained != (given := dataset_id(dataset)):
         raise DataError(
@@ -186,11 +184,7 @@ def _trained_on(checkpoint: Path) -> Path | None:
     """The dataset the checkpoint records it trained on, whose normalisation (canonical
     SMILES, salts, stereo) the model folder must keep: a DataError when it is not there (pass
     --data); None for a checkpoint older than the record (the defaults are written)."""
-    from smiexlm.training.run_state import STATE_FILE
-
-    _, payload = read_json_file(checkpoint / STATE_FILE, f"checkpoint {STATE_FILE}")
-    state = payload.get("state") if isinstance(payload.get("state"), dict) else {}
-    recorded = state.get("data_dir")
+    recorded = _recorded_state(checkpoint).get("data_dir")
     if recorded is None:
         return None
     if not (Path(recorded) / "manifest.json").is_file():
@@ -200,6 +194,14 @@ def _trained_on(checkpoint: Path) -> Path | None:
             "stereo), which the featurizer applies to every input"
         )
     return Path(recorded)
+
+
+def _recorded_state(checkpoint: Path) -> dict:
+    """The trainer state a checkpoint records (its dataset's folder and content id)."""
+    from smiexlm.training.run_state import STATE_FILE
+
+    _, payload = read_json_file(checkpoint / STATE_FILE, f"checkpoint {STATE_FILE}")
+    return payload.get("state") if isinstance(payload.get("state"), dict) else {}
 
 
 def _read_manifest(dataset: Path | None) -> dict:

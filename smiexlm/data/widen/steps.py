@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from smiexlm.data.normalize import text_problem
+from smiexlm.data.normalize import text_problem, undecoded
 from smiexlm.data.widen.brics import FragmentPool, brics_step, fragments
 from smiexlm.data.widen.charges import protonate_step, salt_step
 from smiexlm.data.widen.chem import StepResult, finish, step_rng
@@ -136,7 +136,7 @@ class Widener:
     def _original(self, smiles: str) -> tuple[Any, str | None]:
         from rdkit import Chem
 
-        if not smiles.isascii() and not _is_utf8(smiles):  # bytes the reader kept undecoded
+        if not smiles.isascii() and undecoded(smiles):  # bytes the reader kept undecoded
             return None, "non_utf8"
         problem = "empty" if not smiles else text_problem(smiles)
         if problem is not None:
@@ -229,12 +229,3 @@ def _loose_smiles(mol: Any) -> str:
         return Chem.MolToSmiles(mol, canonical=False)
     except Exception:  # RDKit cannot always write what it could not sanitise
         return ""
-
-
-def _is_utf8(text: str) -> bool:
-    """False for text holding the lone surrogates that stand for bytes that were not UTF-8."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
