@@ -47,7 +47,6 @@ from smiexlm.moleculenet.runs import (
     run_dir,
     state_dir,
     task_pairs,
-    task_record,
 )
 from smiexlm.moleculenet.splits import check_split_kind
 from smiexlm.moleculenet.task import MoleculeTask, check_task, run_seeds
@@ -291,7 +290,7 @@ def _checked(done: RunResult, folder: Path, task: MoleculeTask, split, cfg: Base
     """``done``, read back from ``folder``, when it was made on ``task``'s data and ``split``
     with ``cfg``'s forests; else a DataError naming the first setting that differs."""
     pairs = [("data_sha256", done.data_sha256, task.sha256), ("split", done.split, split.label),
-             *task_pairs(done, task_record(task))]  # fmt: skip
+             *task_pairs(done, task.record())]  # fmt: skip
     pairs += [(key, done.config.get(key), value) for key, value in asdict(cfg).items()
               if key not in _HOW_RUN]  # fmt: skip
     refuse_a_difference(folder, pairs)

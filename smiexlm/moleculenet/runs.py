@@ -70,15 +70,9 @@ def identity(task, split: Split, cfg, backbone: Backbone) -> dict[str, Any]:
     """What a resumed run must share with the run that saved the state, beyond the loop."""
     return {
         "dataset": task.name, "data_sha256": task.sha256, "n_molecules": len(task),
-        **task_record(task), "split": split.label, "backbone": backbone.name,
+        **task.record(), "split": split.label, "backbone": backbone.name,
         "backbone_sha256": backbone.weights_sha256, "finetune": settings(cfg),
     }  # fmt: skip
-
-
-def task_record(task) -> dict[str, Any]:
-    """What a run learns from the table beside its bytes: the label columns and their kind
-    (one table holds several), which its identity and its result keep."""
-    return {"labels": list(task.label_cols), "task_type": task.task_type}
 
 
 def is_main() -> bool:
@@ -135,7 +129,7 @@ def check_finished(done: RunResult, folder: Path, expected: dict[str, Any],
 
 
 def task_pairs(done: RunResult, record: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(option, as ``done`` was made with it, as ``record`` (:func:`task_record`) asks) for
+    """(option, as ``done`` was made with it, as ``record`` (``MoleculeTask.record``) asks) for
     the label columns and their kind; a result older than their record is not compared."""
     return [(name, done.config.get(key, record[key]), record[key])
             for key, name in (("labels", "--label-cols"), ("task_type", "--task-type"))]  # fmt: skip

@@ -104,6 +104,11 @@ class MoleculeTask:
                               f"read with {'no split column' if self.split_col is None else repr('column:' + self.split_col)})")  # fmt: skip
         return column_split(kind, self.parts)
 
+    def record(self) -> dict[str, Any]:
+        """What a run learns from the table beside its bytes: the label columns and their
+        kind (one table holds several), which a run's identity and its result keep."""
+        return {"labels": list(self.label_cols), "task_type": self.task_type}
+
     def check_split(self, split: Split) -> None:
         """DataError unless train, valid and test each hold a labelled molecule (training,
         selection and the test score need one each) and a classification test part can be
@@ -150,9 +155,7 @@ class MoleculeTask:
         measures reported beside the score (:func:`~smiexlm.moleculenet.metrics.more_scores`;
         for regression also the RMSE on the test molecules that form activity cliffs and their
         count, :mod:`~smiexlm.moleculenet.cliffs`)."""
-        from smiexlm.moleculenet.runs import task_record
-
-        config = config | task_record(self) | {"software": software_versions()}
+        config = config | self.record() | {"software": software_versions()}
         more = (
             {}
             if test_pred is None

@@ -18,12 +18,15 @@ DOMAIN_COLUMNS = ("nearest_tanimoto", f"mean_tanimoto_k{DEFAULT_K}", "nearest_co
 CONFORMAL_COLUMNS = ("outside_calibration", "conformal_bin", "conformal_weight")
 MOLECULE_COLUMNS = ("smiles", "valid", "truncated", "untrained_tokens", *DOMAIN_COLUMNS,
                     *CONFORMAL_COLUMNS)  # fmt: skip
-# beside a label: ensemble and random-SMILES spreads, a blend's parts (a model, its forest and
-# kernel members, a wide ensemble's members and their spread), conformal sets/intervals and
-# the difficulty that scales them
-LABEL_SUFFIXES = ("_std", "_tta_std", "_model", "_forest", "_model_rdkit2d", "_rf_rdkit2d",
-                  "_rf_both", "_rf_ecfp4", "_svr_tanimoto", "_svr_rbf", "_svr_both",
-                  "_members_std", "_set", "_low", "_high", "_difficulty")  # fmt: skip
+# a blend's members that score a class as a probability (the network's sigmoid, a forest's
+# share of trees): where a blend serves a quantile score that ranks, these say how unsure
+MEMBER_PROBABILITIES = ("_model", "_forest", "_model_rdkit2d", "_rf_rdkit2d", "_rf_both",
+                        "_rf_ecfp4")  # fmt: skip
+# beside a label: ensemble and random-SMILES spreads, a blend's parts (those members, the
+# kernel members and a wide ensemble's spread), conformal sets/intervals and the difficulty
+# that scales them
+LABEL_SUFFIXES = ("_std", "_tta_std", *MEMBER_PROBABILITIES, "_svr_tanimoto", "_svr_rbf",
+                  "_svr_both", "_members_std", "_set", "_low", "_high", "_difficulty")  # fmt: skip
 
 
 def label_columns(columns: Sequence[str]) -> list[str]:
@@ -35,9 +38,3 @@ def label_columns(columns: Sequence[str]) -> list[str]:
     present = set(after)
     return [c for c in after if c not in MOLECULE_COLUMNS
             and not any(c.endswith(s) and c[: -len(s)] in present for s in LABEL_SUFFIXES)]  # fmt: skip
-
-
-# a blend's members that score a class as a probability (the network's sigmoid, a forest's
-# share of trees): where a blend serves a quantile score that ranks, these say how unsure
-MEMBER_PROBABILITIES = ("_model", "_forest", "_model_rdkit2d", "_rf_rdkit2d", "_rf_both",
-                        "_rf_ecfp4")  # fmt: skip
